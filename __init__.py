@@ -1,0 +1,16 @@
+"""gir: a compiler for tensor programs with loops (scan), their gradients, and a JIT.
+
+    import gir
+    module = gir.load("examples/rnn.gir")      # or gir.parse(text); print(module) re-parses
+    gir.interpret(module, "rnn_loss", xs, h0, wx, wh, b)
+"""
+
+from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError
+from .frontend.parser import load, parse
+from .ir.core import Module
+from .ir.interpreter import interpret
+from .ir.verifier import verify
+
+__version__ = "0.1.0"
+__all__ = ["GirArgumentError", "GirError", "GirPassError", "GirSyntaxError", "GirTypeError", "GirVerifyError",
+           "Module", "interpret", "load", "parse", "verify", "__version__"]

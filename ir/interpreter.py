@@ -1,0 +1,135 @@
+"""The reference semantics: runs a function on NumPy arrays, op by op.
+
+Every pass and backend is tested against this. Pure ops run their registry kernel; the
+structural ops (`scan`, `for`, `var`/`load`/`store`, `call`) are run here. `grad` must be
+expanded by the autodiff pass first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import GirArgumentError, GirError
+from .core import Block, Function, Module, Operation, Value
+from .ops import REGISTRY
+from .types import TensorType
+
+Env = dict[Value, Any]
+
+
+def check_arguments(f: Function, args: Sequence[Any]) -> list[np.ndarray]:
+    """Checks count, dtype and shape of arguments against f's signature; returns arrays."""
+    if len(args) != len(f.args):
+        raise GirArgumentError(f"@{f.name} takes {len(f.args)} argument(s), got {len(args)}", f.loc)
+    arrays = []
+    for i, (a, param) in enumerate(zip(args, f.args)):
+        t = param.tensor_type
+        name = "%" + (param.name_hint or str(i))
+        if not isinstance(a, (np.ndarray, np.generic)):
+            raise GirArgumentError(f"argument {name} of @{f.name} must be a NumPy array of {t}, "
+                                   f"got {type(a).__name__}", f.loc)
+        a = np.asarray(a)
+        if not t.matches(a):
+            raise GirArgumentError(f"argument {name} of @{f.name} must be {t}, got an array of shape "
+                                   f"{a.shape} and dtype {a.dtype}", f.loc)
+        arrays.append(a)
+    return arrays
+
+
+class Interpreter:
+    def __init__(self, module: Module):
+        self.module = module
+
+    def call(self, name: str, args: Sequence[Any]) -> list[np.ndarray]:
+        f = self.module.functions.get(name)
+        if f is None:
+            raise GirArgumentError(f"no function @{name}; the module has "
+                                   + ", ".join("@" + n for n in self.module.functions))
+        arrays = check_arguments(f, args)
+        env: Env = dict(zip(f.args, arrays))
+        return self.run_block(f.body, env)
+
+    def run_block(self, block: Block, env: Env) -> list[Any]:
+        for op in block:
+            if op.spec.terminator:
+                return [env[v] for v in op.operands]
+            self.run_op(op, env)
+        raise AssertionError("block without terminator")
+
+    def run_op(self, op: Operation, env: Env) -> None:
+        spec = REGISTRY[op.name]
+        args = [env[v] for v in op.operands]
+        try:
+            if spec.kernel is not None:
+                out = spec.kernel(op, *args)
+                outs = [out] if len(op.results) == 1 else list(out)
+            else:
+                outs = getattr(self, "op_" + op.name)(op, args, env)
+        except GirError:
+            raise
+        except (ArithmeticError, IndexError, ValueError) as e:
+            raise GirError(f"'{op.name}' failed at run time: {e}", op.loc) from None
+        for r, value in zip(op.results, outs):
+            if isinstance(r.type, TensorType):
+                value = np.asarray(value, dtype=r.type.numpy_dtype)
+            env[r] = value
+
+    # -- structural ops ---------------------------------------------------------------------
+    def op_var(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
+        return [[None]]
+
+    def op_load(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
+        value = args[0][0]
+        if value is None:
+            raise GirError("load of a variable that was never stored", op.loc)
+        return [value]
+
+    def op_store(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
+        args[0][0] = args[1]
+        return []
+
+    def op_call(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
+        f = self.module.functions[op.attrs["callee"]]
+        return self.run_block(f.body, dict(zip(f.args, args)))
+
+    def op_grad(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
+        raise GirError("'grad' must be expanded by the autodiff pass before it can run", op.loc)
+
+    def op_scan(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
+        n_seq = len(op.group("sequences"))
+        seqs, carries = args[:n_seq], list(args[n_seq:])
+        steps = seqs[0].shape[0] if seqs else op.attrs["length"]
+        if any(s.shape[0] != steps for s in seqs):
+            raise GirError("the sequences of this loop have different lengths: "
+                           + ", ".join(str(s.shape[0]) for s in seqs), op.loc)
+        n_carry = len(carries)
+        stack_types = [r.tensor_type for r in op.results[n_carry:]]
+        stacks: list[list[Any]] = [[None] * steps for _ in stack_types]
+        body = op.body
+        order = range(steps - 1, -1, -1) if op.attrs["reverse"] else range(steps)
+        for t in order:
+            for arg, value in zip(body.args, [s[t] for s in seqs] + carries):
+                env[arg] = value
+            out = self.run_block(body, env)
+            carries = out[:n_carry]
+            for stack, value in zip(stacks, out[n_carry:]):
+                stack[t] = value
+        results = list(carries)
+        for stack, t in zip(stacks, stack_types):
+            if steps == 0:
+                if not t.is_static:
+                    raise GirError("a loop of zero steps with a stacked value of unknown shape", op.loc)
+                results.append(np.zeros(t.shape, t.numpy_dtype))
+            else:
+                results.append(np.stack(stack))
+        return results
+
+    op_for = op_scan
+
+
+def interpret(module: Module, entry: str, *args: Any) -> list[np.ndarray]:
+    """Runs @entry on NumPy arrays with the reference semantics; returns its results."""
+    return Interpreter(module).call(entry, args)

@@ -1,0 +1,728 @@
+"""The op registry: every op kind, described once.
+
+An `OpSpec` holds an op kind's operands (by name; a trailing `*` marks a variadic group), its
+attributes with defaults, its result-type rule (shape inference with NumPy broadcasting), its
+NumPy interpreter kernel and the hooks later stages read: `vjp` (autodiff), `inplace`
+(memplan: which operand the result may overwrite), `gpu` (placement), `flops` (cost).
+Passes and backends ask `REGISTRY`; nothing else keeps a list of op names.
+
+Textual forms (the generic syntax; see docs/language.md):
+
+    %r = add %a, %b : tensor<4x8xf32>
+    %s = sum %x {axes = [1], keepdims = false} : tensor<4xf32>
+    %c = constant 0.0 : tensor<f32>
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import UNKNOWN, GirTypeError, Location
+from .core import Operation, Region, Value
+from .types import FLOAT_DTYPES, INT_DTYPES, Dim, TensorType, Type, VarType
+
+
+class ShapeError(Exception):
+    """Raised by a type rule; `make_op` turns it into a GirTypeError with the op's location."""
+
+
+@dataclass
+class InferContext:
+    """What a type rule sees: operand types, attributes, declared result types, regions."""
+
+    spec: OpSpec
+    types: list[Type]
+    attrs: dict[str, Any]
+    declared: list[TensorType] | None
+    regions: Sequence[Region]
+    segments: tuple[int, ...]
+
+    def group(self, name: str) -> list[Type]:
+        start, size = self.spec.segment_range(len(self.types), self.segments, name)
+        return self.types[start : start + size]
+
+    def tensor(self, i: int) -> TensorType:
+        t = self.types[i]
+        if not isinstance(t, TensorType):
+            raise ShapeError(f"operand #{i} is a variable; read it with load")
+        return t
+
+    def need_declared(self, n: int = 1) -> list[TensorType]:
+        if self.declared is None or len(self.declared) != n:
+            raise ShapeError(f"needs {n} result type(s) written after ':'")
+        return self.declared
+
+
+Kernel = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    summary: str
+    operands: tuple[str, ...]
+    infer: Callable[[InferContext], list[Type]]
+    kernel: Kernel | None = None
+    """NumPy semantics: kernel(op, *arrays) -> array or tuple of arrays."""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """Attribute names and defaults; a default of REQUIRED must be given."""
+    category: str = "other"
+    """elementwise | reduction | matmul | layout | constant | structural | other."""
+    pure: bool = True
+    """No side effects: DCE may erase it when unused and CSE may merge it."""
+    terminator: bool = False
+    num_regions: int = 0
+    literal: bool = False
+    """The op is written with a leading literal: `constant 0.0 : tensor<f32>`."""
+    commutative: bool = False
+    vjp: Callable[..., Any] | None = None
+    """Filled by autodiff's rule table (one line per op)."""
+    inplace: int | None = None
+    """Operand index whose buffer the result may take when that operand dies here."""
+    gpu: bool = False
+    """A GPU kernel exists for this op."""
+    flops: Callable[[Operation], int] | None = None
+
+    def segment_range(self, n_operands: int, segments: tuple[int, ...], name: str) -> tuple[int, int]:
+        names = [o.rstrip("*") for o in self.operands]
+        if name not in names:
+            raise KeyError(f"{self.name} has no operand group {name!r}")
+        variadic = [o.endswith("*") for o in self.operands]
+        if sum(variadic) <= 1:
+            n_fixed = len(self.operands) - sum(variadic)
+            sizes = [(n_operands - n_fixed) if v else 1 for v in variadic]
+        else:
+            it = iter(segments)
+            sizes = [next(it) if v else 1 for v in variadic]
+        i = names.index(name)
+        return sum(sizes[:i]), sizes[i]
+
+    def segment_of(self, op: Operation, name: str) -> tuple[int, int]:
+        return self.segment_range(len(op.operands), op.segments, name)
+
+    @property
+    def is_elementwise(self) -> bool:
+        return self.category == "elementwise"
+
+
+REQUIRED = object()
+REGISTRY: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    assert spec.name not in REGISTRY, spec.name
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def make_op(
+    name: str,
+    operands: Sequence[Value],
+    attrs: dict[str, Any] | None = None,
+    regions: Sequence[Region] = (),
+    loc: Location = UNKNOWN,
+    declared: Sequence[TensorType] | None = None,
+    segments: tuple[int, ...] = (),
+    result_names: Sequence[str | None] = (),
+) -> Operation:
+    """Builds an op, filling attribute defaults and inferring result types from its spec."""
+    spec = REGISTRY.get(name)
+    if spec is None:
+        raise GirTypeError(f"unknown op '{name}'", loc)
+    attrs = normalize_attrs(spec, dict(attrs or {}), loc)
+    ctx = InferContext(spec, [v.type for v in operands], attrs, list(declared) if declared is not None else None,
+                       regions, segments)
+    check_arity(spec, len(operands), segments, loc)
+    try:
+        types = spec.infer(ctx)
+    except ShapeError as e:
+        raise GirTypeError(f"'{name}': {e}", loc) from None
+    if declared is not None and list(declared) != [t.held if isinstance(t, VarType) else t for t in types]:
+        shown = ", ".join(str(t) for t in types)
+        given = ", ".join(str(t) for t in declared)
+        raise GirTypeError(f"'{name}' produces {shown or 'no results'} but the written type is {given}", loc)
+    return Operation(name, operands, types, attrs, regions, loc, segments, result_names)
+
+
+def check_arity(spec: OpSpec, n: int, segments: tuple[int, ...], loc: Location) -> None:
+    n_variadic = sum(o.endswith("*") for o in spec.operands)
+    n_fixed = len(spec.operands) - n_variadic
+    if n_variadic == 0 and n != n_fixed:
+        raise GirTypeError(f"'{spec.name}' takes {n_fixed} operand(s), got {n}", loc)
+    if n_variadic and n < n_fixed:
+        raise GirTypeError(f"'{spec.name}' takes at least {n_fixed} operand(s), got {n}", loc)
+    if n_variadic > 1 and (len(segments) != n_variadic or sum(segments) + n_fixed != n):
+        raise GirTypeError(f"'{spec.name}' operand groups do not add up", loc)
+
+
+def normalize_attrs(spec: OpSpec, attrs: dict[str, Any], loc: Location) -> dict[str, Any]:
+    for key in attrs:
+        if key not in spec.attrs:
+            known = ", ".join(sorted(spec.attrs)) or "none"
+            raise GirTypeError(f"'{spec.name}' has no attribute '{key}' (known: {known})", loc)
+    for key, default in spec.attrs.items():
+        if key not in attrs:
+            if default is REQUIRED:
+                raise GirTypeError(f"'{spec.name}' needs the attribute '{key}'", loc)
+            attrs[key] = default
+    return attrs
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape helpers
+
+
+def broadcast_shapes(*shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        known = {d for d in dims if d is not None and d != 1}
+        if len(known) > 1:
+            raise ShapeError("shapes " + ", ".join(_shape_str(s) for s in shapes) + " do not broadcast")
+        if known:
+            out.append(known.pop())
+        elif any(d is None for d in dims):
+            out.append(None)
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def _shape_str(shape: tuple[Dim, ...]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def same_dtype(ctx: InferContext, *indices: int) -> str:
+    dtypes = {ctx.tensor(i).dtype for i in indices}
+    if len(dtypes) != 1:
+        raise ShapeError("operand dtypes differ: " + ", ".join(str(ctx.tensor(i)) for i in indices))
+    return dtypes.pop()
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ShapeError(f"{what} must be a list of integers")
+    return list(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise ops
+
+
+def _infer_binary(ctx: InferContext) -> list[Type]:
+    dtype = same_dtype(ctx, 0, 1)
+    return [TensorType(broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape), dtype)]
+
+
+def _infer_float_binary(ctx: InferContext) -> list[Type]:
+    (t,) = _infer_binary(ctx)
+    if t.dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"needs float operands, got {t.dtype}")
+    return [t]
+
+
+def _infer_compare(ctx: InferContext) -> list[Type]:
+    dtype = same_dtype(ctx, 0, 1)
+    del dtype
+    return [TensorType(broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape), "i1")]
+
+
+def _infer_logical(ctx: InferContext) -> list[Type]:
+    (t,) = _infer_binary(ctx)
+    if t.dtype != "i1":
+        raise ShapeError(f"needs i1 operands, got {t.dtype}")
+    return [t]
+
+
+def _infer_unary(ctx: InferContext) -> list[Type]:
+    return [ctx.tensor(0)]
+
+
+def _infer_float_unary(ctx: InferContext) -> list[Type]:
+    t = ctx.tensor(0)
+    if t.dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"needs a float operand, got {t}")
+    return [t]
+
+
+def _infer_numeric_unary(ctx: InferContext) -> list[Type]:
+    t = ctx.tensor(0)
+    if t.dtype == "i1":
+        raise ShapeError(f"needs a numeric operand, got {t}")
+    return [t]
+
+
+def _elementwise_flops(op: Operation) -> int:
+    return op.result.tensor_type.num_elements() or 0
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.any(b == 0):
+        raise FloatingPointError("integer division by zero")
+    return np.floor_divide(a, b)
+
+
+def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        return _int_div(a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.true_divide(a, b)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # 0.5 * (1 + tanh(x / 2)) never overflows, unlike 1 / (1 + exp(-x)).
+    half = x.dtype.type(0.5)
+    return half * (1 + np.tanh(half * x))
+
+
+def _quiet(f: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    def kernel(*args: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return f(*args)
+
+    return kernel
+
+
+def _elementwise(name: str, summary: str, arity: int, infer: Callable[[InferContext], list[Type]],
+                 fn: Callable[..., np.ndarray], commutative: bool = False, inplace: int = 0) -> None:
+    operands = ("lhs", "rhs") if arity == 2 else ("x",) if arity == 1 else ("cond", "lhs", "rhs")
+    register(OpSpec(
+        name, summary, operands, infer,
+        kernel=lambda op, *xs: fn(*xs),
+        category="elementwise", commutative=commutative,
+        inplace=inplace, gpu=True, flops=_elementwise_flops,
+    ))
+
+
+_elementwise("add", "a + b", 2, _infer_binary, np.add, commutative=True)
+_elementwise("sub", "a - b", 2, _infer_binary, np.subtract)
+_elementwise("mul", "a * b", 2, _infer_binary, np.multiply, commutative=True)
+_elementwise("div", "a / b (floor division on integers)", 2, _infer_binary, _div)
+_elementwise("pow", "a ** b", 2, _infer_float_binary, _quiet(np.power))
+_elementwise("max", "elementwise maximum", 2, _infer_binary, np.maximum, commutative=True)
+_elementwise("min", "elementwise minimum", 2, _infer_binary, np.minimum, commutative=True)
+_elementwise("neg", "-x", 1, _infer_numeric_unary, np.negative)
+_elementwise("abs", "|x|", 1, _infer_numeric_unary, np.abs)
+_elementwise("exp", "e ** x", 1, _infer_float_unary, _quiet(np.exp))
+_elementwise("log", "natural logarithm", 1, _infer_float_unary, _quiet(np.log))
+_elementwise("tanh", "hyperbolic tangent", 1, _infer_float_unary, np.tanh)
+_elementwise("sigmoid", "1 / (1 + exp(-x))", 1, _infer_float_unary, _sigmoid)
+_elementwise("relu", "max(x, 0)", 1, _infer_numeric_unary, lambda x: np.maximum(x, x.dtype.type(0)))
+_elementwise("sqrt", "square root", 1, _infer_float_unary, _quiet(np.sqrt))
+for _name, _fn in [("lt", np.less), ("le", np.less_equal), ("gt", np.greater),
+                   ("ge", np.greater_equal), ("eq", np.equal), ("ne", np.not_equal)]:
+    _elementwise(_name, f"comparison ({_fn.__name__}), gives i1", 2, _infer_compare, _fn)
+_elementwise("and", "logical and of i1", 2, _infer_logical, np.logical_and, commutative=True)
+_elementwise("or", "logical or of i1", 2, _infer_logical, np.logical_or, commutative=True)
+
+
+def _infer_select(ctx: InferContext) -> list[Type]:
+    if ctx.tensor(0).dtype != "i1":
+        raise ShapeError(f"the condition must be i1, got {ctx.tensor(0)}")
+    dtype = same_dtype(ctx, 1, 2)
+    shape = broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape, ctx.tensor(2).shape)
+    return [TensorType(shape, dtype)]
+
+
+_elementwise("select", "cond ? a : b", 3, _infer_select, np.where, inplace=1)
+
+
+def _infer_cast(ctx: InferContext) -> list[Type]:
+    (t,) = ctx.need_declared()
+    if t.shape != ctx.tensor(0).shape:
+        raise ShapeError(f"cannot change the shape from {ctx.tensor(0)} to {t}")
+    return [t]
+
+
+register(OpSpec("cast", "converts the dtype: `cast %x : tensor<4xf64>`", ("x",), _infer_cast,
+                kernel=lambda op, x: x.astype(op.result.tensor_type.numpy_dtype),
+                category="elementwise", gpu=True, flops=_elementwise_flops))
+
+
+# ---------------------------------------------------------------------------------------------
+# Constants
+
+
+def _literal_shape(value: Any) -> tuple[int, ...]:
+    shape: list[int] = []
+    while isinstance(value, (list, tuple)):
+        shape.append(len(value))
+        value = value[0] if value else 0.0
+    return tuple(shape)
+
+
+def _infer_constant(ctx: InferContext) -> list[Type]:
+    (t,) = ctx.need_declared()
+    value = ctx.attrs["value"]
+    if isinstance(value, (list, tuple)):
+        if _literal_shape(value) != t.shape:
+            raise ShapeError(f"the literal has shape {_literal_shape(value)} but the type is {t}")
+        try:
+            np.array(value, dtype=t.numpy_dtype)
+        except (ValueError, TypeError):
+            raise ShapeError("the literal is ragged or has non-numbers") from None
+    elif not t.is_static:
+        raise ShapeError(f"a constant needs a static shape, got {t}")
+    return [t]
+
+
+def _constant_kernel(op: Operation) -> np.ndarray:
+    t = op.result.tensor_type
+    return np.broadcast_to(np.array(op.attrs["value"], dtype=t.numpy_dtype), t.shape).copy()
+
+
+register(OpSpec("constant", "a literal; a scalar literal fills the whole type",
+                (), _infer_constant, kernel=_constant_kernel, attrs={"value": REQUIRED},
+                category="constant", literal=True, gpu=True))
+
+
+def _infer_declared(ctx: InferContext) -> list[Type]:
+    (t,) = ctx.need_declared()
+    if not t.is_static:
+        raise ShapeError(f"needs a static shape, got {t}")
+    return [t]
+
+
+register(OpSpec("zeros", "a tensor of zeros", (), _infer_declared, category="constant", gpu=True,
+                kernel=lambda op: np.zeros(op.result.tensor_type.shape, op.result.tensor_type.numpy_dtype)))
+register(OpSpec("ones", "a tensor of ones", (), _infer_declared, category="constant", gpu=True,
+                kernel=lambda op: np.ones(op.result.tensor_type.shape, op.result.tensor_type.numpy_dtype)))
+
+
+def _infer_fill(ctx: InferContext) -> list[Type]:
+    (t,) = _infer_declared(ctx)
+    if ctx.tensor(0).shape != () or ctx.tensor(0).dtype != t.dtype:
+        raise ShapeError(f"fills with a scalar of the result's dtype, got {ctx.tensor(0)}")
+    return [t]
+
+
+register(OpSpec("fill", "a tensor filled with a scalar value", ("value",), _infer_fill, gpu=True,
+                category="constant",
+                kernel=lambda op, v: np.full(op.result.tensor_type.shape, v, op.result.tensor_type.numpy_dtype)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear algebra and layout
+
+
+def _infer_matmul(ctx: InferContext) -> list[Type]:
+    a, b = ctx.tensor(0), ctx.tensor(1)
+    dtype = same_dtype(ctx, 0, 1)
+    if a.rank < 2 or b.rank < 2:
+        raise ShapeError(f"needs operands of rank >= 2, got {a} and {b}")
+    ka, kb = a.shape[-1], b.shape[-2]
+    if ka is not None and kb is not None and ka != kb:
+        raise ShapeError(f"contraction sizes differ: {a} @ {b} ({ka} != {kb})")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return [TensorType(batch + (a.shape[-2], b.shape[-1]), dtype)]
+
+
+def _matmul_flops(op: Operation) -> int:
+    a = op.operands[0].tensor_type
+    out = op.result.tensor_type.num_elements() or 0
+    return 2 * out * (a.shape[-1] or 0)
+
+
+register(OpSpec("matmul", "matrix product (batched over leading dims)", ("lhs", "rhs"), _infer_matmul,
+                kernel=lambda op, a, b: np.matmul(a, b), category="matmul", gpu=True, flops=_matmul_flops))
+
+
+def _transpose_perm(op_attrs: dict[str, Any], rank: int) -> list[int]:
+    perm = op_attrs["perm"]
+    if perm is None:
+        return list(range(rank))[::-1]
+    perm = _int_list(perm, "perm")
+    if sorted(perm) != list(range(rank)):
+        raise ShapeError(f"perm {perm} is not a permutation of {rank} axes")
+    return perm
+
+
+def _infer_transpose(ctx: InferContext) -> list[Type]:
+    t = ctx.tensor(0)
+    perm = _transpose_perm(ctx.attrs, t.rank)
+    return [t.with_shape(tuple(t.shape[p] for p in perm))]
+
+
+register(OpSpec("transpose", "permutes axes (default: reverses them)", ("x",), _infer_transpose,
+                attrs={"perm": None}, category="layout", gpu=True,
+                kernel=lambda op, x: np.ascontiguousarray(np.transpose(x, _transpose_perm(op.attrs, x.ndim)))))
+
+
+def _infer_reshape(ctx: InferContext) -> list[Type]:
+    t = ctx.tensor(0)
+    shape = _int_list(ctx.attrs["shape"], "shape")
+    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        raise ShapeError(f"bad shape {shape}")
+    total = t.num_elements()
+    known = math.prod(d for d in shape if d != -1)
+    if -1 in shape:
+        if total is None:
+            out: tuple[Dim, ...] = tuple(None if d == -1 else d for d in shape)
+            return [t.with_shape(out)]
+        if known == 0 or total % known:
+            raise ShapeError(f"cannot reshape {t} to {shape}")
+        shape[shape.index(-1)] = total // known
+    elif total is not None and known != total:
+        raise ShapeError(f"cannot reshape {t} ({total} elements) to {shape} ({known} elements)")
+    return [t.with_shape(tuple(shape))]
+
+
+register(OpSpec("reshape", "same elements, new shape (one dim may be -1)", ("x",), _infer_reshape,
+                attrs={"shape": REQUIRED}, category="layout", gpu=True,
+                kernel=lambda op, x: np.reshape(x, op.result.tensor_type.shape).copy()))
+
+
+def _infer_broadcast(ctx: InferContext) -> list[Type]:
+    t = ctx.tensor(0)
+    shape = tuple(_int_list(ctx.attrs["shape"], "shape"))
+    if broadcast_shapes(t.shape, shape) != shape:
+        raise ShapeError(f"cannot broadcast {t} to {list(shape)}")
+    return [t.with_shape(shape)]
+
+
+register(OpSpec("broadcast", "NumPy broadcast_to a shape", ("x",), _infer_broadcast,
+                attrs={"shape": REQUIRED}, category="layout", gpu=True,
+                kernel=lambda op, x: np.broadcast_to(x, op.result.tensor_type.shape).copy()))
+
+
+def _infer_concat(ctx: InferContext) -> list[Type]:
+    ts = [ctx.tensor(i) for i in range(len(ctx.types))]
+    if not ts:
+        raise ShapeError("needs at least one operand")
+    same_dtype(ctx, *range(len(ts)))
+    rank = ts[0].rank
+    if rank == 0 or any(t.rank != rank for t in ts):
+        raise ShapeError("needs operands of one rank >= 1, got " + ", ".join(map(str, ts)))
+    axis = norm_axis(ctx.attrs["axis"], rank)
+    shape: list[Dim] = list(ts[0].shape)
+    for t in ts[1:]:
+        for i, (d, e) in enumerate(zip(shape, t.shape)):
+            if i != axis and d is not None and e is not None and d != e:
+                raise ShapeError("shapes differ off the concat axis: " + ", ".join(map(str, ts)))
+    sizes = [t.shape[axis] for t in ts]
+    shape[axis] = None if None in sizes else sum(s for s in sizes if s is not None)
+    return [ts[0].with_shape(tuple(shape))]
+
+
+register(OpSpec("concat", "joins tensors along an existing axis", ("inputs*",), _infer_concat,
+                attrs={"axis": 0}, category="layout", gpu=True,
+                kernel=lambda op, *xs: np.concatenate(xs, axis=op.attrs["axis"])))
+
+
+def _slice_bounds(attrs: dict[str, Any], shape: tuple[Dim, ...]) -> list[tuple[int, int, int]]:
+    starts = _int_list(attrs["starts"], "starts")
+    limits = _int_list(attrs["limits"], "limits")
+    steps = _int_list(attrs["steps"], "steps") if attrs["steps"] is not None else [1] * len(starts)
+    if not len(starts) == len(limits) == len(steps) == len(shape):
+        raise ShapeError(f"starts, limits and steps need one entry per axis ({len(shape)})")
+    for s, lim, st, d in zip(starts, limits, steps, shape):
+        if st < 1 or s < 0 or lim < s or (d is not None and lim > d):
+            raise ShapeError(f"slice [{s}:{lim}:{st}] is out of range for a dim of size {d}")
+    return list(zip(starts, limits, steps))
+
+
+def _infer_slice(ctx: InferContext) -> list[Type]:
+    t = ctx.tensor(0)
+    bounds = _slice_bounds(ctx.attrs, t.shape)
+    return [t.with_shape(tuple(-(-(lim - s) // st) for s, lim, st in bounds))]
+
+
+register(OpSpec("slice", "a strided box: `slice %x {starts = [0, 0], limits = [2, 4]}`", ("x",), _infer_slice,
+                attrs={"starts": REQUIRED, "limits": REQUIRED, "steps": None}, category="layout", gpu=True,
+                kernel=lambda op, x: x[tuple(slice(s, lim, st) for s, lim, st in _slice_bounds(op.attrs, x.shape))]
+                .copy()))
+
+
+def _infer_index(ctx: InferContext) -> list[Type]:
+    t, i = ctx.tensor(0), ctx.tensor(1)
+    if t.rank == 0:
+        raise ShapeError("cannot index a scalar")
+    if i.shape != () or i.dtype not in INT_DTYPES:
+        raise ShapeError(f"the index must be an integer scalar, got {i}")
+    return [t.with_shape(t.shape[1:])]
+
+
+def _index_kernel(op: Operation, x: np.ndarray, i: np.ndarray) -> np.ndarray:
+    k = int(i)
+    if not 0 <= k < x.shape[0]:
+        raise IndexError(f"index {k} is out of range for a leading dim of {x.shape[0]}")
+    return x[k].copy()
+
+
+register(OpSpec("index", "x[i] on the leading axis, i an integer scalar", ("x", "index"), _infer_index,
+                kernel=_index_kernel, category="layout", gpu=True))
+
+
+def _infer_stack(ctx: InferContext) -> list[Type]:
+    ts = [ctx.tensor(i) for i in range(len(ctx.types))]
+    if not ts:
+        raise ShapeError("needs at least one operand")
+    if any(t != ts[0] for t in ts):
+        raise ShapeError("needs operands of one type, got " + ", ".join(map(str, ts)))
+    axis = norm_axis(ctx.attrs["axis"], ts[0].rank + 1)
+    shape = list(ts[0].shape)
+    shape.insert(axis, len(ts))
+    return [ts[0].with_shape(tuple(shape))]
+
+
+register(OpSpec("stack", "joins tensors along a new axis", ("inputs*",), _infer_stack,
+                attrs={"axis": 0}, category="layout", gpu=True,
+                kernel=lambda op, *xs: np.stack(xs, axis=op.attrs["axis"])))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+
+
+def reduction_axes(attrs: dict[str, Any], rank: int) -> list[int]:
+    axes = attrs["axes"]
+    if axes is None:
+        return list(range(rank))
+    out = sorted({norm_axis(a, rank) for a in _int_list(axes, "axes")})
+    return out
+
+
+def _infer_reduce(ctx: InferContext) -> list[Type]:
+    t = ctx.tensor(0)
+    axes = reduction_axes(ctx.attrs, t.rank)
+    if ctx.spec.name == "mean" and not t.is_float:
+        raise ShapeError(f"needs a float operand, got {t}")
+    if ctx.attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(t.shape) if i not in axes)
+    return [t.with_shape(shape)]
+
+
+def _reduction(name: str, summary: str, fn: Callable[..., np.ndarray]) -> None:
+    def kernel(op: Operation, x: np.ndarray) -> np.ndarray:
+        axes = tuple(reduction_axes(op.attrs, x.ndim))
+        return np.asarray(fn(x, axis=axes, keepdims=op.attrs["keepdims"]), dtype=x.dtype)
+
+    register(OpSpec(name, summary, ("x",), _infer_reduce, kernel=kernel,
+                    attrs={"axes": None, "keepdims": False}, category="reduction", gpu=True,
+                    flops=lambda op: op.operands[0].tensor_type.num_elements() or 0))
+
+
+_reduction("sum", "sum over axes (all by default)", np.sum)
+_reduction("mean", "mean over axes (all by default)", np.mean)
+_reduction("reduce_max", "maximum over axes (surface: max(%x))", np.max)
+_reduction("reduce_min", "minimum over axes (surface: min(%x))", np.min)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure: functions, loops, variables. Their kernels need the interpreter (see interpreter.py).
+
+
+def _no_results(ctx: InferContext) -> list[Type]:
+    return []
+
+
+def _infer_declared_any(ctx: InferContext) -> list[Type]:
+    if ctx.declared is None:
+        raise ShapeError("needs its result types written after ':'")
+    return list(ctx.declared)
+
+
+register(OpSpec("return", "ends a function: `return %a, %b`", ("values*",), _no_results,
+                pure=False, terminator=True, category="structural"))
+register(OpSpec("yield", "ends a loop body: `yield (%carry, ...) stack (%v, ...)`", ("carries*", "stacks*"),
+                _no_results, pure=False, terminator=True, category="structural"))
+register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("args*",), _infer_declared_any,
+                attrs={"callee": REQUIRED}, category="structural"))
+register(OpSpec("grad", "f's scalar result and its gradients wrt the listed argument positions",
+                ("args*",), _infer_declared_any, attrs={"callee": REQUIRED, "wrt": REQUIRED},
+                category="structural"))
+
+
+def _infer_var(ctx: InferContext) -> list[Type]:
+    (t,) = ctx.need_declared()
+    return [VarType(t)]
+
+
+def _infer_load(ctx: InferContext) -> list[Type]:
+    t = ctx.types[0]
+    if not isinstance(t, VarType):
+        raise ShapeError("loads from a variable made by 'var'")
+    return [t.held]
+
+
+def _infer_store(ctx: InferContext) -> list[Type]:
+    var, value = ctx.types
+    if not isinstance(var, VarType):
+        raise ShapeError("stores into a variable made by 'var'")
+    if value != var.held:
+        raise ShapeError(f"the variable holds {var.held} but the value is {value}")
+    return []
+
+
+register(OpSpec("var", "a mutable variable (pre-SSA): `%h = var : tensor<4xf32>`", (), _infer_var,
+                pure=False, category="structural"))
+register(OpSpec("load", "reads a variable (pre-SSA)", ("var",), _infer_load, pure=False, category="structural"))
+register(OpSpec("store", "writes a variable (pre-SSA): `store %h, %v`", ("var", "value"), _infer_store,
+                pure=False, category="structural"))
+
+
+def loop_trip_count(ctx_seq_types: Sequence[Type], length: int | None) -> Dim:
+    """The number of steps of a scan/for: the sequences' shared leading dim or `length`."""
+    dims: set[Dim] = set()
+    for t in ctx_seq_types:
+        if not isinstance(t, TensorType) or t.rank == 0:
+            raise ShapeError(f"a sequence must be a tensor of rank >= 1, got {t}")
+        dims.add(t.shape[0])
+    known = {d for d in dims if d is not None}
+    if length is not None:
+        known.add(length)
+    if len(known) > 1:
+        raise ShapeError(f"sequence lengths and 'length' disagree: {sorted(known)}")
+    if known:
+        return known.pop()
+    if not dims:
+        raise ShapeError("a loop with no sequence needs 'length N'")
+    return None
+
+
+def _infer_loop(ctx: InferContext) -> list[Type]:
+    is_scan = ctx.spec.name == "scan"
+    seqs = ctx.group("sequences")
+    inits = ctx.group("inits") if is_scan else []
+    steps = loop_trip_count(seqs, ctx.attrs["length"])
+    block = ctx.regions[0].block if ctx.regions else None
+    if block is None:
+        raise ShapeError("needs a body")
+    expected = [t.with_shape(t.shape[1:]) for t in seqs] + list(inits)  # type: ignore[union-attr]
+    got = [a.type for a in block.args]
+    if got != expected:
+        raise ShapeError("block arguments " + ", ".join(map(str, got)) + " do not match the sequence elements"
+                         " and carries " + ", ".join(map(str, expected)))
+    term = block.terminator
+    if term is None or term.name != "yield":
+        raise ShapeError("the body must end with 'yield'")
+    carries = [v.type for v in term.group("carries")]
+    if carries != list(inits):
+        raise ShapeError("yielded carries " + ", ".join(map(str, carries)) + " do not match the initial values "
+                         + ", ".join(map(str, inits)))
+    stacks = [v.tensor_type for v in term.group("stacks")]
+    return list(inits) + [TensorType((steps,) + t.shape, t.dtype) for t in stacks]
+
+
+register(OpSpec("scan", "a loop with sequences, carries and stacked outputs (as jax.lax.scan)",
+                ("sequences*", "inits*"), _infer_loop, attrs={"reverse": False, "length": None},
+                num_regions=1, category="structural"))
+register(OpSpec("for", "a pre-SSA loop over sequences; the body may load and store variables",
+                ("sequences*",), _infer_loop, attrs={"reverse": False, "length": None},
+                num_regions=1, pure=False, category="structural"))
+register(OpSpec("transfer", "moves a tensor to a device: `transfer %x {device = \"gpu\"}`", ("x",),
+                _infer_unary, attrs={"device": REQUIRED}, category="layout", kernel=lambda op, x: x))

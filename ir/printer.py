@@ -1,0 +1,161 @@
+"""IR -> text in the SSA form of the grammar; `parse(print(m))` prints identically.
+
+The printer owns naming: a value prints as its source name when it has one (`%h`), made unique
+within the function by a `.N` suffix (`%h.1`), else as a number (`%0`, `%1`, ...) in program
+order. Attributes equal to their spec default are not printed. Comments are never printed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .core import Function, Module, Operation, Value
+from .ops import REGISTRY
+
+
+class _Names:
+    def __init__(self) -> None:
+        self.names: dict[Value, str] = {}
+        self.used: set[str] = set()
+        self.counter = 0
+
+    def assign(self, value: Value) -> None:
+        hint = value.name_hint
+        if hint is None or hint.isdigit():
+            while str(self.counter) in self.used:
+                self.counter += 1
+            name = str(self.counter)
+            self.counter += 1
+        elif hint not in self.used:
+            name = hint
+        else:
+            i = 1
+            while f"{hint}.{i}" in self.used:
+                i += 1
+            name = f"{hint}.{i}"
+        self.used.add(name)
+        self.names[value] = "%" + name
+
+    def __getitem__(self, value: Value) -> str:
+        name = self.names.get(value)
+        return name if name is not None else "%<undefined>"
+
+
+def format_attr(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        text = repr(value)
+        return text if ("." in text or "e" in text) else text + ".0"
+    if isinstance(value, str):
+        return '"' + value + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_attr(v) for v in value) + "]"
+    if hasattr(value, "tolist"):
+        return format_attr(value.tolist())
+    raise TypeError(f"cannot print attribute {value!r}")
+
+
+class Printer:
+    def __init__(self, print_locations: bool = False):
+        self.print_locations = print_locations
+
+    def module(self, module: Module) -> str:
+        return "\n".join(self.function(f) for f in module.functions.values())
+
+    def function(self, f: Function) -> str:
+        names = _Names()
+        for arg in f.args:
+            names.assign(arg)
+        for op in f.walk():
+            for region in op.regions:
+                for arg in region.block.args:
+                    names.assign(arg)
+            for r in op.results:
+                names.assign(r)
+        self.names = names
+        params = ", ".join(f"{names[a]}: {a.type}" for a in f.args)
+        rts = f.result_types
+        results = "" if not rts else f" -> {rts[0]}" if len(rts) == 1 else " -> (" + ", ".join(map(str, rts)) + ")"
+        lines = [f"func @{f.name}({params}){results} {{"]
+        for op in f.body:
+            self.op(op, "  ", lines)
+        lines.append("}" + self.loc(f.loc) + "\n")
+        return "\n".join(lines)
+
+    def loc(self, loc: Any) -> str:
+        if not self.print_locations or loc is None or loc.line == 0:
+            return ""
+        return f' loc("{loc.file}":{loc.line}:{loc.col})'
+
+    def op(self, op: Operation, indent: str, lines: list[str]) -> None:
+        n = self.names
+        head = indent + (", ".join(n[r] for r in op.results) + " = " if op.results else "")
+        types = " : " + ", ".join(str(r.type) for r in op.results) if op.results else ""
+        name = op.name
+        if name in ("scan", "for"):
+            mods = (" reverse" if op.attrs["reverse"] else "") + (
+                f" length {op.attrs['length']}" if op.attrs["length"] is not None else "")
+            seqs = op.group("sequences")
+            body = op.body
+            binds = ", ".join(f"{n[a]} in {n[s]}" for a, s in zip(body.args, seqs))
+            carry = ""
+            if name == "scan" and op.group("inits"):
+                inits = op.group("inits")
+                carry = " carry (" + ", ".join(
+                    f"{n[a]} = {n[v]}" for a, v in zip(body.args[len(seqs):], inits)) + ")"
+            lines.append(f"{head}{name}{mods} ({binds}){carry} {{")
+            for inner in body:
+                self.op(inner, indent + "  ", lines)
+            lines.append(f"{indent}}}{types}{self.loc(op.loc)}")
+            return
+        if name == "yield":
+            carries, stacks = op.group("carries"), op.group("stacks")
+            text = "yield"
+            if carries or stacks:
+                text += " (" + ", ".join(n[v] for v in carries) + ")"
+            if stacks:
+                text += " stack (" + ", ".join(n[v] for v in stacks) + ")"
+            lines.append(indent + text + self.loc(op.loc))
+            return
+        if name == "return":
+            args = ", ".join(n[v] for v in op.operands)
+            lines.append(f"{indent}return{' ' + args if args else ''}{self.loc(op.loc)}")
+            return
+        if name in ("call", "grad"):
+            args = ", ".join(n[v] for v in op.operands)
+            text = f"{head}{name} @{op.attrs['callee']}({args})"
+            if name == "grad":
+                items = []
+                for pos in op.attrs["wrt"]:
+                    v = op.operands[pos]
+                    items.append(n[v] if op.operands.count(v) == 1 else str(pos))
+                text += " wrt (" + ", ".join(items) + ")"
+            lines.append(text + types + self.loc(op.loc))
+            return
+        spec = REGISTRY[name]
+        text = head + name
+        if spec.literal:
+            text += " " + format_attr(op.attrs["value"])
+        if op.operands:
+            text += " " + ", ".join(n[v] for v in op.operands)
+        shown = {k: v for k, v in op.attrs.items()
+                 if not (spec.literal and k == "value") and v != spec.attrs.get(k) and v is not None}
+        if shown:
+            text += " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in sorted(shown.items())) + "}"
+        lines.append(text + types + self.loc(op.loc))
+
+
+def print_module(module: Module, print_locations: bool = False) -> str:
+    return Printer(print_locations).module(module)
+
+
+def print_function(f: Function, print_locations: bool = False) -> str:
+    return Printer(print_locations).function(f)

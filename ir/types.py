@@ -1,0 +1,109 @@
+"""Tensor types: `tensor<50x32x256xf32>`, `tensor<f32>` (a scalar), `tensor<?x256xf32>`.
+
+A dimension is an int or None (printed `?`, unknown until the JIT specialises on arguments).
+`VarType` is the type of a pre-SSA variable made by `var`; it is printed as the tensor type
+it holds, and only `load` and `store` may use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DTYPES: dict[str, np.dtype] = {
+    "f32": np.dtype(np.float32),
+    "f64": np.dtype(np.float64),
+    "i32": np.dtype(np.int32),
+    "i64": np.dtype(np.int64),
+    "i1": np.dtype(np.bool_),
+}
+FLOAT_DTYPES = ("f32", "f64")
+INT_DTYPES = ("i32", "i64")
+_NAME_OF_NUMPY = {v: k for k, v in DTYPES.items()}
+
+Dim = int | None
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[Dim, ...]
+    dtype: str
+    """One of DTYPES' keys."""
+
+    def __str__(self) -> str:
+        dims = "".join(("?" if d is None else str(d)) + "x" for d in self.shape)
+        return f"tensor<{dims}{self.dtype}>"
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def is_static(self) -> bool:
+        return all(d is not None for d in self.shape)
+
+    def num_elements(self) -> int | None:
+        n = 1
+        for d in self.shape:
+            if d is None:
+                return None
+            n *= d
+        return n
+
+    def nbytes(self) -> int | None:
+        n = self.num_elements()
+        return None if n is None else n * self.numpy_dtype.itemsize
+
+    def with_shape(self, shape: tuple[Dim, ...]) -> TensorType:
+        return TensorType(tuple(shape), self.dtype)
+
+    def with_dtype(self, dtype: str) -> TensorType:
+        return TensorType(self.shape, dtype)
+
+    def matches(self, array: np.ndarray) -> bool:
+        """Whether a concrete array has this type (`?` matches any size)."""
+        if array.dtype != self.numpy_dtype or array.ndim != self.rank:
+            return False
+        return all(d is None or d == s for d, s in zip(self.shape, array.shape))
+
+
+@dataclass(frozen=True)
+class VarType:
+    """The type of a mutable variable holding values of `held`."""
+
+    held: TensorType
+
+    def __str__(self) -> str:
+        return str(self.held)
+
+
+Type = TensorType | VarType
+
+
+def dtype_name(dt: np.dtype) -> str:
+    return _NAME_OF_NUMPY[np.dtype(dt)]
+
+
+def scalar(dtype: str) -> TensorType:
+    return TensorType((), dtype)
+
+
+def parse_type(text: str) -> TensorType:
+    """Parses `tensor<...>`; the lexer has already checked the form."""
+    body = text[len("tensor<") : -1]
+    *dims, dtype = body.split("x")
+    shape = tuple(None if d == "?" else int(d) for d in dims)
+    return TensorType(shape, dtype)
+
+
+def type_of_array(array: np.ndarray) -> TensorType:
+    return TensorType(tuple(array.shape), dtype_name(array.dtype))

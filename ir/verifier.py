@@ -1,0 +1,101 @@
+"""Checks the IR's invariants; linear in the number of ops.
+
+- dominance with region scoping: an operand is a block argument or an earlier result of its
+  own block or of an enclosing block (a loop body may read any value defined before the loop);
+- types: every op's result types are what its spec's rule infers from its operands now;
+- terminators: a function body ends in `return` (with the signature's types), a loop body in
+  `yield`, and neither appears anywhere else;
+- calls name functions of the module with matching types; variables are used only by
+  `load`/`store`.
+"""
+
+from __future__ import annotations
+
+from ..errors import GirVerifyError
+from .core import Block, Function, Module, Operation, Value
+from .ops import REGISTRY, InferContext, ShapeError, check_arity
+from .types import TensorType, VarType
+
+
+def _name(v: Value) -> str:
+    return "%" + (v.name_hint or "?")
+
+
+class Verifier:
+    def __init__(self, module: Module):
+        self.module = module
+
+    def run(self) -> None:
+        for f in self.module.functions.values():
+            self.function(f)
+
+    def function(self, f: Function) -> None:
+        body = f.body
+        term = body.terminator
+        if term is None or term.name != "return":
+            raise GirVerifyError(f"@{f.name} must end with 'return'", term.loc if term else f.loc)
+        got = [v.type for v in term.operands]
+        if got != f.result_types:
+            raise GirVerifyError(f"@{f.name} returns " + ", ".join(map(str, got)) + " but its signature says "
+                                 + ", ".join(map(str, f.result_types)), term.loc)
+        visible: set[Value] = set()
+        self.block(body, visible, "return")
+
+    def block(self, block: Block, visible: set[Value], terminator: str) -> None:
+        defined: list[Value] = list(block.args)
+        visible.update(block.args)
+        for op in block:
+            is_last = op is block.last
+            if op.spec.terminator and not is_last:
+                raise GirVerifyError(f"'{op.name}' must be the last op of its block", op.loc)
+            if is_last and op.name != terminator:
+                raise GirVerifyError(f"this block must end with '{terminator}', not '{op.name}'", op.loc)
+            self.op(op, visible)
+            for region in op.regions:
+                self.block(region.block, visible, "yield")
+            visible.update(op.results)
+            defined.extend(op.results)
+        visible.difference_update(defined)
+
+    def op(self, op: Operation, visible: set[Value]) -> None:
+        spec = REGISTRY.get(op.name)
+        if spec is None:
+            raise GirVerifyError(f"unknown op '{op.name}'", op.loc)
+        for i, v in enumerate(op.operands):
+            if v not in visible:
+                raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
+            if isinstance(v.type, VarType) and not (op.name in ("load", "store") and i == 0):
+                raise GirVerifyError(f"variable {_name(v)} may only be read by load and written by store", op.loc)
+        if len(op.regions) != spec.num_regions:
+            raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(op.regions)}", op.loc)
+        check_arity(spec, len(op.operands), op.segments, op.loc)
+        declared = [r.type.held if isinstance(r.type, VarType) else r.type for r in op.results]
+        ctx = InferContext(spec, [v.type for v in op.operands], op.attrs, declared, op.regions, op.segments)  # type: ignore[arg-type]
+        try:
+            inferred = spec.infer(ctx)
+        except ShapeError as e:
+            raise GirVerifyError(f"'{op.name}': {e}", op.loc) from None
+        if inferred != [r.type for r in op.results]:
+            raise GirVerifyError(f"'{op.name}' results are " + ", ".join(str(r.type) for r in op.results)
+                                 + " but its operands give " + ", ".join(map(str, inferred)), op.loc)
+        if op.name in ("call", "grad"):
+            self.callee(op)
+
+    def callee(self, op: Operation) -> None:
+        f = self.module.functions.get(op.attrs["callee"])
+        if f is None:
+            raise GirVerifyError(f"'{op.name}' of undefined function @{op.attrs['callee']}", op.loc)
+        if [v.type for v in op.operands] != f.arg_types:
+            raise GirVerifyError(f"@{f.name} is passed arguments of the wrong types", op.loc)
+        want: list[TensorType] = list(f.result_types)
+        if op.name == "grad":
+            wrt = op.attrs["wrt"]
+            if any(not isinstance(p, int) or not 0 <= p < len(f.args) for p in wrt):
+                raise GirVerifyError(f"grad wrt positions {wrt} are out of range", op.loc)
+            want = want[:1] + [f.arg_types[p] for p in wrt]
+        if [r.type for r in op.results] != want:
+            raise GirVerifyError(f"'{op.name}' of @{f.name} has the wrong result types", op.loc)
+
+
+def verify(module: Module) -> None:
+    Verifier(module).run()
