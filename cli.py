@@ -7,6 +7,7 @@ a Python traceback; the exit status is 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -132,6 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # a bug in gir, not in the program: say so, without a traceback
+        if os.environ.get("GIR_TRACEBACK"):
+            raise
+        print(f"gir: internal error: {type(e).__name__}: {e}\n(this is a bug in gir; run with GIR_TRACEBACK=1 "
+              "for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ The tuples (the frontend's AST, private to frontend/):
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
@@ -22,8 +23,16 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from ..errors import GirSyntaxError, Location, remember_source
 from ..ir.core import Module
 from ..ir.types import parse_type
+from .lexer import GirLexer
 
 _TAGGED = ("operands", "literal", "attrs", "types")
+_FILE = ["<string>"]
+"""The file being parsed, for the few errors raised while parsing (Lark callbacks take no context)."""
+
+
+def parse_types(token: str) -> list:
+    """`: tensor<4xf32>, tensor<f32>` (one TYPES token) -> types."""
+    return [parse_type(t.strip()) for t in token[1:].split(",")]
 
 
 class _ToTuples(Transformer):
@@ -41,7 +50,10 @@ class _ToTuples(Transformer):
         return c
 
     def param(self, c: list) -> tuple:
-        return (c[0], parse_type(c[1]), c[2] if len(c) > 2 else None)
+        types = parse_types(c[1])
+        if len(types) != 1:
+            raise GirSyntaxError(f"parameter {c[0]} has {len(types)} types", Location(_FILE[0], c[1].line, c[1].column))
+        return (c[0], types[0], c[2] if len(c) > 2 else None)
 
     def results(self, c: list) -> list | None:
         return c[0] if c else None
@@ -63,18 +75,17 @@ class _ToTuples(Transformer):
         for item in c[1:]:
             if isinstance(item, tuple) and item[0] in _TAGGED:
                 parts[item[0]] = item[1]
+            elif isinstance(item, Token) and item.type == "TYPES":
+                parts["types"] = parse_types(item)
             else:  # the literal, a plain Python value
                 parts["literal"] = item
         return ("generic", c[0], parts["operands"], parts["literal"], parts["attrs"], parts["types"])
-
-    def op_name(self, c: list) -> Token:
-        return c[0]
 
     def operands(self, c: list) -> tuple:
         return ("operands", c)
 
     def type_suffix(self, c: list) -> tuple:
-        return ("types", [parse_type(t) for t in c])
+        return ("types", parse_types(c[0]))
 
     def call_op(self, c: list) -> tuple:
         return ("call", c[0], c[1], c[2], c[3][1] if len(c) > 3 else None)
@@ -230,8 +241,8 @@ _PARSER: Lark | None = None
 def _parser() -> Lark:
     global _PARSER
     if _PARSER is None:
-        _PARSER = Lark.open("grammar.lark", rel_to=__file__, parser="lalr", strict=True,
-                            propagate_positions=False, maybe_placeholders=False, transformer=_ToTuples())
+        _PARSER = Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer=GirLexer, strict=True,
+                            propagate_positions=True, maybe_placeholders=False, transformer=_ToTuples())
     return _PARSER
 
 
@@ -284,11 +295,19 @@ def parse(text: str, filename: str = "<string>") -> Module:
     from .emitter import emit_module
 
     remember_source(filename, text)
+    _FILE[0] = filename
+    # The cyclic GC would scan the growing IR (ops and results point at each other) again and
+    # again while it is built: a third of the parse time at 25k ops. Nothing built here is garbage.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         funcs = _parser().parse(text)
+        module = emit_module(funcs, filename)
     except UnexpectedInput as e:
         raise _syntax_error(e, filename, text) from None
-    module = emit_module(funcs, filename)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     verify(module)
     return module
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,12 @@ class OpSpec:
     """A GPU kernel exists for this op."""
     flops: Callable[[Operation], int] | None = None
 
+    @cached_property
+    def arity(self) -> tuple[int, int]:
+        """(fixed operands, variadic groups)."""
+        n_variadic = sum(o.endswith("*") for o in self.operands)
+        return len(self.operands) - n_variadic, n_variadic
+
     def segment_range(self, n_operands: int, segments: tuple[int, ...], name: str) -> tuple[int, int]:
         names = [o.rstrip("*") for o in self.operands]
         if name not in names:
@@ -134,7 +141,7 @@ def make_op(
     spec = REGISTRY.get(name)
     if spec is None:
         raise GirTypeError(f"unknown op '{name}'", loc)
-    attrs = normalize_attrs(spec, dict(attrs or {}), loc)
+    attrs = normalize_attrs(spec, dict(attrs or {}), loc) if attrs or spec.attrs else {}
     ctx = InferContext(spec, [v.type for v in operands], attrs, list(declared) if declared is not None else None,
                        regions, segments)
     check_arity(spec, len(operands), segments, loc)
@@ -142,7 +149,8 @@ def make_op(
         types = spec.infer(ctx)
     except ShapeError as e:
         raise GirTypeError(f"'{name}': {e}", loc) from None
-    if declared is not None and list(declared) != [t.held if isinstance(t, VarType) else t for t in types]:
+    if declared is not None and declared != types and list(declared) != [
+            t.held if isinstance(t, VarType) else t for t in types]:
         shown = ", ".join(str(t) for t in types)
         given = ", ".join(str(t) for t in declared)
         raise GirTypeError(f"'{name}' produces {shown or 'no results'} but the written type is {given}", loc)
@@ -150,8 +158,7 @@ def make_op(
 
 
 def check_arity(spec: OpSpec, n: int, segments: tuple[int, ...], loc: Location) -> None:
-    n_variadic = sum(o.endswith("*") for o in spec.operands)
-    n_fixed = len(spec.operands) - n_variadic
+    n_fixed, n_variadic = spec.arity
     if n_variadic == 0 and n != n_fixed:
         raise GirTypeError(f"'{spec.name}' takes {n_fixed} operand(s), got {n}", loc)
     if n_variadic and n < n_fixed:
@@ -178,6 +185,9 @@ def normalize_attrs(spec: OpSpec, attrs: dict[str, Any], loc: Location) -> dict[
 
 
 def broadcast_shapes(*shapes: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    first = shapes[0]
+    if all(s == first for s in shapes) and None not in first:  # the common case, kept cheap
+        return first
     rank = max((len(s) for s in shapes), default=0)
     out: list[Dim] = []
     for i in range(rank):

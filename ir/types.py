@@ -8,6 +8,7 @@ it holds, and only `load` and `store` may use it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -97,6 +98,7 @@ def scalar(dtype: str) -> TensorType:
     return TensorType((), dtype)
 
 
+@lru_cache(maxsize=4096)
 def parse_type(text: str) -> TensorType:
     """Parses `tensor<...>`; the lexer has already checked the form."""
     body = text[len("tensor<") : -1]
