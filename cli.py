@@ -7,6 +7,7 @@ a Python traceback; the exit status is 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -16,26 +17,10 @@ import numpy as np
 from .errors import GirArgumentError, GirError
 from .frontend.parser import load
 from .ir.core import Function, Module
-from .ir.interpreter import interpret
+from .ir.interpreter import interpret, random_inputs
 from .ir.printer import print_module
-
-
-def random_inputs(f: Function, seed: int) -> list[np.ndarray]:
-    """Seeded random arguments for f: floats ~ N(0, 0.1), ints in [0, 3), bools fair."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for arg in f.args:
-        t = arg.tensor_type
-        if not t.is_static:
-            raise GirArgumentError(f"--random cannot invent a size for {t} (argument %{arg.name_hint}); "
-                                   "use --inputs", f.loc)
-        if t.is_float:
-            out.append((0.1 * rng.standard_normal(t.shape)).astype(t.numpy_dtype))
-        elif t.dtype == "i1":
-            out.append(rng.integers(0, 2, t.shape).astype(bool))
-        else:
-            out.append(rng.integers(0, 3, t.shape).astype(t.numpy_dtype))
-    return out
+from .passes.pass_manager import PassManager
+from .passes.pipeline import DEFAULT_PIPELINE
 
 
 def load_inputs(f: Function, path: str) -> list[np.ndarray]:
@@ -72,8 +57,37 @@ def entry_of(module: Module, name: str | None) -> Function:
     return module.functions[name]
 
 
+def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
+    seed = getattr(args, "check_numerics", None)
+    return PassManager(
+        pipeline,
+        verify_each=not getattr(args, "no_verify_each", False),
+        print_ir_before=frozenset(getattr(args, "print_ir_before", None) or ()),
+        print_ir_after=frozenset(getattr(args, "print_ir_after", None) or ()),
+        print_ir_after_all=getattr(args, "print_ir_after_all", False),
+        print_ir_after_change=getattr(args, "print_ir_after_change", False),
+        print_ir_after_failure=getattr(args, "print_ir_after_failure", False),
+        print_locations=getattr(args, "print_locations", False),
+        dump_dir=getattr(args, "dump_dir", None),
+        check_numerics=seed,
+        reproducer=True,
+        reproducer_dir=getattr(args, "reproducer_dir", None),
+    )
+
+
+def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> None:
+    report = pass_manager(args, pipeline).run(module)
+    if getattr(args, "timing", False):
+        sys.stderr.write(report.timing_table())
+    if getattr(args, "stats_json", None):
+        with open(args.stats_json, "w", encoding="utf-8") as f:
+            json.dump(report.as_dict(), f, indent=2)
+            f.write("\n")
+
+
 def cmd_opt(args: argparse.Namespace) -> int:
     module = load(args.file)
+    run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     text = print_module(module, print_locations=args.print_locations)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -85,6 +99,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     module = load(args.file)
+    run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     f = entry_of(module, args.entry)
     if args.inputs:
         inputs = load_inputs(f, args.inputs)
@@ -98,6 +113,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-p", "--pipeline", help=f"comma-separated passes, options as name{{key=value}} "
+                   f"(default: {DEFAULT_PIPELINE}; '' runs none)")
+    p.add_argument("--no-verify-each", action="store_true", help="do not verify the IR after every pass")
+    p.add_argument("--print-ir-before", action="append", metavar="PASS", help="print the IR before PASS")
+    p.add_argument("--print-ir-after", action="append", metavar="PASS", help="print the IR after PASS")
+    p.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass")
+    p.add_argument("--print-ir-after-change", action="store_true", help="print the IR after passes that changed it")
+    p.add_argument("--print-ir-after-failure", action="store_true", help="print the IR after a pass that failed")
+    p.add_argument("--dump-dir", metavar="DIR", help="write 00-input.gir, 01-<pass>.gir, ... into DIR")
+    p.add_argument("--timing", action="store_true", help="print time per pass and per rewrite pattern")
+    p.add_argument("--stats-json", metavar="OUT.json", help="write timing, pattern counts and op counts as JSON")
+    p.add_argument("--check-numerics", nargs="?", const=0, type=int, metavar="SEED",
+                   help="run the interpreter before and after every pass on seeded inputs; stop at the first "
+                        "pass that changes a result")
+    p.add_argument("--reproducer-dir", metavar="DIR",
+                   help="where a failing pass writes its reproducer (default: the dump dir or the temp dir)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gir", description="gir: a compiler for tensor programs with loops")
     sub = p.add_subparsers(dest="command", required=True)
@@ -106,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("file")
     opt.add_argument("-o", "--output", help="write the IR here instead of stdout")
     opt.add_argument("--print-locations", action="store_true", help="print loc(...) on every op")
+    add_pipeline_flags(opt)
     opt.set_defaults(func=cmd_opt)
 
     run = sub.add_parser("run", help="run a function of a .gir file")
@@ -116,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--random", type=int, metavar="SEED", help="seeded random inputs (the default, seed 0)")
     run.add_argument("--outputs", help="save results as out0, out1, ... in this .npz")
     run.add_argument("--device", choices=["interp"], default="interp")
+    run.add_argument("-p", "--pipeline", help=f"passes to run first (default: {DEFAULT_PIPELINE})")
+    run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
     run.set_defaults(func=cmd_run)
     return p
 

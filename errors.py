@@ -80,3 +80,6 @@ class GirArgumentError(GirError):
 
 class GirPassError(GirError):
     """A pass failed or produced broken IR."""
+
+    reproducer: str | None = None
+    """The file with the IR given to the failing pass, when one was written."""

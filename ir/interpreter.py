@@ -39,6 +39,25 @@ def check_arguments(f: Function, args: Sequence[Any]) -> list[np.ndarray]:
     return arrays
 
 
+def random_inputs(f: Function, seed: int) -> list[np.ndarray]:
+    """Seeded random arguments for f: floats ~ N(0, 0.1), ints in [0, 3), bools fair."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for arg in f.args:
+        t = arg.tensor_type
+        if not t.is_static:
+            raise GirArgumentError(f"random inputs cannot invent a size for {t} (argument %{arg.name_hint}); "
+                                   "pass real inputs", f.loc)
+        if t.is_float:
+            out.append((0.1 * rng.standard_normal(t.shape)).astype(t.numpy_dtype))
+        elif t.dtype == "i1":
+            out.append(rng.integers(0, 2, t.shape).astype(bool))
+        else:
+            out.append(rng.integers(0, 3, t.shape).astype(t.numpy_dtype))
+    return out
+
+
+
 class Interpreter:
     def __init__(self, module: Module):
         self.module = module

@@ -1,0 +1,431 @@
+"""The `canonicalize` pass: dead code elimination, common subexpression elimination (scoped by
+regions), constant folding, algebraic identities, and scan clean-ups.
+
+Before:
+    %0 = constant 0.0 : tensor<f32>
+    %1 = add %x, %0 : tensor<4xf32>          // x + 0 -> x (types agree)
+    %2 = neg %1 : tensor<4xf32>
+    %3 = neg %2 : tensor<4xf32>              // neg(neg(x)) -> x
+    %4 = mul %x, %x : tensor<4xf32>          // unused -> erased
+    return %3
+After:
+    return %x
+
+Scan clean-ups: unused stacks and sequences are dropped; a carry whose final value is unused
+and that feeds nothing else in the body is dropped; a carry yielded unchanged is replaced by
+its initial value; pure ops whose operands are all defined outside a body are hoisted before
+the loop. Rewrites apply only when the result type is unchanged (broadcasting may not be undone).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..ir.core import Block, Function, Module, Operation, Value
+from ..ir.ops import REGISTRY
+from .base import Pass
+from .loops import ScanParts, defined_inside, rebuild_scan, scan_parts
+from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
+
+FOLD_LIMIT = 1024
+"""Constant folding never makes a non-splat constant larger than this many elements."""
+
+
+def splat(v: Value) -> Any | None:
+    """The scalar every element of v equals, if v is a constant splat; else None."""
+    op = getattr(v, "op", None)
+    if op is None:
+        return None
+    if op.name == "constant" and not isinstance(op.attrs["value"], (list, tuple)):
+        return op.attrs["value"]
+    if op.name == "zeros":
+        return 0
+    if op.name == "ones":
+        return 1
+    if op.name == "fill":
+        return splat(op.operands[0])
+    return None
+
+
+def is_splat(v: Value, x: float) -> bool:
+    s = splat(v)
+    return s is not None and not isinstance(s, bool) and s == x
+
+
+def _same(op: Operation, v: Value) -> bool:
+    return v.type == op.result.type
+
+
+class _Identity(Pattern):
+    """Base for `op(x, c) -> x` identities."""
+
+    def forward(self, op: Operation, v: Value, rw: Rewriter) -> bool:
+        if not _same(op, v):
+            return False
+        rw.replace_op(op, [v])
+        return True
+
+
+class AddZero(_Identity):
+    """x + 0 -> x, 0 + x -> x"""
+
+    op_name = "add"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        a, b = op.operands
+        if is_splat(b, 0):
+            return self.forward(op, a, rw)
+        if is_splat(a, 0):
+            return self.forward(op, b, rw)
+        return False
+
+
+class SubZero(_Identity):
+    """x - 0 -> x;  0 - x -> neg(x)"""
+
+    op_name = "sub"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        a, b = op.operands
+        if is_splat(b, 0):
+            return self.forward(op, a, rw)
+        if is_splat(a, 0) and _same(op, b):
+            rw.replace_op(op, [rw.value("neg", [b], before=op)])
+            return True
+        return False
+
+
+class MulOne(_Identity):
+    """x * 1 -> x, 1 * x -> x;  x * -1 -> neg(x)"""
+
+    op_name = "mul"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        a, b = op.operands
+        if is_splat(b, 1):
+            return self.forward(op, a, rw)
+        if is_splat(a, 1):
+            return self.forward(op, b, rw)
+        for x, c in ((a, b), (b, a)):
+            if is_splat(c, -1) and _same(op, x):
+                rw.replace_op(op, [rw.value("neg", [x], before=op)])
+                return True
+        return False
+
+
+class DivOne(_Identity):
+    """x / 1 -> x"""
+
+    op_name = "div"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        return is_splat(op.operands[1], 1) and self.forward(op, op.operands[0], rw)
+
+
+class NegNeg(_Identity):
+    """neg(neg(x)) -> x"""
+
+    op_name = "neg"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        inner = getattr(op.operands[0], "op", None)
+        return inner is not None and inner.name == "neg" and self.forward(op, inner.operands[0], rw)
+
+
+class TransposeTranspose(_Identity):
+    """transpose(transpose(x, p), q) -> transpose(x, p[q]);  transpose(x, identity) -> x"""
+
+    op_name = "transpose"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        x = op.operands[0]
+        perm = _perm(op)
+        if perm == list(range(len(perm))):
+            return self.forward(op, x, rw)
+        inner = getattr(x, "op", None)
+        if inner is None or inner.name != "transpose":
+            return False
+        p = _perm(inner)
+        combined = [p[i] for i in perm]
+        src = inner.operands[0]
+        if combined == list(range(len(combined))):
+            return self.forward(op, src, rw)
+        rw.replace_op(op, [rw.value("transpose", [src], before=op, attrs={"perm": combined})])
+        return True
+
+
+def _perm(op: Operation) -> list[int]:
+    perm = op.attrs["perm"]
+    rank = op.result.tensor_type.rank
+    return list(range(rank))[::-1] if perm is None else list(perm)
+
+
+class ReshapeReshape(_Identity):
+    """reshape(reshape(x)) -> reshape(x);  reshape(x) to x's own shape -> x"""
+
+    op_name = "reshape"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        x = op.operands[0]
+        if _same(op, x):
+            return self.forward(op, x, rw)
+        inner = getattr(x, "op", None)
+        if inner is None or inner.name != "reshape":
+            return False
+        shape = list(op.result.tensor_type.shape)
+        rw.replace_op(op, [rw.value("reshape", [inner.operands[0]], before=op, attrs={"shape": shape})])
+        return True
+
+
+class NoOp(_Identity):
+    """broadcast / cast / slice / concat / transfer that change nothing -> their operand"""
+
+    def __init__(self, op_name: str):
+        self.op_name = op_name
+
+    @property
+    def name(self) -> str:
+        return "NoOpLayout"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        if len(op.operands) != 1:
+            return False
+        return self.forward(op, op.operands[0], rw)
+
+
+class SelectSame(_Identity):
+    """select(c, x, x) -> x"""
+
+    op_name = "select"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        _, a, b = op.operands
+        return a is b and self.forward(op, a, rw)
+
+
+class FoldConstants(Pattern):
+    """op(constants...) -> constant (splat when all elements are equal)"""
+
+    def __init__(self, op_name: str):
+        self.op_name = op_name
+
+    @property
+    def name(self) -> str:
+        return "FoldConstants"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        if not op.operands or any(getattr(v, "op", None) is None or v.op.spec.category != "constant"
+                                  for v in op.operands):
+            return False
+        t = op.result.tensor_type
+        if not t.is_static:
+            return False
+        spec = op.spec
+        arrays = [REGISTRY[v.op.name].kernel(v.op, *[]) if v.op.name != "fill" else None for v in op.operands]
+        if any(a is None for a in arrays):
+            return False
+        try:
+            with np.errstate(all="ignore"):
+                out = np.asarray(spec.kernel(op, *arrays), dtype=t.numpy_dtype)  # type: ignore[misc]
+        except (ArithmeticError, ValueError, IndexError):
+            return False  # leave run-time errors to run time
+        flat = out.reshape(-1)
+        if flat.size and np.all(flat == flat[0]) and not np.isnan(flat[0]):
+            value: Any = flat[0].item()
+        elif flat.size <= FOLD_LIMIT:
+            value = out.tolist()
+        else:
+            return False
+        rw.replace_op(op, [rw.constant(value, t, before=op)])
+        return True
+
+
+class DeadCode(Pattern):
+    """op with no used results and no side effects -> (erased)"""
+
+    def __init__(self, op_name: str):
+        self.op_name = op_name
+
+    @property
+    def name(self) -> str:
+        return "DeadCode"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        if any(r.uses for r in op.results):
+            return False
+        rw.erase(op)
+        return True
+
+
+class ScanDropUnused(Pattern):
+    """scan whose stack, sequence or carry is unused -> scan without it
+
+    A carry is dead when its final value is unused and its block argument feeds only values
+    that flow back into dead carries (found as a fixed point over the carries)."""
+
+    op_name = "scan"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        parts = scan_parts(op)
+        stacks = [s for s in parts.stacks if s.result is not None and s.result.uses]
+        live_carries = _live_carries(parts)
+        carries = [c for i, c in enumerate(parts.carries) if i in live_carries]
+        seqs = [s for s in parts.sequences if s.arg.uses]
+        if len(stacks) == len(parts.stacks) and len(carries) == len(parts.carries) and len(seqs) == len(
+                parts.sequences):
+            return False
+        parts.stacks, parts.carries, parts.sequences = stacks, carries, seqs
+        rebuild_scan(rw, parts)
+        return True
+
+
+def _live_carries(parts: ScanParts) -> set[int]:
+    """Indices of carries needed: final value used outside, or read by a live body value."""
+    body = parts.op.body
+    arg_index = {c.arg: i for i, c in enumerate(parts.carries)}
+    live: set[int] = {i for i, c in enumerate(parts.carries) if c.result is not None and c.result.uses}
+    roots = [s.yielded for s in parts.stacks if s.result is not None and s.result.uses]
+    for op in body:
+        if not op.spec.pure and op.name != "yield":
+            roots.extend(op.operands)
+    seen: set[Value] = set()
+    frontier = list(roots) + [parts.carries[i].yielded for i in live]
+    while True:
+        while frontier:
+            v = frontier.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if v in arg_index and arg_index[v] not in live:
+                live.add(arg_index[v])
+                frontier.append(parts.carries[arg_index[v]].yielded)
+            owner = getattr(v, "op", None)
+            if owner is not None and owner.parent_op is not None and parts.op.is_ancestor_of(owner):
+                frontier.extend(owner.operands)
+                for inner in owner.walk():
+                    frontier.extend(inner.operands)
+        return live
+
+
+class ScanForwardInvariantCarries(Pattern):
+    """scan carry (%a = %init) { ... yield (%a) } -> uses of %a and of the result become %init"""
+
+    op_name = "scan"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        parts = scan_parts(op)
+        invariant = [c for c in parts.carries if c.yielded is c.arg]
+        if not invariant:
+            return False
+        for c in invariant:
+            rw.replace_all_uses(c.arg, c.init)
+            if c.result is not None:
+                rw.replace_all_uses(c.result, c.init)
+        parts.carries = [c for c in parts.carries if c not in invariant]
+        rebuild_scan(rw, parts)
+        return True
+
+
+class ScanHoistInvariants(Pattern):
+    """scan { %v = f(outer values) ... } -> %v = f(outer values); scan { ... }"""
+
+    op_name = "scan"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        inside = defined_inside(op)
+        hoisted = False
+        for inner in op.body:
+            if inner.regions or not inner.spec.pure or inner.spec.terminator or inner.name in ("call", "grad"):
+                continue
+            if any(v in inside for v in inner.operands):
+                continue
+            rw.move_before(inner, op)
+            inside.difference_update(inner.results)
+            hoisted = True
+        return hoisted
+
+
+def _cse_key(op: Operation) -> tuple | None:
+    if op.regions or not op.spec.pure or op.spec.terminator or op.name in ("call", "grad"):
+        return None
+    operands = [id(v) for v in op.operands]
+    if op.spec.commutative:
+        operands.sort()
+    return (op.name, tuple(operands), _freeze(op.attrs), tuple(r.type for r in op.results))
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    if isinstance(x, float) and x != x:
+        return "nan"
+    return (type(x).__name__, x)
+
+
+def cse(function: Function, rw: Rewriter) -> bool:
+    """Scoped CSE: an op may reuse an equal op of its own block or of any enclosing block."""
+    rw.current = "CSE"
+    stats = rw.stats.pattern("CSE")
+    start = time.perf_counter()
+    changed = False
+    scopes: list[dict[tuple, Operation]] = []
+
+    def walk(block: Block) -> None:
+        nonlocal changed
+        scopes.append({})
+        for op in block:
+            key = _cse_key(op)
+            if key is not None:
+                stats.tried += 1
+                found = next((s[key] for s in reversed(scopes) if key in s), None)
+                if found is not None:
+                    for old, new in zip(op.results, found.results):
+                        if old.name_hint and not new.name_hint:
+                            new.name_hint = old.name_hint
+                    rw.replace_op(op, found.results)
+                    stats.applied += 1
+                    changed = True
+                    continue
+                scopes[-1][key] = op
+            for region in op.regions:
+                walk(region.block)
+        scopes.pop()
+
+    walk(function.body)
+    stats.seconds += time.perf_counter() - start
+    return changed
+
+
+def canonicalization_patterns() -> list[Pattern]:
+    patterns: list[Pattern] = [AddZero(), SubZero(), MulOne(), DivOne(), NegNeg(), TransposeTranspose(),
+                               ReshapeReshape(), SelectSame(), ScanForwardInvariantCarries(), ScanDropUnused(),
+                               ScanHoistInvariants()]
+    patterns += [NoOp(name) for name in ("broadcast", "cast", "slice", "concat")]
+    for name, spec in REGISTRY.items():
+        if spec.kernel is not None and spec.category != "constant" and name != "transfer":
+            patterns.append(FoldConstants(name))
+        if spec.pure and not spec.terminator:
+            patterns.append(DeadCode(name))
+    return patterns
+
+
+class Canonicalize(Pass):
+    name = "canonicalize"
+
+    def run(self, module: Module, stats: PassStatistics) -> bool:
+        rw = Rewriter(stats)
+        patterns = canonicalization_patterns()
+        changed = False
+        for f in module.functions.values():
+            for _ in range(10):  # patterns and CSE expose work for each other; a few rounds suffice
+                again = apply_patterns_greedily(f, patterns, rw)
+                again |= cse(f, rw)
+                changed |= again
+                if not again:
+                    break
+        return changed

@@ -1,0 +1,235 @@
+"""Runs pipelines of passes, with the debugging people who write passes need (DESIGN.md §4):
+verification after every pass, IR printed before/after passes, a dump directory, a timing
+report per pass and per rewrite pattern, statistics as JSON, numeric checks against the
+interpreter after every pass, and a reproducer file when a pass fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+
+from ..errors import GirError, GirPassError, GirVerifyError
+from ..ir.core import Module
+from ..ir.interpreter import interpret, random_inputs
+from ..ir.printer import print_module
+from ..ir.verifier import verify
+from .base import Pass
+from .pipeline import parse_pipeline
+from .rewriter import PassStatistics
+
+
+@dataclass
+class PassRecord:
+    name: str
+    spec: str
+    seconds: float
+    changed: bool
+    ops_before: int
+    ops_after: int
+    stats: PassStatistics
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pass": self.name, "spec": self.spec, "seconds": round(self.seconds, 6), "changed": self.changed,
+            "ops_before": self.ops_before, "ops_after": self.ops_after,
+            "patterns": {k: v.as_dict() for k, v in sorted(self.stats.patterns.items())},
+            "never_applied": sorted(k for k, v in self.stats.patterns.items() if v.tried and not v.applied),
+            "counters": dict(sorted(self.stats.counters.items())),
+            "notes": list(self.stats.notes),
+        }
+
+
+@dataclass
+class Report:
+    """What a pipeline run did; printed by --timing, written by --stats-json."""
+
+    records: list[PassRecord] = field(default_factory=list)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(r.seconds for r in self.records)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passes": [r.as_dict() for r in self.records], "total_seconds": round(self.total_seconds, 6)}
+
+    def timing_table(self) -> str:
+        lines = ["===--------------------------------------------------------------===",
+                 "                    gir pass timing report",
+                 "===--------------------------------------------------------------===",
+                 f"  {'seconds':>9}  {'changed':>7}  {'ops before -> after':>20}  pass"]
+        for r in self.records:
+            lines.append(f"  {r.seconds:9.4f}  {'yes' if r.changed else 'no':>7}  "
+                         f"{f'{r.ops_before} -> {r.ops_after}':>20}  {r.spec}")
+            applied = {k: v for k, v in r.stats.patterns.items() if v.applied}
+            if applied:
+                lines.append(f"      {'pattern':<34} {'applied':>8} {'tried':>8} {'created':>8} {'erased':>8} "
+                             f"{'seconds':>9}")
+                for name, s in sorted(applied.items(), key=lambda kv: -kv[1].seconds):
+                    lines.append(f"      {name:<34} {s.applied:8d} {s.tried:8d} {s.created:8d} {s.erased:8d} "
+                                 f"{s.seconds:9.4f}")
+            never = sorted(k for k, v in r.stats.patterns.items() if v.tried and not v.applied)
+            if never:
+                lines.append("      tried, never applied: " + ", ".join(never))
+            for name, n in sorted(r.stats.counters.items()):
+                lines.append(f"      {name}: {n}")
+            for note in r.stats.notes:
+                lines.append(f"      note: {note}")
+        lines.append(f"  {self.total_seconds:9.4f}  total")
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class DebugOptions:
+    verify_each: bool = True
+    print_ir_before: frozenset[str] = frozenset()
+    print_ir_after: frozenset[str] = frozenset()
+    print_ir_after_all: bool = False
+    print_ir_after_change: bool = False
+    print_ir_after_failure: bool = False
+    print_locations: bool = False
+    dump_dir: str | None = None
+    check_numerics: int | None = None
+    """A seed: run the interpreter before and after every pass and compare."""
+    reproducer: bool = False
+    """On a pass failure, write the IR given to the pass to a file that reproduces it."""
+    reproducer_dir: str | None = None
+    out: TextIO | None = None
+    """Where IR dumps go (stderr by default, as in mlir-opt)."""
+
+
+class PassManager:
+    def __init__(self, pipeline: str | list[Pass], **debug: Any):
+        self.passes = parse_pipeline(pipeline) if isinstance(pipeline, str) else list(pipeline)
+        self.debug = DebugOptions(**debug)
+
+    @property
+    def pipeline(self) -> str:
+        return ",".join(p.spec() for p in self.passes)
+
+    def _emit(self, header: str, module: Module) -> None:
+        out = self.debug.out or sys.stderr
+        out.write(f"// -----// IR Dump {header} //----- //\n")
+        out.write(print_module(module, self.debug.print_locations))
+        out.write("\n")
+
+    def _dump(self, index: int, name: str, module: Module) -> None:
+        if self.debug.dump_dir is None:
+            return
+        os.makedirs(self.debug.dump_dir, exist_ok=True)
+        path = os.path.join(self.debug.dump_dir, f"{index:02d}-{name}.gir")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(print_module(module, self.debug.print_locations))
+
+    def run(self, module: Module) -> Report:
+        d = self.debug
+        report = Report()
+        self._dump(0, "input", module)
+        numerics = _Numerics(module, d.check_numerics) if d.check_numerics is not None else None
+        for index, p in enumerate(self.passes, start=1):
+            if p.name in d.print_ir_before:
+                self._emit(f"Before {p.name}", module)
+            snapshot = print_module(module) if (d.reproducer or d.reproducer_dir) else None
+            ops_before = module.num_ops()
+            stats = PassStatistics()
+            start = time.perf_counter()
+            try:
+                changed = bool(p.run(module, stats))
+            except GirPassError as e:
+                raise self._failed(p, module, snapshot, e) from None
+            except GirError:
+                raise  # a diagnostic about the program itself (e.g. a name used before assignment)
+            except Exception as e:  # a crash inside the pass: a bug in gir
+                err = GirPassError(f"pass '{p.name}' crashed: {type(e).__name__}: {e}")
+                raise self._failed(p, module, snapshot, err) from e
+            seconds = time.perf_counter() - start
+            if d.verify_each:
+                try:
+                    verify(module)
+                except GirVerifyError as e:
+                    err = GirPassError(f"pass '{p.name}' produced invalid IR: {e.message}", e.loc,
+                                       note=getattr(e, "note", None))
+                    raise self._failed(p, module, snapshot, err) from None
+            report.records.append(PassRecord(p.name, p.spec(), seconds, changed, ops_before, module.num_ops(), stats))
+            if d.print_ir_after_all or p.name in d.print_ir_after or (d.print_ir_after_change and changed):
+                self._emit(f"After {p.name}", module)
+            self._dump(index, p.name, module)
+            if numerics is not None:
+                try:
+                    numerics.check(module, p.name)
+                except GirPassError as e:
+                    raise self._failed(p, module, snapshot, e) from None
+        return report
+
+    def _failed(self, p: Pass, module: Module, snapshot: str | None, err: GirPassError) -> GirPassError:
+        d = self.debug
+        if d.print_ir_after_failure:
+            self._emit(f"After {p.name} Failed", module)
+        if snapshot is not None:
+            folder = d.reproducer_dir or d.dump_dir or tempfile.gettempdir()
+            os.makedirs(folder, exist_ok=True)
+            path = os.path.join(folder, f"gir-reproducer-{p.name}.gir")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(f"// gir reproducer: pass '{p.name}' failed: {err.message.splitlines()[0]}\n")
+                f.write(f"// reproduce with: gir opt {path} -p '{p.spec()}'\n")
+                f.write(snapshot)
+            err.reproducer = path  # type: ignore[attr-defined]
+            note = f"reproducer written to {path}; run: gir opt {path} -p '{p.spec()}'"
+            err.note = f"{err.note}\n{note}" if err.note else note
+        return err
+
+
+class _Numerics:
+    """--check-numerics: seeded random inputs, results before and after every pass.
+
+    A function is checked from the first point at which the interpreter can run it (a
+    function containing `grad` can run only after autodiff; that result is its baseline)."""
+
+    def __init__(self, module: Module, seed: int):
+        self.seed = seed
+        self.inputs: dict[str, list[np.ndarray]] = {}
+        self.baseline: dict[str, list[np.ndarray]] = {}
+        self.check(module, None)
+
+    def _run(self, module: Module, name: str) -> list[np.ndarray] | None:
+        f = module.functions[name]
+        if name not in self.inputs:
+            if not all(t.is_static for t in f.arg_types):
+                return None
+            self.inputs[name] = random_inputs(f, self.seed)
+        try:
+            return interpret(module, name, *self.inputs[name])
+        except GirError:
+            return None
+
+    def check(self, module: Module, pass_name: str | None) -> None:
+        for name, f in module.functions.items():
+            results = self._run(module, name)
+            if results is None:
+                if name in self.baseline and pass_name is not None:
+                    raise GirPassError(f"--check-numerics: after pass '{pass_name}' @{name} no longer runs", f.loc)
+                continue
+            if name not in self.baseline:
+                self.baseline[name] = results
+                continue
+            for i, (want, got) in enumerate(zip(self.baseline[name], results)):
+                if not _close(want, got):
+                    diff = np.max(np.abs(want.astype(np.float64) - got.astype(np.float64))) if want.shape == got.shape \
+                        else float("nan")
+                    raise GirPassError(f"--check-numerics: pass '{pass_name}' changed result out{i} of @{name} "
+                                       f"(max abs difference {diff:.3g}, seed {self.seed})", f.loc)
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind != "f":
+        return bool(np.array_equal(a, b))
+    rtol, atol = (1e-4, 1e-5) if a.dtype == np.float32 else (1e-9, 1e-12)
+    return bool(np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))

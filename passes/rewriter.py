@@ -1,0 +1,184 @@
+"""The rewriter every transforming pass goes through, and a greedy worklist pattern driver.
+
+A `Pattern` matches one op kind (`op_name`), bails out early, and states its rewrite as an
+equation in its docstring. The `Rewriter` creates, replaces and erases ops while keeping use
+lists right, and counts per pattern (or per named activity of a pass) how often it applied,
+how many ops it created and erased, and how long it took: the profile `--timing` prints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UNKNOWN, Location
+from ..ir.core import Block, Function, Operation, Region, Value, erase_op
+from ..ir.ops import make_op
+from ..ir.types import TensorType
+
+
+@dataclass
+class PatternStats:
+    tried: int = 0
+    applied: int = 0
+    created: int = 0
+    erased: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tried": self.tried, "applied": self.applied, "created": self.created, "erased": self.erased,
+                "seconds": round(self.seconds, 6)}
+
+
+@dataclass
+class PassStatistics:
+    """What one pass did, for --timing and --stats-json."""
+
+    patterns: dict[str, PatternStats] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    """Named events: applications and rejected candidates (`rejected: too much memory`)."""
+    notes: list[str] = field(default_factory=list)
+    """Human-readable reasons, one per rejected candidate."""
+
+    def pattern(self, name: str) -> PatternStats:
+        stats = self.patterns.get(name)
+        if stats is None:
+            stats = self.patterns[name] = PatternStats()
+        return stats
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+
+class Rewriter:
+    """Creates and erases ops, attributing each to the pattern that is `current`."""
+
+    def __init__(self, stats: PassStatistics | None = None):
+        self.stats = stats or PassStatistics()
+        self.current = "other"
+        self.worklist: list[Operation] | None = None
+        self.changed = False
+
+    def _note_created(self, op: Operation) -> None:
+        self.stats.pattern(self.current).created += 1
+        self.changed = True
+        if self.worklist is not None:
+            self.worklist.append(op)
+
+    # -- creation ---------------------------------------------------------------------------
+    def create(self, name: str, operands: Sequence[Value], *, before: Operation | None = None,
+               after: Operation | None = None, at_end: Block | None = None, loc: Location | None = None,
+               **kw: Any) -> Operation:
+        """make_op + insert: exactly one of before / after / at_end says where."""
+        anchor = before or after
+        op = make_op(name, operands, loc=loc or (anchor.loc if anchor else UNKNOWN), **kw)
+        if before is not None:
+            before.parent.insert_before(before, op)  # type: ignore[union-attr]
+        elif after is not None:
+            after.parent.insert_after(after, op)  # type: ignore[union-attr]
+        else:
+            assert at_end is not None
+            at_end.append(op)
+        self._note_created(op)
+        return op
+
+    def value(self, name: str, operands: Sequence[Value], *, before: Operation, **kw: Any) -> Value:
+        return self.create(name, operands, before=before, **kw).result
+
+    def constant(self, value: Any, type: TensorType, *, before: Operation) -> Value:
+        return self.create("constant", [], before=before, attrs={"value": value}, declared=[type]).result
+
+    def adopt(self, op: Operation) -> None:
+        """Counts an op the pass built itself (e.g. a new scan with moved regions)."""
+        self._note_created(op)
+
+    # -- replacement and erasure ------------------------------------------------------------
+    def replace_all_uses(self, old: Value, new: Value) -> None:
+        if old is new:
+            return
+        if self.worklist is not None:
+            self.worklist.extend(old.users)
+        old.replace_all_uses_with(new)
+        self.changed = True
+
+    def replace_op(self, op: Operation, new_values: Sequence[Value]) -> None:
+        assert len(new_values) == len(op.results), (op.name, len(new_values))
+        for old, new in zip(op.results, new_values):
+            self.replace_all_uses(old, new)
+        self.erase(op)
+
+    def erase(self, op: Operation) -> None:
+        """Erases op (and its regions); operands whose definers may now be dead go on the worklist."""
+        n = sum(1 for _ in op.walk())
+        if self.worklist is not None:
+            for v in op.operands:
+                owner = getattr(v, "op", None)
+                if owner is not None:
+                    self.worklist.append(owner)
+        erase_op(op)
+        self.stats.pattern(self.current).erased += n
+        self.changed = True
+
+    def move_before(self, op: Operation, anchor: Operation) -> None:
+        op.parent.unlink(op)  # type: ignore[union-attr]
+        anchor.parent.insert_before(anchor, op)  # type: ignore[union-attr]
+        self.changed = True
+
+
+class Pattern:
+    """A local rewrite of one op kind; subclasses set `op_name` and a docstring equation."""
+
+    op_name: str = ""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def match_and_rewrite(self, op: Operation, rewriter: Rewriter) -> bool:
+        raise NotImplementedError(f"{self.name} must implement match_and_rewrite")
+
+
+def _ops_in(regions: Iterable[Region]) -> list[Operation]:
+    out: list[Operation] = []
+    for region in regions:
+        out.extend(region.block.walk())
+    return out
+
+
+def apply_patterns_greedily(function: Function, patterns: Sequence[Pattern], rewriter: Rewriter,
+                            max_rewrites: int = 10_000_000) -> bool:
+    """Applies patterns until none applies; each op is revisited only when something it
+    depends on or feeds changed, so the cost is linear in ops plus rewrites."""
+    by_kind: dict[str, list[Pattern]] = {}
+    for p in patterns:
+        by_kind.setdefault(p.op_name, []).append(p)
+    for p in patterns:
+        rewriter.stats.pattern(p.name)  # listed in the report even if never applied
+    worklist = list(reversed(_ops_in([function.region])))
+    rewriter.worklist = worklist
+    changed = False
+    rewrites = 0
+    try:
+        while worklist:
+            op = worklist.pop()
+            if op.parent is None:  # erased meanwhile
+                continue
+            for p in by_kind.get(op.name, ()):
+                stats = rewriter.stats.pattern(p.name)
+                stats.tried += 1
+                rewriter.current = p.name
+                start = time.perf_counter()
+                applied = p.match_and_rewrite(op, rewriter)
+                stats.seconds += time.perf_counter() - start
+                if applied:
+                    stats.applied += 1
+                    changed = True
+                    rewrites += 1
+                    if rewrites > max_rewrites:
+                        raise RuntimeError("pattern rewriting does not terminate: patterns undo each other")
+                    break
+    finally:
+        rewriter.worklist = None
+    return changed
