@@ -736,3 +736,12 @@ register(OpSpec("for", "a pre-SSA loop over sequences; the body may load and sto
                 num_regions=1, pure=False, category="structural"))
 register(OpSpec("transfer", "moves a tensor to a device: `transfer %x {device = \"gpu\"}`", ("x",),
                 _infer_unary, attrs={"device": REQUIRED}, category="layout", kernel=lambda op, x: x))
+
+
+def _install_vjps() -> None:
+    from .vjp import install
+
+    install(REGISTRY)
+
+
+_install_vjps()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..ir.core import BlockArgument, Operation, OpResult, Value
 from ..ir.ops import make_op
+from ..ir.types import TensorType
 from .rewriter import Rewriter
 
 
@@ -108,6 +109,23 @@ def rebuild_scan(rw: Rewriter, parts: ScanParts) -> Operation:
     rw.erase(old)
     parts.op = new
     return new
+
+
+def append_stack(op: Operation, value: Value) -> OpResult:
+    """Makes scan `op` also stack `value` (a value of its body); returns the new result.
+
+    Stacks come last in both the yield and the results, so appending in place keeps every
+    existing operand, result and reference valid."""
+    term = op.body.terminator
+    assert term is not None and term.name == "yield"
+    n_carries, n_stacks = term.segments
+    term.add_operand(value)
+    term.segments = (n_carries, n_stacks + 1)
+    t = value.tensor_type
+    result = OpResult(TensorType((_trip_count(op),) + t.shape, t.dtype), op, len(op.results),
+                      (value.name_hint or "r") + "s" if value.name_hint and not value.name_hint.isdigit() else None)
+    op.results.append(result)
+    return result
 
 
 def _trip_count(op: Operation) -> int | None:

@@ -7,6 +7,7 @@ in braces: `ssa,canonicalize,scan-grad{max-extra-bytes=1000000}`.
 from __future__ import annotations
 
 from ..errors import GirPassError
+from .autodiff import Autodiff
 from .base import Pass
 from .canonicalize import Canonicalize
 from .ssa import SSA
@@ -14,10 +15,11 @@ from .ssa import SSA
 PASSES: dict[str, type[Pass]] = {p.name: p for p in [
     SSA,
     Canonicalize,
+    Autodiff,
 ]}
 """Every pass, by name. A new pass is added here and nowhere else."""
 
-DEFAULT_PIPELINE = "ssa,canonicalize"
+DEFAULT_PIPELINE = "ssa,canonicalize,autodiff,canonicalize"
 """What `gir opt` runs without -p, and what `gir run` and `gir.jit` run before executing."""
 
 

@@ -121,6 +121,23 @@ class Rewriter:
         self.stats.pattern(self.current).erased += n
         self.changed = True
 
+    def clone(self, op: Operation, mapping: dict[Value, Value]) -> Operation:
+        """A copy of op (regions included) whose operands go through `mapping`; not inserted.
+        Results of the copy are added to mapping, so a list of ops can be cloned in order."""
+        regions = []
+        for region in op.regions:
+            old = region.block
+            block = Block([a.type for a in old.args], [a.name_hint for a in old.args])
+            mapping.update(zip(old.args, block.args))
+            for inner in old:
+                block.append(self.clone(inner, mapping))
+            regions.append(Region(block))
+        new = Operation(op.name, [mapping.get(v, v) for v in op.operands], [r.type for r in op.results],
+                        dict(op.attrs), regions, op.loc, op.segments, [r.name_hint for r in op.results])
+        mapping.update(zip(op.results, new.results))
+        self._note_created(new)
+        return new
+
     def move_before(self, op: Operation, anchor: Operation) -> None:
         op.parent.unlink(op)  # type: ignore[union-attr]
         anchor.parent.insert_before(anchor, op)  # type: ignore[union-attr]

@@ -1,0 +1,422 @@
+"""The `autodiff` pass: expands `grad @f(args) wrt (...)` by reverse mode.
+
+Before:
+    %loss, %dw = grad @f(%x, %w) wrt (%w) : tensor<f32>, tensor<4x4xf32>
+After (f inlined, then its adjoint):
+    %0 = matmul %x, %w : tensor<2x4xf32>
+    %loss = sum %0 : tensor<f32>
+    %1 = constant 1.0 : tensor<f32>
+    %2 = broadcast %1 {shape = [2, 4]} : tensor<2x4xf32>
+    %3 = transpose %x : tensor<4x2xf32>
+    %dw = matmul %3, %2 : tensor<4x4xf32>
+
+Phases for a grad op: (1) inline f (and every function it calls); (2) walk the inlined ops
+in reverse, calling each op's VJP rule from the registry (ir/vjp.py) and summing cotangents;
+(3) replace the grad op's results by the loss and the cotangents of the `wrt` arguments.
+
+Through `scan` (`scan_vjp`): (a) *collect residuals*: while the backward body is built, every
+forward body value a VJP rule reads is looked up through `residual()`: a value defined outside
+the loop is used as it is (loop-invariant values are never stacked), a sequence element is
+re-sliced from its sequence, anything else is stacked by the forward scan (appended in place);
+(b) *build the reverse scan*: it slices those stacks and the cotangents of the stacked
+outputs, threads the carry cotangents, and stacks the cotangents of the sequences;
+(c) *accumulate invariant gradients*: cotangents of values the body closes over are summed in
+carries (`acc + A_t @ B_t`), which scan-grad turns into one GEMM after the loop.
+Nothing of the forward body is recomputed: the backward body reads forward values only
+through stacks. Needs SSA form (run `ssa` first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import GirTypeError
+from ..ir.core import Block, Function, Module, Operation, Region, Value
+from ..ir.ops import REGISTRY, reduction_axes
+from ..ir.types import TensorType
+from ..ir.vjp import NO_GRADIENT
+from .base import Pass
+from .loops import append_stack, scan_parts, trip_count
+from .rewriter import PassStatistics, Rewriter
+
+
+def _is_float(v: Value) -> bool:
+    return isinstance(v.type, TensorType) and v.type.is_float
+
+
+class Emitter:
+    """Where backward ops go: before an anchor op, or at the end of a (backward) block."""
+
+    def __init__(self, rw: Rewriter, anchor: Operation | None = None, block: Block | None = None):
+        self.rw, self.anchor, self.block = rw, anchor, block
+
+    def op(self, name: str, operands: list[Value], loc: Any = None, **kw: Any) -> Operation:
+        if self.anchor is not None:
+            return self.rw.create(name, operands, before=self.anchor, loc=loc, **kw)
+        return self.rw.create(name, operands, at_end=self.block, loc=loc, **kw)
+
+    def zeros(self, t: TensorType, loc: Any = None) -> Value:
+        return self.op("constant", [], loc=loc, attrs={"value": 0.0}, declared=[t]).result
+
+
+class VJPContext:
+    """What a VJP rule sees: one forward op, its operands and result as usable at the emission
+    point, and small builders (`c.mul(a, b)`, `c.ub(g, i)`, ...)."""
+
+    def __init__(self, bp: Backprop, op: Operation):
+        self.bp, self.op = bp, op
+        self.emit = bp.emitter
+        self.loc = op.loc
+
+    # -- the forward op ------------------------------------------------------------------------
+    def x(self, i: int) -> Value:
+        return self.bp.fwd(self.op.operands[i])
+
+    @property
+    def y(self) -> Value:
+        return self.bp.fwd(self.op.result)
+
+    def type(self, i: int) -> TensorType:
+        return self.op.operands[i].tensor_type
+
+    def attr(self, name: str) -> Any:
+        return self.op.attrs[name]
+
+    def rank(self, v: Value) -> int:
+        return v.tensor_type.rank
+
+    # -- builders -------------------------------------------------------------------------------
+    def _v(self, name: str, *operands: Value, **kw: Any) -> Value:
+        return self.emit.op(name, list(operands), loc=self.loc, **kw).result
+
+    def const(self, value: float) -> Value:
+        t = self.op.results[0].tensor_type if self.op.results[0].tensor_type.is_float else self.type(0)
+        return self._v("constant", attrs={"value": value}, declared=[TensorType((), t.dtype)])
+
+    def __getattr__(self, name: str) -> Callable[..., Value]:
+        if name in REGISTRY and REGISTRY[name].category == "elementwise" and name != "cast":
+            return lambda *operands: self._v(name, *operands)
+        raise AttributeError(name)
+
+    def cast(self, v: Value, dtype: str) -> Value:
+        return self._v("cast", v, declared=[v.tensor_type.with_dtype(dtype)])
+
+    def matmul(self, a: Value, b: Value) -> Value:
+        return self._v("matmul", a, b)
+
+    def transpose(self, v: Value, perm: list[int]) -> Value:
+        return self._v("transpose", v, attrs={"perm": perm})
+
+    def mT(self, v: Value) -> Value:
+        r = self.rank(v)
+        return self.transpose(v, list(range(r - 2)) + [r - 1, r - 2])
+
+    def inverse_perm(self) -> list[int]:
+        perm = self.op.attrs["perm"]
+        rank = self.type(0).rank
+        perm = list(range(rank))[::-1] if perm is None else list(perm)
+        inv = [0] * rank
+        for i, p in enumerate(perm):
+            inv[p] = i
+        return inv
+
+    def reshape(self, v: Value, shape: tuple) -> Value:
+        if v.tensor_type.shape == tuple(shape):
+            return v
+        return self._v("reshape", v, attrs={"shape": list(shape)})
+
+    def broadcast(self, v: Value, shape: tuple) -> Value:
+        if v.tensor_type.shape == tuple(shape):
+            return v
+        return self._v("broadcast", v, attrs={"shape": list(shape)})
+
+    def sum_axes(self, v: Value, axes: list[int], keepdims: bool) -> Value:
+        if not axes:
+            return v
+        return self._v("sum", v, attrs={"axes": axes, "keepdims": keepdims})
+
+    def sum_all(self, v: Value) -> Value:
+        return self._v("sum", v)
+
+    def ub(self, g: Value, i: int) -> Value:
+        """Sums g over the axes operand i was broadcast along, giving operand i's shape."""
+        target = self.type(i).shape
+        shape = g.tensor_type.shape
+        if shape == target:
+            return g
+        lead = len(shape) - len(target)
+        axes = list(range(lead)) + [lead + k for k, d in enumerate(target) if d == 1 and shape[lead + k] != 1]
+        return self.reshape(self.sum_axes(g, axes, keepdims=False), target)
+
+    def expand(self, g: Value, i: int) -> Value:
+        """The cotangent of a reduction's result, broadcast back to operand i's shape."""
+        t = self.type(i)
+        axes = reduction_axes(self.op.attrs, t.rank)
+        kept = tuple(1 if k in axes else d for k, d in enumerate(t.shape))
+        return self.broadcast(self.reshape(g, kept), t.shape)
+
+    def sum_like(self, v: Value) -> Value:
+        """v reduced over the forward reduction's axes (with its keepdims)."""
+        return self._v("sum", v, attrs={"axes": self.op.attrs["axes"], "keepdims": self.op.attrs["keepdims"]})
+
+    def reduced_count(self) -> int:
+        t = self.type(0)
+        n = 1
+        for k in reduction_axes(self.op.attrs, t.rank):
+            n *= t.shape[k] or 0
+        return n
+
+    def slice_axis(self, v: Value, axis: int, start: int, stop: int) -> Value:
+        shape = v.tensor_type.shape
+        starts = [0] * len(shape)
+        limits = list(shape)
+        starts[axis], limits[axis] = start, stop
+        return self._v("slice", v, attrs={"starts": starts, "limits": limits})
+
+    def pad_slice(self, g: Value) -> Value:
+        """The cotangent of `slice`: g with zeros around it, built axis by axis from concats."""
+        if self.op.attrs["steps"] is not None and any(s != 1 for s in self.op.attrs["steps"]):
+            raise GirTypeError("autodiff: 'slice' with steps other than 1 has no VJP yet", self.loc)
+        t = self.type(0)
+        out = g
+        for axis, (start, limit) in enumerate(zip(self.op.attrs["starts"], self.op.attrs["limits"])):
+            pieces = []
+            shape = list(out.tensor_type.shape)
+            if start:
+                pieces.append(self.emit.zeros(out.tensor_type.with_shape(tuple(
+                    shape[:axis] + [start] + shape[axis + 1:])), self.loc))
+            pieces.append(out)
+            if t.shape[axis] - limit:
+                pieces.append(self.emit.zeros(out.tensor_type.with_shape(tuple(
+                    shape[:axis] + [t.shape[axis] - limit] + shape[axis + 1:])), self.loc))
+            if len(pieces) > 1:
+                out = self._v("concat", *pieces, attrs={"axis": axis})
+        return out
+
+
+class Backprop:
+    """Reverse accumulation over ops of one block.
+
+    `fwd` maps a forward value to the value to use where backward ops are emitted; `is_local`
+    says whether a value's cotangent is summed here (else it goes to `on_outer`, which a
+    backward scan body uses to accumulate cotangents of values its loop closes over)."""
+
+    def __init__(self, rw: Rewriter, emitter: Emitter, fwd: Callable[[Value], Value],
+                 is_local: Callable[[Value], bool] | None = None,
+                 on_outer: Callable[[Value, Value], None] | None = None):
+        self.rw, self.emitter, self.fwd = rw, emitter, fwd
+        self.is_local, self.on_outer = is_local, on_outer
+        self.adj: dict[Value, Value] = {}
+
+    def add(self, v: Value, g: Value | None) -> None:
+        if g is None or not _is_float(v):
+            return
+        if self.is_local is not None and not self.is_local(v):
+            assert self.on_outer is not None
+            self.on_outer(v, g)
+            return
+        prev = self.adj.get(v)
+        self.adj[v] = g if prev is None else self.emitter.op("add", [prev, g]).result
+
+    def run(self, ops: list[Operation]) -> None:
+        for op in reversed(ops):
+            gs = [self.adj.pop(r, None) for r in op.results]
+            if all(g is None for g in gs):
+                continue
+            if op.name == "scan":
+                scan_vjp(self, op, gs)
+                continue
+            spec = op.spec
+            if spec.vjp is None:
+                if op.name in ("var", "load", "store", "for"):
+                    raise GirTypeError(f"autodiff needs SSA form: run the ssa pass before it ('{op.name}')", op.loc)
+                raise GirTypeError(f"autodiff: '{op.name}' has no gradient rule, and a gradient flows through it",
+                                   op.loc)
+            (g,) = gs
+            grads = spec.vjp(VJPContext(self, op), g)
+            for v, dv in zip(op.operands, grads):
+                self.add(v, dv)
+
+
+def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
+    """The reverse of one forward scan; see the module docstring for the three phases."""
+    rw = bp.rw
+    parts = scan_parts(op)
+    n_carries = len(parts.carries)
+    body = op.body
+
+    def is_local(v: Value) -> bool:
+        """Defined at the top level of the forward body (asked afresh: results are appended
+        to nested scans while the backward body is built)."""
+        owner = getattr(v, "op", None)
+        return owner.parent is body if owner is not None else v.block is body  # type: ignore[attr-defined]
+
+    seq_of_arg = {s.arg: s for s in parts.sequences}
+
+    bwd = Block()
+    seq_args: list[tuple[Callable[[], Value], Value]] = []
+    """(outer value maker, block argument): sequences of the backward scan, in argument order."""
+    carry_args: list[tuple[Value, Value]] = []
+    """(initial value, block argument): carries of the backward scan."""
+    residual_memo: dict[Value, Value] = {}
+    emit_body = Emitter(rw, block=bwd)
+
+    def new_seq(elem_type: TensorType, make_outer: Callable[[], Value], hint: str | None) -> Value:
+        arg = bwd.add_arg(elem_type, hint)
+        seq_args.append((make_outer, arg))
+        return arg
+
+    def residual(v: Value) -> Value:
+        """Forward value v as seen in the backward body (phase a: collect residuals)."""
+        found = residual_memo.get(v)
+        if found is not None:
+            return found
+        if not is_local(v):
+            found = bp.fwd(v)
+        elif v in seq_of_arg:
+            outer = seq_of_arg[v].outer
+            found = new_seq(v.tensor_type, lambda outer=outer: bp.fwd(outer), v.name_hint)
+        else:
+            found = new_seq(v.tensor_type, lambda v=v: bp.fwd(append_stack(op, v)), v.name_hint)
+        residual_memo[v] = found
+        return found
+
+    outer_contrib: dict[Value, Value] = {}
+
+    def on_outer(v: Value, g: Value) -> None:
+        prev = outer_contrib.get(v)
+        outer_contrib[v] = g if prev is None else emit_body.op("add", [prev, g]).result
+
+    inner = Backprop(rw, emit_body, residual, is_local=is_local, on_outer=on_outer)
+
+    # Phase b: the reverse scan. Carry cotangents in, stacked-output cotangents as sequences.
+    for c, g in zip(parts.carries, gs[:n_carries]):
+        if not _is_float(c.arg):
+            continue
+        init = g if g is not None else bp.emitter.zeros(c.arg.tensor_type, op.loc)
+        arg = bwd.add_arg(c.arg.type, "d" + (c.arg.name_hint or ""))
+        carry_args.append((init, arg))
+        inner.add(c.yielded, arg)
+    for s, g in zip(parts.stacks, gs[n_carries:]):
+        if g is not None:
+            elem = g.tensor_type.with_shape(g.tensor_type.shape[1:])
+            inner.add(s.yielded, new_seq(elem, lambda g=g: g, "d" + (s.yielded.name_hint or "")))
+    inner.run([o for o in body.ops if o.name != "yield"])
+
+    yield_carries: list[Value] = []
+    float_carries = [c for c in parts.carries if _is_float(c.arg)]
+    for c in float_carries:
+        d = inner.adj.get(c.arg)
+        yield_carries.append(d if d is not None else emit_body.zeros(c.arg.tensor_type, op.loc))
+    # Phase c: cotangents of closed-over values are accumulated across steps in carries.
+    accumulated = list(outer_contrib.items())
+    for v, g in accumulated:
+        arg = bwd.add_arg(v.type, "acc" + (v.name_hint or ""))
+        carry_args.append((bp.emitter.zeros(v.tensor_type, op.loc), arg))
+        yield_carries.append(emit_body.op("add", [arg, g]).result)
+    seq_grads = [(s, inner.adj[s.arg]) for s in parts.sequences if inner.adj.get(s.arg) is not None]
+    rw.create("yield", yield_carries + [g for _, g in seq_grads], at_end=bwd, loc=op.loc,
+              segments=(len(yield_carries), len(seq_grads)))
+
+    outers = [make() for make, _ in seq_args]
+    bwd.args = [a for _, a in seq_args] + [a for _, a in carry_args]
+    for i, a in enumerate(bwd.args):
+        a.index = i
+    attrs = {"reverse": not op.attrs["reverse"], "length": None if outers else trip_count(op)}
+    back = bp.emitter.op("scan", outers + [init for init, _ in carry_args], loc=op.loc, attrs=attrs,
+                         regions=[Region(bwd)], segments=(len(outers), len(carry_args)))
+    results = iter(back.results)
+    for c in float_carries:
+        bp.add(c.init, next(results))
+    for v, _ in accumulated:
+        bp.add(v, next(results))
+    for s, _ in seq_grads:
+        bp.add(s.outer, next(results))
+
+
+def inline_call(rw: Rewriter, callee: Function, args: list[Value], anchor: Operation) -> tuple[list[Operation],
+                                                                                                   list[Value]]:
+    """Clones callee's body before anchor (calls inside are inlined too); returns the new ops
+    and the values it returns."""
+    mapping: dict[Value, Value] = dict(zip(callee.args, args))
+    new_ops: list[Operation] = []
+    returned: list[Value] = []
+    for op in callee.body:
+        if op.name == "return":
+            returned = [mapping.get(v, v) for v in op.operands]
+            break
+        clone = rw.clone(op, mapping)
+        anchor.parent.insert_before(anchor, clone)  # type: ignore[union-attr]
+        new_ops.append(clone)
+    return new_ops, returned
+
+
+def inline_calls(rw: Rewriter, module: Module, ops: list[Operation], depth: int = 0) -> list[Operation]:
+    """Replaces every `call` among ops (and in their regions) by the callee's body."""
+    out: list[Operation] = []
+    for op in ops:
+        for region in op.regions:
+            inline_calls(rw, module, region.block.ops, depth)
+        if op.name != "call":
+            out.append(op)
+            continue
+        if depth > 50:
+            raise GirTypeError("autodiff: calls nest more than 50 deep (recursion?)", op.loc)
+        callee = module.functions[op.attrs["callee"]]
+        new_ops, returned = inline_call(rw, callee, list(op.operands), op)
+        out.extend(inline_calls(rw, module, new_ops, depth + 1))
+        rw.replace_op(op, returned)
+    return out
+
+
+def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:
+    rw.current = "expand-grad"
+    callee = module.functions[grad.attrs["callee"]]
+    wrt = list(grad.attrs["wrt"])
+    for p in wrt:
+        if not callee.arg_types[p].is_float:
+            raise GirTypeError(f"grad: cannot differentiate @{callee.name} with respect to argument #{p} "
+                               f"(%{callee.args[p].name_hint}) of integer or boolean type {callee.arg_types[p]}",
+                               grad.loc)
+    args = list(grad.operands)
+    # A value passed in several positions gets a distinct copy per wrt position, so that each
+    # gradient is that parameter's own (canonicalize removes the copies afterwards).
+    for p in wrt:
+        if args.count(args[p]) > 1:
+            args[p] = rw.value("broadcast", [args[p]], before=grad, attrs={"shape": list(args[p].tensor_type.shape)})
+    new_ops, returned = inline_call(rw, callee, args, grad)
+    new_ops = inline_calls(rw, module, new_ops)
+    (loss,) = returned
+    emitter = Emitter(rw, anchor=grad)
+    bp = Backprop(rw, emitter, fwd=lambda v: v)
+    rw.current = "reverse-mode"
+    bp.adj[loss] = emitter.op("constant", [], loc=grad.loc, attrs={"value": 1.0}, declared=[loss.tensor_type]).result
+    bp.run(new_ops)
+    grads = []
+    for p in wrt:
+        g = bp.adj.get(args[p])
+        grads.append(g if g is not None else emitter.zeros(args[p].tensor_type, grad.loc))
+    rw.current = "expand-grad"
+    rw.replace_op(grad, [loss] + grads)
+
+
+class Autodiff(Pass):
+    name = "autodiff"
+
+    def run(self, module: Module, stats: PassStatistics) -> bool:
+        rw = Rewriter(stats)
+        changed = False
+        for _ in range(len(module.functions) + 1):  # callees' own grads first (grad of a grad)
+            grads = [op for op in module.walk() if op.name == "grad"]
+            ready = [g for g in grads
+                     if not any(o.name == "grad" for o in module.functions[g.attrs["callee"]].walk())]
+            if not grads:
+                break
+            if not ready:
+                raise GirTypeError("autodiff: grad ops depend on each other in a cycle", grads[0].loc)
+            for g in ready:
+                expand_grad(rw, module, g)
+                stats.count("grads expanded")
+            changed = True
+        return changed
