@@ -349,12 +349,13 @@ class _FunctionEmitter:
             raise GirTypeError("an op in generic form cannot be nested in an expression", self.loc(tok))
         raise AssertionError(kind)
 
-    def operands_of(self, exprs: list[tuple]) -> list[Value]:
-        """Emits expressions; number literals take the dtype of the first non-literal (or f32/i32)."""
+    def operands_of(self, exprs: list[tuple], skip: int = 0) -> list[Value]:
+        """Emits expressions; number literals take the dtype of the first non-literal operand
+        after the first `skip` (select's i1 condition says nothing about its values), else f32/i32."""
         values: list[Value | None] = [None if e[0] == "num" or (e[0] == "neg" and e[2][0] == "num") else self.expr(e)
                                       for e in exprs]
-        dtypes = [v.tensor_type.dtype for v in values if v is not None and isinstance(v.type, TensorType)]
-        dtype = next((d for d in dtypes if d != "i1"), dtypes[0] if dtypes else None)
+        dtypes = [v.tensor_type.dtype for v in values[skip:] if v is not None and isinstance(v.type, TensorType)]
+        dtype = dtypes[0] if dtypes else None
         return [v if v is not None else self.expr(e, dtype) for v, e in zip(values, exprs)]
 
     def literal(self, value: float | int, tok: Token | None, dtype: str | None) -> Value:
@@ -377,7 +378,7 @@ class _FunctionEmitter:
         if spec is None or spec.category == "structural":
             raise GirTypeError(f"unknown function '{name}'", self.loc(name_tok))
         kwargs = dict(kwargs)
-        values = self.operands_of(args)
+        values = self.operands_of(args, skip=1 if name == "select" else 0)
         declared = None
         if name in ("cast", "zeros", "ones", "fill", "constant"):
             declared = [self.declared_type(name_tok, name, kwargs, values)]

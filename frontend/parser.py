@@ -276,10 +276,18 @@ def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxErro
         if tok.type == "$END":
             loc = Location(filename, text.count("\n") + 1, len(text.rsplit("\n", 1)[-1]) + 1)
             return GirSyntaxError(f"unexpected end of input; expected {_expected(e.expected)}", loc)
-        return GirSyntaxError(f"unexpected {_pretty(tok.type)} '{tok}'; expected {_expected(e.expected)}", loc)
+        if tok.type == "YIELD":
+            return GirSyntaxError("'yield' may only end the body of a scan or for op", loc)
+        if tok.type == "RETURN" and "YIELD" in e.expected:
+            return GirSyntaxError("unexpected 'return': this scan or for body must end with 'yield'", loc)
+        what = _pretty(tok.type)
+        shown = what if what == f"'{tok}'" else f"{what} '{tok}'"
+        return GirSyntaxError(f"unexpected {shown}; expected {_expected(e.expected)}", loc)
     if isinstance(e, UnexpectedCharacters):
-        rest = text[e.pos_in_stream : e.pos_in_stream + 20]
+        rest = text[e.pos_in_stream : e.pos_in_stream + 40].lstrip(": \t\n")
         if rest.startswith("tensor<"):
+            col = e.column + text[e.pos_in_stream:].index("tensor<")
+            loc = Location(filename, e.line, col)
             return GirSyntaxError("malformed tensor type; write tensor<4x8xf32> (dims then one of "
                                   "f32, f64, i32, i64, i1)", loc)
         char = text[e.pos_in_stream] if e.pos_in_stream < len(text) else "end of input"

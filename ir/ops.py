@@ -609,6 +609,8 @@ def _infer_reduce(ctx: InferContext) -> list[Type]:
     axes = reduction_axes(ctx.attrs, t.rank)
     if ctx.spec.name == "mean" and not t.is_float:
         raise ShapeError(f"needs a float operand, got {t}")
+    if t.dtype == "i1":
+        raise ShapeError(f"cannot reduce i1 values; cast them first, got {t}")
     if ctx.attrs["keepdims"]:
         shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
     else:

@@ -19,6 +19,12 @@ Rule = Callable[[Any, Any], list[Any]]
 
 def _matmul(c: Any, g: Any) -> list[Any]:
     a, b = c.x(0), c.x(1)
+    ta, tb = c.type(0), c.type(1)
+    if tb.rank == 2 and ta.rank > 2 and None not in ta.shape:
+        # A 2-D weight applied to a batch: its cotangent is one GEMM with K = batch * rows,
+        # not a batched product summed afterwards.
+        rows = c.reshape(a, (-1, ta.shape[-1]))
+        return [c.matmul(g, c.mT(b)), c.matmul(c.mT(rows), c.reshape(g, (-1, g.tensor_type.shape[-1])))]
     return [c.ub(c.matmul(g, c.mT(b)), 0), c.ub(c.matmul(c.mT(a), g), 1)]
 
 
@@ -83,11 +89,9 @@ VJP_RULES: dict[str, Rule] = {
     "zeros": lambda c, g: [],
     "ones": lambda c, g: [],
 }
-"""Ops without an entry (comparisons, logical ops, index) pass no gradient through their float
-operands; autodiff reports an error if a gradient would have to flow through one."""
-
-NO_GRADIENT = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "and", "or"})
-"""Ops whose results are not differentiable (i1): they stop gradients, which is correct."""
+"""Ops without an entry: comparisons and logical ops (their i1 results never carry a
+cotangent, so they stop gradients, which is right) and `index` (no rule yet: autodiff reports
+an error naming the op if a gradient must flow through it)."""
 
 
 def install(registry: dict[str, Any]) -> None:

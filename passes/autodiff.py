@@ -35,7 +35,6 @@ from ..errors import GirTypeError
 from ..ir.core import Block, Function, Module, Operation, Region, Value
 from ..ir.ops import REGISTRY, reduction_axes
 from ..ir.types import TensorType
-from ..ir.vjp import NO_GRADIENT
 from .base import Pass
 from .loops import append_stack, scan_parts, trip_count
 from .rewriter import PassStatistics, Rewriter
@@ -124,6 +123,12 @@ class VJPContext:
     def reshape(self, v: Value, shape: tuple) -> Value:
         if v.tensor_type.shape == tuple(shape):
             return v
+        if -1 in shape:
+            total = v.tensor_type.num_elements() or 0
+            known = 1
+            for d in shape:
+                known *= d if d != -1 else 1
+            shape = tuple(total // known if d == -1 else d for d in shape)
         return self._v("reshape", v, attrs={"shape": list(shape)})
 
     def broadcast(self, v: Value, shape: tuple) -> Value:

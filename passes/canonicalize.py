@@ -206,6 +206,57 @@ class SelectSame(_Identity):
         return a is b and self.forward(op, a, rw)
 
 
+class AddDisjointConcats(Pattern):
+    """concat(a, 0) + concat(0, b) -> concat(a, b)  (zero pieces, same axis, no overlap)
+
+    The VJP of `slice` pads with zeros, so the gradient of a merged product read through
+    several slices is a sum of padded pieces; this turns that sum back into one concat."""
+
+    op_name = "add"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        lhs, rhs = (getattr(v, "op", None) for v in op.operands)
+        if lhs is None or rhs is None or lhs.name != "concat" or rhs.name != "concat":
+            return False
+        if lhs.attrs["axis"] != rhs.attrs["axis"] or not _same(op, op.operands[0]) or not _same(op, op.operands[1]):
+            return False
+        axis = lhs.attrs["axis"] % op.result.tensor_type.rank
+        pieces = _segments(lhs, axis) + _segments(rhs, axis)
+        cuts = sorted({p[0] for p in pieces} | {p[1] for p in pieces})
+        out: list[Value | None] = []
+        for lo, hi in zip(cuts, cuts[1:]):
+            covering = [p for p in pieces if p[0] <= lo and hi <= p[1] and p[2] is not None]
+            if len(covering) > 1:
+                return False
+            if covering:
+                start, end, v = covering[0]
+                if (start, end) != (lo, hi):
+                    return False  # a value split across cuts: not a simple interleaving
+                out.append(v)
+            else:
+                out.append(None)
+        values: list[Value] = []
+        for (lo, hi), v in zip(zip(cuts, cuts[1:]), out):
+            if v is None:
+                shape = list(op.result.tensor_type.shape)
+                shape[axis] = hi - lo
+                v = rw.constant(0.0 if op.result.tensor_type.is_float else 0,
+                                op.result.tensor_type.with_shape(tuple(shape)), before=op)
+            values.append(v)
+        rw.replace_op(op, [rw.value("concat", values, before=op, attrs={"axis": axis})])
+        return True
+
+
+def _segments(concat: Operation, axis: int) -> list[tuple[int, int, Value | None]]:
+    """(start, end, value or None for a zero splat) for each piece along axis."""
+    out, start = [], 0
+    for v in concat.operands:
+        size = v.tensor_type.shape[axis] or 0
+        out.append((start, start + size, None if is_splat(v, 0) else v))
+        start += size
+    return out
+
+
 class FoldConstants(Pattern):
     """op(constants...) -> constant (splat when all elements are equal)"""
 
@@ -329,6 +380,23 @@ class ScanForwardInvariantCarries(Pattern):
         return True
 
 
+class ScanMergeDuplicateStacks(Pattern):
+    """scan { ... yield (...) stack (%v, %v) } -> one stack of %v (the other's uses move over)"""
+
+    op_name = "scan"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        parts = scan_parts(op)
+        first: dict[Value, Any] = {}
+        changed = False
+        for s in parts.stacks:
+            kept = first.setdefault(s.yielded, s)
+            if kept is not s and s.result is not None and s.result.uses:
+                rw.replace_all_uses(s.result, kept.result)
+                changed = True
+        return changed  # the now unused duplicate is dropped by ScanDropUnused
+
+
 class ScanHoistInvariants(Pattern):
     """scan { %v = f(outer values) ... } -> %v = f(outer values); scan { ... }"""
 
@@ -402,9 +470,9 @@ def cse(function: Function, rw: Rewriter) -> bool:
 
 
 def canonicalization_patterns() -> list[Pattern]:
-    patterns: list[Pattern] = [AddZero(), SubZero(), MulOne(), DivOne(), NegNeg(), TransposeTranspose(),
-                               ReshapeReshape(), SelectSame(), ScanForwardInvariantCarries(), ScanDropUnused(),
-                               ScanHoistInvariants()]
+    patterns: list[Pattern] = [AddDisjointConcats(), AddZero(), SubZero(), MulOne(), DivOne(), NegNeg(),
+                               TransposeTranspose(), ReshapeReshape(), SelectSame(), ScanForwardInvariantCarries(),
+                               ScanMergeDuplicateStacks(), ScanDropUnused(), ScanHoistInvariants()]
     patterns += [NoOp(name) for name in ("broadcast", "cast", "slice", "concat")]
     for name, spec in REGISTRY.items():
         if spec.kernel is not None and spec.category != "constant" and name != "transfer":

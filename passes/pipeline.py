@@ -10,16 +10,20 @@ from ..errors import GirPassError
 from .autodiff import Autodiff
 from .base import Pass
 from .canonicalize import Canonicalize
+from .scan_grad import ScanGrad
 from .ssa import SSA
 
 PASSES: dict[str, type[Pass]] = {p.name: p for p in [
     SSA,
     Canonicalize,
     Autodiff,
+    ScanGrad,
 ]}
 """Every pass, by name. A new pass is added here and nowhere else."""
 
-DEFAULT_PIPELINE = "ssa,canonicalize,autodiff,canonicalize"
+DEFAULT_PIPELINE = "ssa,canonicalize,scan-grad,canonicalize,autodiff,canonicalize,scan-grad,canonicalize"
+"""scan-grad runs twice: before autodiff it hoists input projections and merges GEMMs (so the
+gradients inherit one GEMM per step), after it it pushes weight-gradient accumulations out."""
 """What `gir opt` runs without -p, and what `gir run` and `gir.jit` run before executing."""
 
 

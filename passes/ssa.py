@@ -124,6 +124,7 @@ class _FunctionSSA:
             for old, res in zip(op.results[:n_old], new.results[:n_old]):
                 rw.replace_all_uses(old, res)
             for old, res in zip(op.results[n_old:], new.results[n_old + len(carried):]):
+                res.name_hint = old.name_hint
                 rw.replace_all_uses(old, res)
             for i, v in enumerate(carried):
                 result = new.results[n_old + i]

@@ -1,0 +1,385 @@
+"""The `scan-grad` pass: the rewrites from "investigating Theano scan gradient speed".
+
+1. Input-projection hoisting: `x_t @ W` (x_t a sequence element, W loop-invariant) becomes one
+   GEMM over the whole sequence before the loop, fed to the scan as a new sequence:
+
+       scan (%x in %xs) { %p = matmul %x, %w ... }
+    -> %ps = matmul %xs, %w : tensor<TxBxH>;  scan (%x in %xs, %p in %ps) { ... }
+
+2. GEMM merging: products sharing a left operand, `x @ U`, `x @ V` (U, V loop-invariant),
+   become `x @ concat(U, V)` and slices; sums of products `a @ U + b @ V` become
+   `concat(a, b) @ concat(U, V)` (K axis). Weight concats are built once, before the loop.
+   Run before autodiff, gradients inherit the merged products (dU, dV come back as slices).
+
+3. Accumulation push-out: a carry `acc` updated as `acc + A_t @ B_t` (either order, A or B
+   possibly transposed), read nowhere else in the body, becomes one GEMM after the loop over
+   the stacked operands: `acc_T = acc_0 + A^T_cat @ B_cat` with the stacks reshaped to
+   (T*batch, ...). A stack that already exists is reused: a sequence element is its sequence,
+   and a forward stack of a carry's *input* (h_{t-1}) is the stack of its output (h_t)
+   shifted by one step with h_0 in front, so the GEMM is split into `h_0^T @ B_0` plus a GEMM
+   over slices, and the forward copy of h_{t-1} dies. Candidates that would need more new
+   stack memory than `max-extra-bytes` are left alone, with the reason in the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.core import Block, Module, Operation, OpResult, Value
+from .base import Pass
+from .loops import Sequence, append_stack, defined_inside, rebuild_scan, scan_parts, trip_count
+from .rewriter import PassStatistics, Rewriter
+
+
+@dataclass(frozen=True)
+class ScanGradOptions:
+    max_extra_bytes: int = 1 << 32
+    """Largest amount of new stacked memory one push-out may add."""
+    hoist: bool = True
+    merge: bool = True
+    push_out: bool = True
+
+
+def _scans(module: Module) -> list[Operation]:
+    return [op for op in module.walk() if op.name == "scan"]
+
+
+def _is_seq_arg(scan: Operation, v: Value) -> Sequence | None:
+    for s in scan_parts(scan).sequences:
+        if s.arg is v:
+            return s
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Input-projection hoisting
+
+
+def hoist_projections(rw: Rewriter, scan: Operation, stats: PassStatistics) -> Operation:
+    rw.current = "hoist-input-projection"
+    inside = defined_inside(scan)
+    for op in list(scan.body):
+        if op.name != "matmul" or op.parent is None:
+            continue
+        a, w = op.operands
+        if a.tensor_type.rank != 2 or w.tensor_type.rank != 2:
+            continue
+        seq = _is_seq_arg(scan, a) if w not in inside else None
+        if seq is not None:
+            projected = rw.value("matmul", [seq.outer, w], before=scan)
+        else:
+            seq = _is_seq_arg(scan, w) if a not in inside else None
+            if seq is None:
+                continue
+            projected = rw.value("matmul", [a, seq.outer], before=scan)
+        parts = scan_parts(scan)
+        arg = scan.body.add_arg(op.result.type, op.result.name_hint, index=len(parts.sequences))
+        parts.sequences.append(Sequence(projected, arg))
+        rw.replace_op(op, [arg])
+        scan = rebuild_scan(rw, parts)
+        inside = defined_inside(scan)
+        stats.count("scan-grad: input projections hoisted")
+    return scan
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. GEMM merging
+
+
+def _invariant(v: Value, scan: Operation | None, inside: set[Value]) -> bool:
+    return scan is not None and v not in inside
+
+
+def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, stats: PassStatistics) -> None:
+    """x @ U, x @ V -> slices of x @ concat(U, V); in a scan body U and V must be invariant,
+    at the top level they must be defined before the first product."""
+    rw.current = "merge-shared-operand"
+    inside = defined_inside(scan) if scan is not None else set()
+    position = {op: i for i, op in enumerate(block)}
+    groups: dict[Value, list[Operation]] = {}
+    for op in block:
+        if op.name == "matmul" and op.operands[1].tensor_type.rank == 2:
+            groups.setdefault(op.operands[0], []).append(op)
+    for x, products in groups.items():
+        if len(products) < 2:
+            continue
+        first = products[0]
+        weights = [p.operands[1] for p in products]
+        if scan is not None:
+            if not all(w not in inside for w in weights):
+                continue
+            where = scan
+        else:
+            limit = position[first]
+            if not all(getattr(w, "op", None) is None or position.get(w.op, limit) < limit  # type: ignore[attr-defined]
+                       for w in weights):
+                continue
+            where = first
+        if len({w.tensor_type.dtype for w in weights}) != 1:
+            continue
+        cat = rw.value("concat", weights, before=where, attrs={"axis": 1})
+        big = rw.value("matmul", [x, cat], before=first)
+        offset = 0
+        for p in products:
+            n = p.result.tensor_type.shape[-1]
+            shape = big.tensor_type.shape
+            starts = [0] * len(shape)
+            limits = list(shape)
+            starts[-1], limits[-1] = offset, offset + n
+            rw.replace_op(p, [rw.value("slice", [big], before=p, attrs={"starts": starts, "limits": limits})])
+            offset += n
+        stats.count("scan-grad: products merged (shared operand)", len(products))
+
+
+def merge_sums(rw: Rewriter, scan: Operation, stats: PassStatistics) -> None:
+    """a @ U + b @ V (U, V invariant) -> concat(a, b, K axis) @ concat(U, V)"""
+    rw.current = "merge-sum-of-products"
+    inside = defined_inside(scan)
+    for op in list(scan.body):
+        if op.name != "add" or op.parent is None:
+            continue
+        prods = [getattr(v, "op", None) for v in op.operands]
+        if not all(p is not None and p.name == "matmul" and len(p.result.uses) == 1 for p in prods):
+            continue
+        (a, u), (b, v) = (p.operands for p in prods)  # type: ignore[union-attr]
+        if u in inside or v in inside or u.tensor_type.rank != 2 or v.tensor_type.rank != 2:
+            continue
+        if a.tensor_type.rank != 2 or b.tensor_type.rank != 2 or a.tensor_type.shape[0] != b.tensor_type.shape[0]:
+            continue
+        if op.result.type != prods[0].result.type or op.result.type != prods[1].result.type:  # type: ignore[union-attr]
+            continue
+        w = rw.value("concat", [u, v], before=scan, attrs={"axis": 0})
+        x = rw.value("concat", [a, b], before=op, attrs={"axis": 1})
+        rw.replace_op(op, [rw.value("matmul", [x, w], before=op)])
+        for p in prods:
+            rw.erase(p)  # type: ignore[arg-type]
+        stats.count("scan-grad: sums of products merged")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Accumulation push-out
+
+
+@dataclass
+class _Stacked:
+    """How to get the (T, ...) stack of a per-step value after the loop."""
+
+    whole: Value | None = None
+    """An existing or new stack, step t at index t."""
+    shifted_init: Value | None = None
+    shifted_next: Value | None = None
+    """Or: step t is `shifted_init` for t = 0 and shifted_next[t-1] after (h_{t-1} from h_t)."""
+    extra_bytes: int = 0
+
+
+def _forward_shift(stack: Value) -> tuple[Value, Value] | None:
+    """If `stack` is a forward scan's stack of a carry's input, (init, stack of its output)."""
+    op = getattr(stack, "op", None)
+    if op is None or op.name != "scan" or op.attrs["reverse"]:
+        return None
+    parts = scan_parts(op)
+    s = next((s for s in parts.stacks if s.result is stack), None)
+    if s is None:
+        return None
+    carry = next((c for c in parts.carries if c.arg is s.yielded), None)
+    if carry is None:
+        return None
+    out = next((t.result for t in parts.stacks if t.yielded is carry.yielded), None)
+    if out is None:
+        return None
+    return carry.init, out
+
+
+def _stack_of(scan: Operation, v: Value) -> _Stacked | None:
+    """Plans the stack of per-step value v of scan (a sequence element needs none)."""
+    body = scan.body
+    owner = getattr(v, "op", None)
+    if owner is None and getattr(v, "block", None) is not body:
+        return None  # loop-invariant: not an accumulation of per-step products
+    seq = _is_seq_arg(scan, v)
+    if seq is not None:
+        shift = _forward_shift(seq.outer)
+        if shift is not None:
+            return _Stacked(shifted_init=shift[0], shifted_next=shift[1])
+        return _Stacked(whole=seq.outer)
+    if owner is not None and owner.parent is not body:
+        return None
+    existing = next((st.result for st in scan_parts(scan).stacks if st.yielded is v), None)
+    if existing is not None:
+        return _Stacked(whole=existing)
+    steps = trip_count(scan)
+    nbytes = v.tensor_type.nbytes()
+    if steps is None or nbytes is None:
+        return None
+    return _Stacked(extra_bytes=steps * nbytes)
+
+
+def _product_operands(p: Operation) -> tuple[Value, bool, Value, bool]:
+    """matmul(A, B) with A and B possibly `transpose` of 2-D values -> (a, a_is_T, b, b_is_T)."""
+    out = []
+    for v in p.operands:
+        d = getattr(v, "op", None)
+        if d is not None and d.name == "transpose" and v.tensor_type.rank == 2 and len(v.uses) == 1:
+            out += [d.operands[0], True]
+        else:
+            out += [v, False]
+    return out[0], out[1], out[2], out[3]  # type: ignore[return-value]
+
+
+@dataclass
+class _Accumulation:
+    carry: object
+    a: Value
+    a_t: bool
+    sa: _Stacked
+    b: Value
+    b_t: bool
+    sb: _Stacked
+
+
+def push_out_accumulations(rw: Rewriter, scan: Operation, options: ScanGradOptions,
+                           stats: PassStatistics) -> None:
+    rw.current = "push-out-accumulation"
+    found: list[_Accumulation] = []
+    for c in scan_parts(scan).carries:
+        update = getattr(c.yielded, "op", None)
+        if update is None or update.name != "add" or update.parent is not scan.body:
+            continue
+        if list(c.arg.users) != [update]:
+            continue  # read elsewhere in the body (or an operand depends on it): must stay a loop
+        if len(c.yielded.uses) != 1:
+            stats.count("scan-grad: rejected (accumulator value also stacked or used in the loop)")
+            continue
+        other = update.operands[1] if update.operands[0] is c.arg else update.operands[0]
+        prod = getattr(other, "op", None)
+        if prod is None or prod.name != "matmul" or len(other.uses) != 1 or other.type != c.arg.type:
+            continue
+        if prod.operands[0].tensor_type.rank != 2 or prod.operands[1].tensor_type.rank != 2:
+            continue
+        a, a_t, b, b_t = _product_operands(prod)
+        sa, sb = _stack_of(scan, a), _stack_of(scan, b)
+        if sa is None or sb is None:
+            stats.count("scan-grad: rejected (operand not a per-step value of the loop)")
+            continue
+        if sa.shifted_init is not None and sb.shifted_init is not None:
+            continue  # both operands h_{t-1}-like: not a form autodiff produces
+        extra = sa.extra_bytes + sb.extra_bytes
+        if extra > options.max_extra_bytes:
+            stats.count("scan-grad: rejected (max-extra-bytes)")
+            stats.notes.append(f"push-out of %{c.arg.name_hint} at {scan.loc} needs {extra} new bytes of stacks, "
+                               f"more than max-extra-bytes={options.max_extra_bytes}")
+            continue
+        # The carry now passes through unchanged; canonicalize drops it.
+        rw.replace_all_uses(c.yielded, c.arg)
+        rw.erase(update)
+        rw.erase(prod)
+        found.append(_Accumulation(c, a, a_t, sa, b, b_t, sb))
+    if not found:
+        return
+    new_stacks: dict[Value, OpResult] = {}
+    for acc in found:
+        for v, s in ((acc.a, acc.sa), (acc.b, acc.sb)):
+            if s.whole is None and s.shifted_init is None and v not in new_stacks:
+                new_stacks[v] = append_stack(scan, v)
+    after = scan.next
+    assert after is not None  # a scan is never a block's terminator
+    steps = trip_count(scan)
+    for acc in found:
+        total = _post_loop_gemm(rw, after, steps, acc.a, acc.a_t, acc.sa, acc.b, acc.b_t, acc.sb, new_stacks)
+        c = acc.carry
+        final = rw.value("add", [c.init, total], before=after)  # type: ignore[attr-defined]
+        rw.replace_all_uses(c.result, final)  # type: ignore[attr-defined]
+        stats.count("scan-grad: accumulations pushed out")
+
+
+def _flat(rw: Rewriter, stack: Value, before: Operation, transposed: bool) -> Value:
+    """(T, r, c) -> (T*r, c) rows; for an operand used transposed the rows are the K axis."""
+    t = stack.tensor_type
+    steps, r, c = t.shape
+    if transposed:  # A_t = X_t^T with X_t (K, M): sum_t X_t^T B_t = X_cat^T B_cat
+        flat = rw.value("reshape", [stack], before=before, attrs={"shape": [steps * r, c]})  # type: ignore[operator]
+        return rw.value("transpose", [flat], before=before, attrs={"perm": [1, 0]})
+    # A_t (M, K) untransposed: concat over t on the K axis
+    moved = rw.value("transpose", [stack], before=before, attrs={"perm": [1, 0, 2]})
+    return rw.value("reshape", [moved], before=before, attrs={"shape": [r, steps * c]})  # type: ignore[operator]
+
+
+def _rows(rw: Rewriter, stack: Value, before: Operation, transposed: bool) -> Value:
+    """B side: B_t (K, N) concatenated over t on the K axis -> (T*K, N)."""
+    t = stack.tensor_type
+    steps, r, c = t.shape
+    if transposed:  # B_t = Y_t^T with Y_t (N, K)
+        moved = rw.value("transpose", [stack], before=before, attrs={"perm": [0, 2, 1]})
+        return rw.value("reshape", [moved], before=before, attrs={"shape": [steps * c, r]})  # type: ignore[operator]
+    return rw.value("reshape", [stack], before=before, attrs={"shape": [steps * r, c]})  # type: ignore[operator]
+
+
+def _slice0(rw: Rewriter, v: Value, start: int, stop: int, before: Operation) -> Value:
+    shape = v.tensor_type.shape
+    return rw.value("slice", [v], before=before,
+                    attrs={"starts": [start] + [0] * (len(shape) - 1), "limits": [stop] + list(shape[1:])})
+
+
+def _post_loop_gemm(rw: Rewriter, before: Operation, steps: int | None, a: Value, a_t: bool, sa: _Stacked,
+                    b: Value, b_t: bool, sb: _Stacked, new: dict[Value, OpResult]) -> Value:
+    def whole(v: Value, s: _Stacked) -> Value:
+        return s.whole if s.whole is not None else new[v]
+
+    if sa.shifted_init is None and sb.shifted_init is None:
+        return rw.value("matmul", [_flat(rw, whole(a, sa), before, a_t), _rows(rw, whole(b, sb), before, b_t)],
+                        before=before)
+    # One side is h_{t-1}: step 0 uses h_0, steps 1.. use the output stack shifted by one.
+    assert steps is not None
+    if sa.shifted_init is not None:
+        init, nxt = sa.shifted_init, sa.shifted_next
+        other = whole(b, sb)
+        first = rw.value("matmul", [_t(rw, init, a_t, before), _t(rw, _index0(rw, other, before), b_t, before)],
+                         before=before)
+        if steps == 1:
+            return first
+        rest = rw.value("matmul", [_flat(rw, _slice0(rw, nxt, 0, steps - 1, before), before, a_t),  # type: ignore[arg-type]
+                                   _rows(rw, _slice0(rw, other, 1, steps, before), before, b_t)], before=before)
+    else:
+        init, nxt = sb.shifted_init, sb.shifted_next
+        other = whole(a, sa)
+        first = rw.value("matmul", [_t(rw, _index0(rw, other, before), a_t, before), _t(rw, init, b_t, before)],
+                         before=before)
+        if steps == 1:
+            return first
+        rest = rw.value("matmul", [_flat(rw, _slice0(rw, other, 1, steps, before), before, a_t),
+                                   _rows(rw, _slice0(rw, nxt, 0, steps - 1, before), before, b_t)],  # type: ignore[arg-type]
+                        before=before)
+    return rw.value("add", [first, rest], before=before)
+
+
+def _t(rw: Rewriter, v: Value, transposed: bool, before: Operation) -> Value:
+    return rw.value("transpose", [v], before=before, attrs={"perm": [1, 0]}) if transposed else v
+
+
+def _index0(rw: Rewriter, stack: Value, before: Operation) -> Value:
+    shape = stack.tensor_type.shape
+    first = _slice0(rw, stack, 0, 1, before)
+    return rw.value("reshape", [first], before=before, attrs={"shape": list(shape[1:])})
+
+
+class ScanGrad(Pass):
+    name = "scan-grad"
+    Options = ScanGradOptions
+
+    def run(self, module: Module, stats: PassStatistics) -> bool:
+        rw = Rewriter(stats)
+        o: ScanGradOptions = self.options
+        for scan in _scans(module):
+            if o.hoist:
+                scan = hoist_projections(rw, scan, stats)
+            if o.push_out:
+                push_out_accumulations(rw, scan, o, stats)
+        if o.merge:
+            for f in module.functions.values():
+                merge_shared_operand(rw, f.body, None, stats)
+            for scan in _scans(module):
+                merge_shared_operand(rw, scan.body, scan, stats)
+                merge_sums(rw, scan, stats)
+        return rw.changed
+
+
