@@ -2,9 +2,8 @@
 
 from pathlib import Path
 
-import numpy as np
-
 import gir
+import numpy as np
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
