@@ -223,6 +223,8 @@ class _FunctionEmitter:
             return self.grad(rhs)
         if kind == "loop":
             return self.loop(rhs)
+        if kind == "fused":
+            return self.fused(rhs)
         if kind == "fcall" and n_targets != 1:
             return self.call(rhs[1], rhs[1], [self.expr(e) for e in rhs[2]], None)
         return [self.expr(rhs)]
@@ -319,6 +321,22 @@ class _FunctionEmitter:
         attrs = {"reverse": bool(mods.get("reverse", False)), "length": mods.get("length")}
         return self.op(kind, seqs + inits, kw, attrs=attrs, regions=[Region(block)], declared=types,
                        segments=segments).results
+
+    def fused(self, rhs: tuple) -> list[Value]:
+        _, kw, binds, stmts, yield_stmt, types = rhs
+        inputs = [self.lookup(v) for _, v in binds]
+        block = Block([v.type for v in inputs])
+        self.enter(block)
+        _, ytok, youts, ystacks, yloc = yield_stmt
+        with self.located(None):
+            for (name, _), arg in zip(binds, block.args):
+                self.define(name, arg)
+            self.statements(stmts)
+            with self.located(yloc):
+                outs = [self.lookup(v) for v in youts] + [self.lookup(v) for v in ystacks]
+                block.append(make_op("yield", outs, loc=self.loc(ytok), segments=(len(youts), len(ystacks))))
+        self.leave(block)
+        return self.op("fused", inputs, kw, regions=[Region(block)], declared=types).results
 
     # -- surface expressions ----------------------------------------------------------------
     def expr(self, e: tuple, dtype: str | None = None) -> Value:
@@ -418,6 +436,10 @@ def _count_assignments(stmts: list[tuple], counts: Counter[str]) -> None:
                 _count_loop(rhs, counts)
         elif kind == "op" and s[1][0] == "loop":
             _count_loop(s[1], counts)
+        if kind == "assign" and s[2][0] == "fused":
+            for name, _ in s[2][2]:
+                counts[str(name)] += 1
+            _count_assignments(s[2][3], counts)
         elif kind == "for":
             for elem, _ in s[2]:
                 counts[str(elem)] += 1

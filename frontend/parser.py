@@ -101,6 +101,14 @@ class _ToTuples(Transformer):
         yield_stmt = rest.pop()
         return ("loop", kw, mods, seqs, carries, rest, yield_stmt, types)
 
+    def fused_op(self, c: list) -> tuple:
+        kw, *rest = c
+        types = parse_types(rest.pop()) if isinstance(rest[-1], Token) and rest[-1].type == "TYPES" else None
+        yield_stmt = rest.pop()
+        binds = [r for r in rest if isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], Token)]
+        stmts = [r for r in rest if not (isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], Token))]
+        return ("fused", kw, binds, stmts, yield_stmt, types)
+
     def loop_kw(self, c: list) -> Token:
         return c[0]
 

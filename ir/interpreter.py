@@ -148,6 +148,10 @@ class Interpreter:
 
     op_for = op_scan
 
+    def op_fused(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
+        env.update(zip(op.body.args, args))
+        return self.run_block(op.body, env)
+
 
 def interpret(module: Module, entry: str, *args: Any) -> list[np.ndarray]:
     """Runs @entry on NumPy arrays with the reference semantics; returns its results."""

@@ -736,6 +736,23 @@ register(OpSpec("scan", "a loop with sequences, carries and stacked outputs (as 
 register(OpSpec("for", "a pre-SSA loop over sequences; the body may load and store variables",
                 ("sequences*",), _infer_loop, attrs={"reverse": False, "length": None},
                 num_regions=1, pure=False, category="structural"))
+def _infer_fused(ctx: InferContext) -> list[Type]:
+    block = ctx.regions[0].block if ctx.regions else None
+    if block is None:
+        raise ShapeError("needs a body")
+    if [a.type for a in block.args] != ctx.types:
+        raise ShapeError("block arguments do not match the inputs")
+    term = block.terminator
+    if term is None or term.name != "yield" or term.group("stacks"):
+        raise ShapeError("the body must end with 'yield (...)' and stack nothing")
+    for op in block:
+        if op is not term and op.spec.category not in ("elementwise", "constant"):
+            raise ShapeError(f"only elementwise ops may be fused, not '{op.name}'")
+    return [v.type for v in term.group("carries")]
+
+
+register(OpSpec("fused", "elementwise ops run as one loop nest: `fused (%a = %x) { ... yield (%r) }`",
+                ("inputs*",), _infer_fused, num_regions=1, category="structural", gpu=True))
 register(OpSpec("transfer", "moves a tensor to a device: `transfer %x {device = \"gpu\"}`", ("x",),
                 _infer_unary, attrs={"device": REQUIRED}, category="layout", kernel=lambda op, x: x))
 

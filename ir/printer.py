@@ -116,6 +116,13 @@ class Printer:
                 self.op(inner, indent + "  ", lines)
             lines.append(f"{indent}}}{types}{self.loc(op.loc)}")
             return
+        if name == "fused":
+            binds = ", ".join(f"{n[a]} = {n[v]}" for a, v in zip(op.body.args, op.operands))
+            lines.append(f"{head}fused ({binds}) {{")
+            for inner in op.body:
+                self.op(inner, indent + "  ", lines)
+            lines.append(f"{indent}}}{types}{self.loc(op.loc)}")
+            return
         if name == "yield":
             carries, stacks = op.group("carries"), op.group("stacks")
             text = "yield"

@@ -32,10 +32,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import GirTypeError
-from ..ir.core import Block, Function, Module, Operation, Region, Value
+from ..ir.core import Block, Module, Operation, Region, Value
 from ..ir.ops import REGISTRY, reduction_axes
 from ..ir.types import TensorType
 from .base import Pass
+from .inline import inline_call, inline_calls
 from .loops import append_stack, scan_parts, trip_count
 from .rewriter import PassStatistics, Rewriter
 
@@ -338,41 +339,6 @@ def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
         bp.add(v, next(results))
     for s, _ in seq_grads:
         bp.add(s.outer, next(results))
-
-
-def inline_call(rw: Rewriter, callee: Function, args: list[Value], anchor: Operation) -> tuple[list[Operation],
-                                                                                                   list[Value]]:
-    """Clones callee's body before anchor (calls inside are inlined too); returns the new ops
-    and the values it returns."""
-    mapping: dict[Value, Value] = dict(zip(callee.args, args))
-    new_ops: list[Operation] = []
-    returned: list[Value] = []
-    for op in callee.body:
-        if op.name == "return":
-            returned = [mapping.get(v, v) for v in op.operands]
-            break
-        clone = rw.clone(op, mapping)
-        anchor.parent.insert_before(anchor, clone)  # type: ignore[union-attr]
-        new_ops.append(clone)
-    return new_ops, returned
-
-
-def inline_calls(rw: Rewriter, module: Module, ops: list[Operation], depth: int = 0) -> list[Operation]:
-    """Replaces every `call` among ops (and in their regions) by the callee's body."""
-    out: list[Operation] = []
-    for op in ops:
-        for region in op.regions:
-            inline_calls(rw, module, region.block.ops, depth)
-        if op.name != "call":
-            out.append(op)
-            continue
-        if depth > 50:
-            raise GirTypeError("autodiff: calls nest more than 50 deep (recursion?)", op.loc)
-        callee = module.functions[op.attrs["callee"]]
-        new_ops, returned = inline_call(rw, callee, list(op.operands), op)
-        out.extend(inline_calls(rw, module, new_ops, depth + 1))
-        rw.replace_op(op, returned)
-    return out
 
 
 def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:

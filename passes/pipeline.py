@@ -10,6 +10,8 @@ from ..errors import GirPassError
 from .autodiff import Autodiff
 from .base import Pass
 from .canonicalize import Canonicalize
+from .fuse import Fuse
+from .inline import Inline
 from .scan_grad import ScanGrad
 from .ssa import SSA
 
@@ -18,12 +20,17 @@ PASSES: dict[str, type[Pass]] = {p.name: p for p in [
     Canonicalize,
     Autodiff,
     ScanGrad,
+    Inline,
+    Fuse,
 ]}
 """Every pass, by name. A new pass is added here and nowhere else."""
 
 DEFAULT_PIPELINE = "ssa,canonicalize,scan-grad,canonicalize,autodiff,canonicalize,scan-grad,canonicalize"
 """scan-grad runs twice: before autodiff it hoists input projections and merges GEMMs (so the
 gradients inherit one GEMM per step), after it it pushes weight-gradient accumulations out."""
+
+BACKEND_PIPELINE = "inline,canonicalize,fuse"
+"""What gir.jit runs after the default pipeline, before handing the IR to a backend."""
 """What `gir opt` runs without -p, and what `gir run` and `gir.jit` run before executing."""
 
 

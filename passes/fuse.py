@@ -1,0 +1,128 @@
+"""The `fuse` pass: groups elementwise ops into `fused` ops, each run as one loop nest.
+
+Before:
+    %0 = add %x, %y : tensor<32x256xf32>
+    %1 = tanh %0 : tensor<32x256xf32>
+    %2 = matmul %1, %w : tensor<32x256xf32>
+After:
+    %1 = fused (%a = %x, %b = %y) {
+      %0 = add %a, %b : tensor<32x256xf32>
+      %3 = tanh %0 : tensor<32x256xf32>
+      yield (%3)
+    } : tensor<32x256xf32>
+    %2 = matmul %1, %w : tensor<32x256xf32>
+
+Greedy and linear: in each block, in order, an elementwise op joins the open group of one of
+its operands whose ops have the same result shape, else starts a group. A group closes as soon
+as an op outside it reads one of its values, so the fused op can stand where its last member
+stood (every outside reader comes later; every input was defined earlier). Splat constants
+read by a group are copied into it, so backends see literals. Values read after the group
+become its results; the rest live only in registers.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Block, Module, Operation, Region, Value
+from ..ir.ops import make_op
+from .base import Pass
+from .canonicalize import splat
+from .rewriter import PassStatistics, Rewriter
+
+
+def _fusable(op: Operation) -> bool:
+    return op.spec.category == "elementwise" and op.result.tensor_type.is_static
+
+
+class _Group:
+    def __init__(self, first: Operation):
+        self.ops = [first]
+        self.shape = first.result.tensor_type.shape
+        self.open = True
+
+
+def fuse_block(rw: Rewriter, block: Block) -> int:
+    group_of: dict[Operation, _Group] = {}
+    position: dict[Operation, int] = {}
+    groups: list[_Group] = []
+    for index, op in enumerate(block):
+        position[op] = index
+        for region in op.regions:
+            fuse_block(rw, region.block)
+        joined: _Group | None = None
+        if _fusable(op):
+            # Join every open operand group of this shape: open groups have no outside readers
+            # yet, so their union can still stand here.
+            for v in op.operands:
+                g = group_of.get(getattr(v, "op", None))  # type: ignore[arg-type]
+                if g is None or not g.open or g.shape != op.result.tensor_type.shape or g is joined:
+                    continue
+                if joined is None:
+                    joined = g
+                else:
+                    joined.ops = sorted(joined.ops + g.ops, key=position.__getitem__)
+                    for member in g.ops:
+                        group_of[member] = joined
+                    g.ops = []
+        for v in op.operands:  # a reader outside a group closes it
+            g = group_of.get(getattr(v, "op", None))  # type: ignore[arg-type]
+            if g is not None and g is not joined:
+                g.open = False
+        if joined is not None:
+            joined.ops.append(op)
+            group_of[op] = joined
+        elif _fusable(op):
+            g = _Group(op)
+            groups.append(g)
+            group_of[op] = g
+    live = [g for g in groups if g.ops]
+    for g in live:
+        _outline(rw, g)
+    return len(live)
+
+
+def _outline(rw: Rewriter, g: _Group) -> None:
+    members = set(g.ops)
+    last = g.ops[-1]
+    inputs: list[Value] = []
+    constants: list[Operation] = []
+    for op in g.ops:
+        for v in op.operands:
+            owner = getattr(v, "op", None)
+            if owner in members or v in inputs:
+                continue
+            if owner is not None and owner.name in ("constant", "zeros", "ones") and splat(v) is not None \
+                    and v.tensor_type.shape == ():
+                if owner not in constants:
+                    constants.append(owner)
+                continue
+            inputs.append(v)
+    outputs = [r for op in g.ops for r in op.results if any(u not in members for u in r.users)]
+    anchor = last.next
+    parent = last.parent
+    assert parent is not None and anchor is not None  # a terminator is never elementwise
+    body = Block([v.type for v in inputs], [v.name_hint for v in inputs])
+    mapping: dict[Value, Value] = dict(zip(inputs, body.args))
+    for c in constants:
+        body.append(rw.clone(c, mapping))
+    for op in g.ops:
+        body.append(rw.clone(op, mapping))
+    body.append(make_op("yield", [mapping[r] for r in outputs], loc=last.loc, segments=(len(outputs), 0)))
+    fused = make_op("fused", inputs, regions=[Region(body)], loc=g.ops[0].loc,
+                    result_names=[r.name_hint for r in outputs])
+    parent.insert_before(anchor, fused)
+    rw.adopt(fused)
+    for old, new in zip(outputs, fused.results):
+        rw.replace_all_uses(old, new)
+    for op in reversed(g.ops):
+        rw.erase(op)
+
+
+class Fuse(Pass):
+    name = "fuse"
+
+    def run(self, module: Module, stats: PassStatistics) -> bool:
+        rw = Rewriter(stats)
+        rw.current = "fuse-elementwise"
+        for f in module.functions.values():
+            stats.count("fused groups", fuse_block(rw, f.body))
+        return rw.changed
