@@ -144,6 +144,11 @@ for _op, _surface in (("sum", "sum"), ("mean", "mean"), ("reduce_max", "max"), (
         func("%x: tensor<2x3x4xf64>", "tensor<f64>", f"%r = {_op} %x : tensor<f64>\nreturn %r"),
         func("%x: tensor<2x3x4xf32>", "tensor<3xf32>", f"%r = {_surface}(%x, axes=[0, 2])\nreturn %r"),
     ]
+OP_CASES["fused"] = [
+    func("%x: tensor<4xf32>, %y: tensor<4xf32>", "tensor<4xf32>",
+         "%r, %s = fused (%a = %x, %b = %y) {\n  %c = constant 2.0 : tensor<f32>\n  %0 = add %a, %b : tensor<4xf32>\n"
+         "  %1 = mul %0, %c : tensor<4xf32>\n  yield (%1, %0)\n} : tensor<4xf32>, tensor<4xf32>\nreturn %r"),
+]
 OP_CASES["transfer"] = [
     func("%x: tensor<4xf32>", "tensor<4xf32>", '%r = transfer %x {device = "gpu"} : tensor<4xf32>\nreturn %r'),
 ]
