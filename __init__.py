@@ -10,7 +10,8 @@ from .frontend.parser import load, parse
 from .ir.core import Module
 from .ir.interpreter import interpret
 from .ir.verifier import verify
+from .jit import jit
 
 __version__ = "0.1.0"
 __all__ = ["GirArgumentError", "GirError", "GirPassError", "GirSyntaxError", "GirTypeError", "GirVerifyError",
-           "Module", "interpret", "load", "parse", "verify", "__version__"]
+           "Module", "interpret", "jit", "load", "parse", "verify", "__version__"]

@@ -94,6 +94,19 @@ def providers() -> Providers:
     return Providers(mkl, table, notice)
 
 
+def symbol(slot: str) -> str:
+    return "gir_" + slot
+
+
+def bind_symbols() -> None:
+    """Tells LLVM's JIT linker where each gir_<slot> BLAS entry is in this process."""
+    import llvmlite.binding as llvm
+
+    for slot, address in zip(FN_TABLE, providers().table):
+        if address:
+            llvm.add_symbol(symbol(slot), address)
+
+
 def pack_size(dtype: str, m: int, n: int, k: int) -> int:
     """Bytes MKL needs to pack the B operand of an (m, n, k) GEMM."""
     mkl = providers().mkl

@@ -1,0 +1,748 @@
+"""IR -> one LLVM module per entry function (llvmlite, opaque pointers).
+
+The generated function is `void gir_main(ptr buffers, ptr counters, ptr fns)`:
+`buffers` holds the argument pointers, then the output pointers, then the arena and the pinned
+area (packed weights, which never move); `counters` is i64[4] (GEMM calls, pack calls, an
+error flag, unused); `fns` is reserved. BLAS is called through external symbols `gir_<slot>`
+that the runtime binds to the chosen provider's addresses, so object code holds no process
+address and could be cached on disk.
+
+Storage: every value that needs memory gets a 64-byte aligned slot in the arena (one per value;
+the memory plan of memplan can replace this layout). Views need none: `reshape`, contiguous
+`slice`, `index`, sequence elements of a scan, `transfer`. Values inside `fused` ops live in
+registers. A `transpose` read only by matmuls is folded into the GEMM's transpose flag.
+
+Lowering is a dispatch table from op kind to one function per op family; every error names
+the op and its source location.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+from llvmlite import ir
+
+from ...errors import GirError
+from ...ir.core import Function, Operation, Value
+from ...ir.ops import reduction_axes
+from ...ir.types import TensorType
+from . import blas, mathlib
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+LLVM_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "i32": I32, "i64": I64, "i1": I1}
+MEM_TYPES = {**LLVM_TYPES, "i1": I8}  # NumPy stores bools as bytes
+ALIGN = 64
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def _static(t: TensorType, op: Operation) -> tuple[int, ...]:
+    if not t.is_static:
+        raise GirError(f"the CPU backend needs static shapes; '{op.name}' has {t} (gir.jit specialises `?` dims "
+                       "on the arguments' shapes)", op.loc)
+    return tuple(d for d in t.shape if d is not None)
+
+
+@dataclass
+class GemmSite:
+    key: str
+    path: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    ta: bool
+    tb: bool
+
+
+@dataclass
+class Layout:
+    """Where things are, for the runtime: arena size, pinned size, what was chosen."""
+
+    arena_bytes: int = 0
+    pinned_bytes: int = 0
+    gemms: list[GemmSite] = field(default_factory=list)
+
+
+class Lowering:
+    def __init__(self, function: Function):
+        self.function = function
+        self.module = ir.Module(name=f"gir.{function.name}")
+        fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR])
+        self.fn = ir.Function(self.module, fnty, name="gir_main")
+        self.fn.args[0].add_attribute("noalias")
+        self.entry = self.fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.entry)
+        self.buffers, self.counters, self.fns = self.fn.args
+        self.ptr: dict[Value, ir.Value] = {}
+        self.layout = Layout()
+        self.pack_slots: dict[Operation, ir.Value] = {}
+        self.folded: set[Operation] = set()
+        n_args = len(function.args)
+        n_outs = len(function.result_types)
+        self.arena = self._load_ptr(self.buffers, n_args + n_outs)
+        self.pinned = self._load_ptr(self.buffers, n_args + n_outs + 1)
+        for i, arg in enumerate(function.args):
+            self.ptr[arg] = self._load_ptr(self.buffers, i)
+        self.out_ptrs = [self._load_ptr(self.buffers, n_args + i) for i in range(n_outs)]
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _load_ptr(self, base: ir.Value, index: int) -> ir.Value:
+        return self.b.load(self.b.gep(base, [ir.Constant(I64, index)], source_etype=PTR), typ=PTR)
+
+    def alloc(self, nbytes: int) -> ir.Value:
+        """A slot in the arena (its address is arena + a constant offset)."""
+        offset = self.layout.arena_bytes
+        self.layout.arena_bytes += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        return self.b.gep(self.arena, [ir.Constant(I64, offset)], source_etype=I8)
+
+    def alloc_pinned(self, nbytes: int) -> ir.Value:
+        offset = self.layout.pinned_bytes
+        self.layout.pinned_bytes += -(-max(nbytes, 1) // ALIGN) * ALIGN
+        return self.b.gep(self.pinned, [ir.Constant(I64, offset)], source_etype=I8)
+
+    def slot(self, v: Value, op: Operation) -> ir.Value:
+        t = v.tensor_type
+        _static(t, op)
+        p = self.alloc(t.nbytes() or 0)
+        self.ptr[v] = p
+        return p
+
+    def elem_ptr(self, base: ir.Value, dtype: str, index: ir.Value) -> ir.Value:
+        return self.b.gep(base, [index], source_etype=MEM_TYPES[dtype])
+
+    def load(self, base: ir.Value, dtype: str, index: ir.Value) -> ir.Value:
+        v = self.b.load(self.elem_ptr(base, dtype, index), typ=MEM_TYPES[dtype])
+        return self.b.trunc(v, I1) if dtype == "i1" else v
+
+    def store(self, value: ir.Value, base: ir.Value, dtype: str, index: ir.Value) -> None:
+        if dtype == "i1":
+            value = self.b.zext(value, I8)
+        self.b.store(value, self.elem_ptr(base, dtype, index))
+
+    @contextmanager
+    def for_range(self, count: int | ir.Value, name: str = "i") -> Iterator[ir.Value]:
+        b = self.b
+        count = ir.Constant(I64, count) if isinstance(count, int) else count
+        pre = b.block
+        header = self.fn.append_basic_block(f"{name}.header")
+        body = self.fn.append_basic_block(f"{name}.body")
+        end = self.fn.append_basic_block(f"{name}.end")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=name)
+        i.add_incoming(ir.Constant(I64, 0), pre)
+        b.cbranch(b.icmp_signed("<", i, count), body, end)
+        b.position_at_end(body)
+        yield i
+        i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
+        b.branch(header)
+        b.position_at_end(end)
+
+    @contextmanager
+    def loop_nest(self, shape: tuple[int, ...]) -> Iterator[list[ir.Value]]:
+        """Nested loops over shape (row-major, innermost last); yields the index list."""
+        with _nest(self, list(shape), []) as idx:
+            yield idx
+
+    def linear(self, idx: list[ir.Value], strides: list[int]) -> ir.Value:
+        acc: ir.Value = ir.Constant(I64, 0)
+        for i, s in zip(idx, strides):
+            if s:
+                acc = self.b.add(acc, self.b.mul(i, ir.Constant(I64, s)) if s != 1 else i)
+        return acc
+
+    def memcpy(self, dst: ir.Value, src: ir.Value, nbytes: int | ir.Value) -> None:
+        fn = self.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+        n = ir.Constant(I64, nbytes) if isinstance(nbytes, int) else nbytes
+        self.b.call(fn, [dst, src, n, ir.Constant(I1, 0)])
+
+    def count(self, slot: int) -> None:
+        p = self.b.gep(self.counters, [ir.Constant(I64, slot)], source_etype=I64)
+        self.b.store(self.b.add(self.b.load(p, typ=I64), ir.Constant(I64, 1)), p)
+
+    # -- driver -----------------------------------------------------------------------------
+    def block(self, block: object) -> list[Value]:
+        for op in block:  # type: ignore[attr-defined]
+            if op.name in ("return", "yield"):
+                return list(op.operands)
+            if op in self.folded:
+                continue
+            lower = LOWER.get(op.name)
+            if lower is None:
+                raise GirError(f"the CPU backend cannot compile '{op.name}'", op.loc)
+            try:
+                lower(self, op)
+            except GirError:
+                raise
+            except (ValueError, TypeError, KeyError, AssertionError) as e:
+                raise GirError(f"the CPU backend failed on '{op.name}': {type(e).__name__}: {e}", op.loc) from e
+        return []
+
+
+@contextmanager
+def _nest(low: Lowering, shape: list[int], idx: list[ir.Value]) -> Iterator[list[ir.Value]]:
+    if not shape:
+        yield idx
+        return
+    with low.for_range(shape[0], f"d{len(idx)}") as i, _nest(low, shape[1:], idx + [i]) as inner:
+        yield inner
+
+
+# ---------------------------------------------------------------------------------------------
+# Elementwise (fused) loops
+
+
+def _bcast_strides(t: TensorType, out_shape: tuple[int, ...]) -> list[int]:
+    shape = tuple(t.shape)
+    strides = _strides(shape)  # type: ignore[arg-type]
+    lead = len(out_shape) - len(shape)
+    out = [0] * lead
+    for d, s in zip(shape, strides):
+        out.append(0 if d == 1 else s)
+    return out
+
+
+def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
+    b = low.b
+    name = op.name
+    t = op.result.tensor_type
+    in_t = op.operands[0].tensor_type if op.operands else t
+    is_float = in_t.dtype in ("f32", "f64")
+    if name == "constant" or name in ("zeros", "ones"):
+        value = {"zeros": 0, "ones": 1}.get(name, op.attrs.get("value"))
+        return ir.Constant(LLVM_TYPES[t.dtype], float(value) if t.is_float else int(value))
+    rule = (_FLOAT_OPS if is_float else _INT_OPS).get(name)
+    if rule is None:
+        raise GirError(f"the CPU backend has no scalar code for '{name}' on {in_t.dtype}", op.loc)
+    return rule(b, args, op)
+
+
+def _cmp(kind: str) -> tuple[Callable, Callable]:
+    return (lambda b, a, op: b.fcmp_ordered(kind, a[0], a[1]) if kind != "!=" else b.fcmp_unordered(kind, a[0], a[1]),
+            lambda b, a, op: b.icmp_signed(kind, a[0], a[1]))
+
+
+def _floordiv(b: ir.IRBuilder, a: list[ir.Value], op: Operation) -> ir.Value:
+    x, y = a
+    zero = ir.Constant(x.type, 0)
+    # Division by zero (NumPy raises) gives 0 here instead of a trap; documented in docs/backend.md.
+    safe_y = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
+    q = b.sdiv(x, safe_y)
+    r = b.srem(x, safe_y)
+    adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),
+                                                                 b.icmp_signed("<", safe_y, zero)))
+    q = b.select(adjust, b.sub(q, ir.Constant(x.type, 1)), q)
+    return b.select(b.icmp_signed("==", y, zero), zero, q)
+
+
+def _cast(b: ir.IRBuilder, a: list[ir.Value], op: Operation) -> ir.Value:
+    src, dst = op.operands[0].tensor_type.dtype, op.result.tensor_type.dtype
+    x, to = a[0], LLVM_TYPES[dst]
+    if src == dst:
+        return x
+    fl = ("f32", "f64")
+    if src in fl and dst in fl:
+        return b.fpext(x, to) if dst == "f64" else b.fptrunc(x, to)
+    if src in fl:
+        return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0)) if dst == "i1" else b.fptosi(x, to)
+    if dst in fl:
+        return b.uitofp(x, to) if src == "i1" else b.sitofp(x, to)
+    if dst == "i1":
+        return b.icmp_signed("!=", x, ir.Constant(x.type, 0))
+    if src == "i1":
+        return b.zext(x, to)
+    return b.sext(x, to) if to.width > x.type.width else b.trunc(x, to)
+
+
+_FLOAT_OPS: dict[str, Callable] = {
+    "add": lambda b, a, op: b.fadd(a[0], a[1]),
+    "sub": lambda b, a, op: b.fsub(a[0], a[1]),
+    "mul": lambda b, a, op: b.fmul(a[0], a[1]),
+    "div": lambda b, a, op: b.fdiv(a[0], a[1]),
+    "pow": lambda b, a, op: mathlib.pow(b, a[0], a[1]),
+    "max": lambda b, a, op: b.select(b.fcmp_unordered("<", a[0], a[1]), a[1], a[0]),
+    "min": lambda b, a, op: b.select(b.fcmp_unordered(">", a[0], a[1]), a[1], a[0]),
+    "neg": lambda b, a, op: b.fneg(a[0]),
+    "abs": lambda b, a, op: mathlib.fabs(b, a[0]),
+    "exp": lambda b, a, op: mathlib.exp(b, a[0]),
+    "log": lambda b, a, op: mathlib.log(b, a[0]),
+    "tanh": lambda b, a, op: mathlib.tanh(b, a[0]),
+    "sigmoid": lambda b, a, op: mathlib.sigmoid(b, a[0]),
+    "relu": lambda b, a, op: b.select(b.fcmp_ordered(">", a[0], ir.Constant(a[0].type, 0.0)), a[0],
+                                      ir.Constant(a[0].type, 0.0)),
+    "sqrt": lambda b, a, op: mathlib.sqrt(b, a[0]),
+    "select": lambda b, a, op: b.select(a[0], a[1], a[2]),
+    "cast": _cast,
+}
+_INT_OPS: dict[str, Callable] = {
+    "add": lambda b, a, op: b.add(a[0], a[1]) if a[0].type != I1 else b.xor(a[0], a[1]),
+    "sub": lambda b, a, op: b.sub(a[0], a[1]),
+    "mul": lambda b, a, op: b.mul(a[0], a[1]),
+    "div": _floordiv,
+    "max": lambda b, a, op: b.select(b.icmp_signed("<", a[0], a[1]), a[1], a[0]),
+    "min": lambda b, a, op: b.select(b.icmp_signed(">", a[0], a[1]), a[1], a[0]),
+    "neg": lambda b, a, op: b.neg(a[0]),
+    "abs": lambda b, a, op: b.select(b.icmp_signed("<", a[0], ir.Constant(a[0].type, 0)), b.neg(a[0]), a[0]),
+    "relu": lambda b, a, op: b.select(b.icmp_signed(">", a[0], ir.Constant(a[0].type, 0)), a[0],
+                                      ir.Constant(a[0].type, 0)),
+    "select": lambda b, a, op: b.select(a[0], a[1], a[2]),
+    "and": lambda b, a, op: b.and_(a[0], a[1]),
+    "or": lambda b, a, op: b.or_(a[0], a[1]),
+    "cast": _cast,
+}
+for _name, _kind in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="), ("ne", "!=")):
+    _FLOAT_OPS[_name], _INT_OPS[_name] = _cmp(_kind)
+
+
+def lower_fused(low: Lowering, op: Operation) -> None:
+    body = op.body
+    outs = op.results
+    shape = _static(outs[0].tensor_type, op) if outs else ()
+    for r in outs:
+        low.slot(r, op)
+    term = body.terminator
+    assert term is not None
+    with low.loop_nest(shape) as idx:
+        vals: dict[Value, ir.Value] = {}
+        for arg, outer in zip(body.args, op.operands):
+            t = outer.tensor_type
+            vals[arg] = low.load(low.ptr[outer], t.dtype, low.linear(idx, _bcast_strides(t, shape)))
+        for inner in body:
+            if inner is term:
+                break
+            vals[inner.result] = _scalar(low, inner, [vals[v] for v in inner.operands])
+        out_index = low.linear(idx, _strides(shape))
+        for r, v in zip(outs, term.operands):
+            low.store(vals[v], low.ptr[r], r.tensor_type.dtype, out_index)
+
+
+def lower_elementwise(low: Lowering, op: Operation) -> None:
+    """An elementwise op outside a fused group: a loop of one op."""
+    shape = _static(op.result.tensor_type, op)
+    low.slot(op.result, op)
+    with low.loop_nest(shape) as idx:
+        args = [low.load(low.ptr[v], v.tensor_type.dtype, low.linear(idx, _bcast_strides(v.tensor_type, shape)))
+                for v in op.operands]
+        low.store(_scalar(low, op, args), low.ptr[op.result], op.result.tensor_type.dtype,
+                  low.linear(idx, _strides(shape)))
+
+
+def lower_constant(low: Lowering, op: Operation) -> None:
+    t = op.result.tensor_type
+    shape = _static(t, op)
+    value = op.attrs.get("value")
+    if op.name == "constant" and isinstance(value, (list, tuple)):
+        data = np.asarray(value, dtype=t.numpy_dtype).reshape(-1)
+        ty = ir.ArrayType(MEM_TYPES[t.dtype], data.size)
+        const = ir.Constant(ty, [ir.Constant(MEM_TYPES[t.dtype], float(x) if t.is_float else int(x)) for x in data])
+        g = ir.GlobalVariable(low.module, ty, name=f"const.{len(low.module.globals)}")
+        g.global_constant = True
+        g.initializer = const
+        g.linkage = "internal"
+        low.ptr[op.result] = g
+        return
+    if op.name == "fill":
+        src = low.ptr[op.operands[0]]
+        low.slot(op.result, op)
+        v = low.load(src, t.dtype, ir.Constant(I64, 0))
+        with low.for_range(math.prod(shape)) as i:
+            low.store(v, low.ptr[op.result], t.dtype, i)
+        return
+    low.slot(op.result, op)
+    scalar = _scalar(low, op, [])
+    with low.for_range(math.prod(shape)) as i:
+        low.store(scalar, low.ptr[op.result], t.dtype, i)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout: views where possible, strided copies where not
+
+
+def _copy(low: Lowering, dst: ir.Value, dst_strides: list[int], src: ir.Value, src_strides: list[int],
+          shape: tuple[int, ...], dtype: str) -> None:
+    with low.loop_nest(shape) as idx:
+        low.store(low.load(src, dtype, low.linear(idx, src_strides)), dst, dtype, low.linear(idx, dst_strides))
+
+
+def lower_view(low: Lowering, op: Operation) -> None:
+    low.ptr[op.result] = low.ptr[op.operands[0]]
+
+
+def lower_transpose(low: Lowering, op: Operation) -> None:
+    if op.results[0].uses and all(u.name == "matmul" for u in op.result.users) and op.result.tensor_type.rank == 2:
+        low.ptr[op.result] = low.ptr[op.operands[0]]  # folded into the GEMM's flags (see _gemm_operand)
+        return
+    src_t = op.operands[0].tensor_type
+    out_shape = _static(op.result.tensor_type, op)
+    perm = op.attrs["perm"] or list(range(src_t.rank))[::-1]
+    src_strides = _strides(tuple(src_t.shape))  # type: ignore[arg-type]
+    low.slot(op.result, op)
+    _copy(low, low.ptr[op.result], _strides(out_shape), low.ptr[op.operands[0]], [src_strides[p] for p in perm],
+          out_shape, src_t.dtype)
+
+
+def lower_broadcast(low: Lowering, op: Operation) -> None:
+    out_shape = _static(op.result.tensor_type, op)
+    low.slot(op.result, op)
+    src = op.operands[0]
+    _copy(low, low.ptr[op.result], _strides(out_shape), low.ptr[src], _bcast_strides(src.tensor_type, out_shape),
+          out_shape, src.tensor_type.dtype)
+
+
+def lower_slice(low: Lowering, op: Operation) -> None:
+    src_t = op.operands[0].tensor_type
+    src_shape = _static(src_t, op)
+    out_shape = _static(op.result.tensor_type, op)
+    starts = list(op.attrs["starts"])
+    steps = list(op.attrs["steps"] or [1] * len(starts))
+    strides = _strides(src_shape)
+    offset = sum(s * st for s, st in zip(starts, strides))
+    base = low.elem_ptr(low.ptr[op.operands[0]], src_t.dtype, ir.Constant(I64, offset))
+    # Contiguous when, after the first axis that is cut, every axis is whole and steps are 1.
+    cut = next((i for i, (o, d) in enumerate(zip(out_shape, src_shape)) if o != d), len(src_shape))
+    contiguous = all(st == 1 for st in steps) and all(o == 1 for o in out_shape[:cut]) \
+        and all(o == d for o, d in zip(out_shape[cut + 1:], src_shape[cut + 1:]))
+    if contiguous:
+        low.ptr[op.result] = base
+        return
+    low.slot(op.result, op)
+    _copy(low, low.ptr[op.result], _strides(out_shape), base, [s * st for s, st in zip(strides, steps)], out_shape,
+          src_t.dtype)
+
+
+def _join(low: Lowering, op: Operation, axis: int, new_axis: bool) -> None:
+    out_shape = _static(op.result.tensor_type, op)
+    low.slot(op.result, op)
+    out_strides = _strides(out_shape)
+    start = 0
+    for v in op.operands:
+        t = v.tensor_type
+        shape = _static(t, op)
+        piece = shape[:axis] + (1,) + shape[axis:] if new_axis else shape
+        dst = low.elem_ptr(low.ptr[op.result], t.dtype, ir.Constant(I64, start * out_strides[axis]))
+        _copy(low, dst, out_strides, low.ptr[v], _strides(piece), piece, t.dtype)
+        start += 1 if new_axis else shape[axis]
+
+
+def lower_concat(low: Lowering, op: Operation) -> None:
+    _join(low, op, op.attrs["axis"] % op.result.tensor_type.rank, new_axis=False)
+
+
+def lower_stack(low: Lowering, op: Operation) -> None:
+    _join(low, op, op.attrs["axis"] % op.result.tensor_type.rank, new_axis=True)
+
+
+def lower_index(low: Lowering, op: Operation) -> None:
+    x, i = op.operands
+    t = x.tensor_type
+    shape = _static(t, op)
+    k = low.load(low.ptr[i], i.tensor_type.dtype, ir.Constant(I64, 0))
+    k = low.b.sext(k, I64) if k.type != I64 else k
+    n = ir.Constant(I64, shape[0])
+    bad = low.b.or_(low.b.icmp_signed("<", k, ir.Constant(I64, 0)), low.b.icmp_signed(">=", k, n))
+    with low.b.if_then(bad):  # never read out of bounds: flag the error, read row 0
+        flag = low.b.gep(low.counters, [ir.Constant(I64, 2)], source_etype=I64)
+        low.b.store(ir.Constant(I64, 1), flag)
+    k = low.b.select(bad, ir.Constant(I64, 0), k)
+    row = math.prod(shape[1:])
+    low.ptr[op.result] = low.elem_ptr(low.ptr[x], t.dtype, low.b.mul(k, ir.Constant(I64, row)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions: an accumulator per output element, the reduced axes innermost
+
+
+def lower_reduce(low: Lowering, op: Operation) -> None:
+    x = op.operands[0]
+    t = x.tensor_type
+    shape = _static(t, op)
+    axes = reduction_axes(op.attrs, t.rank)
+    kept = [d for i, d in enumerate(shape) if i not in axes]
+    strides = _strides(shape)
+    low.slot(op.result, op)
+    ty = LLVM_TYPES[t.dtype]
+    is_float = t.is_float
+    if op.name in ("sum", "mean"):
+        init = ir.Constant(ty, 0.0 if is_float else 0)
+    elif op.name == "reduce_max":
+        init = ir.Constant(ty, -math.inf if is_float else -(2 ** (ty.width - 1)))
+    else:
+        init = ir.Constant(ty, math.inf if is_float else 2 ** (ty.width - 1) - 1)
+    with low.b.goto_block(low.entry):
+        low.b.position_at_start(low.entry)
+        acc = low.b.alloca(ty)
+    kept_strides = [strides[i] for i in range(len(shape)) if i not in axes]
+    red_shape = tuple(shape[i] for i in axes)
+    red_strides = [strides[i] for i in axes]
+    with low.loop_nest(tuple(kept)) as oidx:
+        low.b.store(init, acc)
+        base = low.linear(oidx, kept_strides)
+        with low.loop_nest(red_shape) as ridx:
+            v = low.load(low.ptr[x], t.dtype, low.b.add(base, low.linear(ridx, red_strides)))
+            a = low.b.load(acc, typ=ty)
+            if op.name in ("sum", "mean"):
+                new = low.b.fadd(a, v, flags=("reassoc", "nsz")) if is_float else low.b.add(a, v)
+            elif op.name == "reduce_max":
+                new = low.b.select(low.b.fcmp_unordered("<", a, v) if is_float else low.b.icmp_signed("<", a, v), v, a)
+            else:
+                new = low.b.select(low.b.fcmp_unordered(">", a, v) if is_float else low.b.icmp_signed(">", a, v), v, a)
+            low.b.store(new, acc)
+        result = low.b.load(acc, typ=ty)
+        if op.name == "mean":
+            result = low.b.fmul(result, ir.Constant(ty, 1.0 / max(1, math.prod(red_shape))))
+        low.store(result, low.ptr[op.result], t.dtype, low.linear(oidx, _strides(tuple(kept))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Matmul through BLAS
+
+
+def _gemm_operand(v: Value) -> tuple[Value, bool]:
+    """A 2-D transpose feeding a matmul is folded into the GEMM's transpose flag."""
+    d = getattr(v, "op", None)
+    if d is not None and d.name == "transpose" and v.tensor_type.rank == 2 \
+            and all(u.name == "matmul" for u in v.users):
+        return d.operands[0], True
+    return v, False
+
+
+def _packable(op: Operation) -> bool:
+    """Inside a scan body, with a loop-invariant 2-D right operand: pack it once per loop."""
+    parent = op.parent_op
+    if parent is None or parent.name != "scan":
+        return False
+    w = op.operands[1]
+    owner = getattr(w, "op", None)
+    inside = owner is not None and parent.is_ancestor_of(owner)
+    return not inside and getattr(w, "block", None) is not parent.body and w.tensor_type.rank == 2
+
+
+def lower_matmul(low: Lowering, op: Operation) -> None:
+    a_val, b_val = op.operands
+    ta_t, tb_t = a_val.tensor_type, b_val.tensor_type
+    out_shape = _static(op.result.tensor_type, op)
+    _static(ta_t, op)
+    _static(tb_t, op)
+    low.slot(op.result, op)
+    dtype = op.result.tensor_type.dtype
+    if dtype not in ("f32", "f64"):
+        return _naive_matmul(low, op)
+    a_src, ta = _gemm_operand(a_val)
+    b_src, tb = _gemm_operand(b_val)
+    k = ta_t.shape[-1]
+    n = tb_t.shape[-1]
+    pa, pb, pc = low.ptr[a_src], low.ptr[b_src], low.ptr[op.result]
+    if tb_t.rank == 2:  # one GEMM: the batch dims of A fold into M (A is contiguous)
+        m = math.prod(out_shape[:-1])
+        if ta and ta_t.rank != 2:
+            raise GirError("a transposed batched left operand is not supported", op.loc)
+        _emit_gemm(low, op, dtype, m, n, k, ta, tb, pa, pb, pc, _packable(op) and not tb)  # type: ignore[arg-type]
+        return
+    # Batched right operand: one GEMM per batch element, broadcasting batch dims.
+    batch = out_shape[:-2]
+    m = out_shape[-2]
+    a_batch = _bcast_strides(TensorType(tuple(ta_t.shape[:-2]), dtype), batch) if ta_t.rank > 2 else [0] * len(batch)
+    b_batch = _bcast_strides(TensorType(tuple(tb_t.shape[:-2]), dtype), batch)
+    a_mat, b_mat, c_mat = m * k, k * n, m * n  # type: ignore[operator]
+    with low.loop_nest(batch) as idx:
+        pa_i = low.elem_ptr(pa, dtype, low.b.mul(low.linear(idx, a_batch), ir.Constant(I64, a_mat)))
+        pb_i = low.elem_ptr(pb, dtype, low.b.mul(low.linear(idx, b_batch), ir.Constant(I64, b_mat)))
+        pc_i = low.elem_ptr(pc, dtype, low.b.mul(low.linear(idx, _strides(batch)), ir.Constant(I64, c_mat)))
+        _emit_gemm(low, op, dtype, m, n, k, ta, tb, pa_i, pb_i, pc_i, False)  # type: ignore[arg-type]
+
+
+def _naive_matmul(low: Lowering, op: Operation) -> None:
+    a, b = op.operands
+    if a.tensor_type.rank != 2 or b.tensor_type.rank != 2:
+        raise GirError("integer matmul is supported for 2-D operands only", op.loc)
+    m, k = _static(a.tensor_type, op)
+    _, n = _static(b.tensor_type, op)
+    dtype = op.result.tensor_type.dtype
+    ty = LLVM_TYPES[dtype]
+    with low.loop_nest((m, n)) as (i, j):
+        acc: ir.Value = ir.Constant(ty, 0)
+        with low.b.goto_block(low.entry):
+            low.b.position_at_start(low.entry)
+            cell = low.b.alloca(ty)
+        low.b.store(acc, cell)
+        with low.for_range(k, "kk") as kk:
+            x = low.load(low.ptr[a], dtype, low.b.add(low.b.mul(i, ir.Constant(I64, k)), kk))
+            y = low.load(low.ptr[b], dtype, low.b.add(low.b.mul(kk, ir.Constant(I64, n)), j))
+            low.b.store(low.b.add(low.b.load(cell, typ=ty), low.b.mul(x, y)), cell)
+        low.store(low.b.load(cell, typ=ty), low.ptr[op.result], dtype, low.b.add(low.b.mul(i, ir.Constant(I64, n)), j))
+
+
+def _call_table(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Value]) -> None:
+    """Calls BLAS entry `slot` through the external symbol `gir_<slot>`, which the runtime binds
+    to the provider's address when it loads the code (llvm.add_symbol)."""
+    name = blas.symbol(slot)
+    fn = low.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(low.module, sig, name=name)
+    low.b.call(fn, args)
+
+
+def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
+               pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool) -> None:
+    path = blas.choose_path(dtype, m, n, k, ta, tb, packable)
+    low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
+    fty = LLVM_TYPES[dtype]
+    s = "s" if dtype == "f32" else "d"
+    i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
+    lda = m if ta else k
+    ldb = k if tb else n
+    t_a = blas.CBLAS_TRANS if ta else blas.CBLAS_NO_TRANS
+    t_b = blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS
+    low.count(0)
+    if path == "mkl":
+        sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR, I32, fty, PTR, I32])
+        _call_table(low, f"mkl_{s}gemm", sig,
+                    [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(t_b), i32(m), i32(n), i32(k),
+                                                  ir.Constant(fty, 1.0), pa, i32(lda), pb, i32(ldb),
+                                                  ir.Constant(fty, 0.0), pc, i32(n)])
+        return
+    if path == "mkl-packed":
+        packed = low.pack_slots.get(op)
+        assert packed is not None, "the enclosing scan packs this weight before its loop"
+        sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [PTR, I32, PTR, I32, fty, PTR, I32])
+        _call_table(low, f"mkl_{s}gemm_compute", sig,
+                    [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(blas.CBLAS_PACKED), i32(m), i32(n), i32(k), pa, i32(lda),
+                    packed, i32(ldb), ir.Constant(fty, 0.0), pc, i32(n)])
+        return
+    # OpenBLAS, Fortran ABI, column-major: C^T = B^T A^T, every argument by reference.
+    with low.b.goto_block(low.entry):
+        low.b.position_at_start(low.entry)
+        cells = [low.b.alloca(I8), low.b.alloca(I8)] + [low.b.alloca(I32) for _ in range(6)] + \
+                [low.b.alloca(fty), low.b.alloca(fty)]
+    tra, trb, cn, cm, ck, cldb, clda, cldc, one, zero = cells
+    for cell, value in ((tra, ord("T" if tb else "N")), (trb, ord("T" if ta else "N"))):
+        low.b.store(ir.Constant(I8, value), cell)
+    for cell, value in ((cn, n), (cm, m), (ck, k), (cldb, ldb), (clda, lda), (cldc, n)):
+        low.b.store(i32(value), cell)
+    low.b.store(ir.Constant(fty, 1.0), one)
+    low.b.store(ir.Constant(fty, 0.0), zero)
+    sig = ir.FunctionType(ir.VoidType(), [PTR] * 13)
+    _call_table(low, f"ob_{s}gemm", sig, [tra, trb, cn, cm, ck, one, pb, cldb, pa, clda, zero, pc, cldc])
+
+
+def _pack_weights(low: Lowering, scan: Operation) -> None:
+    """Before a scan's loop: pack the loop-invariant weight of every packed GEMM in its body."""
+    for op in scan.body:
+        if op.name != "matmul" or not _packable(op) or op.result.tensor_type.dtype not in ("f32", "f64"):
+            continue
+        a_src, ta = _gemm_operand(op.operands[0])
+        b_src, tb = _gemm_operand(op.operands[1])
+        if tb:
+            continue
+        dtype = op.result.tensor_type.dtype
+        m = math.prod(_static(op.result.tensor_type, op)[:-1])
+        k, n = op.operands[1].tensor_type.shape
+        if blas.choose_path(dtype, m, n, k, ta, tb, True) != "mkl-packed":  # type: ignore[arg-type]
+            continue
+        dest = low.alloc_pinned(blas.pack_size(dtype, m, n, k))  # type: ignore[arg-type]
+        low.pack_slots[op] = dest
+        fty = LLVM_TYPES[dtype]
+        s = "s" if dtype == "f32" else "d"
+        sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR])
+        i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
+        low.count(1)
+        _call_table(low, f"mkl_{s}gemm_pack", sig,
+                    [i32(blas.CBLAS_ROW_MAJOR), i32(blas.CBLAS_B_MATRIX), i32(blas.CBLAS_NO_TRANS), i32(m), i32(n),
+                    i32(k), ir.Constant(fty, 1.0), low.ptr[b_src], i32(n), dest])
+
+
+# ---------------------------------------------------------------------------------------------
+# scan: a native loop; sequence elements are views, carries and stacks have their own slots
+
+
+def lower_scan(low: Lowering, op: Operation) -> None:
+    from ...ir.ops import loop_trip_count
+
+    seqs = op.group("sequences")
+    inits = op.group("inits")
+    steps = loop_trip_count([v.type for v in seqs], op.attrs["length"])
+    if steps is None:
+        raise GirError("the CPU backend needs a static trip count", op.loc)
+    body = op.body
+    seq_args, carry_args = body.args[:len(seqs)], body.args[len(seqs):]
+    for arg, init in zip(carry_args, inits):
+        p = low.slot(arg, op)
+        low.memcpy(p, low.ptr[init], init.tensor_type.nbytes() or 0)
+    stack_results = op.results[len(inits):]
+    for r in stack_results:
+        low.slot(r, op)
+    _pack_weights(low, op)
+    with low.for_range(steps, "t") as i:
+        t = low.b.sub(ir.Constant(I64, steps - 1), i) if op.attrs["reverse"] else i
+        for arg, seq in zip(seq_args, seqs):
+            st = seq.tensor_type
+            row = math.prod(_static(st, op)[1:])
+            low.ptr[arg] = low.elem_ptr(low.ptr[seq], st.dtype, low.b.mul(t, ir.Constant(I64, row)))
+        yielded = low.block(body)
+        n_carry = len(inits)
+        for r, v in zip(stack_results, yielded[n_carry:]):
+            vt = v.tensor_type
+            nbytes = vt.nbytes() or 0
+            dst = low.b.gep(low.ptr[r], [low.b.mul(t, ir.Constant(I64, nbytes))], source_etype=I8)
+            low.memcpy(dst, low.ptr[v], nbytes)
+        new_carries = yielded[:n_carry]
+        # A carry yielded from another carry's storage (a swap) must not be overwritten before
+        # it is read: copy those through a temporary slot.
+        carry_set = set(carry_args)
+        sources = []
+        for v in new_carries:
+            src = low.ptr[v]
+            if v in carry_set:
+                tmp = low.alloc(v.tensor_type.nbytes() or 0)
+                low.memcpy(tmp, src, v.tensor_type.nbytes() or 0)
+                src = tmp
+            sources.append(src)
+        for arg, v, src in zip(carry_args, new_carries, sources):
+            if v is not arg:
+                low.memcpy(low.ptr[arg], src, v.tensor_type.nbytes() or 0)
+    for r, arg in zip(op.results[:len(inits)], carry_args):
+        low.ptr[r] = low.ptr[arg]
+
+
+LOWER: dict[str, Callable[[Lowering, Operation], None]] = {
+    "fused": lower_fused,
+    "matmul": lower_matmul,
+    "scan": lower_scan,
+    "constant": lower_constant, "zeros": lower_constant, "ones": lower_constant, "fill": lower_constant,
+    "reshape": lower_view, "transfer": lower_view,
+    "transpose": lower_transpose,
+    "broadcast": lower_broadcast,
+    "slice": lower_slice,
+    "concat": lower_concat,
+    "stack": lower_stack,
+    "index": lower_index,
+    "sum": lower_reduce, "mean": lower_reduce, "reduce_max": lower_reduce, "reduce_min": lower_reduce,
+}
+"""Op kind -> lowering function. Elementwise ops outside `fused` get lower_elementwise."""
+
+
+def lower_function(function: Function) -> tuple[ir.Module, Layout]:
+    from ...ir.ops import REGISTRY
+
+    for name, spec in REGISTRY.items():
+        if spec.category == "elementwise":
+            LOWER.setdefault(name, lower_elementwise)
+    low = Lowering(function)
+    body = function.body
+    returned = low.block(body)
+    for v, out in zip(returned, low.out_ptrs):
+        low.memcpy(out, low.ptr[v], v.tensor_type.nbytes() or 0)
+    low.b.ret_void()
+    return low.module, low.layout

@@ -1,0 +1,97 @@
+"""Scalar math for fused loops, as straight-line LLVM IR that the loop vectoriser can widen.
+
+float32 exp/tanh/sigmoid are Cephes-style polynomial approximations (a few ulp): LLVM's
+`llvm.exp.f32` would become a call to libm's expf, which does not vectorise and on an RNN
+step costs as much as the GEMMs. float64 calls libm, so float64 results match NumPy closely.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+F32, F64 = ir.FloatType(), ir.DoubleType()
+
+
+def _c(t: ir.Type, v: float) -> ir.Constant:
+    return ir.Constant(t, v)
+
+
+def _intrinsic(b: ir.IRBuilder, name: str, t: ir.Type, *args: ir.Value) -> ir.Value:
+    fn = b.module.declare_intrinsic(name, [t], ir.FunctionType(t, [t] * len(args)))
+    return b.call(fn, list(args))
+
+
+def _libm(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
+    module = b.module
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(F64, [F64] * len(args)), name)
+    return b.call(fn, list(args))
+
+
+def _poly(b: ir.IRBuilder, x: ir.Value, coeffs: list[float]) -> ir.Value:
+    acc = _c(x.type, coeffs[0])
+    for c in coeffs[1:]:
+        acc = b.fadd(b.fmul(acc, x), _c(x.type, c))
+    return acc
+
+
+def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    hi = _c(F32, 88.3762626647949)
+    lo = _c(F32, -87.3365447505531)
+    x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
+    x = b.select(b.fcmp_ordered("<", x, lo), lo, x)
+    n = _intrinsic(b, "llvm.floor", F32, b.fadd(b.fmul(x, _c(F32, 1.44269504088896341)), _c(F32, 0.5)))
+    r = b.fsub(b.fsub(x, b.fmul(n, _c(F32, 0.693359375))), b.fmul(n, _c(F32, -2.12194440e-4)))
+    p = _poly(b, r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                     5.0000001201e-1])
+    y = b.fadd(b.fadd(b.fmul(b.fmul(p, r), r), r), _c(F32, 1.0))
+    i32 = ir.IntType(32)
+    bits = b.shl(b.add(b.fptosi(n, i32), ir.Constant(i32, 127)), ir.Constant(i32, 23))
+    return b.fmul(y, b.bitcast(bits, F32))
+
+
+def tanh_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    ax = _intrinsic(b, "llvm.fabs", F32, x)
+    z = b.fmul(x, x)
+    small = b.fadd(b.fmul(b.fmul(_poly(b, z, [-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
+                                               1.33314422036e-1, -3.33332819422e-1]), z), x), x)
+    e = exp_f32(b, b.fmul(ax, _c(F32, 2.0)))
+    big = b.fsub(_c(F32, 1.0), b.fdiv(_c(F32, 2.0), b.fadd(e, _c(F32, 1.0))))
+    big = _intrinsic(b, "llvm.copysign", F32, big, x)
+    return b.select(b.fcmp_ordered("<", ax, _c(F32, 0.625)), small, big)
+
+
+def sigmoid_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.fdiv(_c(F32, 1.0), b.fadd(_c(F32, 1.0), exp_f32(b, b.fneg(x))))
+
+
+def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return exp_f32(b, x) if x.type == F32 else _libm(b, "exp", x)
+
+
+def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return tanh_f32(b, x) if x.type == F32 else _libm(b, "tanh", x)
+
+
+def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    if x.type == F32:
+        return sigmoid_f32(b, x)
+    half = _c(F64, 0.5)  # as the interpreter: 0.5 * (1 + tanh(x / 2))
+    return b.fmul(half, b.fadd(_c(F64, 1.0), _libm(b, "tanh", b.fmul(half, x))))
+
+
+def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _intrinsic(b, "llvm.log", x.type, x)
+
+
+def sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _intrinsic(b, "llvm.sqrt", x.type, x)
+
+
+def fabs(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _intrinsic(b, "llvm.fabs", x.type, x)
+
+
+def pow(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return _intrinsic(b, "llvm.pow", x.type, x, y)

@@ -1,0 +1,131 @@
+"""`gir.jit`: the default pipeline, specialisation on argument shapes, and a compiled callable.
+
+    fn = gir.jit(module_or_source, "rnn_grads")        # device="cpu"
+    loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)
+    fn.stats, fn.ir, fn.llvm_ir, fn.asm
+
+Arguments are checked (count, dtype, shape, contiguity) before any native code runs. A
+signature with `?` dims is specialised per distinct argument shape; every specialisation is
+compiled once and kept in memory.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .errors import GirArgumentError
+from .frontend.parser import load, parse
+from .ir.core import Module
+from .ir.interpreter import check_arguments
+from .ir.printer import print_module
+from .passes.pass_manager import PassManager
+from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+
+DEVICES = ("cpu", "interp")
+
+
+class JitFunction:
+    def __init__(self, module: Module, entry: str, device: str, pipeline: str):
+        self.source = print_module(module)
+        self.entry = entry
+        self.device = device
+        self.pipeline = pipeline
+        self.signature = module.functions[entry]
+        self._compiled: dict[tuple, Any] = {}
+        self._last: Any = None
+        if all(t.is_static for t in self.signature.arg_types):
+            self._last = self._specialise(tuple(tuple(t.shape) for t in self.signature.arg_types))
+
+    def _specialise(self, shapes: tuple) -> Any:
+        found = self._compiled.get(shapes)
+        if found is not None:
+            return found
+        module = parse(self.source, filename=self.signature.module.filename if self.signature.module else "<jit>")
+        f = module.functions[self.entry]
+        if shapes != tuple(tuple(t.shape) for t in f.arg_types):
+            module = _with_arg_shapes(module, self.entry, shapes)
+        PassManager(self.pipeline).run(module)
+        if self.device == "interp":
+            compiled: Any = _Interpreted(module, self.entry)
+        else:
+            from .backend.cpu.runtime import CPUFunction
+
+            compiled = CPUFunction.compile(module.functions[self.entry])
+            compiled.ir = print_module(module)
+        self._compiled[shapes] = compiled
+        return compiled
+
+    def __call__(self, *args: Any) -> list[np.ndarray]:
+        arrays = check_arguments(self.signature, args)
+        compiled = self._specialise(tuple(a.shape for a in arrays))
+        self._last = compiled
+        return compiled(*arrays)
+
+    # -- inspection (of the last specialisation used or compiled) -----------------------------
+    def _current(self) -> Any:
+        if self._last is None:
+            raise GirArgumentError(f"@{self.entry} has `?` dims: call it once so it is specialised")
+        return self._last
+
+    @property
+    def stats(self) -> Any:
+        return self._current().stats
+
+    @property
+    def ir(self) -> str:
+        return self._current().ir
+
+    @property
+    def llvm_ir(self) -> str:
+        return self._current().llvm_ir
+
+    @property
+    def asm(self) -> str:
+        return self._current().asm
+
+
+class _Interpreted:
+    def __init__(self, module: Module, entry: str):
+        from .ir.interpreter import Interpreter
+
+        self.interp = Interpreter(module)
+        self.entry = entry
+        self.ir = print_module(module)
+        self.stats = None
+        self.llvm_ir = self.asm = ""
+
+    def __call__(self, *args: Any) -> list[np.ndarray]:
+        return self.interp.call(self.entry, args)
+
+
+def _with_arg_shapes(module: Module, entry: str, shapes: tuple) -> Module:
+    """The module re-parsed with @entry's `?` dims fixed to the given shapes."""
+    f = module.functions[entry]
+    for arg, shape in zip(f.args, shapes):
+        arg.type = arg.tensor_type.with_shape(tuple(shape))
+    return parse(print_module(module), filename=module.filename)
+
+
+def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
+        pipeline: str | None = None) -> JitFunction:
+    """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
+    if isinstance(source_or_module, Module):
+        module = parse(print_module(source_or_module), filename=source_or_module.filename)
+    elif isinstance(source_or_module, str) and "func" not in source_or_module and os.path.exists(source_or_module):
+        module = load(source_or_module)
+    elif isinstance(source_or_module, str):
+        module = parse(source_or_module, filename="<jit>")
+    else:
+        raise GirArgumentError(f"gir.jit takes a Module, gir source or a .gir path, not {type(source_or_module).__name__}")
+    if device not in DEVICES:
+        raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
+    if entry is None:
+        entry = list(module.functions)[-1]
+    entry = entry.lstrip("@")
+    if entry not in module.functions:
+        raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions))
+    full = pipeline if pipeline is not None else f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}"
+    return JitFunction(module, entry, device, full)
