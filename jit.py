@@ -119,7 +119,8 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     elif isinstance(source_or_module, str):
         module = parse(source_or_module, filename="<jit>")
     else:
-        raise GirArgumentError(f"gir.jit takes a Module, gir source or a .gir path, not {type(source_or_module).__name__}")
+        kind = type(source_or_module).__name__
+        raise GirArgumentError(f"gir.jit takes a Module, gir source or a .gir path, not {kind}")
     if device not in DEVICES:
         raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
     if entry is None:
