@@ -10,32 +10,44 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import GirArgumentError, GirError
+from .errors import GirArgumentError, GirError, Location
 from .frontend.parser import load
 from .ir.core import Function, Module
 from .ir.interpreter import interpret, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager
-from .passes.pipeline import DEFAULT_PIPELINE
+from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 
 
 def load_inputs(f: Function, path: str) -> list[np.ndarray]:
     try:
         data = np.load(path)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError) as e:
         raise GirArgumentError(f"cannot read inputs from {path}: {e}") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise GirArgumentError(f"cannot read inputs from {path}: it is a single array, not an .npz archive with "
+                               "one array per parameter (np.savez)")
     out = []
-    for arg in f.args:
-        key = arg.name_hint or ""
-        if key not in data:
-            raise GirArgumentError(f"{path} has no array named '{key}' for argument %{key} of @{f.name}; it has "
-                                   + ", ".join(sorted(data.keys())), f.loc)
-        out.append(data[key])
+    with data:
+        for arg in f.args:
+            key = arg.name_hint or ""
+            if key not in data:
+                raise GirArgumentError(f"{path} has no array named '{key}' for argument %{key} of @{f.name}; it "
+                                       "has " + ", ".join(sorted(data.keys())), f.loc)
+            try:  # an NpzFile reads each array when it is asked for
+                out.append(data[key])
+            except (OSError, ValueError, EOFError) as e:
+                raise GirArgumentError(f"cannot read array '{key}' from {path}: {e}") from None
     return out
+
+
+def cannot_write(path: str, e: OSError) -> GirArgumentError:
+    return GirArgumentError(f"cannot write {path}: {e.strerror or e}")
 
 
 def summarize(i: int, a: np.ndarray) -> str:
@@ -53,7 +65,7 @@ def entry_of(module: Module, name: str | None) -> Function:
     name = name.lstrip("@")
     if name not in module.functions:
         raise GirArgumentError(f"no function @{name} in {module.filename}; it has "
-                               + ", ".join("@" + n for n in module.functions))
+                               + ", ".join("@" + n for n in module.functions), Location(module.filename, 1, 1))
     return module.functions[name]
 
 
@@ -90,8 +102,11 @@ def cmd_opt(args: argparse.Namespace) -> int:
     run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     text = print_module(module, print_locations=args.print_locations)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise cannot_write(args.output, e) from None
     else:
         sys.stdout.write(text)
     return 0
@@ -105,11 +120,55 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs = load_inputs(f, args.inputs)
     else:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
-    results = interpret(module, f.name, *inputs)
+    run = _runner(args, module, f.name)
+    results = run(*inputs)
+    times = []
+    for _ in range(max(0, args.repeat - 1)):
+        start = time.perf_counter()
+        run(*inputs)
+        times.append(time.perf_counter() - start)
     for i, a in enumerate(results):
         print(summarize(i, a))
+    if times:
+        print(f"median of {len(times)} repeated runs: {sorted(times)[len(times) // 2] * 1e3:.3f} ms ({args.device})")
     if args.outputs:
-        np.savez(args.outputs, **{f"out{i}": a for i, a in enumerate(results)})
+        try:
+            np.savez(args.outputs, **{f"out{i}": a for i, a in enumerate(results)})
+        except OSError as e:
+            raise cannot_write(args.outputs, e) from None
+    return 0
+
+
+def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..., list[np.ndarray]]:
+    """The interpreter, or the entry compiled for the CPU (after the backend pipeline)."""
+    if args.device == "interp":
+        return lambda *a: interpret(module, entry, *a)
+    from .backend.cpu.runtime import CPUFunction
+
+    run_pipeline(argparse.Namespace(), module, BACKEND_PIPELINE)
+    return CPUFunction.compile(module.functions[entry])
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from .backend.cpu.runtime import CPUFunction, target_machine
+
+    module = load(args.file)
+    run_pipeline(args, module, f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
+    f = entry_of(module, args.entry)
+    compiled = CPUFunction.compile(f)
+    if args.emit == "llvm":
+        data: str | bytes = compiled.optimized_ir
+    elif args.emit == "asm":
+        data = compiled.asm
+    else:
+        import llvmlite.binding as llvm
+
+        data = target_machine().emit_object(llvm.parse_assembly(compiled.optimized_ir))
+    try:
+        with open(args.output, "wb" if isinstance(data, bytes) else "w") as out:
+            out.write(data)
+    except OSError as e:
+        raise GirArgumentError(f"cannot write {args.output}: {e.strerror or e}") from None
     return 0
 
 
@@ -150,10 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--inputs", help=".npz with one array per parameter name (without %%)")
     src.add_argument("--random", type=int, metavar="SEED", help="seeded random inputs (the default, seed 0)")
     run.add_argument("--outputs", help="save results as out0, out1, ... in this .npz")
-    run.add_argument("--device", choices=["interp"], default="interp")
+    run.add_argument("--device", choices=["cpu", "interp"], default="cpu",
+                     help="cpu: compiled with llvmlite (default); interp: the NumPy reference interpreter")
+    run.add_argument("--repeat", type=int, default=1, metavar="N", help="run N times and print the median time")
     run.add_argument("-p", "--pipeline", help=f"passes to run first (default: {DEFAULT_PIPELINE})")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
     run.set_defaults(func=cmd_run)
+    comp = sub.add_parser("compile", help="compile a function for the CPU and write LLVM IR, assembly or an object")
+    comp.add_argument("file")
+    comp.add_argument("-e", "--entry", help="function to compile (default: the last one)")
+    comp.add_argument("--emit", choices=["llvm", "asm", "obj"], required=True)
+    comp.add_argument("-o", "--output", required=True)
+    comp.set_defaults(func=cmd_compile)
     return p
 
 
@@ -170,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `gir opt FILE | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
     except Exception as e:  # a bug in gir, not in the program: say so, without a traceback
         if os.environ.get("GIR_TRACEBACK"):
             raise
