@@ -100,6 +100,14 @@ def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> Non
 def cmd_opt(args: argparse.Namespace) -> int:
     module = load(args.file)
     run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+    if args.memplan_report or args.memplan_plot:
+        from .passes.memplan import plan_module, plot_plans
+
+        plans = plan_module(module)
+        if args.memplan_report:
+            sys.stderr.write("\n".join(p.report() for p in plans))
+        if args.memplan_plot:
+            plot_plans(plans, args.memplan_plot)
     text = print_module(module, print_locations=args.print_locations)
     if args.output:
         try:
@@ -143,10 +151,11 @@ def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..
     """The interpreter, or the entry compiled for the CPU (after the backend pipeline)."""
     if args.device == "interp":
         return lambda *a: interpret(module, entry, *a)
-    from .backend.cpu.runtime import CPUFunction
+    from .jit import JitFunction
 
-    run_pipeline(argparse.Namespace(), module, BACKEND_PIPELINE)
-    return CPUFunction.compile(module.functions[entry])
+    # The default pipeline has run (with the debugging flags); what is left is the backend's.
+    # JitFunction specialises `?` dims on the actual inputs.
+    return JitFunction(module, entry, args.device, BACKEND_PIPELINE)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -199,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("file")
     opt.add_argument("-o", "--output", help="write the IR here instead of stdout")
     opt.add_argument("--print-locations", action="store_true", help="print loc(...) on every op")
+    opt.add_argument("--memplan-report", action="store_true",
+                     help="after the passes, print each function's memory plan, a row per value, to stderr")
+    opt.add_argument("--memplan-plot", metavar="FILE.png",
+                     help="after the passes, draw the memory plans (needs matplotlib: pip install 'gir[plot]')")
     add_pipeline_flags(opt)
     opt.set_defaults(func=cmd_opt)
 

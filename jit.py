@@ -29,7 +29,10 @@ DEVICES = ("cpu", "interp")
 
 class JitFunction:
     def __init__(self, module: Module, entry: str, device: str, pipeline: str):
-        self.source = print_module(module)
+        # Printed with loc(...) so that re-parsing (per specialisation) keeps the original source
+        # locations, and re-parsed under a name of its own so the original text stays quotable.
+        self.source = print_module(module, print_locations=True)
+        self.source_name = f"<jit {module.filename}>"
         self.entry = entry
         self.device = device
         self.pipeline = pipeline
@@ -43,7 +46,7 @@ class JitFunction:
         found = self._compiled.get(shapes)
         if found is not None:
             return found
-        module = parse(self.source, filename=self.signature.module.filename if self.signature.module else "<jit>")
+        module = parse(self.source, filename=self.source_name)
         f = module.functions[self.entry]
         if shapes != tuple(tuple(t.shape) for t in f.arg_types):
             module = _with_arg_shapes(module, self.entry, shapes)
@@ -106,14 +109,15 @@ def _with_arg_shapes(module: Module, entry: str, shapes: tuple) -> Module:
     f = module.functions[entry]
     for arg, shape in zip(f.args, shapes):
         arg.type = arg.tensor_type.with_shape(tuple(shape))
-    return parse(print_module(module), filename=module.filename)
+    return parse(print_module(module, print_locations=True), filename=module.filename)
 
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None) -> JitFunction:
     """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
     if isinstance(source_or_module, Module):
-        module = parse(print_module(source_or_module), filename=source_or_module.filename)
+        module = parse(print_module(source_or_module, print_locations=True),
+                       filename=f"<jit {source_or_module.filename}>")
     elif isinstance(source_or_module, str) and "func" not in source_or_module and os.path.exists(source_or_module):
         module = load(source_or_module)
     elif isinstance(source_or_module, str):

@@ -16,9 +16,10 @@ from typing import Any
 
 from lark import Token
 
-from ..errors import GirTypeError, Location
+from ..errors import GirSyntaxError, GirTypeError, Location
 from ..ir.core import Block, Function, Module, Operation, Region, Value
-from ..ir.ops import REGISTRY, make_op
+from ..ir.ops import REGISTRY, declared_matches, make_op
+from ..ir.printer import format_attr
 from ..ir.types import FLOAT_DTYPES, TensorType, VarType
 
 
@@ -109,6 +110,9 @@ class _FunctionEmitter:
                 value.name_hint = name[1:]
             self.scopes[-1][name] = value
             return
+        if isinstance(value.type, VarType):
+            raise GirTypeError(f"{name} names a variable made by 'var' and is assigned again; write to it with "
+                               f"'store {name}, %value' instead", self.loc(tok))
         var = self.vars.get(name)
         if var is None:
             var_op = make_op("var", [], loc=self.loc(tok), declared=[value.tensor_type], result_names=[name[1:]])
@@ -136,7 +140,12 @@ class _FunctionEmitter:
 
     def statements(self, stmts: list[tuple]) -> None:
         for s in stmts:
-            getattr(self, "stmt_" + s[0])(s)
+            try:
+                getattr(self, "stmt_" + s[0])(s)
+            except RecursionError:
+                # Emission recurses once per level of nesting (`tanh(tanh(...))`); Python's stack
+                # gives out at a few hundred levels.
+                raise GirSyntaxError("expression nested too deeply", self.loc(_statement_token(s))) from None
 
     def stmt_assign(self, s: tuple) -> None:
         _, targets, rhs, loc = s
@@ -160,6 +169,8 @@ class _FunctionEmitter:
         with self.located(loc):
             values = [self.expr(e) for e in exprs]
             types = [v.type for v in values]
+            if types != self.function.result_types and declared_matches(types, self.function.result_types):
+                self.function.result_types = types  # a `?` result made precise (a specialised signature)
             if types != self.function.result_types:
                 want = ", ".join(map(str, self.function.result_types)) or "nothing"
                 got = ", ".join(map(str, types)) or "nothing"
@@ -346,10 +357,7 @@ class _FunctionEmitter:
         if kind == "num":
             return self.literal(e[1], e[2], dtype)
         if kind == "bin":
-            op_tok = e[1]
-            lhs, rhs = self.operands_of([e[2], e[3]])
-            name = _INFIX[str(op_tok)]
-            return self.op(name, [lhs, rhs], op_tok).result
+            return self.binary_chain(e)
         if kind == "neg":
             if e[2][0] == "num":
                 return self.literal(-e[2][1], e[1], dtype)
@@ -367,14 +375,33 @@ class _FunctionEmitter:
             raise GirTypeError("an op in generic form cannot be nested in an expression", self.loc(tok))
         raise AssertionError(kind)
 
-    def operands_of(self, exprs: list[tuple], skip: int = 0) -> list[Value]:
-        """Emits expressions; number literals take the dtype of the first non-literal operand
-        after the first `skip` (select's i1 condition says nothing about its values), else f32/i32."""
-        values: list[Value | None] = [None if e[0] == "num" or (e[0] == "neg" and e[2][0] == "num") else self.expr(e)
+    def binary_chain(self, e: tuple) -> Value:
+        """Emits `a + b - c * d ...` without recursing down the left operands: a parsed sum of
+        n terms is a left-deep tree n levels deep, too deep for Python's stack at n ~ 300."""
+        chain = []
+        while e[0] == "bin":
+            chain.append(e)
+            e = e[2]
+        lhs: Value | tuple = e
+        for _, op_tok, _, rhs in reversed(chain):
+            operands = self.operands_of([lhs, rhs])
+            lhs = self.op(_INFIX[str(op_tok)], operands, op_tok).result
+        assert isinstance(lhs, Value)
+        return lhs
+
+    def operands_of(self, exprs: list[tuple | Value], skip: int = 0, integer: frozenset[int] = frozenset()
+                    ) -> list[Value]:
+        """Emits expressions (an entry may be a Value emitted already); number literals take the
+        dtype of the first non-literal operand after the first `skip` (select's i1 condition says
+        nothing about its values), else f32/i32. A literal at a position in `integer` (an
+        operand that only takes integers, like index's) is i64 and lends no dtype to the others."""
+        values: list[Value | None] = [e if isinstance(e, Value) else None if _is_literal(e) else self.expr(e)
                                       for e in exprs]
-        dtypes = [v.tensor_type.dtype for v in values[skip:] if v is not None and isinstance(v.type, TensorType)]
+        dtypes = [v.tensor_type.dtype for i, v in enumerate(values) if i >= skip and i not in integer
+                  and v is not None and isinstance(v.type, TensorType)]
         dtype = dtypes[0] if dtypes else None
-        return [v if v is not None else self.expr(e, dtype) for v, e in zip(values, exprs)]
+        return [v if v is not None else self.expr(e, "i64" if i in integer else dtype)  # type: ignore[arg-type]
+                for i, (v, e) in enumerate(zip(values, exprs))]
 
     def literal(self, value: float | int, tok: Token | None, dtype: str | None) -> Value:
         if dtype is None:
@@ -384,7 +411,10 @@ class _FunctionEmitter:
                                self.loc(tok))
         if dtype == "i1":
             raise GirTypeError("a number literal cannot be an i1 value; use a comparison", self.loc(tok))
-        value = float(value) if dtype in FLOAT_DTYPES else int(value)
+        try:
+            value = float(value) if dtype in FLOAT_DTYPES else int(value)
+        except OverflowError:
+            raise GirTypeError(f"the literal is too large for {dtype}", self.loc(tok)) from None
         return self.op("constant", [], tok, attrs={"value": value}, declared=[TensorType((), dtype)]).result
 
     def builtin(self, e: tuple) -> Value:
@@ -396,7 +426,8 @@ class _FunctionEmitter:
         if spec is None or spec.category == "structural":
             raise GirTypeError(f"unknown function '{name}'", self.loc(name_tok))
         kwargs = dict(kwargs)
-        values = self.operands_of(args, skip=1 if name == "select" else 0)
+        integer = frozenset(spec.operands.index(o) for o in spec.integer_operands)
+        values = self.operands_of(args, skip=1 if name == "select" else 0, integer=integer)
         declared = None
         if name in ("cast", "zeros", "ones", "fill", "constant"):
             declared = [self.declared_type(name_tok, name, kwargs, values)]
@@ -412,6 +443,9 @@ class _FunctionEmitter:
             return values[0].tensor_type.with_dtype(dtype) if dtype in _DTYPE_NAMES else self._bad_dtype(tok, dtype)
         if shape is None or not isinstance(shape, list):
             raise GirTypeError(f"{name} needs shape=[...]", self.loc(tok))
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise GirTypeError(f"{name} needs shape= to be a list of non-negative integers, got "
+                               f"{format_attr(shape)}", self.loc(tok))
         dtype = dtype or "f32"
         if dtype not in _DTYPE_NAMES:
             self._bad_dtype(tok, dtype)
@@ -422,6 +456,23 @@ class _FunctionEmitter:
 
 
 _DTYPE_NAMES = ("f32", "f64", "i32", "i64", "i1")
+
+
+def _is_literal(e: tuple) -> bool:
+    """A number written in place, `1.5` or `-2`: it takes its dtype from the other operands."""
+    return e[0] == "num" or (e[0] == "neg" and e[2][0] == "num")
+
+
+def _statement_token(s: tuple) -> Token | None:
+    """The token a statement's errors point at: its first target, keyword or op name."""
+    kind = s[0]
+    if kind == "assign":
+        return s[1][0]
+    if kind == "op":
+        return s[1][1]
+    return s[1] if isinstance(s[1], Token) else None
+
+
 _INFIX = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 
 

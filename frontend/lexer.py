@@ -50,7 +50,7 @@ class GirLexer(Lexer):
         while pos < end:
             m = match(text, pos)
             if m is None:
-                raise UnexpectedCharacters(text, pos, line, pos - line_start + 1)
+                raise UnexpectedCharacters(text, pos, line, pos - line_start + 1, allowed=_allowed(parser_state))
             kind = m.lastgroup
             value = m.group()
             new_pos = m.end()
@@ -66,3 +66,11 @@ class GirLexer(Lexer):
                     line += newlines
                     line_start = text.rfind("\n", pos, new_pos) + 1
             pos = new_pos
+
+
+def _allowed(parser_state: Any) -> set[str]:
+    """The terminals the parser could take next, for the error message (as Lark's own lexers report)."""
+    try:
+        return {t for t in parser_state.parse_conf.states[parser_state.position] if t.isupper()}
+    except (AttributeError, KeyError, IndexError):
+        return set()

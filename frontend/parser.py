@@ -260,8 +260,15 @@ _PRETTY = {
     "LOC": "a location loc(\"file\":line:col)", "LPAR": "'('", "RPAR": "')'", "LBRACE": "'{'",
     "RBRACE": "'}'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "COLON": "':'", "EQUAL": "'='",
     "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'", "AT": "'@'", "__ANON_0": "'->'",
-    "$END": "the end of the file",
+    "TYPES": "a type suffix like ': tensor<4xf32>'", "$END": "the end of the file",
 }
+"""How a terminal is named in a list of what was expected."""
+
+_UNEXPECTED = {
+    "VALUE": "value", "TYPE": "type", "TYPES": "type suffix", "FUNC_NAME": "function name", "NAME": "name",
+    "INT": "integer", "FLOAT": "number", "STRING": "string", "LOC": "location",
+}
+"""How a token that is not a keyword or punctuation is named when it is the unexpected one."""
 
 
 def _pretty(name: str) -> str:
@@ -270,11 +277,29 @@ def _pretty(name: str) -> str:
     return f"'{name.lower()}'" if name.isupper() else name
 
 
-def _expected(names: set[str]) -> str:
+def _expected(message: str, names: set[str]) -> str:
+    """`message; expected A, B, ...`, or just `message` when nothing could come next."""
     shown = sorted({_pretty(n) for n in names})
+    if not shown:
+        return message
     if len(shown) > 8:
         shown = shown[:8] + ["..."]
-    return ", ".join(shown)
+    return f"{message}; expected " + ", ".join(shown)
+
+
+def _end_location(filename: str, text: str) -> Location:
+    """Where 'unexpected end of input' points: just after the last non-blank line (the line after
+    a final newline has nothing to quote)."""
+    lines = text.split("\n")
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].strip():
+            return Location(filename, i + 1, len(lines[i].rstrip()) + 1)
+    return Location(filename, 1, 1)
+
+
+def _malformed_type(loc: Location) -> GirSyntaxError:
+    return GirSyntaxError("malformed tensor type; write tensor<4x8xf32> (dims then one of f32, f64, i32, i64, i1)",
+                          loc)
 
 
 def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxError:
@@ -282,26 +307,28 @@ def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxErro
     if isinstance(e, UnexpectedToken):
         tok = e.token
         if tok.type == "$END":
-            loc = Location(filename, text.count("\n") + 1, len(text.rsplit("\n", 1)[-1]) + 1)
-            return GirSyntaxError(f"unexpected end of input; expected {_expected(e.expected)}", loc)
+            return GirSyntaxError(_expected("unexpected end of input", e.expected), _end_location(filename, text))
+        if tok.type == "NAME" and text.startswith("tensor<", tok.start_pos or 0):
+            return _malformed_type(loc)  # `tensor<3,f32>`: the TYPE terminal did not match
         if tok.type == "YIELD":
             return GirSyntaxError("'yield' may only end the body of a scan or for op", loc)
         if tok.type == "RETURN" and "YIELD" in e.expected:
             return GirSyntaxError("unexpected 'return': this scan or for body must end with 'yield'", loc)
         what = _pretty(tok.type)
-        shown = what if what == f"'{tok}'" else f"{what} '{tok}'"
-        return GirSyntaxError(f"unexpected {shown}; expected {_expected(e.expected)}", loc)
+        shown = f"{_UNEXPECTED[tok.type]} '{tok}'" if tok.type in _UNEXPECTED else (
+            what if what == f"'{tok}'" else f"{what} '{tok}'")
+        return GirSyntaxError(_expected(f"unexpected {shown}", e.expected), loc)
     if isinstance(e, UnexpectedCharacters):
-        rest = text[e.pos_in_stream : e.pos_in_stream + 40].lstrip(": \t\n")
+        pos = e.pos_in_stream
+        rest = text[pos : pos + 40].lstrip(": \t\n")
         if rest.startswith("tensor<"):
-            col = e.column + text[e.pos_in_stream:].index("tensor<")
-            loc = Location(filename, e.line, col)
-            return GirSyntaxError("malformed tensor type; write tensor<4x8xf32> (dims then one of "
-                                  "f32, f64, i32, i64, i1)", loc)
-        char = text[e.pos_in_stream] if e.pos_in_stream < len(text) else "end of input"
-        return GirSyntaxError(f"unexpected character {char!r}; expected {_expected(set(e.allowed or ()))}", loc)
+            return _malformed_type(Location(filename, e.line, e.column + text[pos:].index("tensor<")))
+        if text.startswith("<", pos) and text.endswith("tensor", 0, pos):  # `tensor` was taken as an op name
+            return _malformed_type(Location(filename, e.line, e.column - len("tensor")))
+        char = text[pos] if pos < len(text) else "end of input"
+        return GirSyntaxError(_expected(f"unexpected character {char!r}", set(e.allowed or ())), loc)
     if isinstance(e, UnexpectedEOF):
-        return GirSyntaxError(f"unexpected end of input; expected {_expected(set(e.expected))}", loc)
+        return GirSyntaxError(_expected("unexpected end of input", set(e.expected)), _end_location(filename, text))
     return GirSyntaxError(str(e).splitlines()[0], loc)
 
 

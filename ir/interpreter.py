@@ -124,6 +124,9 @@ class Interpreter:
         if any(s.shape[0] != steps for s in seqs):
             raise GirError("the sequences of this loop have different lengths: "
                            + ", ".join(str(s.shape[0]) for s in seqs), op.loc)
+        length = op.attrs["length"]
+        if length is not None and steps != length:
+            raise GirError(f"this loop has 'length {length}' but its sequences have {steps} elements", op.loc)
         n_carry = len(carries)
         stack_types = [r.tensor_type for r in op.results[n_carry:]]
         stacks: list[list[Any]] = [[None] * steps for _ in stack_types]

@@ -87,6 +87,8 @@ class OpSpec:
     """Operand index whose buffer the result may take when that operand dies here."""
     gpu: bool = False
     """A GPU kernel exists for this op."""
+    integer_operands: tuple[str, ...] = ()
+    """Operands that only take integers: a number literal written there is i64 (`index(%x, 1)`)."""
     flops: Callable[[Operation], int] | None = None
 
     @cached_property
@@ -149,12 +151,24 @@ def make_op(
         types = spec.infer(ctx)
     except ShapeError as e:
         raise GirTypeError(f"'{name}': {e}", loc) from None
-    if declared is not None and declared != types and list(declared) != [
-            t.held if isinstance(t, VarType) else t for t in types]:
+    if declared is not None and not declared_matches(types, declared):
         shown = ", ".join(str(t) for t in types)
         given = ", ".join(str(t) for t in declared)
         raise GirTypeError(f"'{name}' produces {shown or 'no results'} but the written type is {given}", loc)
     return Operation(name, operands, types, attrs, regions, loc, segments, result_names)
+
+
+def declared_matches(types: list[Type], declared: Sequence[TensorType]) -> bool:
+    if len(types) != len(declared):
+        return False
+    return all(refines(t.held if isinstance(t, VarType) else t, d) for t, d in zip(types, declared))
+
+
+def refines(inferred: Type, written: TensorType) -> bool:
+    """A written `?` dim accepts any inferred size (as after gir.jit specialises a signature)."""
+    if not isinstance(inferred, TensorType) or inferred.dtype != written.dtype or inferred.rank != written.rank:
+        return False
+    return all(w is None or w == i for i, w in zip(inferred.shape, written.shape))
 
 
 def check_arity(spec: OpSpec, n: int, segments: tuple[int, ...], loc: Location) -> None:
@@ -216,15 +230,36 @@ def same_dtype(ctx: InferContext, *indices: int) -> str:
 
 
 def norm_axis(axis: int, rank: int) -> int:
+    if not _is_int(axis):
+        raise ShapeError(f"axis must be an integer, got {axis!r}")
     if not -rank <= axis < rank:
         raise ShapeError(f"axis {axis} is out of range for rank {rank}")
     return axis % rank
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int_list(value: Any, what: str) -> list[int]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
         raise ShapeError(f"{what} must be a list of integers")
     return list(value)
+
+
+def _shape_attr(value: Any) -> tuple[int, ...]:
+    """A `shape = [...]` attribute that is a whole shape (no -1): non-negative integers."""
+    shape = _int_list(value, "shape")
+    if any(d < 0 for d in shape):
+        raise ShapeError(f"shape {shape} has a negative dim")
+    return tuple(shape)
+
+
+def _bool_attr(attrs: dict[str, Any], name: str) -> bool:
+    value = attrs[name]
+    if not isinstance(value, bool):
+        raise ShapeError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,6 +282,13 @@ def _infer_compare(ctx: InferContext) -> list[Type]:
     dtype = same_dtype(ctx, 0, 1)
     del dtype
     return [TensorType(broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape), "i1")]
+
+
+def _infer_numeric_binary(ctx: InferContext) -> list[Type]:
+    (t,) = _infer_binary(ctx)
+    if t.dtype == "i1":
+        raise ShapeError("needs numeric operands, got i1; cast them first")
+    return [t]
 
 
 def _infer_logical(ctx: InferContext) -> list[Type]:
@@ -317,9 +359,9 @@ def _elementwise(name: str, summary: str, arity: int, infer: Callable[[InferCont
 
 
 _elementwise("add", "a + b", 2, _infer_binary, np.add, commutative=True)
-_elementwise("sub", "a - b", 2, _infer_binary, np.subtract)
+_elementwise("sub", "a - b", 2, _infer_numeric_binary, np.subtract)
 _elementwise("mul", "a * b", 2, _infer_binary, np.multiply, commutative=True)
-_elementwise("div", "a / b (floor division on integers)", 2, _infer_binary, _div)
+_elementwise("div", "a / b (floor division on integers)", 2, _infer_numeric_binary, _div)
 _elementwise("pow", "a ** b", 2, _infer_float_binary, _quiet(np.power))
 _elementwise("max", "elementwise maximum", 2, _infer_binary, np.maximum, commutative=True)
 _elementwise("min", "elementwise minimum", 2, _infer_binary, np.minimum, commutative=True)
@@ -351,9 +393,10 @@ _elementwise("select", "cond ? a : b", 3, _infer_select, np.where, inplace=1)
 
 def _infer_cast(ctx: InferContext) -> list[Type]:
     (t,) = ctx.need_declared()
-    if t.shape != ctx.tensor(0).shape:
-        raise ShapeError(f"cannot change the shape from {ctx.tensor(0)} to {t}")
-    return [t]
+    src = ctx.tensor(0)
+    if not refines(src.with_dtype(t.dtype), t) and not refines(t, src.with_dtype(t.dtype)):
+        raise ShapeError(f"cannot change the shape from {src} to {t}")
+    return [src.with_dtype(t.dtype)]
 
 
 register(OpSpec("cast", "converts the dtype: `cast %x : tensor<4xf64>`", ("x",), _infer_cast,
@@ -373,18 +416,32 @@ def _literal_shape(value: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _is_number_literal(value: Any) -> bool:
+    """A number, true/false, or a list of them (nested): what the printer can write back."""
+    if isinstance(value, (list, tuple)):
+        return all(_is_number_literal(v) for v in value)
+    return isinstance(value, (int, float))
+
+
 def _infer_constant(ctx: InferContext) -> list[Type]:
     (t,) = ctx.need_declared()
     value = ctx.attrs["value"]
-    if isinstance(value, (list, tuple)):
-        if _literal_shape(value) != t.shape:
-            raise ShapeError(f"the literal has shape {_literal_shape(value)} but the type is {t}")
-        try:
-            np.array(value, dtype=t.numpy_dtype)
-        except (ValueError, TypeError):
-            raise ShapeError("the literal is ragged or has non-numbers") from None
-    elif not t.is_static:
+    if not _is_number_literal(value):
+        raise ShapeError(f"the literal must be a number or a list of numbers, got {value!r}")
+    is_list = isinstance(value, (list, tuple))
+    if is_list and _literal_shape(value) != t.shape:
+        raise ShapeError(f"the literal has shape {_literal_shape(value)} but the type is {t}")
+    if not is_list and not t.is_static:
         raise ShapeError(f"a constant needs a static shape, got {t}")
+    try:
+        with np.errstate(over="ignore"):  # a float too large for f32 is inf, as NumPy makes it
+            np.array(value, dtype=t.numpy_dtype)
+    except OverflowError as e:
+        raise ShapeError(f"the literal does not fit {t.dtype} ({e})") from None
+    except (ValueError, TypeError):
+        if is_list:
+            raise ShapeError("the literal is ragged or has non-numbers") from None
+        raise ShapeError(f"the literal {value!r} does not fit {t.dtype}") from None
     return [t]
 
 
@@ -491,12 +548,12 @@ def _infer_reshape(ctx: InferContext) -> list[Type]:
 
 register(OpSpec("reshape", "same elements, new shape (one dim may be -1)", ("x",), _infer_reshape,
                 attrs={"shape": REQUIRED}, category="layout", gpu=True,
-                kernel=lambda op, x: np.reshape(x, op.result.tensor_type.shape).copy()))
+                kernel=lambda op, x: np.reshape(x, op.attrs["shape"]).copy()))  # -1 may stand for a `?` dim
 
 
 def _infer_broadcast(ctx: InferContext) -> list[Type]:
     t = ctx.tensor(0)
-    shape = tuple(_int_list(ctx.attrs["shape"], "shape"))
+    shape = _shape_attr(ctx.attrs["shape"])
     if broadcast_shapes(t.shape, shape) != shape:
         raise ShapeError(f"cannot broadcast {t} to {list(shape)}")
     return [t.with_shape(shape)]
@@ -572,7 +629,7 @@ def _index_kernel(op: Operation, x: np.ndarray, i: np.ndarray) -> np.ndarray:
 
 
 register(OpSpec("index", "x[i] on the leading axis, i an integer scalar", ("x", "index"), _infer_index,
-                kernel=_index_kernel, category="layout", gpu=True))
+                kernel=_index_kernel, category="layout", gpu=True, integer_operands=("index",)))
 
 
 def _infer_stack(ctx: InferContext) -> list[Type]:
@@ -611,7 +668,7 @@ def _infer_reduce(ctx: InferContext) -> list[Type]:
         raise ShapeError(f"needs a float operand, got {t}")
     if t.dtype == "i1":
         raise ShapeError(f"cannot reduce i1 values; cast them first, got {t}")
-    if ctx.attrs["keepdims"]:
+    if _bool_attr(ctx.attrs, "keepdims"):
         shape = tuple(1 if i in axes else d for i, d in enumerate(t.shape))
     else:
         shape = tuple(d for i, d in enumerate(t.shape) if i not in axes)

@@ -73,6 +73,8 @@ class Layout:
     arena_bytes: int = 0
     pinned_bytes: int = 0
     gemms: list[GemmSite] = field(default_factory=list)
+    errors: list[tuple[str, object]] = field(default_factory=list)
+    """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
 
 
 class Lowering:
@@ -168,6 +170,14 @@ class Lowering:
         n = ir.Constant(I64, nbytes) if isinstance(nbytes, int) else nbytes
         self.b.call(fn, [dst, src, n, ir.Constant(I1, 0)])
 
+    def flag_error(self, cond: ir.Value, message: str, op: Operation) -> None:
+        """If cond holds at run time, record the error (the runtime raises it after the call)."""
+        self.layout.errors.append((message, op.loc))
+        code = len(self.layout.errors)
+        with self.b.if_then(cond, likely=False):
+            p = self.b.gep(self.counters, [ir.Constant(I64, 2)], source_etype=I64)
+            self.b.store(ir.Constant(I64, code), p)
+
     def count(self, slot: int) -> None:
         p = self.b.gep(self.counters, [ir.Constant(I64, slot)], source_etype=I64)
         self.b.store(self.b.add(self.b.load(p, typ=I64), ir.Constant(I64, 1)), p)
@@ -214,7 +224,12 @@ def _bcast_strides(t: TensorType, out_shape: tuple[int, ...]) -> list[int]:
     return out
 
 
+_CURRENT: list[Lowering] = []
+"""The lowering in progress, for scalar rules that must flag run-time errors."""
+
+
 def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
+    _CURRENT[:] = [low]
     b = low.b
     name = op.name
     t = op.result.tensor_type
@@ -237,7 +252,10 @@ def _cmp(kind: str) -> tuple[Callable, Callable]:
 def _floordiv(b: ir.IRBuilder, a: list[ir.Value], op: Operation) -> ir.Value:
     x, y = a
     zero = ir.Constant(x.type, 0)
-    # Division by zero (NumPy raises) gives 0 here instead of a trap; documented in docs/backend.md.
+    # Never trap: a zero divisor is flagged (the runtime raises, as the interpreter does) and
+    # the division runs on 1 instead.
+    low = _CURRENT[0]
+    low.flag_error(b.icmp_signed("==", y, zero), "integer division by zero", op)
     safe_y = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
     q = b.sdiv(x, safe_y)
     r = b.srem(x, safe_y)
@@ -452,9 +470,7 @@ def lower_index(low: Lowering, op: Operation) -> None:
     k = low.b.sext(k, I64) if k.type != I64 else k
     n = ir.Constant(I64, shape[0])
     bad = low.b.or_(low.b.icmp_signed("<", k, ir.Constant(I64, 0)), low.b.icmp_signed(">=", k, n))
-    with low.b.if_then(bad):  # never read out of bounds: flag the error, read row 0
-        flag = low.b.gep(low.counters, [ir.Constant(I64, 2)], source_etype=I64)
-        low.b.store(ir.Constant(I64, 1), flag)
+    low.flag_error(bad, f"'index' out of range for a leading dim of {shape[0]}", op)  # and read row 0 instead
     k = low.b.select(bad, ir.Constant(I64, 0), k)
     row = math.prod(shape[1:])
     low.ptr[op.result] = low.elem_ptr(low.ptr[x], t.dtype, low.b.mul(k, ir.Constant(I64, row)))

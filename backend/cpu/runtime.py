@@ -100,7 +100,8 @@ class CPUFunction:
         self._native(buffers, self.counters.ctypes.data, ctypes.cast(self.fns, ctypes.c_void_p))
         seconds = time.perf_counter() - start
         if self.counters[2]:
-            raise GirError("an 'index' op read out of bounds at run time (the result is not valid)", f.loc)
+            message, loc = self.layout.errors[int(self.counters[2]) - 1]
+            raise GirError(f"{message} at run time", loc)  # type: ignore[arg-type]
         paths: dict[str, int] = {}
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
