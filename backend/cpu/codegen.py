@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from llvmlite import ir
 
-from ...errors import GirError
+from ...errors import GirError, Location
 from ...ir.core import Function, Operation, Value
 from ...ir.ops import reduction_axes
 from ...ir.types import TensorType
@@ -75,6 +75,16 @@ class Layout:
     gemms: list[GemmSite] = field(default_factory=list)
     errors: list[tuple[str, object]] = field(default_factory=list)
     """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
+
+    def to_json(self) -> dict:
+        return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes,
+                "gemms": [g.__dict__ for g in self.gemms],
+                "errors": [[m, [loc.file, loc.line, loc.col]] for m, loc in self.errors]}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_json(cls, data: dict) -> Layout:
+        return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
+                   [(m, Location(*loc)) for m, loc in data["errors"]])
 
 
 class Lowering:

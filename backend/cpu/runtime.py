@@ -9,6 +9,9 @@ before any native code runs; outputs are fresh arrays.
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from functools import cache
@@ -60,17 +63,28 @@ class Stats:
 
 
 class CPUFunction:
+    """A function compiled for this CPU; cached on disk by content (see `cache_key`)."""
+
     def __init__(self, function: Function):
         self.function = function
-        module, self.layout = lower_function(function)
-        self.llvm_ir = str(module)
-        mod = llvm.parse_assembly(self.llvm_ir)
-        mod.verify()
-        optimize(mod)
-        self.optimized_ir = str(mod)
-        self.asm = target_machine().emit_assembly(mod)
+        key = cache_key(function)
+        cached = _load_cached(key)
+        if cached is not None:
+            obj, self.layout, self.optimized_ir, self.llvm_ir = cached
+            self.from_cache = True
+        else:
+            module, self.layout = lower_function(function)
+            self.llvm_ir = str(module)
+            mod = llvm.parse_assembly(self.llvm_ir)
+            mod.verify()
+            optimize(mod)
+            self.optimized_ir = str(mod)
+            obj = target_machine().emit_object(mod)
+            _store_cached(key, obj, self.layout, self.optimized_ir, self.llvm_ir)
+            self.from_cache = False
         blas.bind_symbols()
-        self.engine = llvm.create_mcjit_compiler(mod, new_target_machine())
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
+        self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self.engine.finalize_object()
         addr = self.engine.get_function_address("gir_main")
         self._native = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(addr)
@@ -79,6 +93,14 @@ class CPUFunction:
         self.counters = np.zeros(4, np.int64)
         self.fns = blas.providers().table_array()
         self.stats = Stats()
+        self._asm: str | None = None
+
+    @property
+    def asm(self) -> str:
+        """The host assembly (made on first access: printing it costs as much as compiling)."""
+        if self._asm is None:
+            self._asm = target_machine().emit_assembly(llvm.parse_assembly(self.optimized_ir))
+        return self._asm
 
     @classmethod
     def compile(cls, function: Function) -> CPUFunction:
@@ -107,6 +129,58 @@ class CPUFunction:
             paths[g.path] = paths.get(g.path, 0) + 1
         self.stats = Stats(int(self.counters[0]), int(self.counters[1]), seconds, paths)
         return outs
+
+
+# ---------------------------------------------------------------------------------------------
+# The disk cache of compiled code
+
+
+def cache_key(function: Function) -> str:
+    """Content key: the printed function (after every pass), gir and llvmlite versions, the host
+    CPU and its features, and what decides GEMM paths (MKL present, threads, forced path)."""
+    from ... import __version__
+    from ...ir.printer import print_function
+
+    parts = [print_function(function, print_locations=True), __version__, llvm.llvm_version_info.__str__(),
+             llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
+             str(blas.providers().has_mkl), str(blas.threads()), os.environ.get("GIR_GEMM_PATH", ""),
+             _CODEGEN_VERSION]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
+_CODEGEN_VERSION = "1"
+"""Bump when the code the backend generates changes meaning, to retire cached objects."""
+
+
+def _cache_dir() -> str:
+    root = os.environ.get("GIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gir")
+    return os.path.join(root, "objects")
+
+
+def _store_cached(key: str, obj: bytes, layout: Layout, optimized_ir: str, llvm_ir: str) -> None:
+    folder = _cache_dir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        meta = {"layout": layout.to_json(), "optimized_ir": optimized_ir, "llvm_ir": llvm_ir}
+        for suffix, data in ((".o", obj), (".json", json.dumps(meta).encode())):
+            tmp = os.path.join(folder, f"{key}{suffix}.{os.getpid()}")
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(folder, key + suffix))
+    except OSError:
+        pass  # an unwritable cache only costs compiling again
+
+
+def _load_cached(key: str) -> tuple[bytes, Layout, str, str] | None:
+    folder = _cache_dir()
+    try:
+        with open(os.path.join(folder, key + ".json"), "rb") as f:
+            meta = json.loads(f.read())
+        with open(os.path.join(folder, key + ".o"), "rb") as f:
+            obj = f.read()
+        return obj, Layout.from_json(meta["layout"]), meta["optimized_ir"], meta["llvm_ir"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _aligned(nbytes: int) -> np.ndarray:
