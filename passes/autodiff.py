@@ -158,6 +158,9 @@ class VJPContext:
     def expand(self, g: Value, i: int) -> Value:
         """The cotangent of a reduction's result, broadcast back to operand i's shape."""
         t = self.type(i)
+        if not t.is_static:
+            raise GirTypeError(f"autodiff: the gradient of '{self.op.name}' over {t} needs static shapes (a `?` "
+                               "dim cannot be broadcast back yet); gir.jit specialises shapes first", self.loc)
         axes = reduction_axes(self.op.attrs, t.rank)
         kept = tuple(1 if k in axes else d for k, d in enumerate(t.shape))
         return self.broadcast(self.reshape(g, kept), t.shape)
@@ -325,6 +328,7 @@ def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
     rw.create("yield", yield_carries + [g for _, g in seq_grads], at_end=bwd, loc=op.loc,
               segments=(len(yield_carries), len(seq_grads)))
 
+    _reuse_forward_values(rw, op, bwd, residual, residual_memo)
     outers = [make() for make, _ in seq_args]
     bwd.args = [a for _, a in seq_args] + [a for _, a in carry_args]
     for i, a in enumerate(bwd.args):
@@ -339,6 +343,59 @@ def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
         bp.add(v, next(results))
     for s, _ in seq_grads:
         bp.add(s.outer, next(results))
+
+
+def _reuse_forward_values(rw: Rewriter, fwd_scan: Operation, bwd: Block, residual: Callable[[Value], Value],
+                          memo: dict[Value, Value]) -> None:
+    """A backward op that repeats a forward op (same kind, attributes and operands, e.g. the
+    `y * y` of tanh's rule when the forward also squared y) reads the forward value instead,
+    from a stack: nothing of the forward body is recomputed."""
+    from .canonicalize import splat
+
+    def key(op: Operation, operand_key: Callable[[Value], Any]) -> tuple | None:
+        if len(op.results) != 1 or op.regions or not op.spec.pure or op.spec.category == "constant":
+            return None
+        keys = [operand_key(v) for v in op.operands]
+        if any(k is None for k in keys):
+            return None
+        return (op.name, repr(sorted(op.attrs.items())), str(op.result.type), tuple(keys))
+
+    def constant_key(v: Value) -> Any:
+        s = splat(v)
+        return ("const", s, str(v.type)) if s is not None else None
+
+    body = fwd_scan.body
+
+    def fwd_operand(v: Value) -> Any:
+        owner = getattr(v, "op", None)
+        local = owner.parent is body if owner is not None else v.block is body  # type: ignore[attr-defined]
+        return constant_key(v) or (("fwd", id(v)) if local else ("outer", id(v)))
+
+    forward: dict[tuple, Operation] = {}
+    for f_op in body:
+        k = key(f_op, fwd_operand)
+        if k is not None:
+            forward.setdefault(k, f_op)
+    back_to_fwd = {b: f for f, b in memo.items()}
+
+    def bwd_operand(v: Value) -> Any:
+        if v in back_to_fwd:
+            return fwd_operand(back_to_fwd[v])
+        const = constant_key(v)
+        if const is not None:
+            return const
+        owner = getattr(v, "op", None)
+        inside = owner.parent is bwd if owner is not None else v.block is bwd  # type: ignore[attr-defined]
+        return None if inside else ("outer", id(v))
+
+    for b_op in list(bwd):
+        k = key(b_op, bwd_operand)
+        f_op = forward.get(k) if k is not None else None
+        if f_op is None:
+            continue
+        value = residual(f_op.result)
+        back_to_fwd[value] = f_op.result
+        rw.replace_op(b_op, [value])
 
 
 def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:

@@ -12,6 +12,8 @@ from .base import Pass
 from .canonicalize import Canonicalize
 from .fuse import Fuse
 from .inline import Inline
+from .liveness import LivenessPass, PrintLiveness
+from .memplan import Memplan
 from .scan_grad import ScanGrad
 from .ssa import SSA
 
@@ -22,6 +24,9 @@ PASSES: dict[str, type[Pass]] = {p.name: p for p in [
     ScanGrad,
     Inline,
     Fuse,
+    LivenessPass,
+    PrintLiveness,
+    Memplan,
 ]}
 """Every pass, by name. A new pass is added here and nowhere else."""
 

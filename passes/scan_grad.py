@@ -241,6 +241,10 @@ def push_out_accumulations(rw: Rewriter, scan: Operation, options: ScanGradOptio
                            stats: PassStatistics) -> None:
     rw.current = "push-out-accumulation"
     found: list[_Accumulation] = []
+    if trip_count(scan) is None:
+        if any(c.arg.uses for c in scan_parts(scan).carries):
+            stats.count("scan-grad: rejected (loop length unknown until run time)")
+        return
     for c in scan_parts(scan).carries:
         update = getattr(c.yielded, "op", None)
         if update is None or update.name != "add" or update.parent is not scan.body:

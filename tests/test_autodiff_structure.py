@@ -251,19 +251,8 @@ def recomputed_forward_values(forward: Operation, backward: Operation) -> list[t
     return found
 
 
-RECOMPUTES = {
-    "rnn": "BUG: the backward body recomputes h_t * h_t (tanh's VJP needs y*y) although the forward body "
-           "computed it for the loss: `mul %h_res, %h_res` matches forward `mul %h, %h`",
-    "gru": "BUG: the backward body recomputes 1 - z_t (sigmoid's VJP needs y*(1-y)) although the forward body "
-           "computed it and even stacks it for the backward: `sub 1.0, %z_res` matches forward `sub 1.0, %z`",
-}
-
-
 @pytest.mark.parametrize("pipeline", [BEFORE_PUSH_OUT, DEFAULT_PIPELINE], ids=["before-push-out", "default"])
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=RECOMPUTES[n]))
-    if n in RECOMPUTES else n
-    for n in RECURRENT])
+@pytest.mark.parametrize("name", RECURRENT)
 def test_backward_body_recomputes_no_forward_value(name: str, pipeline: str) -> None:
     module = compiled(name, pipeline)
     forward, backward = forward_and_backward(module, name)

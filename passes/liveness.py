@@ -1,0 +1,394 @@
+"""Liveness of values over the structured IR, one function at a time, and the passes that
+report it: `liveness` (counts) and `print-liveness` (the sorted, stable printed form).
+
+Terms.
+- *Program point*: every op gets a number in a pre-order walk of the function, loop bodies
+  included. A loop (`scan`, `for`) at point p has its body at p+1 .. end(p), where end(p) is
+  the point of its `yield`. Function arguments are defined at point -1, before the first op.
+- *live-in(op)* / *live-out(op)*: the values whose contents are still needed just before /
+  just after op runs. For a loop op, live-in is before its first step and live-out after its
+  last step; its body ops have their own sets.
+- *Live range* of a value: [first, last], the points from its definition to the last point at
+  which it is live. Two values whose ranges intersect need different memory (memplan.py).
+
+Loops are followed around their back edge, so:
+- a value defined outside a loop and used inside it is live for the whole loop (every step
+  reads it again), through the loop's end point;
+- carries live across steps: a carry's body argument is live for the whole body (its buffer
+  holds the carry from one step to the next) and a yielded carry from its definition to the
+  yield; a sequence is live for the whole loop (each step slices it), its body argument (the
+  step's slice) from the body's start to its last use;
+- stacked outputs are live from the loop's own point (they are filled step by step) to their
+  last use after it; final carries are defined at the loop's end point.
+
+Algorithm. In SSA form with structured loops, liveness is sparse: a value's range is fixed by
+its definition and its reads, each read lifted out of the loops that do not define the value
+(a read inside a loop is a read at the loop's end, since the next step reads it again). The
+worklist holds facts "value v is read at op o", seeded with every operand of every op plus the
+reads the loop rules add at each `yield` (the carries' body arguments, the stacks and the
+sequences, or for other region ops all operands). A fact whose op is in v's own block sets
+last(v) to o's point (to the loop's end when o is a loop v is read inside); otherwise it
+becomes the fact "v is read at the loop around o", queued once per (value, loop). So the work
+is O(ops + reads x loop depth), whatever the number of values live at once: no dense sets are
+iterated, unlike a fixed-point dataflow over per-op sets (bench/memplan_scale.py measures both).
+The per-op sets print-liveness shows are derived from the ranges in one sweep: live-in(op) is
+{v: first(v) < point <= last(v)}, live-out {v: first(v) <= point < last(v)}, a loop's live-out
+is taken at its end, and a yield's live-out is what the next step needs: the values defined
+before its loop with last >= its point, but not the loop's body arguments.
+
+Known gaps: a loop is assumed to run at least once (a zero-step loop's results are its initial
+values and its stacks are empty, which needs no extra liveness); values are whole tensors
+(no liveness of parts of a tensor).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable
+from typing import TextIO
+
+from ..ir.core import Block, BlockArgument, Function, Module, Operation, OpResult, Value
+from ..ir.printer import Printer
+from .base import Pass
+from .rewriter import PassStatistics
+
+LOOP_OPS = ("scan", "for")
+
+
+def is_loop(op: Operation) -> bool:
+    return op.name in LOOP_OPS
+
+
+# Roles of a region op's operands, body arguments and results. `scan` and `for` are loops over
+# sequences (`scan` also carries); any other region op (`fused`) runs its body once per element
+# of its results over its operands, bound to its body arguments, and yields its results.
+def loop_sequences(op: Operation) -> list[Value]:
+    return op.group("sequences") if is_loop(op) else []
+
+
+def loop_inits(op: Operation) -> list[Value]:
+    return op.group("inits") if op.name == "scan" else []
+
+
+def loop_sequence_args(op: Operation) -> list[BlockArgument]:
+    return op.body.args[: len(loop_sequences(op))] if is_loop(op) else []
+
+
+def loop_carry_args(op: Operation) -> list[BlockArgument]:
+    return op.body.args[len(loop_sequences(op)):] if op.name == "scan" else []
+
+
+def loop_carry_results(op: Operation) -> list[OpResult]:
+    return op.results[: len(loop_inits(op))] if op.name == "scan" else []
+
+
+def loop_stack_results(op: Operation) -> list[OpResult]:
+    """Results filled step by step, so live from the op's own point."""
+    return op.results[len(loop_inits(op)):] if is_loop(op) else []
+
+
+def loop_final_results(op: Operation) -> list[OpResult]:
+    """Results defined when the region op ends (a scan's final carries, a fused op's results)."""
+    return loop_carry_results(op) if is_loop(op) else list(op.results)
+
+
+def streamed(op: Operation) -> list[Value]:
+    """Operands read again at every step: a loop's sequences, every operand of other region ops."""
+    return loop_sequences(op) if is_loop(op) else list(op.operands)
+
+
+def loop_yield(op: Operation) -> Operation:
+    term = op.body.terminator
+    assert term is not None and term.name == "yield", f"{op.name} body without yield"
+    return term
+
+
+def yielded_carries(op: Operation) -> list[Value]:
+    return loop_yield(op).group("carries")
+
+
+def value_names(f: Function) -> dict[Value, str]:
+    """Every value of f (arguments, results, body arguments) -> its printed name (`%h.1`):
+    the printer's own naming, so names match `gir opt` output."""
+    printer = Printer()
+    printer.function(f)
+    names = printer.names
+    out: dict[Value, str] = {a: names[a] for a in f.args}
+    for op in f.walk():
+        for region in op.regions:
+            for a in region.block.args:
+                out[a] = names[a]
+        for r in op.results:
+            out[r] = names[r]
+    return out
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def name_key(name: str) -> tuple:
+    """Natural order: %2 < %10 < %h < %h.1 < %h.2 < %h.10."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in _DIGITS.split(name) if t)
+
+
+def sorted_names(values: Iterable[Value], names: dict[Value, str]) -> list[str]:
+    return sorted((names[v] for v in values), key=name_key)
+
+
+class Liveness:
+    """Liveness of every value of one function (see the module docstring for the rules).
+
+    `range(v)` is (first, last); `last_use(v)` is the last point at which v is read (a read
+    inside a loop counts at that loop's end), without the whole-body extension of carries;
+    `live_in(op)` / `live_out(op)` are the sets at an op."""
+
+    def __init__(self, function: Function):
+        self.function = function
+        self.points: list[Operation] = []
+        """Ops in pre-order: points[i] is the op at point i."""
+        self.point_of: dict[Operation, int] = {}
+        self.end_of: dict[Operation, int] = {}
+        """Region op (loop, fused) -> the point of its yield (the last point of its body)."""
+        self._yield_uses: dict[Operation, list[Value]] = {}
+        self.first: dict[Value, int] = {}
+        self.last: dict[Value, int] = {}
+        self.visits = 0
+        """Facts the worklist processed."""
+        self._sets: dict[Operation, tuple[set[Value], set[Value]]] | None = None
+        self._number(function.body)
+        self._define()
+        self._solve()
+
+    # -- construction -----------------------------------------------------------------------
+    def _number(self, block: Block) -> None:
+        points, point_of = self.points, self.point_of
+        for op in block:
+            point_of[op] = len(points)
+            points.append(op)
+            if op.regions:
+                self._number(op.body)
+                self.end_of[op] = len(points) - 1
+                term = op.body.last
+                if term is not None and term.name == "yield":
+                    self._yield_uses[term] = [*loop_carry_args(op), *loop_stack_results(op), *streamed(op)]
+
+    def uses(self, op: Operation) -> list[Value]:
+        """op's operands; for a yield also the values the loop rules keep live to it."""
+        extra = self._yield_uses.get(op)
+        return op.operands if extra is None else op.operands + extra
+
+    def _define(self) -> None:
+        first, last = self.first, self.last
+        for a in self.function.args:
+            first[a] = last[a] = -1
+        for point, op in enumerate(self.points):
+            if op.regions:
+                for a in op.body.args:
+                    first[a] = last[a] = point
+                for r in loop_stack_results(op):
+                    first[r] = last[r] = point
+                end = self.end_of[op]
+                for r in loop_final_results(op):
+                    first[r] = last[r] = end
+            else:
+                for r in op.results:
+                    first[r] = last[r] = point
+
+    def _solve(self) -> None:
+        last, end_of = self.last, self.end_of
+        work: list[tuple[Value, Operation, int]] = []
+        for point, op in enumerate(self.points):
+            for v in self.uses(op):
+                work.append((v, op, point))
+        lifted: set[tuple[Value, Operation]] = set()
+        while work:
+            self.visits += 1
+            v, op, point = work.pop()
+            block = op.parent
+            if block is _home(v) or block is None:
+                if point > last[v]:
+                    last[v] = point
+                continue
+            loop = block.parent_op
+            assert loop is not None, "a value read outside the blocks that can see it"
+            if (v, loop) not in lifted:  # v is read inside loop, which does not define it
+                lifted.add((v, loop))
+                work.append((v, loop, end_of[loop]))
+
+    # -- queries ----------------------------------------------------------------------------
+    def point(self, op: Operation) -> int:
+        return self.point_of[op]
+
+    def end(self, loop: Operation) -> int:
+        return self.end_of[loop]
+
+    @property
+    def num_points(self) -> int:
+        return len(self.points)
+
+    def range(self, value: Value) -> tuple[int, int]:
+        return self.first[value], self.last[value]
+
+    def values(self) -> list[Value]:
+        """Every value of the function: arguments, then in order of definition."""
+        return sorted(self.first, key=lambda v: (self.first[v], _rank(v)))
+
+    def last_use(self, value: Value) -> int:
+        """The last point that reads value: a read inside a loop that does not define value
+        counts at that loop's end. Unlike `range`, a carry's body argument is not kept live to
+        the yield unless the yield reads it."""
+        home = _home(value)
+        best = self.first[value]
+        for user, _ in value.uses:
+            op = user
+            point = self.point_of[op]
+            while op.parent is not home:
+                loop = op.parent.parent_op if op.parent is not None else None
+                if loop is None:
+                    break
+                point = self.end_of[loop]
+                op = loop
+            if point > best:
+                best = point
+        return best
+
+    def live_in(self, op: Operation) -> set[Value]:
+        return self._op_sets()[op][0]
+
+    def live_out(self, op: Operation) -> set[Value]:
+        return self._op_sets()[op][1]
+
+    def _op_sets(self) -> dict[Operation, tuple[set[Value], set[Value]]]:
+        """Every op's (live-in, live-out), from the ranges in one sweep over the points."""
+        if self._sets is not None:
+            return self._sets
+        n = len(self.points)
+        born: list[list[Value]] = [[] for _ in range(n + 1)]
+        dies: list[list[Value]] = [[] for _ in range(n + 1)]
+        for v, f in self.first.items():
+            born[f + 1].append(v)  # in live-in sets from the point after its definition
+            dies[self.last[v] + 1].append(v)  # ... up to and including its last point
+        sets: dict[Operation, tuple[set[Value], set[Value]]] = {}
+        active: set[Value] = set()
+        loops: list[Operation] = []
+        for point, op in enumerate(self.points):
+            active.difference_update(dies[point])
+            active.update(v for v in born[point] if self.last[v] >= point)
+            live_in = set(active)
+            if op.regions:
+                sets[op] = (live_in, set())  # live-out when the loop ends
+                loops.append(op)
+                continue
+            live_out = {v for v in active if self.last[v] > point}
+            live_out.update(r for r in op.results if self.last[r] > point)
+            if op.name == "yield" and loops and self.end_of[loops[-1]] == point:
+                live_out = self._after_step(loops[-1], live_in)
+            sets[op] = (live_in, live_out)
+            while loops and self.end_of[loops[-1]] == point:
+                loop = loops.pop()
+                sets[loop][1].update(v for v in active if self.last[v] > point)
+                sets[loop][1].update(r for r in loop_final_results(loop) if self.last[r] > point)
+        self._sets = sets
+        return sets
+
+    def _after_step(self, loop: Operation, live_in: set[Value]) -> set[Value]:
+        """What the next step of loop (or the code after it) needs after its yield."""
+        p = self.point_of[loop]
+        args = set(loop.body.args)
+        return {v for v in live_in if self.first[v] <= p and v not in args}
+
+    def max_live(self) -> int:
+        """The most values live at once (live-in of any op), from the ranges."""
+        delta = [0] * (len(self.points) + 2)
+        for v, f in self.first.items():
+            last = self.last[v]
+            if last > f:
+                delta[f + 1] += 1
+                delta[last + 1] -= 1
+        best = running = 0
+        for d in delta:
+            running += d
+            best = max(best, running)
+        return best
+
+    # -- printed form -----------------------------------------------------------------------
+    def format(self, names: dict[Value, str] | None = None) -> str:
+        """For each op in program order: its point, a short form of the op, and its live-in
+        and live-out sets as naturally sorted printer names. Nested ops are indented."""
+        names = names if names is not None else value_names(self.function)
+        lines = [f"liveness of @{self.function.name}"]
+        depth: dict[Operation, int] = {}
+        for point, op in enumerate(self.points):
+            parent = op.parent_op
+            d = depth[op] = 0 if parent is None else depth[parent] + 1
+            pad = "  " * (d + 1)
+            head = ", ".join(names[r] for r in op.results)
+            text = (head + " = " if head else "") + op.name
+            if op.operands:
+                text += " " + ", ".join(names[v] for v in op.operands)
+            lines.append(f"{pad}{point}: {text}")
+            for label, values in (("live-in:", self.live_in(op)), ("live-out:", self.live_out(op))):
+                shown = sorted_names(values, names)
+                lines.append(f"{pad}    {label}" + (" " + ", ".join(shown) if shown else ""))
+        return "\n".join(lines) + "\n"
+
+
+def _home(v: Value) -> Block | None:
+    """The block that defines v (its body for a body argument)."""
+    return v.op.parent if isinstance(v, OpResult) else v.block  # type: ignore[attr-defined]
+
+
+def _rank(v: Value) -> int:
+    """Order among values defined at one point: arguments by position, results by index."""
+    return v.index  # type: ignore[attr-defined]
+
+
+def liveness_of(module: Module) -> dict[str, Liveness]:
+    return {name: Liveness(f) for name, f in module.functions.items()}
+
+
+class LivenessPass(Pass):
+    """`liveness`: computes liveness for every function and counts what it found; the IR is
+    unchanged. Counters: values, worklist facts processed, the most values live at once.
+
+    Before and after: the same IR. `print-liveness` prints the sets."""
+
+    name = "liveness"
+
+    def run(self, module: Module, stats: PassStatistics) -> bool:
+        for f in module.functions.values():
+            live = Liveness(f)
+            stats.count("values", len(live.first))
+            stats.count("worklist facts", live.visits)
+            stats.counters["max live values"] = max(stats.counters.get("max live values", 0), live.max_live())
+        return False
+
+
+class PrintLiveness(Pass):
+    """`print-liveness`: prints, per function and for each op in program order, the op's
+    point and its live-in and live-out sets (sorted printer names) to stdout. The IR is
+    unchanged.
+
+        liveness of @f
+          0: %0 = mul %x, %y
+              live-in: %x, %y
+              live-out: %0, %y
+          1: %1 = add %0, %y
+              live-in: %0, %y
+              live-out: %1
+          2: return %1
+              live-in: %1
+              live-out:
+    """
+
+    name = "print-liveness"
+    stream: TextIO | None = None
+    """Where to print (stdout when None); tests set it."""
+
+    def run(self, module: Module, stats: PassStatistics) -> bool:
+        out = self.stream or sys.stdout
+        for f in module.functions.values():
+            out.write(Liveness(f).format())
+        out.flush()
+        return False
