@@ -1,0 +1,1 @@
+"""The CPU backend: llvmlite code generation calling MKL or OpenBLAS GEMMs."""
