@@ -574,7 +574,7 @@ def lower_matmul(low: Lowering, op: Operation) -> None:
         m = math.prod(out_shape[:-1])
         if ta and ta_t.rank != 2:
             raise GirError("a transposed batched left operand is not supported", op.loc)
-        _emit_gemm(low, op, dtype, m, n, k, ta, tb, pa, pb, pc, _packable(op) and not tb)  # type: ignore[arg-type]
+        _emit_gemm(low, op, dtype, m, n, k, ta, tb, pa, pb, pc, _packable(op))  # type: ignore[arg-type]
         return
     # Batched right operand: one GEMM per batch element, broadcasting batch dims.
     batch = out_shape[:-2]
@@ -670,11 +670,9 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
             continue
         a_src, ta = _gemm_operand(op.operands[0])
         b_src, tb = _gemm_operand(op.operands[1])
-        if tb:
-            continue
         dtype = op.result.tensor_type.dtype
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
-        k, n = op.operands[1].tensor_type.shape
+        k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
         if blas.choose_path(dtype, m, n, k, ta, tb, True) != "mkl-packed":  # type: ignore[arg-type]
             continue
         dest = low.alloc_pinned(blas.pack_size(dtype, m, n, k))  # type: ignore[arg-type]
@@ -685,8 +683,9 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
         low.count(1)
         _call_table(low, f"mkl_{s}gemm_pack", sig,
-                    [i32(blas.CBLAS_ROW_MAJOR), i32(blas.CBLAS_B_MATRIX), i32(blas.CBLAS_NO_TRANS), i32(m), i32(n),
-                    i32(k), ir.Constant(fty, 1.0), low.ptr[b_src], i32(n), dest])
+                    [i32(blas.CBLAS_ROW_MAJOR), i32(blas.CBLAS_B_MATRIX),
+                    i32(blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS), i32(m), i32(n), i32(k),
+                    ir.Constant(fty, 1.0), low.ptr[b_src], i32(k if tb else n), dest])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def cache_key(function: Function) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-_CODEGEN_VERSION = "1"
+_CODEGEN_VERSION = "2"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
