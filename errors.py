@@ -15,7 +15,9 @@ _SOURCES: dict[str, list[str]] = {}
 
 
 def remember_source(filename: str, text: str) -> None:
-    _SOURCES[filename] = text.splitlines()
+    # Split at '\n' only, as the lexer counts lines: str.splitlines() also breaks at \x0c, \x85,
+    # \u2028 (which may sit in a comment) and would quote the wrong line after one.
+    _SOURCES[filename] = [line.removesuffix("\r") for line in text.split("\n")]
 
 
 @dataclass(frozen=True)

@@ -171,8 +171,6 @@ def test_run_unknown_entry(program, capsys):
     assert "@third" in err and str(program) in err and "@first" in err and "@second" in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an unknown entry prints 'error: no function @third in FILE; ...' "
-                                        "without the file:line:col: prefix every other diagnostic has")
 def test_run_unknown_entry_has_a_location(program, capsys):
     code, _, err = gir_main(capsys, "run", program, "-e", "third")
     assert code == 1
@@ -254,8 +252,6 @@ def test_run_inputs_and_random_are_exclusive(program, capsys, tmp_path):
     assert "not allowed" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --inputs given a .npy file (np.load returns an ndarray, not an NpzFile) "
-                                        "ends in 'gir: internal error: AttributeError' with exit status 2")
 def test_run_inputs_from_a_npy_file_is_a_clean_error(program, capsys, tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, np.zeros((2, 3)))
@@ -264,9 +260,6 @@ def test_run_inputs_from_a_npy_file_is_a_clean_error(program, capsys, tmp_path):
     assert_clean_error(err)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an .npz holding an object array ends in 'gir: internal error: "
-                                        "ValueError: Object arrays cannot be loaded...' with exit status 2 (the "
-                                        "array is read lazily, outside load_inputs' try)")
 def test_run_inputs_with_an_object_array_is_a_clean_error(program, capsys, tmp_path):
     path = tmp_path / "obj.npz"
     np.savez(path, x=np.array([None, 1], dtype=object), n=np.zeros(2, np.int32), c=np.zeros(2, bool))
@@ -275,8 +268,6 @@ def test_run_inputs_with_an_object_array_is_a_clean_error(program, capsys, tmp_p
     assert_clean_error(err)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --outputs into a directory that does not exist ends in 'gir: internal "
-                                        "error: FileNotFoundError' with exit status 2")
 def test_run_outputs_to_a_missing_directory_is_a_clean_error(program, capsys, tmp_path):
     code, _, err = gir_main(capsys, "run", program, "--outputs", tmp_path / "no" / "such" / "out.npz")
     assert code == 1
@@ -339,8 +330,6 @@ def test_opt_error(tmp_path, capsys):
     assert not out_path.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `gir opt -o` into a directory that does not exist ends in 'gir: "
-                                        "internal error: FileNotFoundError' with exit status 2")
 def test_opt_output_to_a_missing_directory_is_a_clean_error(program, capsys, tmp_path):
     code, _, err = gir_main(capsys, "opt", program, "-o", tmp_path / "no" / "such" / "out.gir")
     assert code == 1

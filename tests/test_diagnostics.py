@@ -176,18 +176,8 @@ def test_there_are_at_least_30_cases():
     assert len({c.id for c in CASES}) == len(CASES)
 
 
-XFAIL = {
-    "malformed-type-result": "BUG: `-> tensor<3,f32>` is reported as \"unexpected an op or attribute name 'tensor'\", "
-                             "not as a malformed tensor type",
-}
-
-
 def params():
-    out = []
-    for c in CASES:
-        marks = [pytest.mark.xfail(strict=True, reason=XFAIL[c.id])] if c.id in XFAIL else []
-        out.append(pytest.param(c, id=c.id, marks=marks))
-    return out
+    return [pytest.param(c, id=c.id) for c in CASES]
 
 
 @pytest.mark.parametrize("case", params())
@@ -211,9 +201,6 @@ def test_syntax_errors_say_what_was_expected():
     assert "expected" in info.value.message and "')'" in info.value.message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an unknown character gives \"unexpected character '$'; expected \" "
-                                        "with nothing after 'expected' (frontend/lexer.py raises UnexpectedCharacters "
-                                        "without the allowed terminals)")
 def test_unknown_character_lists_what_was_expected():
     with pytest.raises(gir.GirSyntaxError) as info:
         gir.parse(body("%a = tanh(%x) $"), filename=FILE)
@@ -222,9 +209,6 @@ def test_unknown_character_lists_what_was_expected():
     assert not message.rstrip().endswith("expected"), message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: at the end of a file that ends with a newline, 'unexpected end of "
-                                        "input' points at line N+1, col 1, which does not exist, so no source line "
-                                        "and no caret are shown")
 def test_end_of_input_error_quotes_a_line():
     text = f"{SIG} -> tensor<3xf32> {{\n  %a = tanh(%x)\n"
     with pytest.raises(gir.GirSyntaxError) as info:
@@ -256,9 +240,6 @@ def test_written_loc_is_where_the_error_points():
 
 
 @pytest.mark.parametrize("separator", ["\u2028", "\x0c", "\x85"], ids=["line-separator", "form-feed", "nel"])
-@pytest.mark.xfail(strict=True, reason="BUG: errors.remember_source splits lines with str.splitlines(), which also "
-                                        "breaks at \\u2028, \\x0c, \\x85 (allowed in comments; \\x0c is whitespace) "
-                                        "while the lexer counts only \\n: the diagnostic quotes the wrong source line")
 def test_quoted_line_is_right_after_unusual_line_breaks(separator):
     text = f"// a comment with a {separator} in it\n" + body("%a = frob %x")
     with pytest.raises(gir.GirTypeError) as info:
@@ -305,25 +286,9 @@ BAD_ATTRIBUTE_VALUES = [
     ("slice-steps-zero", "%a = slice %x {starts = [0], limits = [3], steps = [0]}"),
 ]
 
-ACCEPTED_BUT_UNPRINTABLE = {"constant-string", "zeros-negative-dim", "zeros-float-dim", "zeros-nested-shape",
-                            "broadcast-negative-dim"}
-CRASHES = {"concat-axis-string", "concat-axis-float", "stack-axis-string", "constant-int-overflow",
-           "constant-inf-int", "var-assigned-twice"}
-
 
 def bad_attr_params():
-    out = []
-    for name, line in BAD_ATTRIBUTE_VALUES:
-        marks = []
-        if name in CRASHES:
-            marks = [pytest.mark.xfail(strict=True, reason="BUG: a non-GirError escapes gir.parse (TypeError, "
-                                                           "OverflowError or AssertionError)")]
-        elif name in ACCEPTED_BUT_UNPRINTABLE:
-            marks = [pytest.mark.xfail(strict=True, reason="BUG: accepted, and the module prints a type or literal "
-                                                           "the parser refuses (tensor<2x-1xf32>, tensor<2.0xf32>, "
-                                                           "tensor<[2]xf32>, constant \"abc\")")]
-        out.append(pytest.param(line, id=name, marks=marks))
-    return out
+    return [pytest.param(line, id=name) for name, line in BAD_ATTRIBUTE_VALUES]
 
 
 @pytest.mark.parametrize("line", bad_attr_params())

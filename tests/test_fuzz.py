@@ -17,7 +17,6 @@ from pathlib import Path
 
 import gir
 import gir.cli
-import pytest
 from gir.ir.printer import print_module
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -165,9 +164,6 @@ DUPLICATED_VAR = ("func @f(%a: tensor<f32>) -> tensor<f32> {\n  %h = var : tenso
                   "  return %a\n}\n")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a name bound to a `var` result and assigned again (a duplicated "
-                                        "`%h = var : T` line, or `%h = var` then `for (%h in %xs)`) raises "
-                                        "AssertionError from emitter.define (value.tensor_type on a VarType)")
 @settings(derandomize=True, deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 @given(line_mutated())
 @example(DUPLICATED_VAR)
@@ -255,17 +251,12 @@ def test_deep_nesting_in_the_cli_is_an_error_not_a_traceback(tmp_path, capsys):
     assert "error:" in err and "Traceback" not in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a flat 1000-term sum `%x + %x + ... + %x` raises RecursionError in "
-                                        "gir.parse (the emitter recurses once per term of the left-deep tree); "
-                                        "600 terms is enough")
 def test_long_flat_expression_parses():
     text = "func @f(%x: tensor<f32>) -> tensor<f32> {\n  %y = " + " + ".join(["%x"] * 1000) + "\n  return %y\n}\n"
     module = gir.parse(text)
     assert sum(op.name == "add" for op in module.walk()) == 999
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 500 nested calls `tanh(tanh(...(%x)...))` raise RecursionError from "
-                                        "gir.parse instead of a GirError (the CLI turns it into 'nested too deeply')")
 def test_deep_nesting_in_the_api_is_a_gir_error():
     text = "func @f(%x: tensor<f32>) -> tensor<f32> {\n  %y = " + "tanh(" * 500 + "%x" + ")" * 500
     text += "\n  return %y\n}\n"

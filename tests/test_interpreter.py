@@ -191,8 +191,6 @@ def test_mixed_dtypes_are_refused(op):
         gir.parse(text)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: sub on i1 passes the type rule, then the NumPy kernel raises "
-                                        "TypeError (numpy boolean subtract) which escapes interpret")
 def test_sub_on_i1_is_refused_or_runs():
     text = func("%a: tensor<2xi1>, %b: tensor<2xi1>", "tensor<2xi1>", "%r = sub %a, %b : tensor<2xi1>\nreturn %r")
     try:
@@ -426,9 +424,6 @@ def test_reshape(shape):
     assert_same(run1(text, x), want)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: reshape's kernel reshapes to its result type, (None, 2) for "
-                                        "tensor<?x2xf32>, so reshape(%x, shape=[-1, 2]) on a tensor<?x4xf32> raises "
-                                        "TypeError ('NoneType' object cannot be interpreted as an integer) at run time")
 def test_reshape_of_an_unknown_dim():
     text = func("%x: tensor<?x4xf32>", "tensor<?x2xf32>", "%r = reshape(%x, shape=[-1, 2])\nreturn %r")
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -516,9 +511,6 @@ def test_index_of_a_scalar_into_a_vector():
     assert_same(run1(text, np.array([5, 6, 7, 8], np.int32)), np.int32(8))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: in index(%x, 1) the literal takes %x's dtype (f32), so the surface "
-                                        "form of index with a number is refused ('the index must be an integer "
-                                        "scalar, got tensor<f32>')")
 def test_surface_index_with_a_literal():
     text = func("%x: tensor<5x3xf32>", "tensor<3xf32>", "%r = index(%x, 1)\nreturn %r")
     x = np.arange(15, dtype=np.float32).reshape(5, 3)
@@ -1029,9 +1021,6 @@ def test_sequences_of_different_runtime_lengths_are_a_gir_error():
         run(text, np.ones((3, 2), np.float32), np.ones(4, np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 'scan length 5' over a tensor<?x2xf32> sequence that has 3 rows at run "
-                                        "time runs 3 steps and returns a (3, 2) array for its declared "
-                                        "tensor<5x2xf32> result instead of raising a GirError")
 def test_length_disagreeing_with_a_runtime_sequence_is_a_gir_error():
     text = func("%xs: tensor<?x2xf32>", "tensor<5x2xf32>", """
         %ys = scan length 5 (%x in %xs) {
