@@ -27,7 +27,7 @@ import numpy as np
 from ..ir.core import Block, Function, Module, Operation, Value
 from ..ir.ops import REGISTRY
 from .base import Pass
-from .loops import ScanParts, defined_inside, rebuild_scan, scan_parts
+from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts
 from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
 
 FOLD_LIMIT = 1024
@@ -397,6 +397,38 @@ class ScanMergeDuplicateStacks(Pattern):
         return changed  # the now unused duplicate is dropped by ScanDropUnused
 
 
+class ConcatOfStacks(Pattern):
+    """concat(stack_t(a_t), stack_t(b_t), axis=k) -> stack_t(concat(a_t, b_t, axis=k-1))   (k >= 1)
+
+    Gradients of a merged GEMM come out of the backward loop as one stack per slice and are
+    concatenated after it, while the body usually concatenates the same values already (for
+    the merged product's cotangent): stacking that concat instead drops the separate stacks."""
+
+    op_name = "concat"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        axis = op.attrs["axis"] % op.result.tensor_type.rank
+        scans = {getattr(v, "op", None) for v in op.operands}
+        if axis == 0 or len(scans) != 1:
+            return False
+        scan = scans.pop()
+        if scan is None or scan.name != "scan":
+            return False
+        parts = scan_parts(scan)
+        by_result = {st.result: st.yielded for st in parts.stacks}
+        if not all(v in by_result for v in op.operands):
+            return False
+        yielded = [by_result[v] for v in op.operands]
+        body = scan.body
+        inner = next((u for u in yielded[0].users if u.name == "concat" and u.parent is body
+                      and u.operands == yielded and u.attrs["axis"] % u.result.tensor_type.rank == axis - 1), None)
+        if inner is None:
+            inner = rw.create("concat", yielded, before=body.terminator, attrs={"axis": axis - 1})
+        existing = next((st.result for st in parts.stacks if st.yielded is inner.result), None)
+        rw.replace_op(op, [existing if existing is not None else append_stack(scan, inner.result)])
+        return True
+
+
 class ScanHoistInvariants(Pattern):
     """scan { %v = f(outer values) ... } -> %v = f(outer values); scan { ... }"""
 
@@ -472,7 +504,8 @@ def cse(function: Function, rw: Rewriter) -> bool:
 def canonicalization_patterns() -> list[Pattern]:
     patterns: list[Pattern] = [AddDisjointConcats(), AddZero(), SubZero(), MulOne(), DivOne(), NegNeg(),
                                TransposeTranspose(), ReshapeReshape(), SelectSame(), ScanForwardInvariantCarries(),
-                               ScanMergeDuplicateStacks(), ScanDropUnused(), ScanHoistInvariants()]
+                               ScanMergeDuplicateStacks(), ScanDropUnused(), ScanHoistInvariants(),
+                               ConcatOfStacks()]
     patterns += [NoOp(name) for name in ("broadcast", "cast", "slice", "concat")]
     for name, spec in REGISTRY.items():
         if spec.kernel is not None and spec.category != "constant" and name != "transfer":
