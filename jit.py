@@ -24,7 +24,7 @@ from .ir.printer import print_module
 from .passes.pass_manager import PassManager
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 
-DEVICES = ("cpu", "interp")
+DEVICES = ("cpu", "gpu", "interp")
 
 
 class JitFunction:
@@ -53,6 +53,11 @@ class JitFunction:
         PassManager(self.pipeline).run(module)
         if self.device == "interp":
             compiled: Any = _Interpreted(module, self.entry)
+        elif self.device == "gpu":
+            from .backend.gpu.runtime import GPUFunction
+
+            compiled = GPUFunction.compile(module.functions[self.entry])
+            compiled.ir = print_module(module)
         else:
             from .backend.cpu.runtime import CPUFunction
 
@@ -118,7 +123,8 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if isinstance(source_or_module, Module):
         module = parse(print_module(source_or_module, print_locations=True),
                        filename=f"<jit {source_or_module.filename}>")
-    elif isinstance(source_or_module, str) and "func" not in source_or_module and os.path.exists(source_or_module):
+    elif isinstance(source_or_module, str) and "\n" not in source_or_module and "{" not in source_or_module \
+            and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
         module = load(source_or_module)
     elif isinstance(source_or_module, str):
         module = parse(source_or_module, filename="<jit>")

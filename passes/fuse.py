@@ -63,10 +63,12 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
                     for member in g.ops:
                         group_of[member] = joined
                     g.ops = []
-        for v in op.operands:  # a reader outside a group closes it
-            g = group_of.get(getattr(v, "op", None))  # type: ignore[arg-type]
-            if g is not None and g is not joined:
-                g.open = False
+        readers = [op] + [inner for r in op.regions for inner in r.block.walk()]
+        for reader in readers:  # a reader outside a group (a loop body included) closes it
+            for v in reader.operands:
+                g = group_of.get(getattr(v, "op", None))  # type: ignore[arg-type]
+                if g is not None and g is not joined:
+                    g.open = False
         if joined is not None:
             joined.ops.append(op)
             group_of[op] = joined

@@ -250,11 +250,6 @@ def test_bool_logic_ops() -> None:
     run_both(BOOL_OPS, "f", list(BOOLS), rtol=0.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: arithmetic and ordering on i1 use LLVM's signed i1 (true = -1) and xor: add([T,T,F,F], [T,F,T,F]) "
-    "is [T,T,T,F] in the interpreter (numpy: logical or) but [F,T,T,F] on cpu (xor); max(...) is [T,T,T,F] "
-    "vs [T,F,F,F]; lt(...) is [F,F,T,F] vs [F,T,F,F] (icmp slt on i1). The verifier accepts these ops on i1 "
-    "(add, max, min, lt, le, gt, ge)."))
 @pytest.mark.parametrize("expr", ["%a + %b", "max(%a, %b)", "min(%a, %b)", "lt(%a, %b)", "ge(%a, %b)"])
 def test_bool_arithmetic_and_ordering(expr: str) -> None:
     source = f"func @f(%a: tensor<4xi1>, %b: tensor<4xi1>) -> tensor<4xi1> {{\n  return {expr}\n}}\n"
@@ -264,11 +259,6 @@ def test_bool_arithmetic_and_ordering(expr: str) -> None:
 NAN_INPUT = np.array([np.nan, 1.0, -2.0, 0.5], np.float32)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: nan does not propagate through max/min/relu and the max/min reductions on cpu (docs/language.md: "
-    "'nan propagates'; the interpreter is numpy.maximum): with %a = [nan, 1, -2, 0.5], max(%a, 0.0) is "
-    "[nan, 1, 0, 0.5] in the interpreter but [0, 1, 0, 0.5] on cpu (select(fcmp ult a b, b, a) picks b when "
-    "a is nan); relu(%a) gives 0 for nan; max(%a) (reduce_max) gives 1 instead of nan."))
 @pytest.mark.parametrize("expr", ["max(%a, 0.0)", "min(%a, 0.0)", "relu(%a)", "max(%a)", "min(%a)"])
 def test_nan_propagates(expr: str) -> None:
     result = "f32" if expr in ("max(%a)", "min(%a)") else "4xf32"
@@ -309,10 +299,6 @@ func @f(%x: tensor<4001xf32>) -> (tensor<4001xf32>, tensor<4001xf32>, tensor<400
     assert_close(got[0], want[0], 1e-6, "sigmoid")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: float32 exp clamps its argument to 88.376 (mathlib.exp_f32): exp([88.5, 88.7, 89, 100]) is "
-    "[2.72e38, 3.30e38, inf, inf] in the interpreter but 2.406e38 for all four on cpu; the interpreter's "
-    "inf (overflow) becomes a finite number, and values in (88.376, 88.72) are up to 30% off."))
 def test_float32_exp_overflow() -> None:
     source = "func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n  return exp(%x)\n}\n"
     run_both(source, "f", [np.array([88.5, 88.7, 89.0, 100.0], np.float32)])
@@ -437,10 +423,6 @@ def test_integer_matmul_2d() -> None:
              rtol=0.0)
 
 
-@pytest.mark.xfail(strict=True, raises=gir.GirError, reason=(
-    "BUG: the CPU backend rejects a valid program: a batched integer matmul "
-    "(tensor<2x3x4xi32> @ tensor<4x2xi32>) runs in the interpreter but cpu raises 'integer matmul is supported "
-    "for 2-D operands only'."))
 def test_integer_matmul_batched() -> None:
     source = "func @f(%a: tensor<2x3x4xi32>, %b: tensor<4x2xi32>) -> tensor<2x3x2xi32> {\n  return %a @ %b\n}\n"
     run_both(source, "f", [np.arange(24, dtype=np.int32).reshape(2, 3, 4), np.ones((4, 2), np.int32)], rtol=0.0)
@@ -541,11 +523,6 @@ def test_scans(entry: str) -> None:
     run_both(SCANS, entry, seed=6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: carries swapped through views are overwritten before they are read: scan length 1 with carries "
-    "(%x: 2x2 = [[0,1],[2,3]], %y: 4 = [10..13]) yielding (reshape %y, reshape %x) gives %y = [0,1,2,3] in the "
-    "interpreter but [10,11,12,13] on cpu (lower_scan only guards carries yielded as block args, not views "
-    "of them)."))
 def test_scan_carries_swapped_through_views() -> None:
     source = """\
 func @f(%a: tensor<2x2xf32>, %b: tensor<4xf32>) -> (tensor<2x2xf32>, tensor<4xf32>) {
@@ -585,13 +562,6 @@ func @f(%x: tensor<4xf32>, %h: tensor<2xf32>) -> (tensor<3x4xf32>, tensor<4xf32>
 """
 
 
-@pytest.mark.xfail(strict=True, raises=gir.GirError, reason=(
-    "BUG: the fuse pass breaks dominance when an elementwise value is read inside a scan body (a capture, "
-    "not an operand of the scan) and joined by an elementwise op after the scan: %a = tanh(%x); scan reads "
-    "%a; %b = add %a, %s -> GirPassError \"pass 'fuse' produced invalid IR: operand #1 of 'fused' (%a) does "
-    "not dominate this use\" on both devices (fuse_block only closes groups on operands of the op, not on "
-    "uses inside its regions). Also reached without writing a capture: canonicalize hoists a loop-invariant "
-    "`abs %x` out of a scan body and merges it with the same op after the loop (FUSE_HOISTED)."))
 @pytest.mark.parametrize("source", [FUSE_CAPTURED, FUSE_HOISTED], ids=["captured", "hoisted-and-merged"])
 def test_fuse_with_value_captured_by_a_scan(source: str) -> None:
     run_both(source, "f", [np.arange(4, dtype=np.float32) - 1.5, np.ones(2, np.float32)])
@@ -1246,10 +1216,6 @@ func @dynamic_batch(%x: tensor<?x4xf32>, %w: tensor<4x2xf32>, %b: tensor<2xf32>)
     assert len(fn._compiled) == 2
 
 
-@pytest.mark.xfail(strict=True, raises=gir.GirError, reason=(
-    "BUG: gir.jit parses a .gir path as source text when the path contains 'func' (jit.py tests `\"func\" not "
-    "in source_or_module` before os.path.exists): gir.jit('<dir>/funcs.gir', 'f') raises GirSyntaxError; "
-    "gir.jit(gir.load(path), 'f') works."))
 def test_jit_from_a_path_named_func(tmp_path: Path) -> None:
     path = tmp_path / "funcs.gir"
     path.write_text(ARGS_PROGRAM)
@@ -1369,10 +1335,6 @@ print("ok")
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a corrupt cached object crashes the process: after truncating <GIR_CACHE_DIR>/objects/<key>.o (or "
-    "overwriting it with garbage), the next gir.jit of the same function dies with SIGSEGV (exit -11) inside "
-    "llvmlite's add_object_file instead of recompiling (runtime._load_cached checks only that the files read)."))
 def test_corrupt_cached_object_is_recompiled(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", CORRUPT_CACHE_SCRIPT, CACHED, str(tmp_path)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "GIR_CACHE_DIR": str(tmp_path)})

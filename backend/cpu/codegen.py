@@ -98,6 +98,8 @@ class Lowering:
         self.b = ir.IRBuilder(self.entry)
         self.buffers, self.counters, self.fns = self.fn.args
         self.ptr: dict[Value, ir.Value] = {}
+        self.root: dict[Value, Value] = {}
+        """A view -> the value whose storage it lives in."""
         self.layout = Layout()
         self.pack_slots: dict[Operation, ir.Value] = {}
         self.folded: set[Operation] = set()
@@ -123,6 +125,11 @@ class Lowering:
         offset = self.layout.pinned_bytes
         self.layout.pinned_bytes += -(-max(nbytes, 1) // ALIGN) * ALIGN
         return self.b.gep(self.pinned, [ir.Constant(I64, offset)], source_etype=I8)
+
+    def alias(self, view: Value, of: Value, ptr: ir.Value) -> None:
+        """`view` is stored inside `of`'s storage (reshape, contiguous slice, index...)."""
+        self.ptr[view] = ptr
+        self.root[view] = self.root.get(of, of)
 
     def slot(self, v: Value, op: Operation) -> ir.Value:
         t = v.tensor_type
@@ -254,9 +261,20 @@ def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
     return rule(b, args, op)
 
 
+def _icmp(b: ir.IRBuilder, kind: str, x: ir.Value, y: ir.Value) -> ir.Value:
+    # i1 orders false < true (NumPy); as a signed 1-bit integer true would be -1.
+    return b.icmp_unsigned(kind, x, y) if x.type == I1 else b.icmp_signed(kind, x, y)
+
+
 def _cmp(kind: str) -> tuple[Callable, Callable]:
     return (lambda b, a, op: b.fcmp_ordered(kind, a[0], a[1]) if kind != "!=" else b.fcmp_unordered(kind, a[0], a[1]),
-            lambda b, a, op: b.icmp_signed(kind, a[0], a[1]))
+            lambda b, a, op: _icmp(b, kind, a[0], a[1]))
+
+
+def fmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value, kind: str = ">=") -> ir.Value:
+    """NumPy's maximum (kind ">=") or minimum ("<="): a NaN operand gives NaN."""
+    keep_x = b.or_(b.fcmp_ordered(kind, x, y), b.fcmp_unordered("!=", x, x))
+    return b.select(keep_x, x, y)
 
 
 def _floordiv(b: ir.IRBuilder, a: list[ir.Value], op: Operation) -> ir.Value:
@@ -300,27 +318,27 @@ _FLOAT_OPS: dict[str, Callable] = {
     "mul": lambda b, a, op: b.fmul(a[0], a[1]),
     "div": lambda b, a, op: b.fdiv(a[0], a[1]),
     "pow": lambda b, a, op: mathlib.pow(b, a[0], a[1]),
-    "max": lambda b, a, op: b.select(b.fcmp_unordered("<", a[0], a[1]), a[1], a[0]),
-    "min": lambda b, a, op: b.select(b.fcmp_unordered(">", a[0], a[1]), a[1], a[0]),
+    "max": lambda b, a, op: fmax(b, a[0], a[1], ">="),
+    "min": lambda b, a, op: fmax(b, a[0], a[1], "<="),
     "neg": lambda b, a, op: b.fneg(a[0]),
     "abs": lambda b, a, op: mathlib.fabs(b, a[0]),
     "exp": lambda b, a, op: mathlib.exp(b, a[0]),
     "log": lambda b, a, op: mathlib.log(b, a[0]),
     "tanh": lambda b, a, op: mathlib.tanh(b, a[0]),
     "sigmoid": lambda b, a, op: mathlib.sigmoid(b, a[0]),
-    "relu": lambda b, a, op: b.select(b.fcmp_ordered(">", a[0], ir.Constant(a[0].type, 0.0)), a[0],
-                                      ir.Constant(a[0].type, 0.0)),
+    "relu": lambda b, a, op: fmax(b, a[0], ir.Constant(a[0].type, 0.0), ">="),
     "sqrt": lambda b, a, op: mathlib.sqrt(b, a[0]),
     "select": lambda b, a, op: b.select(a[0], a[1], a[2]),
     "cast": _cast,
 }
 _INT_OPS: dict[str, Callable] = {
-    "add": lambda b, a, op: b.add(a[0], a[1]) if a[0].type != I1 else b.xor(a[0], a[1]),
+    # On i1, NumPy's + is `or` and * is `and`.
+    "add": lambda b, a, op: b.add(a[0], a[1]) if a[0].type != I1 else b.or_(a[0], a[1]),
     "sub": lambda b, a, op: b.sub(a[0], a[1]),
-    "mul": lambda b, a, op: b.mul(a[0], a[1]),
+    "mul": lambda b, a, op: b.mul(a[0], a[1]) if a[0].type != I1 else b.and_(a[0], a[1]),
     "div": _floordiv,
-    "max": lambda b, a, op: b.select(b.icmp_signed("<", a[0], a[1]), a[1], a[0]),
-    "min": lambda b, a, op: b.select(b.icmp_signed(">", a[0], a[1]), a[1], a[0]),
+    "max": lambda b, a, op: b.select(_icmp(b, "<", a[0], a[1]), a[1], a[0]),
+    "min": lambda b, a, op: b.select(_icmp(b, ">", a[0], a[1]), a[1], a[0]),
     "neg": lambda b, a, op: b.neg(a[0]),
     "abs": lambda b, a, op: b.select(b.icmp_signed("<", a[0], ir.Constant(a[0].type, 0)), b.neg(a[0]), a[0]),
     "relu": lambda b, a, op: b.select(b.icmp_signed(">", a[0], ir.Constant(a[0].type, 0)), a[0],
@@ -405,7 +423,7 @@ def _copy(low: Lowering, dst: ir.Value, dst_strides: list[int], src: ir.Value, s
 
 
 def lower_view(low: Lowering, op: Operation) -> None:
-    low.ptr[op.result] = low.ptr[op.operands[0]]
+    low.alias(op.result, op.operands[0], low.ptr[op.operands[0]])
 
 
 def lower_transpose(low: Lowering, op: Operation) -> None:
@@ -443,7 +461,7 @@ def lower_slice(low: Lowering, op: Operation) -> None:
     contiguous = all(st == 1 for st in steps) and all(o == 1 for o in out_shape[:cut]) \
         and all(o == d for o, d in zip(out_shape[cut + 1:], src_shape[cut + 1:]))
     if contiguous:
-        low.ptr[op.result] = base
+        low.alias(op.result, op.operands[0], base)
         return
     low.slot(op.result, op)
     _copy(low, low.ptr[op.result], _strides(out_shape), base, [s * st for s, st in zip(strides, steps)], out_shape,
@@ -483,7 +501,7 @@ def lower_index(low: Lowering, op: Operation) -> None:
     low.flag_error(bad, f"'index' out of range for a leading dim of {shape[0]}", op)  # and read row 0 instead
     k = low.b.select(bad, ir.Constant(I64, 0), k)
     row = math.prod(shape[1:])
-    low.ptr[op.result] = low.elem_ptr(low.ptr[x], t.dtype, low.b.mul(k, ir.Constant(I64, row)))
+    low.alias(op.result, x, low.elem_ptr(low.ptr[x], t.dtype, low.b.mul(k, ir.Constant(I64, row))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,9 +539,9 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
             if op.name in ("sum", "mean"):
                 new = low.b.fadd(a, v, flags=("reassoc", "nsz")) if is_float else low.b.add(a, v)
             elif op.name == "reduce_max":
-                new = low.b.select(low.b.fcmp_unordered("<", a, v) if is_float else low.b.icmp_signed("<", a, v), v, a)
+                new = fmax(low.b, a, v, ">=") if is_float else low.b.select(low.b.icmp_signed("<", a, v), v, a)
             else:
-                new = low.b.select(low.b.fcmp_unordered(">", a, v) if is_float else low.b.icmp_signed(">", a, v), v, a)
+                new = fmax(low.b, a, v, "<=") if is_float else low.b.select(low.b.icmp_signed(">", a, v), v, a)
             low.b.store(new, acc)
         result = low.b.load(acc, typ=ty)
         if op.name == "mean":
@@ -590,24 +608,28 @@ def lower_matmul(low: Lowering, op: Operation) -> None:
 
 
 def _naive_matmul(low: Lowering, op: Operation) -> None:
+    """Integer matmul (no BLAS): a loop nest over the batch, rows and columns, K innermost."""
     a, b = op.operands
-    if a.tensor_type.rank != 2 or b.tensor_type.rank != 2:
-        raise GirError("integer matmul is supported for 2-D operands only", op.loc)
-    m, k = _static(a.tensor_type, op)
-    _, n = _static(b.tensor_type, op)
+    ta, tb = _static(a.tensor_type, op), _static(b.tensor_type, op)
+    out_shape = _static(op.result.tensor_type, op)
+    batch, m, n, k = out_shape[:-2], ta[-2], tb[-1], ta[-1]
     dtype = op.result.tensor_type.dtype
     ty = LLVM_TYPES[dtype]
-    with low.loop_nest((m, n)) as (i, j):
-        acc: ir.Value = ir.Constant(ty, 0)
-        with low.b.goto_block(low.entry):
-            low.b.position_at_start(low.entry)
-            cell = low.b.alloca(ty)
-        low.b.store(acc, cell)
+    a_batch = [s * m * k for s in _bcast_strides(TensorType(ta[:-2], dtype), batch)]
+    b_batch = [s * k * n for s in _bcast_strides(TensorType(tb[:-2], dtype), batch)]
+    with low.b.goto_block(low.entry):
+        low.b.position_at_start(low.entry)
+        cell = low.b.alloca(ty)
+    with low.loop_nest(batch + (m, n)) as idx:
+        *bi, i, j = idx
+        a_row = low.b.add(low.linear(bi, a_batch), low.b.mul(i, ir.Constant(I64, k)))
+        b_col = low.b.add(low.linear(bi, b_batch), j)
+        low.b.store(ir.Constant(ty, 0), cell)
         with low.for_range(k, "kk") as kk:
-            x = low.load(low.ptr[a], dtype, low.b.add(low.b.mul(i, ir.Constant(I64, k)), kk))
-            y = low.load(low.ptr[b], dtype, low.b.add(low.b.mul(kk, ir.Constant(I64, n)), j))
+            x = low.load(low.ptr[a], dtype, low.b.add(a_row, kk))
+            y = low.load(low.ptr[b], dtype, low.b.add(b_col, low.b.mul(kk, ir.Constant(I64, n))))
             low.b.store(low.b.add(low.b.load(cell, typ=ty), low.b.mul(x, y)), cell)
-        low.store(low.b.load(cell, typ=ty), low.ptr[op.result], dtype, low.b.add(low.b.mul(i, ir.Constant(I64, n)), j))
+        low.store(low.b.load(cell, typ=ty), low.ptr[op.result], dtype, low.linear(idx, _strides(out_shape)))
 
 
 def _call_table(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Value]) -> None:
@@ -729,7 +751,7 @@ def lower_scan(low: Lowering, op: Operation) -> None:
         sources = []
         for v in new_carries:
             src = low.ptr[v]
-            if v in carry_set:
+            if low.root.get(v, v) in carry_set:
                 tmp = low.alloc(v.tensor_type.nbytes() or 0)
                 low.memcpy(tmp, src, v.tensor_type.nbytes() or 0)
                 src = tmp

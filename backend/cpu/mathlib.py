@@ -37,18 +37,27 @@ def _poly(b: ir.IRBuilder, x: ir.Value, coeffs: list[float]) -> ir.Value:
 
 
 def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    hi = _c(F32, 88.3762626647949)
-    lo = _c(F32, -87.3365447505531)
-    x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
-    x = b.select(b.fcmp_ordered("<", x, lo), lo, x)
-    n = _intrinsic(b, "llvm.floor", F32, b.fadd(b.fmul(x, _c(F32, 1.44269504088896341)), _c(F32, 0.5)))
-    r = b.fsub(b.fsub(x, b.fmul(n, _c(F32, 0.693359375))), b.fmul(n, _c(F32, -2.12194440e-4)))
+    """e**x: x = n ln2 + r, a degree-7 polynomial for e**r, times 2**n (built from exponent
+    bits in two halves, so that n = 128 near the overflow and subnormal results both work)."""
+    hi = _c(F32, 88.72283905206835)  # ln(FLT_MAX): above it the result is inf
+    lo = _c(F32, -103.972077083991796)  # below it the result is 0
+    xc = b.select(b.fcmp_ordered(">", x, hi), hi, x)
+    xc = b.select(b.fcmp_ordered("<", xc, lo), lo, xc)
+    n = _intrinsic(b, "llvm.floor", F32, b.fadd(b.fmul(xc, _c(F32, 1.44269504088896341)), _c(F32, 0.5)))
+    r = b.fsub(b.fsub(xc, b.fmul(n, _c(F32, 0.693359375))), b.fmul(n, _c(F32, -2.12194440e-4)))
     p = _poly(b, r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
                      5.0000001201e-1])
     y = b.fadd(b.fadd(b.fmul(b.fmul(p, r), r), r), _c(F32, 1.0))
     i32 = ir.IntType(32)
-    bits = b.shl(b.add(b.fptosi(n, i32), ir.Constant(i32, 127)), ir.Constant(i32, 23))
-    return b.fmul(y, b.bitcast(bits, F32))
+    ni = b.fptosi(n, i32)
+    half = b.ashr(ni, ir.Constant(i32, 1))
+    rest = b.sub(ni, half)
+
+    def pow2(k: ir.Value) -> ir.Value:
+        return b.bitcast(b.shl(b.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23)), F32)
+
+    out = b.fmul(b.fmul(y, pow2(half)), pow2(rest))
+    return b.select(b.fcmp_ordered(">", x, hi), _c(F32, float("inf")), out)
 
 
 def tanh_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:

@@ -148,7 +148,7 @@ def cache_key(function: Function) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-_CODEGEN_VERSION = "2"
+_CODEGEN_VERSION = "3"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
@@ -161,7 +161,8 @@ def _store_cached(key: str, obj: bytes, layout: Layout, optimized_ir: str, llvm_
     folder = _cache_dir()
     try:
         os.makedirs(folder, exist_ok=True)
-        meta = {"layout": layout.to_json(), "optimized_ir": optimized_ir, "llvm_ir": llvm_ir}
+        meta = {"layout": layout.to_json(), "optimized_ir": optimized_ir, "llvm_ir": llvm_ir,
+                "sha256": hashlib.sha256(obj).hexdigest()}
         for suffix, data in ((".o", obj), (".json", json.dumps(meta).encode())):
             tmp = os.path.join(folder, f"{key}{suffix}.{os.getpid()}")
             with open(tmp, "wb") as f:
@@ -178,6 +179,8 @@ def _load_cached(key: str) -> tuple[bytes, Layout, str, str] | None:
             meta = json.loads(f.read())
         with open(os.path.join(folder, key + ".o"), "rb") as f:
             obj = f.read()
+        if hashlib.sha256(obj).hexdigest() != meta["sha256"]:
+            return None  # truncated or overwritten: loading it would crash the process; compile again
         return obj, Layout.from_json(meta["layout"]), meta["optimized_ir"], meta["llvm_ir"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -1,0 +1,327 @@
+"""Elementwise kernels for numba.cuda, generated as Python source: one per `fused` op, and one
+per elementwise op standing alone (a group of one).
+
+A kernel runs one CUDA thread per output element in a grid-stride loop, so any launch size
+covers any number of elements. Arrays are passed flat; an input broadcast to the output's
+shape is read at an index made from the output index's coordinates (stride 0 on a broadcast
+axis, index 0 for a single element). The group's scalar ops run in order, each result cast
+back to its dtype (`f32(...)`) so that a float64 literal or a float64 math result never
+widens a float32 computation; literals are written into the source. A fused
+`tanh(%x + %b)`, %x: tensor<2x4xf32>, %b: tensor<4xf32>, becomes
+
+    @cuda.jit
+    def gir_elementwise(n, out0, in0, in1):
+        for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+            c1 = i % 4
+            x0 = in0[i]
+            x1 = in1[c1]
+            v0 = f32(x0 + x1)
+            v1 = f32(math.tanh(v0))
+            out0[i] = v1
+
+The same source runs on a GPU (compiled by numba.cuda to PTX) and in the simulator (as Python,
+where every value is a NumPy scalar, so arithmetic has NumPy's semantics). Math that raises in
+Python where CUDA gives inf or nan is guarded: `exp` above 709, `log` of 0 or a negative,
+`sqrt` of a negative. Integer division by zero stores the kernel's `code` (plus the site's
+number) in `err[0]` and gives 0; the runtime raises a GirError after the call, at the op.
+
+Kernels are compiled once per process and cached by their source text, which is determined by
+the group's printed body, shapes and dtypes: groups that print alike share one kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...errors import GirError
+from ...ir.core import Operation, Value
+from ...ir.types import TensorType
+from .device import Device
+
+INDENT = " " * 8
+"""Statements of the body sit inside `def` and the grid-stride `for`."""
+
+
+@dataclass(eq=False)
+class KernelSource:
+    """A generated kernel, before compiling."""
+
+    source: str
+    signature: str
+    """The numba type signature of its launches: `void(int64, float32[::1], ...)`."""
+    error_sites: list[tuple[str, Operation]] = field(default_factory=list)
+    """Site k (err[0] = code + k) -> (message, op). Empty: the kernel takes no err, code."""
+
+
+@dataclass(eq=False)
+class ElementwiseKernel:
+    source: KernelSource
+    kernel: Any
+    """The numba.cuda kernel (compiled for its argument types on the first launch)."""
+
+    @property
+    def error_sites(self) -> list[tuple[str, Operation]]:
+        return self.source.error_sites
+
+    def launch(self, dev: Device, n: int, args: Sequence[Any]) -> None:
+        if n:
+            self.kernel[dev.launch_shape(n)](n, *args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar code: op kind -> a Python expression over the operands' names
+
+
+def _wrap(dtype: str, expr: str) -> str:
+    """expr cast to dtype (booleans need no cast)."""
+    return expr if dtype == "i1" else f"{dtype}({expr})"
+
+
+def literal(value: Any, dtype: str) -> str:
+    if dtype == "i1":
+        return "True" if value else "False"
+    if dtype in ("f32", "f64"):
+        v = float(value)
+        if math.isnan(v):
+            return f"{dtype}(NAN)"
+        if math.isinf(v):
+            return f"{dtype}(INF)" if v > 0 else f"{dtype}(-INF)"
+        return f"{dtype}({v!r})"
+    return f"{dtype}({int(value)})"
+
+
+Rule = Callable[[list[str], str], str]
+"""(operand names, result dtype) -> expression."""
+
+
+def _binary(symbol: str) -> Rule:
+    return lambda a, t: _wrap(t, f"{a[0]} {symbol} {a[1]}")
+
+
+def _compare(symbol: str) -> Rule:
+    return lambda a, t: f"({a[0]} {symbol} {a[1]})"
+
+
+FLOAT_RULES: dict[str, Rule] = {
+    "add": _binary("+"),
+    "sub": _binary("-"),
+    "mul": _binary("*"),
+    "div": _binary("/"),
+    "pow": _binary("**"),
+    # NumPy's maximum/minimum: a nan on either side is the result.
+    "max": lambda a, t: f"({a[0]} if {a[0]} > {a[1]} or {a[0]} != {a[0]} else {a[1]})",
+    "min": lambda a, t: f"({a[0]} if {a[0]} < {a[1]} or {a[0]} != {a[0]} else {a[1]})",
+    "neg": lambda a, t: _wrap(t, f"-{a[0]}"),
+    "abs": lambda a, t: _wrap(t, f"abs({a[0]})"),
+    "exp": lambda a, t: f"({literal(math.inf, t)} if {a[0]} > 709.0 else {t}(math.exp({a[0]})))",
+    "log": lambda a, t: (f"({t}(math.log({a[0]})) if {a[0]} > 0 else {literal(-math.inf, t)} if {a[0]} == 0 "
+                         f"else {literal(math.nan, t)})"),
+    "tanh": lambda a, t: f"{t}(math.tanh({a[0]}))",
+    # As the interpreter: 0.5 * (1 + tanh(x / 2)), which never overflows.
+    "sigmoid": lambda a, t: (f"{t}({literal(0.5, t)} * ({literal(1.0, t)} + "
+                             f"{t}(math.tanh({literal(0.5, t)} * {a[0]}))))"),
+    "relu": lambda a, t: f"({a[0]} if {a[0]} > 0 or {a[0]} != {a[0]} else {literal(0.0, t)})",
+    "sqrt": lambda a, t: f"({t}(math.sqrt({a[0]})) if {a[0]} >= 0 else {literal(math.nan, t)})",
+    "select": lambda a, t: f"({a[1]} if {a[0]} else {a[2]})",
+}
+INT_RULES: dict[str, Rule] = {
+    "add": _binary("+"),
+    "sub": _binary("-"),
+    "mul": _binary("*"),
+    "max": lambda a, t: f"({a[0]} if {a[0]} > {a[1]} else {a[1]})",
+    "min": lambda a, t: f"({a[0]} if {a[0]} < {a[1]} else {a[1]})",
+    "neg": lambda a, t: _wrap(t, f"-{a[0]}"),
+    "abs": lambda a, t: _wrap(t, f"abs({a[0]})"),
+    "relu": lambda a, t: f"({a[0]} if {a[0]} > 0 else {literal(0, t)})",
+    "select": lambda a, t: f"({a[1]} if {a[0]} else {a[2]})",
+}
+BOOL_RULES: dict[str, Rule] = {
+    # NumPy on booleans: + is or, * is and, maximum is or, minimum is and.
+    "add": lambda a, t: f"({a[0]} or {a[1]})",
+    "mul": lambda a, t: f"({a[0]} and {a[1]})",
+    "max": lambda a, t: f"({a[0]} or {a[1]})",
+    "min": lambda a, t: f"({a[0]} and {a[1]})",
+    "and": lambda a, t: f"({a[0]} and {a[1]})",
+    "or": lambda a, t: f"({a[0]} or {a[1]})",
+    "select": lambda a, t: f"({a[1]} if {a[0]} else {a[2]})",
+}
+for _name, _symbol in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="), ("ne", "!=")):
+    FLOAT_RULES[_name] = INT_RULES[_name] = BOOL_RULES[_name] = _compare(_symbol)
+
+
+def _cast(a: list[str], src: str, dst: str) -> str:
+    if src == dst:
+        return a[0]
+    if dst == "i1":
+        return f"({a[0]} != 0)"
+    if src == "i1":
+        return f"({literal(1, dst)} if {a[0]} else {literal(0, dst)})"
+    return f"{dst}({a[0]})"  # float -> int truncates; int -> int wraps
+
+
+# ---------------------------------------------------------------------------------------------
+# Source generation
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def _bcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> list[int]:
+    """Per output axis, the input's stride (0 where the input is broadcast)."""
+    lead = len(out_shape) - len(shape)
+    return [0] * lead + [0 if d == 1 else s for d, s in zip(shape, _strides(shape))]
+
+
+class _Source:
+    def __init__(self, out_shape: tuple[int, ...]):
+        self.out_shape = out_shape
+        self.lines: list[str] = []
+        self.names: dict[Value, str] = {}
+        self.error_sites: list[tuple[str, Operation]] = []
+        self.coords: set[int] = set()
+        self.count = 0
+
+    def emit(self, line: str) -> None:
+        self.lines.append(INDENT + line)
+
+    def index(self, t: TensorType) -> str:
+        shape = tuple(t.shape)
+        if shape == self.out_shape:
+            return "i"
+        if math.prod(shape) == 1:  # type: ignore[arg-type]
+            return "0"
+        terms = []
+        for axis, stride in enumerate(_bcast_strides(shape, self.out_shape)):  # type: ignore[arg-type]
+            if stride:
+                self.coords.add(axis)
+                terms.append(f"c{axis}" if stride == 1 else f"c{axis} * {stride}")
+        return " + ".join(terms)
+
+    def coordinate_lines(self) -> list[str]:
+        strides = _strides(self.out_shape)
+        lines = []
+        for axis in sorted(self.coords):
+            div = f"i // {strides[axis]}" if strides[axis] != 1 else "i"
+            lines.append(f"{INDENT}c{axis} = {div}" + (f" % {self.out_shape[axis]}" if axis else ""))
+        return lines
+
+    def op(self, op: Operation) -> None:
+        t = op.result.tensor_type
+        name = f"v{self.count}"
+        self.count += 1
+        if not op.operands:  # a splat literal copied into the group
+            value = {"zeros": 0, "ones": 1}.get(op.name, op.attrs.get("value"))
+            self.emit(f"{name} = {literal(value, t.dtype)}")
+            self.names[op.result] = name
+            return
+        args = [self.names[v] for v in op.operands]
+        src = op.operands[0].tensor_type.dtype if op.name != "select" else op.operands[1].tensor_type.dtype
+        if op.name == "cast":
+            expr = _cast(args, src, t.dtype)
+        elif op.name == "div" and src in ("i32", "i64"):
+            expr = self._int_div(op, args, t.dtype, name)
+        else:
+            rules = FLOAT_RULES if src in ("f32", "f64") else BOOL_RULES if src == "i1" else INT_RULES
+            rule = rules.get(op.name)
+            if rule is None:
+                raise GirError(f"the GPU backend has no kernel code for '{op.name}' on {src}", op.loc)
+            expr = rule(args, t.dtype)
+        if expr:
+            self.emit(f"{name} = {expr}")
+        self.names[op.result] = name
+
+    def _int_div(self, op: Operation, args: list[str], dtype: str, name: str) -> str:
+        """Floor division; a zero divisor records an error (and gives 0) instead of trapping."""
+        site = len(self.error_sites)
+        self.error_sites.append(("integer division by zero", op))
+        a, b = args
+        self.emit(f"if {b} == 0:")
+        self.emit(f"    err[0] = code + {site}")
+        self.emit(f"    {name} = {literal(0, dtype)}")
+        self.emit("else:")
+        self.emit(f"    {name} = {dtype}({a} // {b})")
+        return ""
+
+
+NUMBA_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
+
+
+def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
+             out_shape: tuple[int, ...]) -> KernelSource:
+    """The kernel for ops (in order) reading inputs and writing outputs, all of out_shape but
+    the inputs, which broadcast."""
+    src = _Source(out_shape)
+    for k, v in enumerate(inputs):
+        src.names[v] = f"x{k}"
+    reads = [f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type)}]" for k, v in enumerate(inputs)]
+    for op in ops:
+        src.op(op)
+    writes = [f"{INDENT}out{k}[i] = {src.names[v]}" for k, v in enumerate(outputs)]
+    params = ["n"] + [f"out{k}" for k in range(len(outputs))] + [f"in{k}" for k in range(len(inputs))]
+    types = ["int64"] + [NUMBA_TYPES[v.tensor_type.dtype] + "[::1]" for v in [*outputs, *inputs]]
+    if src.error_sites:
+        params += ["err", "code"]
+        types += ["int32[::1]", "int64"]
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
+    body = src.coordinate_lines() + reads + src.lines + writes or [INDENT + "pass"]
+    return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites)
+
+
+def fused_source(op: Operation) -> KernelSource:
+    """The kernel of a `fused` op: its body's ops, its inputs, the values it yields."""
+    body = op.body
+    term = body.terminator
+    assert term is not None
+    ops = [inner for inner in body if inner is not term]
+    out_shape = tuple(op.results[0].tensor_type.shape) if op.results else ()
+    return generate(body.args, ops, list(term.operands), out_shape)  # type: ignore[arg-type]
+
+
+def op_source(op: Operation) -> KernelSource:
+    """The kernel of an elementwise op outside any fused group."""
+    inputs = list(dict.fromkeys(op.operands))  # `mul %a, %a` reads one input
+    return generate(inputs, [op], [op.result], tuple(op.result.tensor_type.shape))  # type: ignore[arg-type]
+
+
+_CACHE: dict[str, Any] = {}
+"""Kernel source -> compiled kernel, for the whole process."""
+
+
+def _define(cuda: Any, source: str) -> Any:
+    """Runs the source (its @cuda.jit makes the kernel); returns the kernel."""
+    namespace: dict[str, Any] = {"cuda": cuda, "math": math, "INF": math.inf, "NAN": math.nan,
+                                 "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64}
+    exec(compile(source, "<gir elementwise kernel>", "exec"), namespace)
+    return namespace["gir_elementwise"]
+
+
+def compile_kernel(dev: Device, ks: KernelSource) -> ElementwiseKernel:
+    kernel = _CACHE.get(ks.source)
+    if kernel is None:
+        kernel = _CACHE[ks.source] = _define(dev.cuda, ks.source)
+    return ElementwiseKernel(ks, kernel)
+
+
+def cached_kernels() -> int:
+    """How many distinct kernels this process has compiled."""
+    return len(_CACHE)
+
+
+def ptx(ks: KernelSource, cc: tuple[int, int] = (8, 0)) -> str:
+    """The kernel's PTX from numba.cuda's compiler, which needs NVVM (numba-cuda[cu12]) but no
+    GPU: a check of generated code where only the simulator can run it (not in the simulator)."""
+    from numba import cuda
+
+    text, _ = cuda.compile_ptx(_define(cuda, ks.source).py_func, ks.signature, cc=cc)
+    return text

@@ -1,0 +1,120 @@
+"""Device memory of a compiled function: the memplan arena as one device allocation, each
+planned value a typed view of it at its planned offset (passes/memplan.py).
+
+Terms (memplan's): *planned values* (op results and scan carries' body arguments) get a slot
+in the arena; *views* (`reshape`, `transfer`, `index`, a contiguous `slice`, a 2-D `transpose`
+read only by matmuls, a scan sequence's element) read their source's memory; *registers*
+(values inside `fused` ops) have none. What is a view is the plan's decision: the backend
+makes exactly those views (an xp view of the source) and gives every other value storage.
+
+Without a plan every value that needs memory gets a device buffer of its own instead, still
+allocated once per compiled function: when passes/memplan.py cannot be imported, when it
+cannot plan the function (`MemoryPlan.unsupported`), or with GIR_GPU_ARENA=0 (a switch for
+tests and for bisecting a suspected planning bug). `Memory.mode` says which.
+
+Kept outside the arena, each in a buffer of its own allocated once:
+- arguments: the call copies the caller's arrays into them (the plan never places arguments);
+- constants: uploaded when compiling. Their arena blocks are reused by later values in every
+  call, so keeping them there would cost a refill per call. A value the plan computes in place
+  of a constant gets the constant's (unused) arena block, and reads the constant from its own
+  buffer: still correct.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from ...ir.core import Operation, Value
+from .device import Device
+
+
+def view_source(op: Operation) -> Value | None:
+    """memplan's rule, for when there is no plan: the operand whose memory op's result reads
+    where it is, or None."""
+    name = op.name
+    if name in ("reshape", "transfer", "index"):
+        return op.operands[0]
+    if name == "slice":
+        src, out = op.operands[0].tensor_type.shape, op.result.tensor_type.shape
+        steps = op.attrs["steps"] or [1] * len(src)
+        cut = next((i for i, (o, d) in enumerate(zip(out, src)) if o != d), len(src))
+        contiguous = (all(st == 1 for st in steps) and all(o == 1 for o in out[:cut])
+                      and all(o == d for o, d in zip(out[cut + 1:], src[cut + 1:])))
+        return op.operands[0] if contiguous else None
+    if name == "transpose":
+        r = op.result
+        if r.uses and r.tensor_type.rank == 2 and all(u.name == "matmul" for u in r.users):
+            return op.operands[0]
+    return None
+
+
+class Memory:
+    def __init__(self, function: Any, dev: Device):
+        self.dev = dev
+        self.plan, self.reason = _plan(function)
+        self.mode = "arena" if self.plan is not None else "per-value"
+        """arena: one device allocation laid out by the memory plan; per-value: a buffer each."""
+        self.arena_bytes = self.plan.arena_bytes if self.plan is not None else 0
+        self.arena = dev.empty((max(self.arena_bytes, 1),), np.dtype(np.uint8)) if self.plan is not None else None
+        self.own_bytes = 0
+        """Bytes of the buffers outside the arena (arguments, constants, per-value storage)."""
+        self._storage: dict[Value, Any] = {}
+
+    def is_view(self, v: Value, op: Operation) -> bool:
+        if self.plan is not None:
+            return v in self.plan.views
+        return view_source(op) is not None
+
+    def storage(self, v: Value) -> Any:
+        """v's device array (made once): its arena slot, or a buffer of its own."""
+        found = self._storage.get(v)
+        if found is not None:
+            return found
+        t = v.tensor_type
+        shape = tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+        if self.plan is not None:
+            slot = self.plan.slots[v]
+            nbytes = math.prod(shape) * t.numpy_dtype.itemsize
+            array = self.arena[slot.offset : slot.offset + nbytes].view(t.numpy_dtype).reshape(shape)  # type: ignore[index]
+        else:
+            array = self.own(shape, t.numpy_dtype)
+        self._storage[v] = array
+        return array
+
+    def share(self, v: Value, other: Value) -> None:
+        """Without a plan, v lives in other's storage (a scan's final carry in its carry's);
+        a plan decides that itself."""
+        if self.plan is None:
+            self._storage[v] = self.storage(other)
+
+    def own(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """A device buffer outside the arena."""
+        self.own_bytes += math.prod(shape) * dtype.itemsize
+        return self.dev.empty(shape, dtype)
+
+    def constant(self, host: np.ndarray) -> Any:
+        self.own_bytes += host.nbytes
+        return self.dev.to_device(host)
+
+    def describe(self) -> str:
+        if self.plan is not None:
+            return f"arena of {self.arena_bytes} bytes (naive {self.plan.naive_bytes})"
+        return f"a buffer per value ({self.reason})"
+
+
+def _plan(function: Any) -> tuple[Any, str | None]:
+    """(the function's memory plan or None, why there is none)."""
+    if os.environ.get("GIR_GPU_ARENA", "1") == "0":
+        return None, "GIR_GPU_ARENA=0"
+    try:
+        from ...passes.memplan import plan_memory
+    except ImportError as e:
+        return None, f"no memory planner: {e}"
+    plan = plan_memory(function)
+    if not plan.supported:
+        return None, f"not planned: {plan.unsupported}"
+    return plan, None
