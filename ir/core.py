@@ -22,6 +22,19 @@ if TYPE_CHECKING:
     from .ops import OpSpec
 
 
+_REGISTRY: dict[str, OpSpec] | None = None
+
+
+def _registry() -> dict[str, OpSpec]:
+    """The op registry (ops.py imports this module, so it is fetched on first use)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        from .ops import REGISTRY
+
+        _REGISTRY = REGISTRY
+    return _REGISTRY
+
+
 class Value:
     __slots__ = ("type", "name_hint", "uses")
 
@@ -111,9 +124,7 @@ class Operation:
     # -- registry ---------------------------------------------------------------------------
     @property
     def spec(self) -> OpSpec:
-        from .ops import REGISTRY
-
-        return REGISTRY[self.name]
+        return _registry()[self.name]
 
     def group(self, name: str) -> list[Value]:
         """The operands of the variadic group `name` declared in the spec."""

@@ -181,8 +181,17 @@ def check_arity(spec: OpSpec, n: int, segments: tuple[int, ...], loc: Location) 
         raise GirTypeError(f"'{spec.name}' operand groups do not add up", loc)
 
 
+DEVICES = ("cpu", "gpu")
+"""Where an op runs: every op kind accepts an optional `device` attribute (set by the `place`
+pass, passes/placement.py); `transfer` requires it (the device it moves its operand to)."""
+
+
 def normalize_attrs(spec: OpSpec, attrs: dict[str, Any], loc: Location) -> dict[str, Any]:
     for key in attrs:
+        if key == "device":
+            if attrs[key] not in DEVICES:
+                raise GirTypeError(f"'{spec.name}': device must be \"cpu\" or \"gpu\", got {attrs[key]!r}", loc)
+            continue
         if key not in spec.attrs:
             known = ", ".join(sorted(spec.attrs)) or "none"
             raise GirTypeError(f"'{spec.name}' has no attribute '{key}' (known: {known})", loc)

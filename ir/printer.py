@@ -19,6 +19,7 @@ class _Names:
         self.names: dict[Value, str] = {}
         self.used: set[str] = set()
         self.counter = 0
+        self.next_suffix: dict[str, int] = {}
 
     def assign(self, value: Value) -> None:
         hint = value.name_hint
@@ -30,9 +31,10 @@ class _Names:
         elif hint not in self.used:
             name = hint
         else:
-            i = 1
+            i = self.next_suffix.get(hint, 1)  # resume where this name left off: linear, not quadratic
             while f"{hint}.{i}" in self.used:
                 i += 1
+            self.next_suffix[hint] = i + 1
             name = f"{hint}.{i}"
         self.used.add(name)
         self.names[value] = "%" + name

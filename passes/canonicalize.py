@@ -27,7 +27,7 @@ import numpy as np
 from ..ir.core import Block, Function, Module, Operation, Value
 from ..ir.ops import REGISTRY
 from .base import Pass
-from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts
+from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts, trip_count
 from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
 
 FOLD_LIMIT = 1024
@@ -221,6 +221,8 @@ class AddDisjointConcats(Pattern):
         if lhs.attrs["axis"] != rhs.attrs["axis"] or not _same(op, op.operands[0]) or not _same(op, op.operands[1]):
             return False
         axis = lhs.attrs["axis"] % op.result.tensor_type.rank
+        if any(v.tensor_type.shape[axis] is None for v in lhs.operands + rhs.operands):
+            return False
         pieces = _segments(lhs, axis) + _segments(rhs, axis)
         cuts = sorted({p[0] for p in pieces} | {p[1] for p in pieces})
         out: list[Value | None] = []
@@ -284,7 +286,10 @@ class FoldConstants(Pattern):
         except (ArithmeticError, ValueError, IndexError):
             return False  # leave run-time errors to run time
         flat = out.reshape(-1)
-        if flat.size and np.all(flat == flat[0]) and not np.isnan(flat[0]):
+        same = flat == flat[0]
+        if flat.dtype.kind == "f":
+            same &= np.signbit(flat) == np.signbit(flat[0])  # 0.0 and -0.0 differ (1 / x)
+        if flat.size and np.all(same) and not np.isnan(flat[0]):
             value: Any = flat[0].item()
         elif flat.size <= FOLD_LIMIT:
             value = out.tolist()
@@ -307,6 +312,9 @@ class DeadCode(Pattern):
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
         if any(r.uses for r in op.results):
             return False
+        if op.regions and any(not inner.spec.pure and not inner.spec.terminator
+                              for region in op.regions for inner in region.block.walk()):
+            return False  # e.g. a pre-SSA loop that stores into an outer variable
         rw.erase(op)
         return True
 
@@ -325,6 +333,8 @@ class ScanDropUnused(Pattern):
         live_carries = _live_carries(parts)
         carries = [c for i, c in enumerate(parts.carries) if i in live_carries]
         seqs = [s for s in parts.sequences if s.arg.uses]
+        if not seqs and parts.sequences and trip_count(op) is None:
+            seqs = parts.sequences[:1]  # the only record of a `?` trip count
         if len(stacks) == len(parts.stacks) and len(carries) == len(parts.carries) and len(seqs) == len(
                 parts.sequences):
             return False
@@ -371,11 +381,13 @@ class ScanForwardInvariantCarries(Pattern):
         invariant = [c for c in parts.carries if c.yielded is c.arg]
         if not invariant:
             return False
+        dropped = {i for i, c in enumerate(parts.carries) if c in invariant}
         for c in invariant:
             rw.replace_all_uses(c.arg, c.init)
             if c.result is not None:
                 rw.replace_all_uses(c.result, c.init)
-        parts.carries = [c for c in parts.carries if c not in invariant]
+        parts = scan_parts(op)  # yielded values may have been the forwarded arguments: read them again
+        parts.carries = [c for i, c in enumerate(parts.carries) if i not in dropped]
         rebuild_scan(rw, parts)
         return True
 
@@ -462,8 +474,8 @@ def _freeze(x: Any) -> Any:
         return tuple(sorted((k, _freeze(v)) for k, v in x.items()))
     if isinstance(x, (list, tuple)):
         return tuple(_freeze(v) for v in x)
-    if isinstance(x, float) and x != x:
-        return "nan"
+    if isinstance(x, float):
+        return ("float", repr(x))  # keeps -0.0 apart from 0.0, and nan equal to nan
     return (type(x).__name__, x)
 
 

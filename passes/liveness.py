@@ -2,9 +2,10 @@
 report it: `liveness` (counts) and `print-liveness` (the sorted, stable printed form).
 
 Terms.
-- *Program point*: every op gets a number in a pre-order walk of the function, loop bodies
-  included. A loop (`scan`, `for`) at point p has its body at p+1 .. end(p), where end(p) is
-  the point of its `yield`. Function arguments are defined at point -1, before the first op.
+- *Program point*: every op gets a number in a pre-order walk of the function, bodies
+  included. A region op at point p (a loop, `scan` or `for`, or a `fused` op, whose body runs
+  once per element: a loop too) has its body at p+1 .. end(p), where end(p) is the point of
+  its `yield`. Function arguments are defined at point -1, before the first op.
 - *live-in(op)* / *live-out(op)*: the values whose contents are still needed just before /
   just after op runs. For a loop op, live-in is before its first step and live-out after its
   last step; its body ops have their own sets.
@@ -24,12 +25,12 @@ Loops are followed around their back edge, so:
 Algorithm. In SSA form with structured loops, liveness is sparse: a value's range is fixed by
 its definition and its reads, each read lifted out of the loops that do not define the value
 (a read inside a loop is a read at the loop's end, since the next step reads it again). The
-worklist holds facts "value v is read at op o", seeded with every operand of every op plus the
-reads the loop rules add at each `yield` (the carries' body arguments, the stacks and the
-sequences, or for other region ops all operands). A fact whose op is in v's own block sets
-last(v) to o's point (to the loop's end when o is a loop v is read inside); otherwise it
-becomes the fact "v is read at the loop around o", queued once per (value, loop). So the work
-is O(ops + reads x loop depth), whatever the number of values live at once: no dense sets are
+reads are every operand of every op plus those the loop rules add at each `yield` (the
+carries' body arguments, the stacks and the sequences; for a `fused` op all its operands). A
+read by an op in v's own block sets last(v) to the op's point at once; a read inside a loop
+that does not define v becomes the fact "v is read at that loop's end", put on the worklist
+once per (value, loop) and handled the same way in the loop's block. So the work is
+O(ops + reads x loop depth), whatever the number of values live at once: no dense sets are
 iterated, unlike a fixed-point dataflow over per-op sets (bench/memplan_scale.py measures both).
 The per-op sets print-liveness shows are derived from the ranges in one sweep: live-in(op) is
 {v: first(v) < point <= last(v)}, live-out {v: first(v) <= point < last(v)}, a loop's live-out
@@ -151,10 +152,12 @@ class Liveness:
         self.end_of: dict[Operation, int] = {}
         """Region op (loop, fused) -> the point of its yield (the last point of its body)."""
         self._yield_uses: dict[Operation, list[Value]] = {}
+        self._home: dict[Value, Block] = {}
+        """Value -> the block that defines it (a loop's body for its body arguments)."""
         self.first: dict[Value, int] = {}
         self.last: dict[Value, int] = {}
         self.visits = 0
-        """Facts the worklist processed."""
+        """Reads looked at plus (value, loop) facts the worklist processed."""
         self._sets: dict[Operation, tuple[set[Value], set[Value]]] | None = None
         self._number(function.body)
         self._define()
@@ -179,42 +182,62 @@ class Liveness:
         return op.operands if extra is None else op.operands + extra
 
     def _define(self) -> None:
-        first, last = self.first, self.last
+        first, last, home = self.first, self.last, self._home
+        body = self.function.body
         for a in self.function.args:
             first[a] = last[a] = -1
+            home[a] = body
         for point, op in enumerate(self.points):
             if op.regions:
-                for a in op.body.args:
+                inner = op.body
+                for a in inner.args:
                     first[a] = last[a] = point
+                    home[a] = inner
                 for r in loop_stack_results(op):
                     first[r] = last[r] = point
                 end = self.end_of[op]
                 for r in loop_final_results(op):
                     first[r] = last[r] = end
+                for r in op.results:
+                    home[r] = op.parent  # type: ignore[assignment]
             else:
+                block = op.parent
                 for r in op.results:
                     first[r] = last[r] = point
+                    home[r] = block  # type: ignore[assignment]
 
     def _solve(self) -> None:
-        last, end_of = self.last, self.end_of
-        work: list[tuple[Value, Operation, int]] = []
+        """Reads in a value's own block set its last point at once; a read inside a loop that
+        does not define the value becomes the fact (value, loop): read at the loop's end."""
+        last, end_of, home = self.last, self.end_of, self._home
+        work: list[tuple[Value, Operation]] = []
+        yield_uses = self._yield_uses
+        visits = 0
         for point, op in enumerate(self.points):
-            for v in self.uses(op):
-                work.append((v, op, point))
+            block = op.parent
+            reads = yield_uses.get(op)
+            for v in op.operands if reads is None else op.operands + reads:
+                visits += 1
+                if home[v] is block:
+                    if point > last[v]:
+                        last[v] = point
+                else:
+                    work.append((v, block.parent_op))  # type: ignore[union-attr,arg-type]
         lifted: set[tuple[Value, Operation]] = set()
         while work:
-            self.visits += 1
-            v, op, point = work.pop()
-            block = op.parent
-            if block is _home(v) or block is None:
-                if point > last[v]:
-                    last[v] = point
+            fact = work.pop()
+            if fact in lifted:
                 continue
-            loop = block.parent_op
-            assert loop is not None, "a value read outside the blocks that can see it"
-            if (v, loop) not in lifted:  # v is read inside loop, which does not define it
-                lifted.add((v, loop))
-                work.append((v, loop, end_of[loop]))
+            lifted.add(fact)
+            visits += 1
+            v, loop = fact
+            block = loop.parent
+            if home[v] is block:
+                if end_of[loop] > last[v]:
+                    last[v] = end_of[loop]
+            else:
+                work.append((v, block.parent_op))  # type: ignore[union-attr,arg-type]
+        self.visits = visits
 
     # -- queries ----------------------------------------------------------------------------
     def point(self, op: Operation) -> int:
@@ -238,7 +261,7 @@ class Liveness:
         """The last point that reads value: a read inside a loop that does not define value
         counts at that loop's end. Unlike `range`, a carry's body argument is not kept live to
         the yield unless the yield reads it."""
-        home = _home(value)
+        home = self._home[value]
         best = self.first[value]
         for user, _ in value.uses:
             op = user
@@ -332,11 +355,6 @@ class Liveness:
                 shown = sorted_names(values, names)
                 lines.append(f"{pad}    {label}" + (" " + ", ".join(shown) if shown else ""))
         return "\n".join(lines) + "\n"
-
-
-def _home(v: Value) -> Block | None:
-    """The block that defines v (its body for a body argument)."""
-    return v.op.parent if isinstance(v, OpResult) else v.block  # type: ignore[attr-defined]
 
 
 def _rank(v: Value) -> int:

@@ -33,14 +33,22 @@ How values are put into buffers, in program order:
    like packed weights) gets a buffer of its own, reserved for the whole function.
 
 Where buffers go (`strategy`):
-- "size" (the default): largest buffer first (ties: the earlier first), each into the
-  best-fitting free gap at least as large among the buffers already placed that are live at
-  the same time, splitting the gap; when none fits, above them. A static planner knows every
-  lifetime up front, so it can keep the big blocks contiguous (greedy by size, as in
-  Pisarchyk and Lee, "Efficient memory management for deep neural net inference", 2020).
+- "size": largest buffer first (ties: the earlier first), each into the best-fitting free gap
+  at least as large among the buffers already placed that are live at the same time,
+  splitting the gap; when none fits, above them. A static planner knows every lifetime up
+  front, so it can keep the big blocks contiguous (greedy by size, as in Pisarchyk and Lee,
+  "Efficient memory management for deep neural net inference", 2020). When that misses the
+  lower bound, it places again in their "greedy by breadth" order (the buffers live at the
+  busiest point first, largest first among equals) and keeps the smaller arena; the plan's
+  strategy then reads "breadth". Its cost is the number of (buffer, buffer live at the same
+  time) pairs: quadratic when thousands of values are live at once, as in a long training step.
 - "program": an online allocator in program order: a dead buffer's block goes back to a free
   list (merged with free neighbours); a new buffer takes the best-fitting free block at least
-  as large, splitting the remainder, else grows the arena. What a runtime allocator can do.
+  as large, splitting the remainder, else grows the arena. What a runtime allocator can do,
+  O(n log n); it may split a big free block that a later big buffer needed.
+- "auto" (the default): "size" when there are at most SIZE_BUDGET pairs of buffers live at a
+  common point per buffer on average (counted in O(n)), else "program". The plan's
+  `strategy` says which one placed it.
 
 The report: peak arena bytes; the naive total (every planned value its own buffer); the lower
 bound, the most bytes of buffers live at one point (no placement of these buffers does
@@ -62,12 +70,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..errors import UNKNOWN, GirError, GirPassError, Location
-from ..ir.core import Block, BlockArgument, Function, Module, Operation, OpResult, Value
-from ..ir.types import TensorType
+from ..ir.core import BlockArgument, Function, Module, Operation, OpResult, Value
+from ..ir.ops import REGISTRY
+from ..ir.types import DTYPES, TensorType
 from .base import Pass
 from .liveness import (
     Liveness,
@@ -86,7 +96,11 @@ from .rewriter import PassStatistics
 ALIGN = 64
 """Every buffer starts at a multiple of this many bytes and its size is rounded up to one."""
 
-STRATEGIES = ("size", "program")
+STRATEGIES = ("auto", "size", "program")
+
+SIZE_BUDGET = 64
+"""auto places by size while there are at most this many pairs of buffers live at a common
+point per buffer (on average), else in program order."""
 
 
 def aligned(nbytes: int) -> int:
@@ -105,7 +119,7 @@ CARRY = "carry"
 PINNED = "pinned"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Buffer:
     values: list[Value]
     """The values that occupy it, in program order."""
@@ -124,7 +138,7 @@ class Buffer:
         return self.offset + self.size
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot:
     """Where one planned value lives."""
 
@@ -147,7 +161,8 @@ class MemoryPlan:
 
     function: Function
     liveness: Liveness
-    strategy: str = "size"
+    strategy: str = "auto"
+    """The placement that made it: size or program (auto resolves to one of them)."""
     slots: dict[Value, Slot] = field(default_factory=dict)
     """Planned values in program order."""
     buffers: list[Buffer] = field(default_factory=list)
@@ -156,8 +171,8 @@ class MemoryPlan:
     registers: set[Value] = field(default_factory=set)
     """Values inside `fused` ops: no memory."""
     held_until: dict[Value, int] = field(default_factory=dict)
-    """A planned value -> the last point its memory is needed: its own last point, or later
-    when a view of it is live longer."""
+    """A value -> the last point its memory is needed: its own last point, or later when a
+    view of it is live longer."""
     unsupported: str | None = None
     arena_bytes: int = 0
     naive_bytes: int = 0
@@ -242,7 +257,7 @@ class MemoryPlan:
             last = max(last, self.held_until.get(v, last))
             line = _loc_of(v).line
             slot = self.slots.get(v)
-            nbytes = slot.nbytes if slot is not None else v.tensor_type.nbytes() or 0
+            nbytes = slot.nbytes if slot is not None else _nbytes(v.tensor_type)
             rows.append((names[v], str(line) if line else "-", str(nbytes), f"[{first}, {last}]",
                          str(slot.offset) if slot is not None else "-", self.reason(v, names)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -264,6 +279,14 @@ def _loc_of(v: Value) -> Location:
     return getattr(f, "loc", UNKNOWN)
 
 
+_ITEMSIZE = {name: dt.itemsize for name, dt in DTYPES.items()}
+
+
+def _nbytes(t: TensorType) -> int:
+    """Bytes of a static tensor type."""
+    return math.prod(t.shape) * _ITEMSIZE[t.dtype]  # type: ignore[arg-type]
+
+
 def view_source(op: Operation) -> Value | None:
     """The operand whose memory op's result reads where it is (so the result needs no buffer),
     or None. Backends make exactly these views: `reshape` and `transfer` (the same bytes),
@@ -281,7 +304,7 @@ def view_source(op: Operation) -> Value | None:
         return op.operands[0] if contiguous else None
     if name == "transpose":
         r = op.result
-        if r.uses and r.tensor_type.rank == 2 and all(u.name == "matmul" for u in r.users):
+        if r.uses and r.tensor_type.rank == 2 and all(u.name == "matmul" for u, _ in r.uses):
             return op.operands[0]
     return None
 
@@ -289,7 +312,7 @@ def view_source(op: Operation) -> Value | None:
 class MemoryPlanner:
     """Builds the MemoryPlan of one function: `MemoryPlanner(f).pin(v).run()`."""
 
-    def __init__(self, function: Function, liveness: Liveness | None = None, strategy: str = "size"):
+    def __init__(self, function: Function, liveness: Liveness | None = None, strategy: str = "auto"):
         if strategy not in STRATEGIES:
             raise GirPassError(f"memory plan strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
         self.function = function
@@ -306,101 +329,135 @@ class MemoryPlanner:
             raise GirError(f"cannot pin a body argument of '{owner.name}': it is a view of an operand", owner.loc)
         if isinstance(value, OpResult) and view_source(owner) is not None:
             raise GirError(f"cannot pin the result of '{owner.name}': it is a view of its operand", owner.loc)
+        region_op = owner.parent_op
+        if isinstance(value, OpResult) and region_op is not None and not is_loop(region_op):
+            raise GirError(f"cannot pin a value inside '{region_op.name}': it lives in registers", owner.loc)
         self._pinned[value] = None
         return self
 
     def run(self) -> MemoryPlan:
-        plan = MemoryPlan(self.function, self.liveness, self.strategy, pinned=list(self._pinned))
+        live = self.liveness
+        plan = MemoryPlan(self.function, live, self.strategy, pinned=list(self._pinned))
         self.plan = plan
-        plan.unsupported = _unsupported(self.function)
+        plan.unsupported = _unsupported(live)
         if plan.unsupported is not None:
             return plan
-        plan.views, plan.registers = find_views(self.function)
-        plan.held_until = self.held = held_until(self.liveness, plan.views)
+        plan.views, plan.registers = find_views(live)
+        plan.held_until = self.held = held_until(live, plan.views)
         self.children: dict[Value, list[Value]] = {}
         for view, source in plan.views.items():
             self.children.setdefault(source, []).append(view)
-        self._block(self.function.body)
-        last_point = max(self.liveness.num_points - 1, 0)
+        self.carry_of: dict[Value, BlockArgument] = {}
+        """A value yielded as a carry by its own block's scan -> that carry's body argument."""
+        self.carry_args: set[Value] = set()
+        self._form()
+        first, held = live.first, self.held
+        last_point = max(live.num_points - 1, 0)
         for b in plan.buffers:
-            b.first = min(self.liveness.first[v] for v in b.values)
-            b.last = max(self.held[v] for v in b.values)
+            b.first = first[b.values[0]]
+            b.last = max(held[v] for v in b.values) if len(b.values) > 1 else held[b.values[0]]
             if b.pinned:
                 b.first, b.last = 0, last_point
         placed = [b for b in plan.buffers if b.size > 0]
-        if self.strategy == "size":
-            _place_by_size(placed, self.liveness.num_points)
+        by_size = self.strategy == "size" or (
+            self.strategy == "auto" and _overlapping_pairs(placed, live.num_points) <= SIZE_BUDGET * len(placed))
+        n = live.num_points
+        if by_size:
+            plan.strategy = "size"
+            _place_by_size(placed, n, lambda b: (-b.size, b.first, -b.last))
+            arena = max((b.end for b in placed), default=0)
+            if arena > _lower_bound(placed, n):  # try the buffers of the busiest points first
+                by_size_offsets = [b.offset for b in placed]
+                peak = _busiest(placed, n)
+                _place_by_size(placed, n, lambda b: (-peak[b], -b.size, b.first))
+                if max((b.end for b in placed), default=0) < arena:
+                    plan.strategy = "breadth"
+                else:
+                    for b, offset in zip(placed, by_size_offsets):
+                        b.offset = offset
         else:
+            plan.strategy = "program"
             _place_in_program_order(placed)
         for b in plan.buffers:
             if b.size == 0:
                 b.offset = 0
         _find_previous(placed)
+        slots = plan.slots
         for b in placed:
-            head = plan.slots[b.values[0]]
+            head = slots[b.values[0]]
             if head.kind == NEW and b.previous is not None:
                 head.kind = REUSED
         plan.arena_bytes = max((b.end for b in placed), default=0)
-        plan.naive_bytes = sum(aligned(s.nbytes) for s in plan.slots.values())
-        plan.lower_bound = _lower_bound(placed, self.liveness.num_points)
+        plan.naive_bytes = sum(aligned(s.nbytes) for s in slots.values())
+        plan.lower_bound = _lower_bound(placed, live.num_points)
         return plan
 
     # -- putting values into buffers --------------------------------------------------------
-    def _new(self, value: Value) -> None:
-        nbytes = value.tensor_type.nbytes() or 0
+    def _new(self, value: Value, nbytes: int | None = None) -> None:
+        nbytes = _nbytes(value.type) if nbytes is None else nbytes  # type: ignore[arg-type]
         pinned = value in self._pinned
         buf = Buffer([value], aligned(nbytes), pinned=pinned)
         self.plan.buffers.append(buf)
         self.plan.slots[value] = Slot(value, buf, nbytes, PINNED if pinned else NEW)
 
-    def _join(self, value: Value, source: Value, kind: str) -> None:
+    def _join(self, value: Value, source: Value, kind: str, nbytes: int | None = None) -> None:
         buf = self.plan.slots[source].buffer
         buf.values.append(value)
-        self.plan.slots[value] = Slot(value, buf, value.tensor_type.nbytes() or 0, kind, source)
+        nbytes = _nbytes(value.type) if nbytes is None else nbytes  # type: ignore[arg-type]
+        self.plan.slots[value] = Slot(value, buf, nbytes, kind, source)
 
     def _free_tail(self, value: Value, nbytes: int) -> bool:
         """value is planned, the latest value of a buffer that is not pinned, of nbytes bytes."""
         slot = self.plan.slots.get(value)
-        return (slot is not None and not slot.buffer.pinned and slot.buffer.values[-1] is value
-                and slot.nbytes == nbytes)
+        return (slot is not None and slot.nbytes == nbytes and slot.buffer.values[-1] is value
+                and not slot.buffer.pinned)
 
-    def _block(self, block: Block) -> None:
-        for op in block:
-            if is_loop(op):
-                self._loop(op)
+    def _form(self) -> None:
+        """Puts every value that needs memory into a buffer: one pass over the points."""
+        live = self.liveness
+        views, registers = self.plan.views, self.plan.registers
+        ending: list[tuple[int, Operation]] = []  # scans whose body is being walked: (end, scan)
+        for point, op in enumerate(live.points):
+            results = op.results
+            if op.name == "scan":
+                self._scan_starts(op, point)
+                ending.append((live.end_of[op], op))
             elif op.regions:  # fused: results in memory, the body in registers
-                for r in op.results:
+                for r in results:
                     self._new(r)
-            elif op.results and view_source(op) is None:
-                self._op(op)
+            elif len(results) == 1:
+                r = results[0]
+                if r not in views and r not in registers:
+                    self._op(op, r, point)
+            else:
+                for r in results:
+                    self._new(r)
+            while ending and ending[-1][0] == point:
+                self._scan_ends(ending.pop()[1])
 
-    def _op(self, op: Operation) -> None:
-        point = self.liveness.point(op)
-        if len(op.results) != 1:
-            for r in op.results:
-                self._new(r)
-            return
-        r = op.result
+    def _op(self, op: Operation, r: Value, point: int) -> None:
+        """r, op's only result: in place of a dying operand, in its carry's buffer, or new."""
+        nbytes = _nbytes(r.type)  # type: ignore[arg-type]
         if r in self._pinned:
-            self._new(r)
+            self._new(r, nbytes)
             return
-        nbytes = r.tensor_type.nbytes() or 0
         candidates = _inplace_operands(op)
-        carry_arg = self._carry_arg_of_yielded(op, r)
+        carry_arg = self.carry_of.get(r)
         if carry_arg is not None and self._free_tail(carry_arg, nbytes):
             dead_at = max(self.liveness.last_use(carry_arg), self._views_held(carry_arg))
             if dead_at < point:
-                self._join(r, carry_arg, CARRY)
+                self._join(r, carry_arg, CARRY, nbytes)
                 return
             if dead_at == point and carry_arg in candidates and self._sole_reader(op, carry_arg):
-                self._join(r, carry_arg, IN_PLACE)
+                self._join(r, carry_arg, IN_PLACE, nbytes)
                 return
+        held = self.held
         for x in candidates:
-            if (self._free_tail(x, nbytes) and self.held[x] == point and _same_elements(x, r)
-                    and not _is_carry_arg(x) and self._sole_reader(op, x)):
-                self._join(r, x, IN_PLACE)
+            if (held[x] == point and self._free_tail(x, nbytes) and _same_elements(x, r)
+                    and x not in self.carry_args and self._sole_reader(op, x)):
+                self._join(r, x, IN_PLACE, nbytes)
                 return
-        self._new(r)
+        self._new(r, nbytes)
 
     def _views_held(self, value: Value) -> int:
         """The last point a view of value is needed (-1 if it has none)."""
@@ -412,29 +469,24 @@ class MemoryPlanner:
         views = self.plan.views
         return all(v is x or self.plan.base(v) is not x for v in op.operands if v in views)
 
-    def _carry_arg_of_yielded(self, op: Operation, r: Value) -> BlockArgument | None:
-        """The carry argument whose buffer r may take: r is yielded as that carry by the yield
-        of the loop whose body holds op."""
-        loop = op.parent.parent_op if op.parent is not None else None
-        if loop is None or loop.name != "scan":
-            return None
-        for i, y in enumerate(yielded_carries(loop)):
-            if y is r:
-                return loop_carry_args(loop)[i]
-        return None
-
-    def _loop(self, loop: Operation) -> None:
-        point = self.liveness.point(loop)
-        for arg, init in zip(loop_carry_args(loop), loop_inits(loop)):
-            nbytes = arg.tensor_type.nbytes() or 0
-            if arg not in self._pinned and self._free_tail(init, nbytes) and self.held[init] == point:
+    def _scan_starts(self, scan: Operation, point: int) -> None:
+        """The carries' buffers (in place of initial values that die here) and the stacks."""
+        args = loop_carry_args(scan)
+        self.carry_args.update(args)
+        for arg, init in zip(args, loop_inits(scan)):
+            nbytes = _nbytes(arg.type)  # type: ignore[arg-type]
+            if arg not in self._pinned and self.held[init] == point and self._free_tail(init, nbytes):
                 self._join(arg, init, IN_PLACE)
             else:
                 self._new(arg)
-        for r in loop_stack_results(loop):
+        for r in loop_stack_results(scan):
             self._new(r)
-        self._block(loop.body)
-        for r, arg in zip(loop_carry_results(loop), loop_carry_args(loop)):
+        for y, arg in zip(yielded_carries(scan), args):
+            self.carry_of.setdefault(y, arg)
+
+    def _scan_ends(self, scan: Operation) -> None:
+        """The final carries stay in the carries' buffers."""
+        for r, arg in zip(loop_carry_results(scan), loop_carry_args(scan)):
             buf = self.plan.slots[arg].buffer
             if r in self._pinned or buf.pinned:
                 self._new(r)
@@ -442,29 +494,35 @@ class MemoryPlanner:
                 self._join(r, arg, CARRY)
 
 
-def find_views(f: Function) -> tuple[dict[Value, Value], set[Value]]:
-    """(views: view -> the value it reads, registers) of f: see the module docstring."""
+def find_views(live: Liveness) -> tuple[dict[Value, Value], set[Value]]:
+    """(views: view -> the value it reads, registers) of live's function: see the module
+    docstring."""
     views: dict[Value, Value] = {}
     registers: set[Value] = set()
-    for op in f.walk():
-        if op.name in ("scan", "for"):
-            views.update(zip(loop_sequence_args(op), loop_sequences(op)))
-        elif op.regions:
-            for inner in op.body.walk():
-                registers.update(inner.results)
-            registers.update(op.body.args)
-        elif op.results and op.result not in registers:
-            source = view_source(op) if len(op.results) == 1 else None
+    for op in live.points:
+        if op.regions:
+            if is_loop(op):
+                views.update(zip(loop_sequence_args(op), loop_sequences(op)))
+            else:
+                for inner in op.body.walk():
+                    registers.update(inner.results)
+                registers.update(op.body.args)
+        elif len(op.results) == 1 and op.name in _VIEW_OPS and op.results[0] not in registers:
+            source = view_source(op)
             if source is not None:
-                views[op.result] = source
+                views[op.results[0]] = source
     return views, registers
+
+
+_VIEW_OPS = frozenset(("reshape", "transfer", "index", "slice", "transpose"))
 
 
 def held_until(live: Liveness, views: dict[Value, Value]) -> dict[Value, int]:
     """Every value -> the last point its memory is needed: the latest of its own last point and
     those of the views that read it (through views of views)."""
     held = dict(live.last)
-    for v in sorted(views, key=lambda v: -live.first[v]):  # a view after its source: latest first
+    first = live.first
+    for v in sorted(views, key=lambda v: -first[v]):  # a view after its source: latest first
         source = views[v]
         if held[v] > held[source]:
             held[source] = held[v]
@@ -472,7 +530,7 @@ def held_until(live: Liveness, views: dict[Value, Value]) -> dict[Value, int]:
 
 
 def plan_memory(function: Function, liveness: Liveness | None = None, pinned: Iterable[Value] = (),
-                strategy: str = "size") -> MemoryPlan:
+                strategy: str = "auto") -> MemoryPlan:
     planner = MemoryPlanner(function, liveness, strategy)
     for v in pinned:
         planner.pin(v)
@@ -480,58 +538,113 @@ def plan_memory(function: Function, liveness: Liveness | None = None, pinned: It
 
 
 def _is_carry_arg(v: Value) -> bool:
-    if not isinstance(v, BlockArgument):
+    if type(v) is not BlockArgument:
         return False
     loop = v.block.parent_op
     return loop is not None and loop.name == "scan" and v in loop_carry_args(loop)
 
 
+_INPLACE: dict[str, tuple[int, ...]] = {}
+
+
 def _inplace_operands(op: Operation) -> list[Value]:
     """The operands op's result may overwrite: the spec's, and for a commutative binary op
     also the other one (the backend may swap the operands)."""
-    index = op.spec.inplace
-    if index is None or index >= len(op.operands):
-        return []
-    out = [op.operands[index]]
-    if op.spec.commutative and len(op.operands) == 2:
-        other = op.operands[1 - index]
-        if other is not out[0]:
-            out.append(other)
+    indices = _INPLACE.get(op.name)
+    if indices is None:
+        spec = REGISTRY[op.name]
+        i = spec.inplace
+        indices = () if i is None else (i, 1 - i) if spec.commutative and i in (0, 1) else (i,)
+        _INPLACE[op.name] = indices
+    operands = op.operands
+    out: list[Value] = []
+    for i in indices:
+        if i < len(operands) and operands[i] not in out:
+            out.append(operands[i])
     return out
 
 
 def _same_elements(x: Value, r: Value) -> bool:
-    tx, tr = x.tensor_type, r.tensor_type
-    return tx.num_elements() == tr.num_elements() and tx.numpy_dtype.itemsize == tr.numpy_dtype.itemsize
+    tx, tr = x.type, r.type
+    return tx is tr or (math.prod(tx.shape) == math.prod(tr.shape)  # type: ignore[union-attr]
+                        and _ITEMSIZE[tx.dtype] == _ITEMSIZE[tr.dtype])  # type: ignore[union-attr]
 
 
-def _unsupported(f: Function) -> str | None:
-    """Why f cannot be planned statically, or None."""
-    for op in f.walk():
-        if op.name in ("for", "var"):
-            return f"'{op.name}' at line {op.loc.line} is pre-SSA IR: run the ssa pass first"
-        if op.regions and op.name not in ("scan", "fused"):
-            return f"'{op.name}' at line {op.loc.line} has a region the planner does not know"
-        values = list(op.results) + [a for region in op.regions for a in region.block.args]
-        for v in values:
-            t = v.type
-            if not isinstance(t, TensorType):
-                return f"'{op.name}' at line {op.loc.line} makes a variable: run the ssa pass first"
-            if not t.is_static:
-                return (f"'{op.name}' at line {op.loc.line} makes a value of dynamic shape {t}: plans need "
-                        "static shapes (the JIT plans after specialising on the argument shapes)")
+def _unsupported(live: Liveness) -> str | None:
+    """Why the function cannot be planned statically, or None."""
+    args = set(live.function.args)
+    for v in live.first:
+        t = v.type
+        if type(t) is TensorType and (None not in t.shape or v in args):
+            continue
+        owner = v.op if isinstance(v, OpResult) else v.block.parent_op  # type: ignore[attr-defined]
+        if owner is None:
+            continue
+        if owner.name in ("for", "var") or type(t) is not TensorType:
+            return f"'{owner.name}' at line {owner.loc.line} is pre-SSA IR: run the ssa pass first"
+        return (f"'{owner.name}' at line {owner.loc.line} makes a value of dynamic shape {t}: plans need "
+                "static shapes (the JIT plans after specialising on the argument shapes)")
+    for op in live.points:
+        if op.name == "for" or (op.regions and op.name not in ("scan", "fused")):
+            return f"'{op.name}' at line {op.loc.line} has a region the planner does not know (run ssa first)"
     return None
 
 
 # -- placement ------------------------------------------------------------------------------
-_CHUNK = 64
+_CHUNK = 16
 """Points per bucket of the time index that finds the placed buffers live during a range."""
 
 
-def _place_by_size(buffers: list[Buffer], num_points: int) -> None:
+def _overlapping_pairs(buffers: list[Buffer], num_points: int) -> int:
+    """How many pairs of buffers are live at a common point (each counted where the later one
+    starts): what placing by size costs."""
+    starting = [0] * (num_points + 1)
+    ending = [0] * (num_points + 2)
+    for b in buffers:
+        starting[b.first] += 1
+        ending[b.last + 1] += 1
+    pairs = live = 0
+    for point in range(num_points):
+        live -= ending[point]
+        n = starting[point]
+        pairs += n * live + n * (n - 1) // 2
+        live += n
+    return pairs
+
+
+def _busiest(buffers: list[Buffer], num_points: int) -> dict[Buffer, int]:
+    """Each buffer -> the most bytes live at one point of its range (a sparse table of the
+    bytes live at each point answers each range in O(1))."""
+    delta = [0] * (num_points + 1)
+    for b in buffers:
+        delta[b.first] += b.size
+        delta[b.last + 1] -= b.size
+    row, running = [], 0
+    for d in delta[:num_points]:
+        running += d
+        row.append(running)
+    table = [row]
+    width = 1
+    while 2 * width <= num_points:
+        prev = table[-1]
+        table.append(list(map(max, prev[: len(prev) - width], prev[width:])))
+        width *= 2
+    out: dict[Buffer, int] = {}
+    for b in buffers:
+        k = (b.last - b.first + 1).bit_length() - 1
+        level = table[k]
+        out[b] = max(level[b.first], level[b.last - (1 << k) + 1])
+    return out
+
+
+def _place_by_size(buffers: list[Buffer], num_points: int, order: Callable[[Buffer], tuple]) -> None:
+    """In the given order, each buffer into the best-fitting gap among the placed buffers live
+    at the same time; above them when none fits."""
     chunks: list[list[Buffer]] = [[] for _ in range(num_points // _CHUNK + 1)]
+    for b in buffers:
+        b._stamp = 0  # marks a buffer already looked at for the current one
     stamp = 0
-    for b in sorted(buffers, key=lambda b: (-b.size, b.first, -b.last)):
+    for b in sorted(buffers, key=order):
         stamp += 1
         first, last, size = b.first, b.last, b.size
         lo, hi = first // _CHUNK, last // _CHUNK
@@ -667,19 +780,23 @@ def check_plan(plan: MemoryPlan) -> None:
     one after another (the earlier one's memory no longer needed when the later one is
     written, or handed over at an op allowed to overwrite it); and no two buffers needed at one
     point overlap in the arena. Lifetimes come from the liveness and the views are found
-    again here, not taken from the planner."""
+    again here, not taken from the planner. O(n log n)."""
     if not plan.supported:
         return
     live = plan.liveness
     f = plan.function
-    views, registers = find_views(f)
+    views, registers = find_views(live)
     if views != plan.views:
         raise PlanError(f"@{f.name}: the plan's views are not the ones the IR has")
     held = held_until(live, views)
+    children: dict[Value, list[Value]] = {}
+    for view, source in views.items():
+        children.setdefault(source, []).append(view)
+    args = set(f.args)
     for v in plan.slots:
-        if v in views or v in registers or v in f.args:
+        if v in views or v in registers or v in args:
             raise PlanError(f"@{f.name}: '{v.name_hint or '?'}' is in the arena but needs no memory of its own")
-    missing = [v for v in _planned_values(f) if v not in views and v not in registers and v not in plan.slots]
+    missing = [v for v in _planned_values(live) if v not in views and v not in registers and v not in plan.slots]
     if missing:
         raise PlanError(f"@{f.name}: {len(missing)} value(s) have no buffer, the first at line "
                         f"{_loc_of(missing[0]).line}")
@@ -697,23 +814,33 @@ def check_plan(plan: MemoryPlan) -> None:
         if b.offset < 0 or b.offset % ALIGN or b.size % ALIGN or b.end > plan.arena_bytes:
             raise PlanError(f"@{f.name}: a buffer at {b.offset} of {b.size} bytes is misaligned or outside "
                             f"the arena of {plan.arena_bytes} bytes")
-        ordered = sorted(b.values, key=lambda v: live.first[v])
-        for a, c in zip(ordered, ordered[1:]):
-            _check_handover(plan, views, held, a, c)
+        if len(b.values) > 1:
+            ordered = sorted(b.values, key=lambda v: live.first[v])
+            for a, c in zip(ordered, ordered[1:]):
+                _check_handover(plan, children, held, a, c)
         first = min(live.first[v] for v in b.values)
         last = max(held[v] for v in b.values)
         if b.pinned:
             first, last = 0, last_point
         spans.append((first, last, b))
+    # Sweep in time; the buffers live now are disjoint in the arena (checked as they come), so
+    # a new one can only collide with its neighbours in offset order.
     spans.sort(key=lambda s: s[0])
-    active: list[tuple[int, int, Buffer]] = []
-    for first, last, b in spans:
-        active = [s for s in active if s[1] >= first]
-        for _, _, o in active:
-            if o.offset < b.end and b.offset < o.end:
-                raise PlanError(f"@{f.name}: buffers of {_describe(o)} and {_describe(b)} are live at once and "
-                                f"overlap in the arena ([{o.offset}, {o.end}) and [{b.offset}, {b.end}))")
-        active.append((first, last, b))
+    ending: list[tuple[int, int, Buffer]] = []
+    by_offset: list[tuple[int, int, int]] = []  # (offset, end, index into spans)
+    for index, (first, last, b) in enumerate(spans):
+        while ending and ending[0][0] < first:
+            _, i, o = heapq.heappop(ending)
+            by_offset.pop(bisect.bisect_left(by_offset, (o.offset, o.end, i)))
+        k = bisect.bisect_left(by_offset, (b.offset, b.end, index))
+        for j in (k - 1, k):
+            if 0 <= j < len(by_offset):
+                o = spans[by_offset[j][2]][2]
+                if o.offset < b.end and b.offset < o.end:
+                    raise PlanError(f"@{f.name}: buffers of {_describe(o)} and {_describe(b)} are live at once "
+                                    f"and overlap in the arena ([{o.offset}, {o.end}) and [{b.offset}, {b.end}))")
+        by_offset.insert(k, (b.offset, b.end, index))
+        heapq.heappush(ending, (last, index, b))
 
 
 def _describe(b: Buffer) -> str:
@@ -721,7 +848,7 @@ def _describe(b: Buffer) -> str:
     return f"'{v.name_hint or '?'}' (line {_loc_of(v).line})"
 
 
-def _check_handover(plan: MemoryPlan, views: dict[Value, Value], held: dict[Value, int], a: Value,
+def _check_handover(plan: MemoryPlan, children: dict[Value, list[Value]], held: dict[Value, int], a: Value,
                     c: Value) -> None:
     """a and then c occupy one buffer: a's memory must not be needed once c is written."""
     live = plan.liveness
@@ -729,10 +856,10 @@ def _check_handover(plan: MemoryPlan, views: dict[Value, Value], held: dict[Valu
     dead = held[a]
     carry = _carry_pair(a, c)
     if carry:  # c is the carry a's buffer holds next: a counts as dead after its last read
-        dead = max([live.last_use(a)] + [held[w] for w, source in views.items() if source is a])
+        dead = max([live.last_use(a)] + [held[w] for w in children.get(a, ())])
     if dead < at:
         return
-    if dead == at and (carry or _init_to_carry(a, c) or (_allowed_inplace(a, c) and _no_view_of(a, c, views))):
+    if dead == at and (carry or _init_to_carry(a, c) or (_allowed_inplace(a, c) and _no_view_of(a, c, plan.views))):
         return
     raise PlanError(f"@{plan.function.name}: '{c.name_hint or '?'}' (line {_loc_of(c).line}) is written into the "
                     f"buffer of '{a.name_hint or '?'}' (line {_loc_of(a).line}) while that is still needed")
@@ -772,10 +899,11 @@ def _init_to_carry(a: Value, c: Value) -> bool:
     return loop_inits(loop)[loop_carry_args(loop).index(c)] is a
 
 
-def _planned_values(f: Function) -> list[Value]:
+def _planned_values(live: Liveness) -> list[Value]:
     out: list[Value] = []
-    for op in f.walk():
-        out.extend(loop_carry_args(op) if op.regions else ())
+    for op in live.points:
+        if op.regions:
+            out.extend(loop_carry_args(op))
         out.extend(op.results)
     return out
 
@@ -833,15 +961,15 @@ def plot_plans(plans: list[MemoryPlan], path: str) -> None:
     plt.close(fig)
 
 
-def plan_module(module: Module, strategy: str = "size") -> list[MemoryPlan]:
+def plan_module(module: Module, strategy: str = "auto") -> list[MemoryPlan]:
     return [plan_memory(f, strategy=strategy) for f in module.functions.values()]
 
 
 # -- the pass -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MemplanOptions:
-    strategy: str = "size"
-    """size (largest first, best-fitting gap) or program (online best fit in program order)."""
+    strategy: str = "auto"
+    """auto, size (largest first, best-fitting gap) or program (online best fit in program order)."""
     check: bool = True
     """Run check_plan on every plan (a failure is a planner bug)."""
 

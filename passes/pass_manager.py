@@ -177,10 +177,12 @@ class PassManager:
             path = os.path.join(folder, f"gir-reproducer-{p.name}.gir")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(f"// gir reproducer: pass '{p.name}' failed: {err.message.splitlines()[0]}\n")
-                f.write(f"// reproduce with: gir opt {path} -p '{p.spec()}'\n")
+                numerics = f" --check-numerics={d.check_numerics}" if d.check_numerics is not None else ""
+                f.write(f"// reproduce with: gir opt {path} -p '{p.spec()}'{numerics}\n")
                 f.write(snapshot)
             err.reproducer = path  # type: ignore[attr-defined]
-            note = f"reproducer written to {path}; run: gir opt {path} -p '{p.spec()}'"
+            flags = f" --check-numerics={d.check_numerics}" if d.check_numerics is not None else ""
+            note = f"reproducer written to {path}; run: gir opt {path} -p '{p.spec()}'{flags}"
             err.note = f"{err.note}\n{note}" if err.note else note
         return err
 

@@ -14,6 +14,7 @@ from .fuse import Fuse
 from .inline import Inline
 from .liveness import LivenessPass, PrintLiveness
 from .memplan import Memplan
+from .placement import Place
 from .scan_grad import ScanGrad
 from .ssa import SSA
 
@@ -24,6 +25,7 @@ PASSES: dict[str, type[Pass]] = {p.name: p for p in [
     ScanGrad,
     Inline,
     Fuse,
+    Place,
     LivenessPass,
     PrintLiveness,
     Memplan,

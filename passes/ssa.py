@@ -52,7 +52,7 @@ class _FunctionSSA:
         """Loop op -> the variables stored in its body at any depth, in first-store order."""
 
     def run(self) -> None:
-        vars_ = [op for op in self.function.body if op.name == "var"]
+        vars_ = [op for op in self.function.walk() if op.name == "var"]
         if not vars_ and not any(op.name == "for" for op in self.function.walk()):
             return
         self.collect_stores(self.function.body)

@@ -552,8 +552,6 @@ def test_cli_crash_reproducer_reproduces(tmp_path: Path, src: Path) -> None:
     assert "error: pass 'test-crash-on-mul' crashed: ZeroDivisionError: division by zero" in again.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the reproducer of a --check-numerics failure says "
-                   "`gir opt REPRO -p PASS` without --check-numerics=SEED, and that command succeeds")
 def test_cli_check_numerics_reproducer_reproduces(tmp_path: Path, src: Path) -> None:
     proc = gir_with_test_passes(tmp_path, "opt", str(src), "-p", "ssa,test-swap-sub", "--check-numerics=3",
                                 "--reproducer-dir", str(tmp_path / "r"))

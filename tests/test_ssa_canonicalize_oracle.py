@@ -77,9 +77,6 @@ def test_examples(path: Path, variant: str) -> None:
     results_before_and_after(text, path.name, names)
 
 
-@pytest.mark.xfail(strict=True, raises=gir.GirPassError,
-                   reason="BUG: canonicalize crashes (AssertionError in rebuild_scan) when a carry made invariant "
-                          "by `* 1.0` feeds another carry: ScanForwardInvariantCarries keeps stale yielded values")
 def test_carry_made_invariant_feeds_another_carry() -> None:
     """Found by the generator below (with more examples than it runs here)."""
     results_before_and_after("""\
