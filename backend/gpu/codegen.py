@@ -59,6 +59,8 @@ class Counters:
 
 @dataclass(eq=False)
 class Lowering:
+    """Lowers one function: owns its device memory, its static arrays and its kernels."""
+
     function: Function
     dev: Device
     memory: Memory = field(init=False)

@@ -86,10 +86,6 @@ class Device:
             return self._wrap(flat)
         return self.cuda.as_cuda_array(flat, sync=False)
 
-    def synchronize(self) -> None:
-        if not self.simulated:
-            self.cuda.synchronize()
-
 
 _DEVICE: Device | None = None
 

@@ -51,7 +51,8 @@ INDENT = " " * 8
 class KernelSource:
     """A generated kernel, before compiling."""
 
-    source: str
+    text: str
+    """Python source defining `gir_elementwise` with @cuda.jit."""
     signature: str
     """The numba type signature of its launches: `void(int64, float32[::1], ...)`."""
     error_sites: list[tuple[str, Operation]] = field(default_factory=list)
@@ -226,21 +227,21 @@ class _Source:
             return
         args = [self.names[v] for v in op.operands]
         src = op.operands[0].tensor_type.dtype if op.name != "select" else op.operands[1].tensor_type.dtype
+        self.names[op.result] = name
+        if op.name == "div" and src in ("i32", "i64"):
+            self._int_div(op, args, t.dtype, name)
+            return
         if op.name == "cast":
             expr = _cast(args, src, t.dtype)
-        elif op.name == "div" and src in ("i32", "i64"):
-            expr = self._int_div(op, args, t.dtype, name)
         else:
             rules = FLOAT_RULES if src in ("f32", "f64") else BOOL_RULES if src == "i1" else INT_RULES
             rule = rules.get(op.name)
             if rule is None:
                 raise GirError(f"the GPU backend has no kernel code for '{op.name}' on {src}", op.loc)
             expr = rule(args, t.dtype)
-        if expr:
-            self.emit(f"{name} = {expr}")
-        self.names[op.result] = name
+        self.emit(f"{name} = {expr}")
 
-    def _int_div(self, op: Operation, args: list[str], dtype: str, name: str) -> str:
+    def _int_div(self, op: Operation, args: list[str], dtype: str, name: str) -> None:
         """Floor division; a zero divisor records an error (and gives 0) instead of trapping."""
         site = len(self.error_sites)
         self.error_sites.append(("integer division by zero", op))
@@ -250,7 +251,6 @@ class _Source:
         self.emit(f"    {name} = {literal(0, dtype)}")
         self.emit("else:")
         self.emit(f"    {name} = {dtype}({a} // {b})")
-        return ""
 
 
 NUMBA_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
@@ -307,9 +307,9 @@ def _define(cuda: Any, source: str) -> Any:
 
 
 def compile_kernel(dev: Device, ks: KernelSource) -> ElementwiseKernel:
-    kernel = _CACHE.get(ks.source)
+    kernel = _CACHE.get(ks.text)
     if kernel is None:
-        kernel = _CACHE[ks.source] = _define(dev.cuda, ks.source)
+        kernel = _CACHE[ks.text] = _define(dev.cuda, ks.text)
     return ElementwiseKernel(ks, kernel)
 
 
@@ -323,5 +323,5 @@ def ptx(ks: KernelSource, cc: tuple[int, int] = (8, 0)) -> str:
     GPU: a check of generated code where only the simulator can run it (not in the simulator)."""
     from numba import cuda
 
-    text, _ = cuda.compile_ptx(_define(cuda, ks.source).py_func, ks.signature, cc=cc)
-    return text
+    code, _ = cuda.compile_ptx(_define(cuda, ks.text).py_func, ks.signature, cc=cc)
+    return code

@@ -57,7 +57,7 @@ class GPUFunction:
     @property
     def kernel_sources(self) -> list[str]:
         """The generated kernels' Python source, once each, in program order."""
-        return list(dict.fromkeys(k.source.source for k in self.lowering.kernels))
+        return list(dict.fromkeys(k.source.text for k in self.lowering.kernels))
 
     @property
     def llvm_ir(self) -> str:
