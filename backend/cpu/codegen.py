@@ -19,6 +19,7 @@ the op and its source location.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from ...errors import GirError, Location
 from ...ir.core import Function, Operation, Value
 from ...ir.ops import reduction_axes
 from ...ir.types import TensorType
+from ...passes.memplan import view_source
 from . import blas, mathlib
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -54,6 +56,16 @@ def _static(t: TensorType, op: Operation) -> tuple[int, ...]:
     return tuple(d for d in t.shape if d is not None)
 
 
+def _memory_plan(function: Function) -> object | None:
+    """memplan's plan of function, or None (GIR_CPU_ARENA=0, or a function it cannot plan)."""
+    if os.environ.get("GIR_CPU_ARENA") == "0":
+        return None
+    from ...passes.memplan import plan_memory
+
+    plan = plan_memory(function)
+    return plan if plan.supported else None
+
+
 @dataclass
 class GemmSite:
     key: str
@@ -73,18 +85,20 @@ class Layout:
     arena_bytes: int = 0
     pinned_bytes: int = 0
     gemms: list[GemmSite] = field(default_factory=list)
+    planned_bytes: int = 0
+    """The part of the arena memplan placed (0 when every value has its own slot)."""
     errors: list[tuple[str, object]] = field(default_factory=list)
     """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
 
     def to_json(self) -> dict:
-        return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes,
+        return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
                 "gemms": [g.__dict__ for g in self.gemms],
                 "errors": [[m, [loc.file, loc.line, loc.col]] for m, loc in self.errors]}  # type: ignore[attr-defined]
 
     @classmethod
     def from_json(cls, data: dict) -> Layout:
         return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
-                   [(m, Location(*loc)) for m, loc in data["errors"]])
+                   data.get("planned_bytes", 0), [(m, Location(*loc)) for m, loc in data["errors"]])
 
 
 class Lowering:
@@ -102,6 +116,11 @@ class Lowering:
         """A view -> the value whose storage it lives in."""
         self.layout = Layout()
         self.pack_slots: dict[Operation, ir.Value] = {}
+        self.plan = _memory_plan(function)
+        """memplan's plan: values share arena memory when their lifetimes do not overlap."""
+        if self.plan is not None:
+            self.layout.arena_bytes = self.plan.arena_bytes
+            self.layout.planned_bytes = self.plan.arena_bytes
         self.folded: set[Operation] = set()
         n_args = len(function.args)
         n_outs = len(function.result_types)
@@ -132,9 +151,13 @@ class Lowering:
         self.root[view] = self.root.get(of, of)
 
     def slot(self, v: Value, op: Operation) -> ir.Value:
+        """v's storage: its place in memplan's arena, or (not planned) a new slot above it."""
         t = v.tensor_type
         _static(t, op)
-        p = self.alloc(t.nbytes() or 0)
+        if self.plan is not None and v in self.plan.slots:
+            p = self.b.gep(self.arena, [ir.Constant(I64, self.plan.offset(v))], source_etype=I8)
+        else:
+            p = self.alloc(t.nbytes() or 0)
         self.ptr[v] = p
         return p
 
@@ -427,7 +450,7 @@ def lower_view(low: Lowering, op: Operation) -> None:
 
 
 def lower_transpose(low: Lowering, op: Operation) -> None:
-    if op.results[0].uses and all(u.name == "matmul" for u in op.result.users) and op.result.tensor_type.rank == 2:
+    if view_source(op) is not None:
         low.ptr[op.result] = low.ptr[op.operands[0]]  # folded into the GEMM's flags (see _gemm_operand)
         return
     src_t = op.operands[0].tensor_type
@@ -456,11 +479,7 @@ def lower_slice(low: Lowering, op: Operation) -> None:
     strides = _strides(src_shape)
     offset = sum(s * st for s, st in zip(starts, strides))
     base = low.elem_ptr(low.ptr[op.operands[0]], src_t.dtype, ir.Constant(I64, offset))
-    # Contiguous when, after the first axis that is cut, every axis is whole and steps are 1.
-    cut = next((i for i, (o, d) in enumerate(zip(out_shape, src_shape)) if o != d), len(src_shape))
-    contiguous = all(st == 1 for st in steps) and all(o == 1 for o in out_shape[:cut]) \
-        and all(o == d for o, d in zip(out_shape[cut + 1:], src_shape[cut + 1:]))
-    if contiguous:
+    if view_source(op) is not None:  # contiguous: memplan's rule, so plan and code agree
         low.alias(op.result, op.operands[0], base)
         return
     low.slot(op.result, op)

@@ -144,11 +144,12 @@ def cache_key(function: Function) -> str:
     parts = [print_function(function, print_locations=True), __version__, llvm.llvm_version_info.__str__(),
              llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
              str(blas.providers().has_mkl), str(blas.threads()), os.environ.get("GIR_GEMM_PATH", ""),
+             os.environ.get("GIR_CPU_ARENA", ""),
              _CODEGEN_VERSION]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-_CODEGEN_VERSION = "3"
+_CODEGEN_VERSION = "4"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
