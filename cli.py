@@ -87,19 +87,25 @@ def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
     )
 
 
-def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> None:
-    report = pass_manager(args, pipeline).run(module)
+def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> PassManager:
+    pm = pass_manager(args, pipeline)
+    report = pm.run(module)
     if getattr(args, "timing", False):
         sys.stderr.write(report.timing_table())
     if getattr(args, "stats_json", None):
         with open(args.stats_json, "w", encoding="utf-8") as f:
             json.dump(report.as_dict(), f, indent=2)
             f.write("\n")
+    return pm
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
     module = load(args.file)
-    run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+    pm = run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+    if args.placement_report:
+        from .passes.placement import placement_reports
+
+        sys.stderr.write(placement_reports(pm.passes))
     if args.memplan_report or args.memplan_plot:
         from .passes.memplan import plan_module, plot_plans
 
@@ -148,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..., list[np.ndarray]]:
-    """The interpreter, or the entry compiled for the CPU (after the backend pipeline)."""
+    """The interpreter, or the entry compiled for the CPU or the GPU (after the backend pipeline)."""
     if args.device == "interp":
         return lambda *a: interpret(module, entry, *a)
     from .jit import JitFunction
@@ -212,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="after the passes, print each function's memory plan, a row per value, to stderr")
     opt.add_argument("--memplan-plot", metavar="FILE.png",
                      help="after the passes, draw the memory plans (needs matplotlib: pip install 'gir[plot]')")
+    opt.add_argument("--placement-report", action="store_true",
+                     help="after the passes, print where the place pass put each op and why, and the transfers, "
+                          "to stderr")
     add_pipeline_flags(opt)
     opt.set_defaults(func=cmd_opt)
 
@@ -222,8 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--inputs", help=".npz with one array per parameter name (without %%)")
     src.add_argument("--random", type=int, metavar="SEED", help="seeded random inputs (the default, seed 0)")
     run.add_argument("--outputs", help="save results as out0, out1, ... in this .npz")
-    run.add_argument("--device", choices=["cpu", "interp"], default="cpu",
-                     help="cpu: compiled with llvmlite (default); interp: the NumPy reference interpreter")
+    run.add_argument("--device", choices=["cpu", "gpu", "interp"], default="cpu",
+                     help="cpu: compiled with llvmlite (default); gpu: numba.cuda kernels and CuPy (the CUDA "
+                          "simulator under NUMBA_ENABLE_CUDASIM=1); interp: the NumPy reference interpreter")
     run.add_argument("--repeat", type=int, default=1, metavar="N", help="run N times and print the median time")
     run.add_argument("-p", "--pipeline", help=f"passes to run first (default: {DEFAULT_PIPELINE})")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")

@@ -104,6 +104,8 @@ class _Summary:
     """Every value it touches has rank 0."""
     pin: str | None
     """The device attribute it (or, for a loop, its body) carries in the input."""
+    empty: bool = False
+    """A loop whose body computes nothing: it only moves data."""
 
 
 def _sizes(values: Sequence[Value], largest: int | None, scalar: bool) -> tuple[int | None, bool]:
@@ -137,14 +139,15 @@ class _Placer:
         """Top-level op -> device; ops inside it follow it."""
         self.reason: dict[Operation, str] = {}
         self.pinned: dict[Operation, str] = {}
+        """Top-level op -> the device attribute it (or its body) carries in the input."""
         self.boundaries: dict[Operation, tuple[Value, Operation]] = {}
         """Transfer kept or inserted -> (its root, the first op that reads it)."""
         self.created = 0
         self.removed = 0
         self.moved = 0
+        """Transfers in the input that were rewired to their root or moved next to its definition."""
         self.transfers = 0
         """Transfers in the function after the pass (all of them at boundaries)."""
-        """Transfers in the input that were rewired to their root or moved next to its definition."""
         self._last_after: dict[object, Operation] = {}
         """A definition (op, or block for arguments) -> the last transfer inserted after it."""
 
@@ -200,13 +203,18 @@ class _Placer:
                 scalar = scalar and s.scalar
         if len(pins) > 1:
             raise GirPassError(f"the ops of this '{op.name}' are placed on both devices; a loop runs on one", op.loc)
-        return _Summary(blocked, largest, scalar, pins.pop() if pins else None)
+        empty = all(inner.name == "transfer" or REGISTRY[inner.name].terminator for inner in op.body)
+        return _Summary(blocked, largest, scalar, pins.pop() if pins else None, empty)
 
     def policy(self, op: Operation, s: _Summary) -> tuple[str, str, bool]:
         """(device, reason, lift candidate) before the backward walk."""
         o = self.options
         if s.blocked is not None:
             return CPU, s.blocked, False
+        if s.empty:  # no op inside records its device, so decide from the neighbours alone
+            on_gpu = any(self.value_device(root(v)) == GPU for v in op.operands)
+            return (GPU, "an empty loop: stays with its inputs", False) if on_gpu else \
+                (CPU, "an empty loop: stays with its inputs", False)
         if s.scalar:
             return CPU, "too small: a scalar", False
         if s.elements is not None and s.elements < o.min_elements:
