@@ -76,6 +76,12 @@ def hoist_projections(rw: Rewriter, scan: Operation, stats: PassStatistics) -> O
         arg = scan.body.add_arg(op.result.type, op.result.name_hint, index=len(parts.sequences))
         parts.sequences.append(Sequence(projected, arg))
         rw.replace_op(op, [arg])
+        term = scan.body.terminator  # the product may have been yielded: read the yield again
+        assert term is not None
+        for c, v in zip(parts.carries, term.group("carries")):
+            c.yielded = v
+        for st, v in zip(parts.stacks, term.group("stacks")):
+            st.yielded = v
         scan = rebuild_scan(rw, parts)
         inside = defined_inside(scan)
         stats.count("scan-grad: input projections hoisted")
@@ -101,7 +107,7 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
         if op.name == "matmul" and op.operands[1].tensor_type.rank == 2:
             groups.setdefault(op.operands[0], []).append(op)
     for x, products in groups.items():
-        if len(products) < 2:
+        if len(products) < 2 or not all(p.result.tensor_type.is_static for p in products):
             continue
         first = products[0]
         weights = [p.operands[1] for p in products]
@@ -241,32 +247,43 @@ def push_out_accumulations(rw: Rewriter, scan: Operation, options: ScanGradOptio
                            stats: PassStatistics) -> None:
     rw.current = "push-out-accumulation"
     found: list[_Accumulation] = []
-    if trip_count(scan) is None:
-        if any(c.arg.uses for c in scan_parts(scan).carries):
-            stats.count("scan-grad: rejected (loop length unknown until run time)")
-        return
+    steps = trip_count(scan)
+
+    def reject(reason: str) -> None:
+        stats.count(f"scan-grad: rejected ({reason})")
+
     for c in scan_parts(scan).carries:
         update = getattr(c.yielded, "op", None)
-        if update is None or update.name != "add" or update.parent is not scan.body:
-            continue
-        if list(c.arg.users) != [update]:
-            continue  # read elsewhere in the body (or an operand depends on it): must stay a loop
-        if len(c.yielded.uses) != 1:
-            stats.count("scan-grad: rejected (accumulator value also stacked or used in the loop)")
-            continue
+        if update is None or update.name != "add" or update.parent is not scan.body or c.arg not in update.operands:
+            continue  # not an accumulation `acc + ...`: no candidate
         other = update.operands[1] if update.operands[0] is c.arg else update.operands[0]
         prod = getattr(other, "op", None)
-        if prod is None or prod.name != "matmul" or len(other.uses) != 1 or other.type != c.arg.type:
+        if prod is None or prod.name != "matmul":
+            continue  # an accumulation of something other than a product: no candidate
+        if steps is None or steps == 0:
+            reject("loop length unknown until run time" if steps is None else "loop of zero steps")
             continue
-        if prod.operands[0].tensor_type.rank != 2 or prod.operands[1].tensor_type.rank != 2:
+        if list(c.arg.users) != [update]:
+            reject("accumulator read elsewhere in the loop")
+            continue
+        if len(c.yielded.uses) != 1:
+            reject("accumulator value also stacked or used in the loop")
+            continue
+        if len(other.uses) != 1 or other.type != c.arg.type:
+            reject("product also used elsewhere, or broadcast into the accumulator")
+            continue
+        if prod.operands[0].tensor_type.rank != 2 or prod.operands[1].tensor_type.rank != 2 \
+                or not prod.operands[0].tensor_type.is_static or not prod.operands[1].tensor_type.is_static:
+            reject("operands not static 2-D matrices")
             continue
         a, a_t, b, b_t = _product_operands(prod)
         sa, sb = _stack_of(scan, a), _stack_of(scan, b)
         if sa is None or sb is None:
-            stats.count("scan-grad: rejected (operand not a per-step value of the loop)")
+            reject("operand not a per-step value of the loop")
             continue
         if sa.shifted_init is not None and sb.shifted_init is not None:
-            continue  # both operands h_{t-1}-like: not a form autodiff produces
+            reject("both operands are a carry's previous value")
+            continue
         extra = sa.extra_bytes + sb.extra_bytes
         if extra > options.max_extra_bytes:
             stats.count("scan-grad: rejected (max-extra-bytes)")
@@ -287,7 +304,6 @@ def push_out_accumulations(rw: Rewriter, scan: Operation, options: ScanGradOptio
                 new_stacks[v] = append_stack(scan, v)
     after = scan.next
     assert after is not None  # a scan is never a block's terminator
-    steps = trip_count(scan)
     for acc in found:
         total = _post_loop_gemm(rw, after, steps, acc.a, acc.a_t, acc.sa, acc.b, acc.b_t, acc.sb, new_stacks)
         c = acc.carry

@@ -638,20 +638,13 @@ func @f(%xs: tensor<4x3x3xf64>, %h0: tensor<3x3xf64>, %w: tensor<3x3xf64>, %acc0
 }
 """
 
-UNCOUNTED = "BUG: push_out_accumulations skips this candidate with a bare `continue`: no counter, no note"
-
-
 @pytest.mark.parametrize("text", [
     pytest.param(_one("stacked").text(), id="stacked"),
     pytest.param(INVARIANT_OPERAND, id="invariant-operand"),
-    pytest.param(_one("read-elsewhere").text(), id="read-elsewhere",
-                 marks=pytest.mark.xfail(strict=True, reason=UNCOUNTED)),
-    pytest.param(_one("operand-depends").text(), id="operand-depends",
-                 marks=pytest.mark.xfail(strict=True, reason=UNCOUNTED)),
-    pytest.param(SHARED_PRODUCT, id="product-shared-by-two-accumulators",
-                 marks=pytest.mark.xfail(strict=True, reason=UNCOUNTED)),
-    pytest.param(TWO_SHIFTED, id="both-operands-shifted",
-                 marks=pytest.mark.xfail(strict=True, reason=UNCOUNTED)),
+    pytest.param(_one("read-elsewhere").text(), id="read-elsewhere"),
+    pytest.param(_one("operand-depends").text(), id="operand-depends"),
+    pytest.param(SHARED_PRODUCT, id="product-shared-by-two-accumulators"),
+    pytest.param(TWO_SHIFTED, id="both-operands-shifted"),
 ])
 def test_push_out_rejections_are_counted(text: str):
     """Every carry updated as `acc + A @ B` is either pushed out or counted as rejected, with a
@@ -779,11 +772,6 @@ func @f(%xs: tensor<5x3x4xf64>, %w: tensor<4x6xf64>, %c0: tensor<3x6xf64>) -> (t
 """
 
 
-@pytest.mark.xfail(strict=True, raises=gir.GirPassError,
-                   reason="BUG: hoisting a product that the body yields (as a carry or a stack) leaves the "
-                          "yield on the erased product: 'pass scan-grad produced invalid IR: operand #0 of "
-                          "yield (%p) does not dominate this use' (hoist_projections takes scan_parts before "
-                          "replace_op, so rebuild_scan writes the stale yielded values)")
 def test_hoisting_a_yielded_product():
     out = check_numerics(YIELDED_PROJECTION, "scan-grad")
     (scan,) = top_scans(out.module["f"])
@@ -909,16 +897,10 @@ def test_dynamic_step_count_leaves_push_out_alone():
     assert count(backward_scan(out.module["rnn_grads"]), "matmul") == 2
 
 
-@pytest.mark.xfail(strict=True, raises=gir.GirError,
-                   reason="BUG: a scan over zero steps: the shifted push-out slices step 0 of an empty "
-                          "stack ('slice': slice [0:1:1] is out of range for a dim of size 0)")
 def test_zero_steps():
     check_against_baseline(SMALL_RNN.replace("STEPS", "0"), _rnn_inputs(0))
 
 
-@pytest.mark.xfail(strict=True, raises=gir.GirError,
-                   reason="BUG: merging the hoisted projections of a `?`-step GRU builds slices with "
-                          "limits [None, 32, 256] ('slice': limits must be a list of integers)")
 def test_dynamic_step_count_gru():
     text = (EXAMPLES / "gru.gir").read_text(encoding="utf-8").replace("50x32x256", "?x32x256")
     PassManager(DEFAULT_PIPELINE).run(gir.parse(text))
@@ -939,9 +921,7 @@ func @f(%as: tensor<SHAPE_Axf64>, %bs: tensor<SHAPE_Bxf64>, %w0: tensor<4x5xf64>
 
 @pytest.mark.parametrize("a,b,rows", [
     pytest.param("?x3x4", "?x3x5", "3", id="steps"),
-    pytest.param("6x?x4", "6x?x5", "?", id="batch", marks=pytest.mark.xfail(
-        strict=True, raises=gir.GirError,
-        reason="BUG: push-out of sequences with a `?` batch dim crashes in _flat/_rows (TypeError: int * None)")),
+    pytest.param("6x?x4", "6x?x5", "?", id="batch"),
 ])
 def test_dynamic_dims_in_accumulated_sequences(a: str, b: str, rows: str):
     text = DYNAMIC_ACCUMULATION.replace("SHAPE_A", a).replace("SHAPE_B", b).replace("ROWS", rows)

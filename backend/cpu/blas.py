@@ -126,13 +126,13 @@ PATHS = ("mkl", "openblas", "mkl-packed")
 
 def _cache_file() -> str:
     root = os.environ.get("GIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gir")
-    return os.path.join(root, "gemm-paths.json")
+    return os.path.join(root, "gemm-times.json")
 
 
-_choices: dict[str, str] | None = None
+_choices: dict[str, dict[str, float]] | None = None
 
 
-def _load_choices() -> dict[str, str]:
+def _load_choices() -> dict[str, dict[str, float]]:
     global _choices
     if _choices is None:
         try:
@@ -162,24 +162,52 @@ def threads() -> int:
     return os.cpu_count() or 1
 
 
-def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> str:
-    """'mkl', 'openblas' or 'mkl-packed' for this GEMM, measured once and cached on disk.
-    GIR_GEMM_PATH forces one (where it applies)."""
+def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> dict[str, float]:
+    """Seconds of one GEMM of this shape through each available path, measured once per
+    machine and cached on disk."""
     prov = providers()
-    forced = os.environ.get("GIR_GEMM_PATH")
-    candidates = ["openblas"]
-    if prov.has_mkl:
-        candidates = ["mkl", "openblas"] + (["mkl-packed"] if packable else [])
-    if forced in candidates:
-        return forced
+    candidates = ["openblas"] + (["mkl"] + (["mkl-packed"] if packable else []) if prov.has_mkl else [])
     key = f"{dtype} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} packable={int(packable)} threads={threads()}"
     choices = _load_choices()
-    if key in choices and choices[key] in candidates:
-        return choices[key]
-    best = min(candidates, key=lambda p: _measure(p, dtype, m, n, k, ta, tb))
-    choices[key] = best
-    _save_choices()
-    return best
+    found = choices.get(key)
+    if not isinstance(found, dict) or not all(c in found for c in candidates):
+        found = {c: _measure(c, dtype, m, n, k, ta, tb) for c in candidates}
+        choices[key] = found
+        _save_choices()
+    return {c: found[c] for c in candidates}
+
+
+FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas",)}
+"""A compiled function calls one provider only: MKL's and OpenBLAS's thread pools, both
+spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/performance.md)."""
+
+
+def choose_family(sites: list[tuple[tuple, int]]) -> str:
+    """The provider whose best paths make the function's GEMMs fastest; sites are
+    ((dtype, m, n, k, ta, tb, packable), times run per call)."""
+    forced = os.environ.get("GIR_GEMM_PATH")
+    if forced:
+        return "openblas" if forced == "openblas" else "mkl"
+    if not providers().has_mkl:
+        return "openblas"
+    totals = {family: 0.0 for family in FAMILIES}
+    for params, count in sites:
+        times = path_times(*params)
+        for family, paths in FAMILIES.items():
+            totals[family] += count * min(times[p] for p in paths if p in times)
+    return min(totals, key=totals.__getitem__)
+
+
+def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool,
+                family: str | None = None) -> str:
+    """'mkl', 'openblas' or 'mkl-packed' for this GEMM (within `family` if given): the fastest
+    measured path. GIR_GEMM_PATH forces one (where it applies)."""
+    forced = os.environ.get("GIR_GEMM_PATH")
+    times = path_times(dtype, m, n, k, ta, tb, packable)
+    if forced in times:
+        return forced  # type: ignore[return-value]
+    allowed = [p for p in times if family is None or p in FAMILIES[family]]
+    return min(allowed or list(times), key=times.__getitem__)
 
 
 _GEMM_ARGS = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]

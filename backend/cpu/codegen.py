@@ -56,6 +56,35 @@ def _static(t: TensorType, op: Operation) -> tuple[int, ...]:
     return tuple(d for d in t.shape if d is not None)
 
 
+def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
+    """Every float GEMM of the function as lower_matmul will call it, with how many times it
+    runs per call (the trip counts of its enclosing scans)."""
+    from ...ir.ops import loop_trip_count
+
+    sites = []
+    for op in function.walk():
+        if op.name != "matmul" or op.result.tensor_type.dtype not in ("f32", "f64"):
+            continue
+        ta_t, tb_t, out = op.operands[0].tensor_type, op.operands[1].tensor_type, op.result.tensor_type
+        if not (ta_t.is_static and tb_t.is_static):
+            continue
+        _, ta = _gemm_operand(op.operands[0])
+        _, tb = _gemm_operand(op.operands[1])
+        count, parent = 1, op.parent_op
+        while parent is not None:
+            if parent.name == "scan":
+                steps = loop_trip_count([v.type for v in parent.group("sequences")], parent.attrs["length"])
+                count *= steps or 1
+            parent = parent.parent_op
+        if tb_t.rank == 2:
+            m = math.prod(out.shape[:-1])  # type: ignore[arg-type]
+        else:
+            m = out.shape[-2]  # type: ignore[assignment]
+            count *= math.prod(out.shape[:-2])  # type: ignore[arg-type]
+        sites.append(((out.dtype, m, tb_t.shape[-1], ta_t.shape[-1], ta, tb, _packable(op)), count))
+    return sites
+
+
 def _memory_plan(function: Function) -> object | None:
     """memplan's plan of function, or None (GIR_CPU_ARENA=0, or a function it cannot plan)."""
     if os.environ.get("GIR_CPU_ARENA") == "0":
@@ -116,6 +145,8 @@ class Lowering:
         """A view -> the value whose storage it lives in."""
         self.layout = Layout()
         self.pack_slots: dict[Operation, ir.Value] = {}
+        self.gemm_family = blas.choose_family(_gemm_sites(function))
+        """One BLAS provider for the whole function (blas.FAMILIES)."""
         self.plan = _memory_plan(function)
         """memplan's plan: values share arena memory when their lifetimes do not overlap."""
         if self.plan is not None:
@@ -663,7 +694,7 @@ def _call_table(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Va
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
                pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool) -> None:
-    path = blas.choose_path(dtype, m, n, k, ta, tb, packable)
+    path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
     low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
@@ -714,7 +745,7 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         dtype = op.result.tensor_type.dtype
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
-        if blas.choose_path(dtype, m, n, k, ta, tb, True) != "mkl-packed":  # type: ignore[arg-type]
+        if blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family) != "mkl-packed":  # type: ignore[arg-type]
             continue
         dest = low.alloc_pinned(blas.pack_size(dtype, m, n, k))  # type: ignore[arg-type]
         low.pack_slots[op] = dest

@@ -149,7 +149,7 @@ def cache_key(function: Function) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-_CODEGEN_VERSION = "4"
+_CODEGEN_VERSION = "5"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
