@@ -134,6 +134,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs = load_inputs(f, args.inputs)
     else:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
+    if args.verbose and args.device == "cpu":
+        from .backend.cpu.blas import providers
+
+        prov = providers()
+        print(prov.notice or "BLAS: MKL (cblas, packed GEMM) and OpenBLAS (SciPy)", file=sys.stderr)
     run = _runner(args, module, f.name)
     results = run(*inputs)
     times = []
@@ -235,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cpu: compiled with llvmlite (default); gpu: numba.cuda kernels and CuPy (the CUDA "
                           "simulator under NUMBA_ENABLE_CUDASIM=1); interp: the NumPy reference interpreter")
     run.add_argument("--repeat", type=int, default=1, metavar="N", help="run N times and print the median time")
+    run.add_argument("-v", "--verbose", action="store_true", help="say which BLAS providers the CPU backend uses")
     run.add_argument("-p", "--pipeline", help=f"passes to run first (default: {DEFAULT_PIPELINE})")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
     run.set_defaults(func=cmd_run)
