@@ -295,12 +295,7 @@ def _bcast_strides(t: TensorType, out_shape: tuple[int, ...]) -> list[int]:
     return out
 
 
-_CURRENT: list[Lowering] = []
-"""The lowering in progress, for scalar rules that must flag run-time errors."""
-
-
 def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
-    _CURRENT[:] = [low]
     b = low.b
     name = op.name
     t = op.result.tensor_type
@@ -309,6 +304,8 @@ def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
     if name == "constant" or name in ("zeros", "ones"):
         value = {"zeros": 0, "ones": 1}.get(name, op.attrs.get("value"))
         return ir.Constant(LLVM_TYPES[t.dtype], float(value) if t.is_float else int(value))
+    if name == "div" and not is_float:
+        return _floordiv(low, args, op)  # the one scalar rule that can flag a run-time error
     rule = (_FLOAT_OPS if is_float else _INT_OPS).get(name)
     if rule is None:
         raise GirError(f"the CPU backend has no scalar code for '{name}' on {in_t.dtype}", op.loc)
@@ -331,12 +328,12 @@ def fmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value, kind: str = ">=") -> ir.Valu
     return b.select(keep_x, x, y)
 
 
-def _floordiv(b: ir.IRBuilder, a: list[ir.Value], op: Operation) -> ir.Value:
+def _floordiv(low: Lowering, a: list[ir.Value], op: Operation) -> ir.Value:
+    """NumPy's floor division. Never traps: a zero divisor is flagged (the runtime raises, as the
+    interpreter does) and the division runs on 1 instead."""
+    b = low.b
     x, y = a
     zero = ir.Constant(x.type, 0)
-    # Never trap: a zero divisor is flagged (the runtime raises, as the interpreter does) and
-    # the division runs on 1 instead.
-    low = _CURRENT[0]
     low.flag_error(b.icmp_signed("==", y, zero), "integer division by zero", op)
     safe_y = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
     q = b.sdiv(x, safe_y)
@@ -390,7 +387,6 @@ _INT_OPS: dict[str, Callable] = {
     "add": lambda b, a, op: b.add(a[0], a[1]) if a[0].type != I1 else b.or_(a[0], a[1]),
     "sub": lambda b, a, op: b.sub(a[0], a[1]),
     "mul": lambda b, a, op: b.mul(a[0], a[1]) if a[0].type != I1 else b.and_(a[0], a[1]),
-    "div": _floordiv,
     "max": lambda b, a, op: b.select(_icmp(b, "<", a[0], a[1]), a[1], a[0]),
     "min": lambda b, a, op: b.select(_icmp(b, ">", a[0], a[1]), a[1], a[0]),
     "neg": lambda b, a, op: b.neg(a[0]),
