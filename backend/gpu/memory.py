@@ -29,27 +29,8 @@ from typing import Any
 import numpy as np
 
 from ...ir.core import Operation, Value
+from ...passes.memplan import view_source  # one rule for the plan and both backends
 from .device import Device
-
-
-def view_source(op: Operation) -> Value | None:
-    """memplan's rule, for when there is no plan: the operand whose memory op's result reads
-    where it is, or None."""
-    name = op.name
-    if name in ("reshape", "transfer", "index"):
-        return op.operands[0]
-    if name == "slice":
-        src, out = op.operands[0].tensor_type.shape, op.result.tensor_type.shape
-        steps = op.attrs["steps"] or [1] * len(src)
-        cut = next((i for i, (o, d) in enumerate(zip(out, src)) if o != d), len(src))
-        contiguous = (all(st == 1 for st in steps) and all(o == 1 for o in out[:cut])
-                      and all(o == d for o, d in zip(out[cut + 1:], src[cut + 1:])))
-        return op.operands[0] if contiguous else None
-    if name == "transpose":
-        r = op.result
-        if r.uses and r.tensor_type.rank == 2 and all(u.name == "matmul" for u in r.users):
-            return op.operands[0]
-    return None
 
 
 class Memory:
