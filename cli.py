@@ -107,11 +107,12 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
         sys.stderr.write(placement_reports(pm.passes))
     if args.memplan_report or args.memplan_plot:
-        from .passes.memplan import plan_module, plot_plans
+        from .passes.memplan import plan_module
+        from .reporting import memplan_reports, plot_plans
 
         plans = plan_module(module)
         if args.memplan_report:
-            sys.stderr.write("\n".join(p.report() for p in plans))
+            sys.stderr.write(memplan_reports(plans))
         if args.memplan_plot:
             plot_plans(plans, args.memplan_plot)
     text = print_module(module, print_locations=args.print_locations)

@@ -40,7 +40,9 @@ from gir.ir.core import Block, Function, Module, Operation, Region, Value
 from gir.ir.ops import make_op
 from gir.ir.types import TensorType
 from gir.passes.liveness import Liveness, loop_stack_results
-from gir.passes.memplan import STRATEGIES, check_plan, plan_memory
+from gir.passes.memory.arena import STRATEGIES
+from gir.passes.memory.checker import check_plan
+from gir.passes.memory.planner import plan_memory
 
 ACT = TensorType((32, 64), "f32")
 WEIGHT = TensorType((64, 64), "f32")

@@ -1,11 +1,11 @@
-"""Liveness and the memory plan (passes/liveness.py, passes/memplan.py).
+"""Liveness and the memory plan (passes/liveness.py, passes/memory/, passes/memplan.py).
 
 Three oracles besides the hand-written cases:
 - `check_plan`, on every plan made here (every example, both strategies, generated programs);
 - an arena machine that runs a function with every planned value stored at its offset in one
-  byte array (views are NumPy views of it, loops follow the runtime contract in memplan's
-  docstring), compared exactly with the interpreter: a plan that lets a value be overwritten
-  while it is still needed gives wrong numbers;
+  byte array (views are NumPy views of it, loops follow the runtime contract in
+  passes/memory/__init__.py), compared exactly with the interpreter: a plan that lets a value
+  be overwritten while it is still needed gives wrong numbers;
 - the live ranges, recomputed here from the rules in liveness.py's docstring by walking each
   use up to the loop that does not define the value, without any dataflow.
 """
@@ -40,20 +40,13 @@ from gir.passes.liveness import (
     value_names,
     yielded_carries,
 )
-from gir.passes.memplan import (
-    CARRY,
-    IN_PLACE,
-    NEW,
-    PINNED,
-    REUSED,
-    MemoryPlan,
-    PlanError,
-    check_plan,
-    plan_memory,
-    view_source,
-)
+from gir.passes.memory.checker import check_plan
+from gir.passes.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
+from gir.passes.memory.planner import plan_memory
+from gir.passes.memory.views import view_source
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+from gir.reporting import memplan_report
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,7 +144,7 @@ class ArenaMachine:
             regs[inner.result] = inner.spec.kernel(inner, *[regs[v] for v in inner.operands])  # type: ignore[misc]
 
     def scan(self, op: Operation) -> None:
-        """The contract in memplan's docstring: initial carries copied into the carries'
+        """The contract in passes/memory/__init__.py: initial carries copied into the carries'
         buffers (unless already there); stacks filled row by row at the yield, then yielded
         carries copied into their buffers, those that read another carry's buffer through a
         temporary; final carries read from the carries' buffers."""
@@ -450,7 +443,7 @@ def test_views_keep_their_base_alive() -> None:
     assert plan.views == {v["v"]: v["a"], v["top"]: v["a"]}  # a strided slice is a copy
     assert plan.held_until[v["a"]] == Liveness(f).point(v["d"].op)  # type: ignore[attr-defined]
     assert not overlaps(plan, v["a"], v["b"]) and not overlaps(plan, v["a"], v["c"])
-    assert plan.reason(v["top"], names) == "view of %a" and "%top" in plan.report(names)
+    assert plan.reason(v["top"], names) == "view of %a" and "%top" in memplan_report(plan, names)
     for strategy in STRATEGIES:
         run_planned(f.module, f, planned(f, strategy))  # type: ignore[arg-type]
 
@@ -491,7 +484,7 @@ def test_dynamic_shapes_are_not_planned() -> None:
     }""")
     plan = plan_memory(f)
     assert not plan.supported and "dynamic shape tensor<?x4xf32>" in plan.unsupported  # type: ignore[operator]
-    assert "not planned" in plan.report()
+    assert "not planned" in memplan_report(plan)
     check_plan(plan)
     stats = PassManager("memplan").run(f.module).records[0].stats  # type: ignore[arg-type]
     assert any("not planned" in n for n in stats.notes) and not stats.counters
@@ -501,15 +494,16 @@ def test_busiest_points_first_when_largest_first_misses_the_lower_bound() -> Non
     """Two big buffers that are never live together share a block when placed largest first,
     pushing the small ones up; placing the buffers of the busiest points first does not.
     (The pattern of @lstm_grads: the input projection and the backward pass's stacked gates.)"""
-    from gir.passes.memplan import Buffer, _busiest, _lower_bound, _place_by_size
+    from gir.passes.memory.arena import busiest, lower_bound, place_by_size
+    from gir.passes.memory.plan import Buffer
 
     spans = [(4, 0, 1), (4, 12, 20)] + [(1, 1, 10)] * 4 + [(1, 3, 20)] * 5  # (units, first, last)
     buffers = [Buffer([], 64 * size, first, last) for size, first, last in spans]
-    _place_by_size(buffers, 21, lambda b: (-b.size, b.first, -b.last))
-    assert max(b.end for b in buffers) == 13 * 64 and _lower_bound(buffers, 21) == 9 * 64
-    peak = _busiest(buffers, 21)
+    place_by_size(buffers, 21, lambda b: (-b.size, b.first, -b.last))
+    assert max(b.end for b in buffers) == 13 * 64 and lower_bound(buffers, 21) == 9 * 64
+    peak = busiest(buffers, 21)
     assert [peak[b] // 64 for b in buffers[:3]] == [8, 9, 9]
-    _place_by_size(buffers, 21, lambda b: (-peak[b], -b.size, b.first))
+    place_by_size(buffers, 21, lambda b: (-peak[b], -b.size, b.first))
     assert max(b.end for b in buffers) == 9 * 64
 
 

@@ -31,7 +31,7 @@ from ...errors import GirError, Location
 from ...ir.core import Function, Operation, Value
 from ...ir.ops import reduction_axes
 from ...ir.types import TensorType
-from ...passes.memplan import view_source
+from ...passes.memory.views import view_source
 from . import blas, mathlib
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -89,7 +89,7 @@ def _memory_plan(function: Function) -> object | None:
     """memplan's plan of function, or None (GIR_CPU_ARENA=0, or a function it cannot plan)."""
     if os.environ.get("GIR_CPU_ARENA") == "0":
         return None
-    from ...passes.memplan import plan_memory
+    from ...passes.memory.planner import plan_memory
 
     plan = plan_memory(function)
     return plan if plan.supported else None

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.core import Operation, Value
-from ...passes.memplan import view_source  # one rule for the plan and both backends
+from ...passes.memory.views import view_source  # one rule for the plan and both backends
 from .device import Device
 
 
@@ -92,7 +92,7 @@ def _plan(function: Any) -> tuple[Any, str | None]:
     if os.environ.get("GIR_GPU_ARENA", "1") == "0":
         return None, "GIR_GPU_ARENA=0"
     try:
-        from ...passes.memplan import plan_memory
+        from ...passes.memory.planner import plan_memory
     except ImportError as e:
         return None, f"no memory planner: {e}"
     plan = plan_memory(function)
