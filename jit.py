@@ -21,6 +21,7 @@ from .frontend.parser import load, parse
 from .ir.core import Module
 from .ir.interpreter import check_arguments
 from .ir.printer import print_module
+from .ir.specialize import specialize
 from .passes.pass_manager import PassManager
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 
@@ -29,10 +30,8 @@ DEVICES = ("cpu", "gpu", "interp")
 
 class JitFunction:
     def __init__(self, module: Module, entry: str, device: str, pipeline: str):
-        # Printed with loc(...) so that re-parsing (per specialisation) keeps the original source
-        # locations, and re-parsed under a name of its own so the original text stays quotable.
-        self.source = print_module(module, print_locations=True)
-        self.source_name = f"<jit {module.filename}>"
+        self.source = module
+        """The module as given (a private copy); every specialisation clones it, locations included."""
         self.entry = entry
         self.device = device
         self.pipeline = pipeline
@@ -46,10 +45,12 @@ class JitFunction:
         found = self._compiled.get(shapes)
         if found is not None:
             return found
-        module = parse(self.source, filename=self.source_name)
-        f = module.functions[self.entry]
+        f = self.source.functions[self.entry]
         if shapes != tuple(tuple(t.shape) for t in f.arg_types):
-            module = _with_arg_shapes(module, self.entry, shapes)
+            types = [t.with_shape(tuple(shape)) for t, shape in zip(f.arg_types, shapes)]
+            module = specialize(self.source, self.entry, types)
+        else:
+            module = self.source.clone()
         PassManager(self.pipeline).run(module)
         if self.device == "interp":
             compiled: Any = _Interpreted(module, self.entry)
@@ -109,20 +110,11 @@ class _Interpreted:
         return self.interp.call(self.entry, args)
 
 
-def _with_arg_shapes(module: Module, entry: str, shapes: tuple) -> Module:
-    """The module re-parsed with @entry's `?` dims fixed to the given shapes."""
-    f = module.functions[entry]
-    for arg, shape in zip(f.args, shapes):
-        arg.type = arg.tensor_type.with_shape(tuple(shape))
-    return parse(print_module(module, print_locations=True), filename=module.filename)
-
-
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None) -> JitFunction:
     """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
     if isinstance(source_or_module, Module):
-        module = parse(print_module(source_or_module, print_locations=True),
-                       filename=f"<jit {source_or_module.filename}>")
+        module = source_or_module.clone()
     elif isinstance(source_or_module, str) and "\n" not in source_or_module and "{" not in source_or_module \
             and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
         module = load(source_or_module)

@@ -13,26 +13,12 @@ sliced by position at the call site; the group sizes live in `op.segments`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import UNKNOWN, Location
+from .printer import print_module
+from .spec import REGISTRY, OpSpec
 from .types import TensorType, Type
-
-if TYPE_CHECKING:
-    from .ops import OpSpec
-
-
-_REGISTRY: dict[str, OpSpec] | None = None
-
-
-def _registry() -> dict[str, OpSpec]:
-    """The op registry (ops.py imports this module, so it is fetched on first use)."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        from .ops import REGISTRY
-
-        _REGISTRY = REGISTRY
-    return _REGISTRY
 
 
 class Value:
@@ -61,6 +47,16 @@ class Value:
         assert isinstance(self.type, TensorType), self.type
         return self.type
 
+    @property
+    def defining_op(self) -> Operation | None:
+        """The op whose result this is; None for a block argument."""
+        return None
+
+    @property
+    def defining_block(self) -> Block | None:
+        """The block whose argument this is; None for an op result."""
+        return None
+
 
 class OpResult(Value):
     __slots__ = ("op", "index")
@@ -74,6 +70,10 @@ class OpResult(Value):
     def owner(self) -> Operation:
         return self.op
 
+    @property
+    def defining_op(self) -> Operation:
+        return self.op
+
 
 class BlockArgument(Value):
     __slots__ = ("block", "index")
@@ -85,6 +85,10 @@ class BlockArgument(Value):
 
     @property
     def owner(self) -> Block:
+        return self.block
+
+    @property
+    def defining_block(self) -> Block:
         return self.block
 
 
@@ -124,12 +128,23 @@ class Operation:
     # -- registry ---------------------------------------------------------------------------
     @property
     def spec(self) -> OpSpec:
-        return _registry()[self.name]
+        return REGISTRY[self.name]
 
     def group(self, name: str) -> list[Value]:
         """The operands of the variadic group `name` declared in the spec."""
         start, size = self.spec.segment_of(self, name)
         return self.operands[start : start + size]
+
+    def result_group(self, name: str) -> list[OpResult]:
+        """The results of the group `name` declared in the spec's `results`."""
+        start, size = self.spec.derived_range(self, self.spec.results, len(self.results), name)
+        return self.results[start : start + size]
+
+    def arg_group(self, name: str) -> list[BlockArgument]:
+        """The body arguments of the group `name` declared in the spec's `block_args`."""
+        args = self.regions[0].block.args
+        start, size = self.spec.derived_range(self, self.spec.block_args, len(args), name)
+        return args[start : start + size]
 
     # -- operands ---------------------------------------------------------------------------
     def add_operand(self, value: Value) -> None:
@@ -181,6 +196,17 @@ class Operation:
 
     def __repr__(self) -> str:
         return f"<op {self.name} at {self.loc}>"
+
+    def clone(self, value_map: dict[Value, Value]) -> Operation:
+        """A copy of this op and its regions (unlinked), its operands looked up in value_map
+        (outer values not in it are kept); value_map learns the copy's results and block args."""
+        regions = [Region(region.block.clone(value_map)) for region in self.regions]
+        op = Operation(self.name, [value_map.get(v, v) for v in self.operands], [r.type for r in self.results],
+                       _copy_attrs(self.attrs), regions, self.loc, self.segments,
+                       [r.name_hint for r in self.results])
+        for old, new in zip(self.results, op.results):
+            value_map[old] = new
+        return op
 
 
 class Block:
@@ -280,6 +306,15 @@ class Block:
             a.index = i
         return arg
 
+    def clone(self, value_map: dict[Value, Value]) -> Block:
+        """A copy of this block with copies of its ops (see Operation.clone)."""
+        block = Block([a.type for a in self.args], [a.name_hint for a in self.args])
+        for old, new in zip(self.args, block.args):
+            value_map[old] = new
+        for op in self:
+            block.append(op.clone(value_map))
+        return block
+
     def erase_arg(self, arg: BlockArgument) -> None:
         assert not arg.uses, "block argument still has uses"
         self.args.remove(arg)
@@ -292,6 +327,18 @@ class Region:
         self.block = block if block is not None else Block()
         self.block.parent = self
         self.parent: Operation | None = None
+
+
+def _copy_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
+    """Attribute values are numbers, strings, booleans and (nested) lists: lists are copied so
+    a pass editing a copy's list never edits the original's."""
+    return {k: _copy_value(v) for k, v in attrs.items()}
+
+
+def _copy_value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_copy_value(v) for v in value]
+    return value
 
 
 def erase_op(op: Operation) -> None:
@@ -339,6 +386,14 @@ class Function:
     def num_ops(self) -> int:
         return sum(1 for _ in self.walk())
 
+    def clone(self) -> Function:
+        """A copy of the function, locations and name hints included (not attached to a module)."""
+        f = Function(self.name, self.arg_types, self.result_types, [a.name_hint for a in self.args], self.loc)
+        value_map: dict[Value, Value] = dict(zip(self.args, f.args))
+        for op in self.body:
+            f.body.append(op.clone(value_map))
+        return f
+
 
 class Module:
     def __init__(self, functions: Sequence[Function] = (), filename: str = "<string>"):
@@ -361,7 +416,9 @@ class Module:
     def num_ops(self) -> int:
         return sum(f.num_ops() for f in self.functions.values())
 
-    def __str__(self) -> str:
-        from .printer import print_module
+    def clone(self) -> Module:
+        """A deep copy: the same printed form, locations included; no node is shared."""
+        return Module([f.clone() for f in self.functions.values()], self.filename)
 
+    def __str__(self) -> str:
         return print_module(self)

@@ -17,116 +17,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from ..errors import UNKNOWN, GirTypeError, Location
 from .core import Operation, Region, Value
+from .spec import REGISTRY, REQUIRED, InferContext, Kernel, OpSpec, Reduction, ShapeError, register, view_source
 from .types import FLOAT_DTYPES, INT_DTYPES, Dim, TensorType, Type, VarType
 
-
-class ShapeError(Exception):
-    """Raised by a type rule; `make_op` turns it into a GirTypeError with the op's location."""
-
-
-@dataclass
-class InferContext:
-    """What a type rule sees: operand types, attributes, declared result types, regions."""
-
-    spec: OpSpec
-    types: list[Type]
-    attrs: dict[str, Any]
-    declared: list[TensorType] | None
-    regions: Sequence[Region]
-    segments: tuple[int, ...]
-
-    def group(self, name: str) -> list[Type]:
-        start, size = self.spec.segment_range(len(self.types), self.segments, name)
-        return self.types[start : start + size]
-
-    def tensor(self, i: int) -> TensorType:
-        t = self.types[i]
-        if not isinstance(t, TensorType):
-            raise ShapeError(f"operand #{i} is a variable; read it with load")
-        return t
-
-    def need_declared(self, n: int = 1) -> list[TensorType]:
-        if self.declared is None or len(self.declared) != n:
-            raise ShapeError(f"needs {n} result type(s) written after ':'")
-        return self.declared
-
-
-Kernel = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    name: str
-    summary: str
-    operands: tuple[str, ...]
-    infer: Callable[[InferContext], list[Type]]
-    kernel: Kernel | None = None
-    """NumPy semantics: kernel(op, *arrays) -> array or tuple of arrays."""
-    attrs: dict[str, Any] = field(default_factory=dict)
-    """Attribute names and defaults; a default of REQUIRED must be given."""
-    category: str = "other"
-    """elementwise | reduction | matmul | layout | constant | structural | other."""
-    pure: bool = True
-    """No side effects: DCE may erase it when unused and CSE may merge it."""
-    terminator: bool = False
-    num_regions: int = 0
-    literal: bool = False
-    """The op is written with a leading literal: `constant 0.0 : tensor<f32>`."""
-    commutative: bool = False
-    vjp: Callable[..., Any] | None = None
-    """Filled by autodiff's rule table (one line per op)."""
-    inplace: int | None = None
-    """Operand index whose buffer the result may take when that operand dies here."""
-    gpu: bool = False
-    """A GPU kernel exists for this op."""
-    integer_operands: tuple[str, ...] = ()
-    """Operands that only take integers: a number literal written there is i64 (`index(%x, 1)`)."""
-    flops: Callable[[Operation], int] | None = None
-
-    @cached_property
-    def arity(self) -> tuple[int, int]:
-        """(fixed operands, variadic groups)."""
-        n_variadic = sum(o.endswith("*") for o in self.operands)
-        return len(self.operands) - n_variadic, n_variadic
-
-    def segment_range(self, n_operands: int, segments: tuple[int, ...], name: str) -> tuple[int, int]:
-        names = [o.rstrip("*") for o in self.operands]
-        if name not in names:
-            raise KeyError(f"{self.name} has no operand group {name!r}")
-        variadic = [o.endswith("*") for o in self.operands]
-        if sum(variadic) <= 1:
-            n_fixed = len(self.operands) - sum(variadic)
-            sizes = [(n_operands - n_fixed) if v else 1 for v in variadic]
-        else:
-            it = iter(segments)
-            sizes = [next(it) if v else 1 for v in variadic]
-        i = names.index(name)
-        return sum(sizes[:i]), sizes[i]
-
-    def segment_of(self, op: Operation, name: str) -> tuple[int, int]:
-        return self.segment_range(len(op.operands), op.segments, name)
-
-    @property
-    def is_elementwise(self) -> bool:
-        return self.category == "elementwise"
-
-
-REQUIRED = object()
-REGISTRY: dict[str, OpSpec] = {}
-
-
-def register(spec: OpSpec) -> OpSpec:
-    assert spec.name not in REGISTRY, spec.name
-    REGISTRY[spec.name] = spec
-    return spec
+__all__ = ["REGISTRY", "REQUIRED", "InferContext", "Kernel", "OpSpec", "Reduction", "ShapeError", "make_op",
+           "register", "view_source"]
 
 
 def make_op(
@@ -410,7 +311,7 @@ def _infer_cast(ctx: InferContext) -> list[Type]:
 
 register(OpSpec("cast", "converts the dtype: `cast %x : tensor<4xf64>`", ("x",), _infer_cast,
                 kernel=lambda op, x: x.astype(op.result.tensor_type.numpy_dtype),
-                category="elementwise", gpu=True, flops=_elementwise_flops))
+                category="elementwise", gpu=True, flops=_elementwise_flops, same_type_is_identity=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,9 +360,22 @@ def _constant_kernel(op: Operation) -> np.ndarray:
     return np.broadcast_to(np.array(op.attrs["value"], dtype=t.numpy_dtype), t.shape).copy()
 
 
+def _constant_splat(op: Operation) -> Any | None:
+    value = op.attrs["value"]
+    return None if isinstance(value, (list, tuple)) else value
+
+
+def splat_value(v: Value) -> Any | None:
+    """The scalar every element of v equals, if a constant op (`OpSpec.splat`) made v; else None."""
+    op = v.defining_op
+    if op is None or op.spec.splat is None:
+        return None
+    return op.spec.splat(op)
+
+
 register(OpSpec("constant", "a literal; a scalar literal fills the whole type",
                 (), _infer_constant, kernel=_constant_kernel, attrs={"value": REQUIRED},
-                category="constant", literal=True, gpu=True))
+                category="constant", literal=True, gpu=True, splat=_constant_splat))
 
 
 def _infer_declared(ctx: InferContext) -> list[Type]:
@@ -472,8 +386,10 @@ def _infer_declared(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("zeros", "a tensor of zeros", (), _infer_declared, category="constant", gpu=True,
+                splat=lambda op: 0,
                 kernel=lambda op: np.zeros(op.result.tensor_type.shape, op.result.tensor_type.numpy_dtype)))
 register(OpSpec("ones", "a tensor of ones", (), _infer_declared, category="constant", gpu=True,
+                splat=lambda op: 1,
                 kernel=lambda op: np.ones(op.result.tensor_type.shape, op.result.tensor_type.numpy_dtype)))
 
 
@@ -485,7 +401,7 @@ def _infer_fill(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("fill", "a tensor filled with a scalar value", ("value",), _infer_fill, gpu=True,
-                category="constant",
+                category="constant", splat=lambda op: splat_value(op.operands[0]),
                 kernel=lambda op, v: np.full(op.result.tensor_type.shape, v, op.result.tensor_type.numpy_dtype)))
 
 
@@ -512,7 +428,8 @@ def _matmul_flops(op: Operation) -> int:
 
 
 register(OpSpec("matmul", "matrix product (batched over leading dims)", ("lhs", "rhs"), _infer_matmul,
-                kernel=lambda op, a, b: np.matmul(a, b), category="matmul", gpu=True, flops=_matmul_flops))
+                kernel=lambda op, a, b: np.matmul(a, b), category="matmul", gpu=True, flops=_matmul_flops,
+                reads_transposed=True, gemm_dtypes=("f32", "f64")))
 
 
 def _transpose_perm(op_attrs: dict[str, Any], rank: int) -> list[int]:
@@ -531,8 +448,16 @@ def _infer_transpose(ctx: InferContext) -> list[Type]:
     return [t.with_shape(tuple(t.shape[p] for p in perm))]
 
 
+def _transpose_view(op: Operation) -> int | None:
+    """A 2-D transpose read only by ops that read a transposed operand as it is (a GEMM's flag)."""
+    r = op.result
+    if r.uses and r.tensor_type.rank == 2 and all(u.spec.reads_transposed for u, _ in r.uses):
+        return 0
+    return None
+
+
 register(OpSpec("transpose", "permutes axes (default: reverses them)", ("x",), _infer_transpose,
-                attrs={"perm": None}, category="layout", gpu=True,
+                attrs={"perm": None}, category="layout", gpu=True, view=_transpose_view,
                 kernel=lambda op, x: np.ascontiguousarray(np.transpose(x, _transpose_perm(op.attrs, x.ndim)))))
 
 
@@ -556,7 +481,7 @@ def _infer_reshape(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("reshape", "same elements, new shape (one dim may be -1)", ("x",), _infer_reshape,
-                attrs={"shape": REQUIRED}, category="layout", gpu=True,
+                attrs={"shape": REQUIRED}, category="layout", gpu=True, view=lambda op: 0,
                 kernel=lambda op, x: np.reshape(x, op.attrs["shape"]).copy()))  # -1 may stand for a `?` dim
 
 
@@ -569,7 +494,7 @@ def _infer_broadcast(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("broadcast", "NumPy broadcast_to a shape", ("x",), _infer_broadcast,
-                attrs={"shape": REQUIRED}, category="layout", gpu=True,
+                attrs={"shape": REQUIRED}, category="layout", gpu=True, same_type_is_identity=True,
                 kernel=lambda op, x: np.broadcast_to(x, op.result.tensor_type.shape).copy()))
 
 
@@ -593,7 +518,7 @@ def _infer_concat(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("concat", "joins tensors along an existing axis", ("inputs*",), _infer_concat,
-                attrs={"axis": 0}, category="layout", gpu=True,
+                attrs={"axis": 0}, category="layout", gpu=True, same_type_is_identity=True,
                 kernel=lambda op, *xs: np.concatenate(xs, axis=op.attrs["axis"])))
 
 
@@ -615,8 +540,19 @@ def _infer_slice(ctx: InferContext) -> list[Type]:
     return [t.with_shape(tuple(-(-(lim - s) // st) for s, lim, st in bounds))]
 
 
+def _slice_view(op: Operation) -> int | None:
+    """A contiguous slice: every axis after the first cut one whole, steps 1."""
+    src, out = op.operands[0].tensor_type.shape, op.result.tensor_type.shape
+    steps = op.attrs["steps"] or [1] * len(src)
+    cut = next((i for i, (o, d) in enumerate(zip(out, src)) if o != d), len(src))
+    contiguous = (all(st == 1 for st in steps) and all(o == 1 for o in out[:cut])
+                  and all(o == d for o, d in zip(out[cut + 1:], src[cut + 1:])))
+    return 0 if contiguous else None
+
+
 register(OpSpec("slice", "a strided box: `slice %x {starts = [0, 0], limits = [2, 4]}`", ("x",), _infer_slice,
                 attrs={"starts": REQUIRED, "limits": REQUIRED, "steps": None}, category="layout", gpu=True,
+                view=_slice_view, same_type_is_identity=True,
                 kernel=lambda op, x: x[tuple(slice(s, lim, st) for s, lim, st in _slice_bounds(op.attrs, x.shape))]
                 .copy()))
 
@@ -638,7 +574,7 @@ def _index_kernel(op: Operation, x: np.ndarray, i: np.ndarray) -> np.ndarray:
 
 
 register(OpSpec("index", "x[i] on the leading axis, i an integer scalar", ("x", "index"), _infer_index,
-                kernel=_index_kernel, category="layout", gpu=True, integer_operands=("index",)))
+                kernel=_index_kernel, category="layout", gpu=True, integer_operands=("index",), view=lambda op: 0))
 
 
 def _infer_stack(ctx: InferContext) -> list[Type]:
@@ -684,20 +620,22 @@ def _infer_reduce(ctx: InferContext) -> list[Type]:
     return [t.with_shape(shape)]
 
 
-def _reduction(name: str, summary: str, fn: Callable[..., np.ndarray]) -> None:
+def _reduction(name: str, summary: str, fn: Callable[..., np.ndarray], reduction: Reduction) -> None:
     def kernel(op: Operation, x: np.ndarray) -> np.ndarray:
         axes = tuple(reduction_axes(op.attrs, x.ndim))
         return np.asarray(fn(x, axis=axes, keepdims=op.attrs["keepdims"]), dtype=x.dtype)
 
     register(OpSpec(name, summary, ("x",), _infer_reduce, kernel=kernel,
-                    attrs={"axes": None, "keepdims": False}, category="reduction", gpu=True,
+                    attrs={"axes": None, "keepdims": False}, category="reduction", gpu=True, reduction=reduction,
                     flops=lambda op: op.operands[0].tensor_type.num_elements() or 0))
 
 
-_reduction("sum", "sum over axes (all by default)", np.sum)
-_reduction("mean", "mean over axes (all by default)", np.mean)
-_reduction("reduce_max", "maximum over axes (surface: max(%x))", np.max)
-_reduction("reduce_min", "minimum over axes (surface: min(%x))", np.min)
+_reduction("sum", "sum over axes (all by default)", np.sum, Reduction("add", 0.0))
+_reduction("mean", "mean over axes (all by default)", np.mean, Reduction("add", 0.0, divide_by_count=True))
+_reduction("reduce_max", "maximum over axes (surface: max(%x))", np.max,
+           Reduction("max", -math.inf, empty_is_error=True))
+_reduction("reduce_min", "minimum over axes (surface: min(%x))", np.min,
+           Reduction("min", math.inf, empty_is_error=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -718,11 +656,17 @@ register(OpSpec("return", "ends a function: `return %a, %b`", ("values*",), _no_
                 pure=False, terminator=True, category="structural"))
 register(OpSpec("yield", "ends a loop body: `yield (%carry, ...) stack (%v, ...)`", ("carries*", "stacks*"),
                 _no_results, pure=False, terminator=True, category="structural"))
+def _grad_results(op: Operation, args: Sequence[Type], results: Sequence[Type]) -> list[Type]:
+    """The callee's scalar result, then one gradient per `wrt` position, typed as that argument."""
+    return list(results[:1]) + [args[p] for p in op.attrs["wrt"]]
+
+
 register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("args*",), _infer_declared_any,
-                attrs={"callee": REQUIRED}, category="structural"))
+                attrs={"callee": REQUIRED}, category="structural",
+                callee_results=lambda op, args, results: list(results)))
 register(OpSpec("grad", "f's scalar result and its gradients wrt the listed argument positions",
                 ("args*",), _infer_declared_any, attrs={"callee": REQUIRED, "wrt": REQUIRED},
-                category="structural"))
+                category="structural", callee_results=_grad_results))
 
 
 def _infer_var(ctx: InferContext) -> list[Type]:
@@ -747,10 +691,11 @@ def _infer_store(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("var", "a mutable variable (pre-SSA): `%h = var : tensor<4xf32>`", (), _infer_var,
-                pure=False, category="structural"))
-register(OpSpec("load", "reads a variable (pre-SSA)", ("var",), _infer_load, pure=False, category="structural"))
+                pure=False, category="structural", pre_ssa=True))
+register(OpSpec("load", "reads a variable (pre-SSA)", ("var",), _infer_load, pure=False, category="structural",
+                pre_ssa=True))
 register(OpSpec("store", "writes a variable (pre-SSA): `store %h, %v`", ("var", "value"), _infer_store,
-                pure=False, category="structural"))
+                pure=False, category="structural", pre_ssa=True))
 
 
 def loop_trip_count(ctx_seq_types: Sequence[Type], length: int | None) -> Dim:
@@ -773,9 +718,8 @@ def loop_trip_count(ctx_seq_types: Sequence[Type], length: int | None) -> Dim:
 
 
 def _infer_loop(ctx: InferContext) -> list[Type]:
-    is_scan = ctx.spec.name == "scan"
     seqs = ctx.group("sequences")
-    inits = ctx.group("inits") if is_scan else []
+    inits = ctx.group("inits") if ctx.spec.has_operand_group("inits") else []
     steps = loop_trip_count(seqs, ctx.attrs["length"])
     block = ctx.regions[0].block if ctx.regions else None
     if block is None:
@@ -796,12 +740,27 @@ def _infer_loop(ctx: InferContext) -> list[Type]:
     return list(inits) + [TensorType((steps,) + t.shape, t.dtype) for t in stacks]
 
 
+def _loop_arg_types(ctx: InferContext) -> list[Type]:
+    seqs = [ctx.tensor(i) for i in range(*_span(ctx, "sequences"))]
+    inits = ctx.group("inits") if ctx.spec.has_operand_group("inits") else []
+    return [t.with_shape(t.shape[1:]) for t in seqs] + list(inits)
+
+
+def _span(ctx: InferContext, name: str) -> tuple[int, int]:
+    start, size = ctx.spec.segment_range(len(ctx.types), ctx.segments, name)
+    return start, start + size
+
+
 register(OpSpec("scan", "a loop with sequences, carries and stacked outputs (as jax.lax.scan)",
                 ("sequences*", "inits*"), _infer_loop, attrs={"reverse": False, "length": None},
-                num_regions=1, category="structural"))
+                num_regions=1, category="structural", loop=True, region_arg_types=_loop_arg_types,
+                block_args=("elements*=sequences", "carries*=inits"),
+                results=("finals*=inits", "stacks*=yield.stacks")))
 register(OpSpec("for", "a pre-SSA loop over sequences; the body may load and store variables",
                 ("sequences*",), _infer_loop, attrs={"reverse": False, "length": None},
-                num_regions=1, pure=False, category="structural"))
+                num_regions=1, pure=False, category="structural", loop=True, pre_ssa=True,
+                region_arg_types=_loop_arg_types,
+                block_args=("elements*=sequences",), results=("stacks*=yield.stacks",)))
 def _infer_fused(ctx: InferContext) -> list[Type]:
     block = ctx.regions[0].block if ctx.regions else None
     if block is None:
@@ -818,9 +777,12 @@ def _infer_fused(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("fused", "elementwise ops run as one loop nest: `fused (%a = %x) { ... yield (%r) }`",
-                ("inputs*",), _infer_fused, num_regions=1, category="structural", gpu=True))
+                ("inputs*",), _infer_fused, num_regions=1, category="structural", gpu=True,
+                region_arg_types=lambda ctx: list(ctx.types),
+                block_args=("inputs*=inputs",), results=("outputs*=yield.carries",)))
 register(OpSpec("transfer", "moves a tensor to a device: `transfer %x {device = \"gpu\"}`", ("x",),
-                _infer_unary, attrs={"device": REQUIRED}, category="layout", kernel=lambda op, x: x))
+                _infer_unary, attrs={"device": REQUIRED}, category="layout", kernel=lambda op, x: x,
+                view=lambda op: 0, moves_device=True))
 
 
 def _install_vjps() -> None:

@@ -8,10 +8,12 @@ order. Attributes equal to their spec default are not printed. Comments are neve
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .core import Function, Module, Operation, Value
-from .ops import REGISTRY
+from .spec import REGISTRY
+
+if TYPE_CHECKING:  # printer.py is imported by core.py, so it names IR nodes for type hints only
+    from .core import Function, Module, Operation, Value
 
 
 class _Names:
@@ -98,69 +100,100 @@ class Printer:
         return f' loc("{loc.file}":{loc.line}:{loc.col})'
 
     def op(self, op: Operation, indent: str, lines: list[str]) -> None:
+        """Appends op's lines: the custom form of a structural op, else the generic form."""
+        match op.name:
+            case "scan" | "for":
+                self._loop(op, indent, lines)
+            case "fused":
+                self._fused(op, indent, lines)
+            case "yield":
+                lines.append(indent + self._yield(op) + self.loc(op.loc))
+            case "return":
+                args = ", ".join(self.names[v] for v in op.operands)
+                lines.append(f"{indent}return{' ' + args if args else ''}{self.loc(op.loc)}")
+            case "call" | "grad":
+                lines.append(indent + self._results(op) + self._call(op) + self._types(op) + self.loc(op.loc))
+            case _:
+                lines.append(indent + self._results(op) + self._generic(op) + self._types(op) + self.loc(op.loc))
+
+    def _results(self, op: Operation) -> str:
+        """`%a, %b = `, or nothing for an op without results."""
+        return ", ".join(self.names[r] for r in op.results) + " = " if op.results else ""
+
+    def _types(self, op: Operation) -> str:
+        """` : type, type` of the results, or nothing."""
+        return " : " + ", ".join(str(r.type) for r in op.results) if op.results else ""
+
+    def _region(self, op: Operation, header: str, indent: str, lines: list[str]) -> None:
+        """`results = header {`, the body one level deeper, then `} : types`."""
+        lines.append(f"{indent}{self._results(op)}{header} {{")
+        for inner in op.body:
+            self.op(inner, indent + "  ", lines)
+        lines.append(f"{indent}}}{self._types(op)}{self.loc(op.loc)}")
+
+    def _loop(self, op: Operation, indent: str, lines: list[str]) -> None:
+        """`scan reverse length N (%x in %xs) carry (%h = %h0) { ... }`; `for` has no carries."""
         n = self.names
-        head = indent + (", ".join(n[r] for r in op.results) + " = " if op.results else "")
-        types = " : " + ", ".join(str(r.type) for r in op.results) if op.results else ""
-        name = op.name
-        if name in ("scan", "for"):
-            mods = (" reverse" if op.attrs["reverse"] else "") + (
-                f" length {op.attrs['length']}" if op.attrs["length"] is not None else "")
-            seqs = op.group("sequences")
-            body = op.body
-            binds = ", ".join(f"{n[a]} in {n[s]}" for a, s in zip(body.args, seqs))
-            carry = ""
-            if name == "scan" and op.group("inits"):
-                inits = op.group("inits")
-                carry = " carry (" + ", ".join(
-                    f"{n[a]} = {n[v]}" for a, v in zip(body.args[len(seqs):], inits)) + ")"
-            lines.append(f"{head}{name}{mods} ({binds}){carry} {{")
-            for inner in body:
-                self.op(inner, indent + "  ", lines)
-            lines.append(f"{indent}}}{types}{self.loc(op.loc)}")
-            return
-        if name == "fused":
-            binds = ", ".join(f"{n[a]} = {n[v]}" for a, v in zip(op.body.args, op.operands))
-            lines.append(f"{head}fused ({binds}) {{")
-            for inner in op.body:
-                self.op(inner, indent + "  ", lines)
-            lines.append(f"{indent}}}{types}{self.loc(op.loc)}")
-            return
-        if name == "yield":
-            carries, stacks = op.group("carries"), op.group("stacks")
-            text = "yield"
-            if carries or stacks:
-                text += " (" + ", ".join(n[v] for v in carries) + ")"
-            if stacks:
-                text += " stack (" + ", ".join(n[v] for v in stacks) + ")"
-            lines.append(indent + text + self.loc(op.loc))
-            return
-        if name == "return":
-            args = ", ".join(n[v] for v in op.operands)
-            lines.append(f"{indent}return{' ' + args if args else ''}{self.loc(op.loc)}")
-            return
-        if name in ("call", "grad"):
-            args = ", ".join(n[v] for v in op.operands)
-            text = f"{head}{name} @{op.attrs['callee']}({args})"
-            if name == "grad":
-                items = []
-                for pos in op.attrs["wrt"]:
-                    v = op.operands[pos]
-                    items.append(n[v] if op.operands.count(v) == 1 else str(pos))
-                text += " wrt (" + ", ".join(items) + ")"
-            lines.append(text + types + self.loc(op.loc))
-            return
-        spec = REGISTRY[name]
-        text = head + name
+        mods = (" reverse" if op.attrs["reverse"] else "") + (
+            f" length {op.attrs['length']}" if op.attrs["length"] is not None else "")
+        seqs = op.group("sequences")
+        body = op.body
+        binds = ", ".join(f"{n[a]} in {n[s]}" for a, s in zip(body.args, seqs))
+        carry = ""
+        if op.name == "scan" and op.group("inits"):
+            inits = op.group("inits")
+            carry = " carry (" + ", ".join(
+                f"{n[a]} = {n[v]}" for a, v in zip(body.args[len(seqs):], inits)) + ")"
+        self._region(op, f"{op.name}{mods} ({binds}){carry}", indent, lines)
+
+    def _fused(self, op: Operation, indent: str, lines: list[str]) -> None:
+        """`fused (%a = %x, ...) { ... }`: each body argument bound to its operand."""
+        binds = ", ".join(f"{self.names[a]} = {self.names[v]}" for a, v in zip(op.body.args, op.operands))
+        self._region(op, f"fused ({binds})", indent, lines)
+
+    def _yield(self, op: Operation) -> str:
+        """`yield (carries) stack (stacks)`; the carry list is printed (maybe empty) when stacks follow."""
+        n = self.names
+        carries, stacks = op.group("carries"), op.group("stacks")
+        text = "yield"
+        if carries or stacks:
+            text += " (" + ", ".join(n[v] for v in carries) + ")"
+        if stacks:
+            text += " stack (" + ", ".join(n[v] for v in stacks) + ")"
+        return text
+
+    def _call(self, op: Operation) -> str:
+        """`call @f(args)`, or `grad @f(args) wrt (...)` naming each wrt argument by value, or by
+        position where the same value is passed more than once (the name would be ambiguous)."""
+        n = self.names
+        args = ", ".join(n[v] for v in op.operands)
+        text = f"{op.name} @{op.attrs['callee']}({args})"
+        if op.name == "grad":
+            items = []
+            for pos in op.attrs["wrt"]:
+                v = op.operands[pos]
+                items.append(n[v] if op.operands.count(v) == 1 else str(pos))
+            text += " wrt (" + ", ".join(items) + ")"
+        return text
+
+    def _generic(self, op: Operation) -> str:
+        """`name [literal] operands {attrs}`, the form every registry op prints in."""
+        spec = REGISTRY[op.name]
+        text = op.name
         if spec.literal:
             text += " " + format_attr(op.attrs["value"])
         if op.operands:
-            text += " " + ", ".join(n[v] for v in op.operands)
+            text += " " + ", ".join(self.names[v] for v in op.operands)
+        return text + self._attrs(op)
+
+    def _attrs(self, op: Operation) -> str:
+        """` {k = v, ...}` sorted by name, leaving out defaults, None and a literal's value."""
+        spec = REGISTRY[op.name]
         shown = {k: v for k, v in op.attrs.items()
                  if not (spec.literal and k == "value") and v != spec.attrs.get(k) and v is not None}
-        if shown:
-            text += " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in sorted(shown.items())) + "}"
-        lines.append(text + types + self.loc(op.loc))
-
+        if not shown:
+            return ""
+        return " {" + ", ".join(f"{k} = {format_attr(v)}" for k, v in sorted(shown.items())) + "}"
 
 def print_module(module: Module, print_locations: bool = False) -> str:
     return Printer(print_locations).module(module)

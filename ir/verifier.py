@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..errors import GirVerifyError
 from .core import Block, Function, Module, Operation, Value
 from .ops import REGISTRY, InferContext, ShapeError, check_arity
-from .types import TensorType, VarType
+from .types import VarType
 
 
 def _name(v: Value) -> str:
@@ -78,7 +78,7 @@ class Verifier:
         if inferred != [r.type for r in op.results]:
             raise GirVerifyError(f"'{op.name}' results are " + ", ".join(str(r.type) for r in op.results)
                                  + " but its operands give " + ", ".join(map(str, inferred)), op.loc)
-        if op.name in ("call", "grad"):
+        if op.spec.interprocedural:
             self.callee(op)
 
     def callee(self, op: Operation) -> None:
@@ -87,12 +87,11 @@ class Verifier:
             raise GirVerifyError(f"'{op.name}' of undefined function @{op.attrs['callee']}", op.loc)
         if [v.type for v in op.operands] != f.arg_types:
             raise GirVerifyError(f"@{f.name} is passed arguments of the wrong types", op.loc)
-        want: list[TensorType] = list(f.result_types)
-        if op.name == "grad":
-            wrt = op.attrs["wrt"]
-            if any(not isinstance(p, int) or not 0 <= p < len(f.args) for p in wrt):
-                raise GirVerifyError(f"grad wrt positions {wrt} are out of range", op.loc)
-            want = want[:1] + [f.arg_types[p] for p in wrt]
+        wrt = op.attrs.get("wrt", [])
+        if any(not isinstance(p, int) or not 0 <= p < len(f.args) for p in wrt):
+            raise GirVerifyError(f"grad wrt positions {wrt} are out of range", op.loc)
+        assert op.spec.callee_results is not None
+        want = op.spec.callee_results(op, f.arg_types, f.result_types)
         if [r.type for r in op.results] != want:
             raise GirVerifyError(f"'{op.name}' of @{f.name} has the wrong result types", op.loc)
 

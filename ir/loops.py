@@ -1,0 +1,121 @@
+"""One typed view of a loop op (`scan`, `for`): every consumer reads a loop through it.
+
+    %h.1, %hs = scan (%x in %xs) carry (%h.0 = %h0) { ... yield (%h.2) stack (%h.2) }
+
+    view = LoopView(op)
+    view.sequences        [%xs]     outer values sliced on their leading axis
+    view.element_args     [%x]      the body arguments holding one step's slice
+    view.inits            [%h0]     initial carries (scan only)
+    view.carry_args       [%h.0]    the body arguments holding the carry during a step
+    view.yielded_carries  [%h.2]    the next step's carries
+    view.yielded_stacks   [%h.2]    values stacked per step
+    view.final_carries    [%h.1]    results: the carries after the last step
+    view.stacked_results  [%hs]     results: the stacks, one row per step
+    view.carries          [Carry(init, arg, yielded, result)]  the same, one record per carry
+
+The groups come from the op's spec (`operands`, `block_args`, `results`), so a new kind of
+loop result is declared once, in ir/ops.py, and this view reads it; nothing slices
+`op.results[:n]` or `body.args[n:]` by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .core import Block, BlockArgument, Operation, OpResult, Value
+from .types import Dim
+
+
+@dataclass(frozen=True)
+class Carry:
+    """One carry of a scan: its initial value, body argument, yielded value and final result."""
+
+    init: Value
+    arg: BlockArgument
+    yielded: Value
+    result: OpResult
+
+
+class LoopView:
+    """A typed view of a `scan` or `for` op (an op whose spec says `loop`)."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Operation):
+        assert op.spec.loop, f"{op.name} is not a loop"
+        self.op = op
+
+    @property
+    def is_scan(self) -> bool:
+        """It has carries (a `scan`), rather than variables (a pre-SSA `for`)."""
+        return self.op.spec.has_operand_group("inits")
+
+    @property
+    def reverse(self) -> bool:
+        return bool(self.op.attrs["reverse"])
+
+    @property
+    def length(self) -> int | None:
+        return self.op.attrs["length"]
+
+    @property
+    def sequences(self) -> list[Value]:
+        return self.op.group("sequences")
+
+    @property
+    def inits(self) -> list[Value]:
+        return self.op.group("inits") if self.is_scan else []
+
+    @property
+    def body(self) -> Block:
+        return self.op.body
+
+    @property
+    def element_args(self) -> list[BlockArgument]:
+        return self.op.arg_group("elements")
+
+    @property
+    def carry_args(self) -> list[BlockArgument]:
+        return self.op.arg_group("carries") if self.is_scan else []
+
+    @property
+    def yield_op(self) -> Operation:
+        term = self.op.body.terminator
+        assert term is not None and term.spec.terminator and term.spec.has_operand_group("stacks"), \
+            f"{self.op.name} body without yield"
+        return term
+
+    @property
+    def yielded_carries(self) -> list[Value]:
+        return self.yield_op.group("carries")
+
+    @property
+    def yielded_stacks(self) -> list[Value]:
+        return self.yield_op.group("stacks")
+
+    @property
+    def final_carries(self) -> list[OpResult]:
+        return self.op.result_group("finals") if self.is_scan else []
+
+    @property
+    def stacked_results(self) -> list[OpResult]:
+        return self.op.result_group("stacks")
+
+    @property
+    def carries(self) -> list[Carry]:
+        return [Carry(*parts) for parts in zip(self.inits, self.carry_args, self.yielded_carries,
+                                               self.final_carries)]
+
+    @property
+    def trip_count(self) -> Dim:
+        """The number of steps: a sequence's known leading dim, else `length`; None when `?`."""
+        for s in self.sequences:
+            n = s.tensor_type.shape[0]
+            if n is not None:
+                return n
+        return self.length
+
+
+def as_loop(op: Operation) -> LoopView | None:
+    """The loop view of op, or None when op is not a loop."""
+    return LoopView(op) if op.spec.loop else None

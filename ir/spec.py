@@ -1,0 +1,216 @@
+"""What an op kind is: `OpSpec`, and the registry that holds one per kind.
+
+This module knows no IR node at run time (core.py imports it; ops.py fills the registry), so
+`ir/` has no import cycle: types <- spec <- core <- ops, and printer/verifier/interpreter on top.
+
+Terms.
+- *Operand groups*: `operands` names each operand; a trailing `*` marks a variadic group
+  (`("sequences*", "inits*")`). With more than one variadic group, the op's `segments` hold
+  their sizes.
+- *Block-argument and result groups*: `block_args` and `results` name the groups of a region
+  op's body arguments and results. `"carries*=inits"` says the group has one entry per operand
+  of group `inits`; `"stacks*=yield.stacks"` one per value of the body's yield group `stacks`;
+  at most one group without `=` takes what is left. So a scan is read as
+  `op.result_group("finals")`, never as `op.results[:n]`.
+- *Facts*: the fields under "facts passes and backends ask" below replace every list of op
+  names outside `ir/`. A new op kind states them here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from .types import TensorType, Type
+
+if TYPE_CHECKING:
+    from .core import Operation, Region, Value
+
+
+class ShapeError(Exception):
+    """Raised by a type rule; `make_op` turns it into a GirTypeError with the op's location."""
+
+
+@dataclass
+class InferContext:
+    """What a type rule sees: operand types, attributes, declared result types, regions."""
+
+    spec: OpSpec
+    types: list[Type]
+    attrs: dict[str, Any]
+    declared: list[TensorType] | None
+    regions: Sequence[Region]
+    segments: tuple[int, ...]
+
+    def group(self, name: str) -> list[Type]:
+        start, size = self.spec.segment_range(len(self.types), self.segments, name)
+        return self.types[start : start + size]
+
+    def tensor(self, i: int) -> TensorType:
+        t = self.types[i]
+        if not isinstance(t, TensorType):
+            raise ShapeError(f"operand #{i} is a variable; read it with load")
+        return t
+
+    def need_declared(self, n: int = 1) -> list[TensorType]:
+        if self.declared is None or len(self.declared) != n:
+            raise ShapeError(f"needs {n} result type(s) written after ':'")
+        return self.declared
+
+
+Kernel = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a reduction combines elements; the backends build their loops from it."""
+
+    combine: str
+    """The binary elementwise op kind that folds two partial results (`add`, `max`, `min`)."""
+    identity: float
+    """The value of a reduction over no element (`-inf` for max); nan where it has none."""
+    divide_by_count: bool = False
+    """`mean`: the combined value is divided by the number of elements."""
+    empty_is_error: bool = False
+    """A reduction over no element has no value (max/min): the interpreter raises."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    summary: str
+    operands: tuple[str, ...]
+    infer: Callable[[InferContext], list[Type]]
+    kernel: Kernel | None = None
+    """NumPy semantics: kernel(op, *arrays) -> array or tuple of arrays."""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """Attribute names and defaults; a default of REQUIRED must be given."""
+    category: str = "other"
+    """elementwise | reduction | matmul | layout | constant | structural | other."""
+    pure: bool = True
+    """No side effects: DCE may erase it when unused and CSE may merge it."""
+    terminator: bool = False
+    num_regions: int = 0
+    block_args: tuple[str, ...] = ()
+    """Named groups of the body's arguments (see the module docstring)."""
+    results: tuple[str, ...] = ()
+    """Named groups of the results; empty: the results are not grouped."""
+    literal: bool = False
+    """The op is written with a leading literal: `constant 0.0 : tensor<f32>`."""
+    commutative: bool = False
+    vjp: Callable[..., Any] | None = None
+    """Filled by autodiff's rule table (one line per op)."""
+    inplace: int | None = None
+    """Operand index whose buffer the result may take when that operand dies here."""
+    gpu: bool = False
+    """A GPU kernel exists for this op."""
+    integer_operands: tuple[str, ...] = ()
+    """Operands that only take integers: a number literal written there is i64 (`index(%x, 1)`)."""
+    flops: Callable[[Operation], int] | None = None
+
+    # -- facts passes and backends ask (each replaces a list of op names) ------------------------
+    loop: bool = False
+    """Runs its body once per step over the leading axis of its `sequences` (`scan`, `for`)."""
+    pre_ssa: bool = False
+    """Exists only before the `ssa` pass (`var`, `load`, `store`, `for`)."""
+    view: Callable[[Operation], int | None] | None = None
+    """The operand whose memory the result may read where it is (no copy, no buffer of its own),
+    or None; memplan and both backends follow this one rule (`view_source`)."""
+    reads_transposed: bool = False
+    """Reads a 2-D operand made by `transpose` without the copy (a GEMM's transpose flag)."""
+    gemm_dtypes: tuple[str, ...] = ()
+    """Dtypes for which the CPU backend runs the op as a BLAS GEMM."""
+    reduction: Reduction | None = None
+    """For reductions: how elements combine (identity, mean's division)."""
+    splat: Callable[[Operation], float | None] | None = None
+    """For constants: the one value every element has, or None (a list literal, a run-time fill)."""
+    same_type_is_identity: bool = False
+    """When the result's type equals the operand's, the result is the operand (`broadcast`,
+    `cast`, `slice`, a one-operand `concat`): canonicalize forwards it."""
+    callee_results: Callable[[Operation, Sequence[Type], Sequence[Type]], list[Type]] | None = None
+    """For ops that refer to another function (`callee`: `call`, `grad`): their result types from
+    the callee's argument and result types. Such ops are never hoisted or merged by CSE."""
+    region_arg_types: Callable[[InferContext], list[Type]] | None = None
+    """For region ops: the body's argument types from the operands (a loop: one step's slice of
+    each sequence, then the carries); what re-typing a cloned body (`specialize`) needs."""
+    moves_device: bool = False
+    """Moves its operand between devices (`transfer`); placement inserts and removes these."""
+
+    @cached_property
+    def arity(self) -> tuple[int, int]:
+        """(fixed operands, variadic groups)."""
+        n_variadic = sum(o.endswith("*") for o in self.operands)
+        return len(self.operands) - n_variadic, n_variadic
+
+    def segment_range(self, n_operands: int, segments: tuple[int, ...], name: str) -> tuple[int, int]:
+        names = [o.rstrip("*") for o in self.operands]
+        if name not in names:
+            raise KeyError(f"{self.name} has no operand group {name!r}")
+        variadic = [o.endswith("*") for o in self.operands]
+        if sum(variadic) <= 1:
+            n_fixed = len(self.operands) - sum(variadic)
+            sizes = [(n_operands - n_fixed) if v else 1 for v in variadic]
+        else:
+            it = iter(segments)
+            sizes = [next(it) if v else 1 for v in variadic]
+        i = names.index(name)
+        return sum(sizes[:i]), sizes[i]
+
+    def segment_of(self, op: Operation, name: str) -> tuple[int, int]:
+        return self.segment_range(len(op.operands), op.segments, name)
+
+    def has_operand_group(self, name: str) -> bool:
+        return any(o.rstrip("*") == name for o in self.operands)
+
+    def derived_range(self, op: Operation, groups: tuple[str, ...], total: int, name: str) -> tuple[int, int]:
+        """(start, size) of group `name` among `groups` (block_args or results) of op."""
+        sizes: list[int | None] = []
+        names: list[str] = []
+        for g in groups:
+            gname, _, like = g.partition("=")
+            names.append(gname.rstrip("*"))
+            sizes.append(self._sized_like(op, like) if like else (None if gname.endswith("*") else 1))
+        if name not in names:
+            raise KeyError(f"{self.name} has no group {name!r}")
+        known = sum(s for s in sizes if s is not None)
+        resolved = [total - known if s is None else s for s in sizes]
+        i = names.index(name)
+        return sum(resolved[:i]), resolved[i]
+
+    def _sized_like(self, op: Operation, like: str) -> int:
+        if like.startswith("yield."):
+            term = op.regions[0].block.terminator
+            return 0 if term is None else len(term.group(like[len("yield."):]))
+        if not self.has_operand_group(like):
+            return 0
+        return self.segment_of(op, like)[1]
+
+    @property
+    def interprocedural(self) -> bool:
+        return self.callee_results is not None
+
+    @property
+    def is_elementwise(self) -> bool:
+        return self.category == "elementwise"
+
+
+REQUIRED = object()
+REGISTRY: dict[str, OpSpec] = {}
+"""Every op kind by name; filled by ops.py (imported with the package `gir.ir`)."""
+
+
+def register(spec: OpSpec) -> OpSpec:
+    assert spec.name not in REGISTRY, spec.name
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def view_source(op: Operation) -> Value | None:
+    """The operand whose memory op's result reads where it is, or None (`OpSpec.view`)."""
+    rule = op.spec.view
+    if rule is None:
+        return None
+    index = rule(op)
+    return None if index is None else op.operands[index]
