@@ -29,6 +29,7 @@ through stacks. Needs SSA form (run `ssa` first).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GirTypeError
@@ -37,7 +38,7 @@ from ..ir.ops import REGISTRY, reduction_axes
 from ..ir.types import TensorType
 from .base import Pass
 from .inline import inline_call, inline_calls
-from .loops import append_stack, scan_parts, trip_count
+from .loops import ScanParts, Sequence, append_stack, scan_parts, trip_count
 from .rewriter import PassStatistics, Rewriter
 
 
@@ -248,101 +249,161 @@ class Backprop:
                 self.add(v, dv)
 
 
-def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
-    """The reverse of one forward scan; see the module docstring for the three phases."""
-    rw = bp.rw
-    parts = scan_parts(op)
-    n_carries = len(parts.carries)
-    body = op.body
+@dataclass(eq=False)
+class _BackwardScan:
+    """What the phases of `scan_vjp` share: the forward scan, and the backward scan's body and
+    operands as they are built. The backward body's arguments are kept in two lists (sequences,
+    carries) and put in order only at the end, because residuals add sequences at any time."""
 
-    def is_local(v: Value) -> bool:
+    bp: Backprop
+    """The reverse pass the forward scan is part of: the backward scan goes where it emits."""
+    fwd_scan: Operation
+    parts: ScanParts
+    body: Block = field(default_factory=Block)
+    """The backward scan's body."""
+    seq_args: list[tuple[Callable[[], Value], Value]] = field(default_factory=list)
+    """(outer value maker, block argument): sequences of the backward scan, in argument order.
+    The outer values are made by `_build_forward_stacks`, once the backward body is complete."""
+    carry_args: list[tuple[Value, Value]] = field(default_factory=list)
+    """(initial value, block argument): carries of the backward scan."""
+    residual_memo: dict[Value, Value] = field(default_factory=dict)
+    """Forward body value -> the backward body value standing for it."""
+    outer_contrib: dict[Value, Value] = field(default_factory=dict)
+    """Value the forward loop closes over -> its cotangent summed within one backward step."""
+    seq_of_arg: dict[Value, Sequence] = field(init=False)
+    """Forward body argument -> the sequence it is an element of."""
+    emit_body: Emitter = field(init=False)
+    inner: Backprop = field(init=False)
+    """Reverse accumulation over the forward body, emitting into the backward body."""
+
+    def __post_init__(self) -> None:
+        self.seq_of_arg = {s.arg: s for s in self.parts.sequences}
+        self.emit_body = Emitter(self.bp.rw, block=self.body)
+        self.inner = Backprop(self.bp.rw, self.emit_body, self.residual, is_local=self.is_local,
+                              on_outer=self.on_outer)
+
+    def is_local(self, v: Value) -> bool:
         """Defined at the top level of the forward body (asked afresh: results are appended
         to nested scans while the backward body is built)."""
+        body = self.fwd_scan.body
         owner = getattr(v, "op", None)
         return owner.parent is body if owner is not None else v.block is body  # type: ignore[attr-defined]
 
-    seq_of_arg = {s.arg: s for s in parts.sequences}
-
-    bwd = Block()
-    seq_args: list[tuple[Callable[[], Value], Value]] = []
-    """(outer value maker, block argument): sequences of the backward scan, in argument order."""
-    carry_args: list[tuple[Value, Value]] = []
-    """(initial value, block argument): carries of the backward scan."""
-    residual_memo: dict[Value, Value] = {}
-    emit_body = Emitter(rw, block=bwd)
-
-    def new_seq(elem_type: TensorType, make_outer: Callable[[], Value], hint: str | None) -> Value:
-        arg = bwd.add_arg(elem_type, hint)
-        seq_args.append((make_outer, arg))
+    def new_seq(self, elem_type: TensorType, make_outer: Callable[[], Value], hint: str | None) -> Value:
+        arg = self.body.add_arg(elem_type, hint)
+        self.seq_args.append((make_outer, arg))
         return arg
 
-    def residual(v: Value) -> Value:
+    def residual(self, v: Value) -> Value:
         """Forward value v as seen in the backward body (phase a: collect residuals)."""
-        found = residual_memo.get(v)
+        found = self.residual_memo.get(v)
         if found is not None:
             return found
-        if not is_local(v):
+        bp, op = self.bp, self.fwd_scan
+        if not self.is_local(v):
             found = bp.fwd(v)
-        elif v in seq_of_arg:
-            outer = seq_of_arg[v].outer
-            found = new_seq(v.tensor_type, lambda outer=outer: bp.fwd(outer), v.name_hint)
+        elif v in self.seq_of_arg:
+            outer = self.seq_of_arg[v].outer
+            found = self.new_seq(v.tensor_type, lambda outer=outer: bp.fwd(outer), v.name_hint)
         else:
-            found = new_seq(v.tensor_type, lambda v=v: bp.fwd(append_stack(op, v)), v.name_hint)
-        residual_memo[v] = found
+            found = self.new_seq(v.tensor_type, lambda v=v: bp.fwd(append_stack(op, v)), v.name_hint)
+        self.residual_memo[v] = found
         return found
 
-    outer_contrib: dict[Value, Value] = {}
+    def on_outer(self, v: Value, g: Value) -> None:
+        prev = self.outer_contrib.get(v)
+        self.outer_contrib[v] = g if prev is None else self.emit_body.op("add", [prev, g]).result
 
-    def on_outer(v: Value, g: Value) -> None:
-        prev = outer_contrib.get(v)
-        outer_contrib[v] = g if prev is None else emit_body.op("add", [prev, g]).result
 
-    inner = Backprop(rw, emit_body, residual, is_local=is_local, on_outer=on_outer)
+def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
+    """The reverse of one forward scan (phases in the module docstring): seed the backward body
+    with the result cotangents, differentiate the forward body into it (collecting residuals),
+    yield carry cotangents and invariant-gradient accumulators, reuse forward values, build the
+    forward stacks the residuals need, emit the reverse scan and pass its results on to `bp`."""
+    back = _BackwardScan(bp, op, scan_parts(op))
+    _seed_cotangents(back, gs)
+    back.inner.run([o for o in op.body.ops if o.name != "yield"])  # collects residuals as it goes
+    yielded, targets = _carry_cotangents(back)
+    acc_yielded, acc_targets = _accumulate_invariant_gradients(back)
+    seq_targets = _yield_cotangents(back, yielded + acc_yielded)
+    _reuse_forward_values(bp.rw, op, back.body, back.residual, back.residual_memo)
+    reverse = _build_reverse_scan(back, _build_forward_stacks(back))
+    for v, g in zip(targets + acc_targets + seq_targets, reverse.results):
+        bp.add(v, g)
 
-    # Phase b: the reverse scan. Carry cotangents in, stacked-output cotangents as sequences.
-    for c, g in zip(parts.carries, gs[:n_carries]):
+
+def _seed_cotangents(back: _BackwardScan, gs: list[Value | None]) -> None:
+    """Phase b, in: takes the cotangents of the forward scan's results; gives the backward body
+    its inputs: carry cotangents as carries (zero where none flows in), the cotangents of the
+    stacked outputs as sequences."""
+    n_carries = len(back.parts.carries)
+    for c, g in zip(back.parts.carries, gs[:n_carries]):
         if not _is_float(c.arg):
             continue
-        init = g if g is not None else bp.emitter.zeros(c.arg.tensor_type, op.loc)
-        arg = bwd.add_arg(c.arg.type, "d" + (c.arg.name_hint or ""))
-        carry_args.append((init, arg))
-        inner.add(c.yielded, arg)
-    for s, g in zip(parts.stacks, gs[n_carries:]):
+        init = g if g is not None else back.bp.emitter.zeros(c.arg.tensor_type, back.fwd_scan.loc)
+        arg = back.body.add_arg(c.arg.type, "d" + (c.arg.name_hint or ""))
+        back.carry_args.append((init, arg))
+        back.inner.add(c.yielded, arg)
+    for s, g in zip(back.parts.stacks, gs[n_carries:]):
         if g is not None:
             elem = g.tensor_type.with_shape(g.tensor_type.shape[1:])
-            inner.add(s.yielded, new_seq(elem, lambda g=g: g, "d" + (s.yielded.name_hint or "")))
-    inner.run([o for o in body.ops if o.name != "yield"])
+            back.inner.add(s.yielded, back.new_seq(elem, lambda g=g: g, "d" + (s.yielded.name_hint or "")))
 
-    yield_carries: list[Value] = []
-    float_carries = [c for c in parts.carries if _is_float(c.arg)]
-    for c in float_carries:
-        d = inner.adj.get(c.arg)
-        yield_carries.append(d if d is not None else emit_body.zeros(c.arg.tensor_type, op.loc))
-    # Phase c: cotangents of closed-over values are accumulated across steps in carries.
-    accumulated = list(outer_contrib.items())
-    for v, g in accumulated:
-        arg = bwd.add_arg(v.type, "acc" + (v.name_hint or ""))
-        carry_args.append((bp.emitter.zeros(v.tensor_type, op.loc), arg))
-        yield_carries.append(emit_body.op("add", [arg, g]).result)
-    seq_grads = [(s, inner.adj[s.arg]) for s in parts.sequences if inner.adj.get(s.arg) is not None]
-    rw.create("yield", yield_carries + [g for _, g in seq_grads], at_end=bwd, loc=op.loc,
-              segments=(len(yield_carries), len(seq_grads)))
 
-    _reuse_forward_values(rw, op, bwd, residual, residual_memo)
-    outers = [make() for make, _ in seq_args]
-    bwd.args = [a for _, a in seq_args] + [a for _, a in carry_args]
-    for i, a in enumerate(bwd.args):
+def _carry_cotangents(back: _BackwardScan) -> tuple[list[Value], list[Value]]:
+    """Phase b, out: after the body is differentiated, gives the cotangents of the forward
+    carries' block arguments (zero where none flowed), to yield, and the forward initial values
+    the backward scan's matching results are cotangents of."""
+    yielded: list[Value] = []
+    targets: list[Value] = []
+    for c in back.parts.carries:
+        if not _is_float(c.arg):
+            continue
+        d = back.inner.adj.get(c.arg)
+        yielded.append(d if d is not None else back.emit_body.zeros(c.arg.tensor_type, back.fwd_scan.loc))
+        targets.append(c.init)
+    return yielded, targets
+
+
+def _accumulate_invariant_gradients(back: _BackwardScan) -> tuple[list[Value], list[Value]]:
+    """Phase c: cotangents of values the forward loop closes over are summed across steps in new
+    carries (`acc + g_t`, from zero). Gives the accumulators' next values, to yield, and the
+    closed-over values the backward scan's matching results are cotangents of."""
+    yielded: list[Value] = []
+    targets: list[Value] = []
+    for v, g in list(back.outer_contrib.items()):
+        arg = back.body.add_arg(v.type, "acc" + (v.name_hint or ""))
+        back.carry_args.append((back.bp.emitter.zeros(v.tensor_type, back.fwd_scan.loc), arg))
+        yielded.append(back.emit_body.op("add", [arg, g]).result)
+        targets.append(v)
+    return yielded, targets
+
+
+def _yield_cotangents(back: _BackwardScan, carries: list[Value]) -> list[Value]:
+    """Ends the backward body with `yield (carries) stack (sequence cotangents)`; gives the
+    forward sequences the backward scan's stacked results are cotangents of."""
+    seq_grads = [(s, back.inner.adj[s.arg]) for s in back.parts.sequences if back.inner.adj.get(s.arg) is not None]
+    back.bp.rw.create("yield", carries + [g for _, g in seq_grads], at_end=back.body, loc=back.fwd_scan.loc,
+                      segments=(len(carries), len(seq_grads)))
+    return [s.outer for s, _ in seq_grads]
+
+
+def _build_forward_stacks(back: _BackwardScan) -> list[Value]:
+    """Gives the backward scan's sequence operands, appending to the forward scan a stack of
+    every residual the backward body still reads."""
+    return [make() for make, _ in back.seq_args]
+
+
+def _build_reverse_scan(back: _BackwardScan, outers: list[Value]) -> Operation:
+    """Puts the backward body's arguments in order (sequences, then carries) and emits the
+    scan running the other way over `outers`; a scan without sequences keeps the trip count."""
+    body, op = back.body, back.fwd_scan
+    body.args = [a for _, a in back.seq_args] + [a for _, a in back.carry_args]
+    for i, a in enumerate(body.args):
         a.index = i
     attrs = {"reverse": not op.attrs["reverse"], "length": None if outers else trip_count(op)}
-    back = bp.emitter.op("scan", outers + [init for init, _ in carry_args], loc=op.loc, attrs=attrs,
-                         regions=[Region(bwd)], segments=(len(outers), len(carry_args)))
-    results = iter(back.results)
-    for c in float_carries:
-        bp.add(c.init, next(results))
-    for v, _ in accumulated:
-        bp.add(v, next(results))
-    for s, _ in seq_grads:
-        bp.add(s.outer, next(results))
+    return back.bp.emitter.op("scan", outers + [init for init, _ in back.carry_args], loc=op.loc, attrs=attrs,
+                              regions=[Region(body)], segments=(len(outers), len(back.carry_args)))
 
 
 def _reuse_forward_values(rw: Rewriter, fwd_scan: Operation, bwd: Block, residual: Callable[[Value], Value],

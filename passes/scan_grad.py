@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..ir.core import Block, Module, Operation, OpResult, Value
 from .base import Pass
-from .loops import Sequence, append_stack, defined_inside, rebuild_scan, scan_parts, trip_count
+from .loops import Carry, Sequence, append_stack, defined_inside, rebuild_scan, scan_parts, trip_count
 from .rewriter import PassStatistics, Rewriter
 
 
@@ -234,7 +234,13 @@ def _product_operands(p: Operation) -> tuple[Value, bool, Value, bool]:
 
 @dataclass
 class _Accumulation:
-    carry: object
+    """A carry `acc + A_t @ B_t` accepted for push-out, with how to stack A and B."""
+
+    carry: Carry
+    update: Operation
+    """The `add` giving the carry's next value."""
+    product: Operation
+    """The `matmul` added to the carry."""
     a: Value
     a_t: bool
     sa: _Stacked
@@ -245,70 +251,113 @@ class _Accumulation:
 
 def push_out_accumulations(rw: Rewriter, scan: Operation, options: ScanGradOptions,
                            stats: PassStatistics) -> None:
+    """Rewrite 3 (module docstring): every accepted `acc + A_t @ B_t` carry passes through the
+    loop unchanged, and its result becomes `acc_0 + one GEMM over the stacks` after the loop."""
     rw.current = "push-out-accumulation"
     found: list[_Accumulation] = []
     steps = trip_count(scan)
-
-    def reject(reason: str) -> None:
-        stats.count(f"scan-grad: rejected ({reason})")
-
     for c in scan_parts(scan).carries:
-        update = getattr(c.yielded, "op", None)
-        if update is None or update.name != "add" or update.parent is not scan.body or c.arg not in update.operands:
-            continue  # not an accumulation `acc + ...`: no candidate
-        other = update.operands[1] if update.operands[0] is c.arg else update.operands[0]
-        prod = getattr(other, "op", None)
-        if prod is None or prod.name != "matmul":
-            continue  # an accumulation of something other than a product: no candidate
-        if steps is None or steps == 0:
-            reject("loop length unknown until run time" if steps is None else "loop of zero steps")
+        acc = _plan_accumulation(scan, c, steps, options, stats)
+        if acc is None:
             continue
-        if list(c.arg.users) != [update]:
-            reject("accumulator read elsewhere in the loop")
-            continue
-        if len(c.yielded.uses) != 1:
-            reject("accumulator value also stacked or used in the loop")
-            continue
-        if len(other.uses) != 1 or other.type != c.arg.type:
-            reject("product also used elsewhere, or broadcast into the accumulator")
-            continue
-        if prod.operands[0].tensor_type.rank != 2 or prod.operands[1].tensor_type.rank != 2 \
-                or not prod.operands[0].tensor_type.is_static or not prod.operands[1].tensor_type.is_static:
-            reject("operands not static 2-D matrices")
-            continue
-        a, a_t, b, b_t = _product_operands(prod)
-        sa, sb = _stack_of(scan, a), _stack_of(scan, b)
-        if sa is None or sb is None:
-            reject("operand not a per-step value of the loop")
-            continue
-        if sa.shifted_init is not None and sb.shifted_init is not None:
-            reject("both operands are a carry's previous value")
-            continue
-        extra = sa.extra_bytes + sb.extra_bytes
-        if extra > options.max_extra_bytes:
-            stats.count("scan-grad: rejected (max-extra-bytes)")
-            stats.notes.append(f"push-out of %{c.arg.name_hint} at {scan.loc} needs {extra} new bytes of stacks, "
-                               f"more than max-extra-bytes={options.max_extra_bytes}")
-            continue
-        # The carry now passes through unchanged; canonicalize drops it.
+        # The carry now passes through unchanged; canonicalize drops it. Erased at once, not
+        # after the loop: the next carry's checks count uses, and this product is gone.
         rw.replace_all_uses(c.yielded, c.arg)
-        rw.erase(update)
-        rw.erase(prod)
-        found.append(_Accumulation(c, a, a_t, sa, b, b_t, sb))
+        rw.erase(acc.update)
+        rw.erase(acc.product)
+        found.append(acc)
     if not found:
         return
+    new_stacks = _append_new_stacks(scan, found)
+    _add_post_loop_gemms(rw, scan, steps, found, new_stacks, stats)
+
+
+def _accumulated_product(scan: Operation, c: Carry) -> tuple[Operation, Operation] | None:
+    """(update, product) if carry c's next value is `c + product` with product a `matmul`
+    of the loop body, else None: c is no push-out candidate."""
+    update = getattr(c.yielded, "op", None)
+    if update is None or update.name != "add" or update.parent is not scan.body or c.arg not in update.operands:
+        return None  # not an accumulation `acc + ...`
+    other = update.operands[1] if update.operands[0] is c.arg else update.operands[0]
+    prod = getattr(other, "op", None)
+    if prod is None or prod.name != "matmul":
+        return None  # an accumulation of something other than a product
+    return update, prod
+
+
+def _rejection(c: Carry, update: Operation, prod: Operation, steps: int | None) -> str | None:
+    """Why the accumulation of prod into carry c cannot be pushed out, whatever its operands
+    are, or None if it can."""
+    if steps is None or steps == 0:
+        return "loop length unknown until run time" if steps is None else "loop of zero steps"
+    if list(c.arg.users) != [update]:
+        return "accumulator read elsewhere in the loop"
+    if len(c.yielded.uses) != 1:
+        return "accumulator value also stacked or used in the loop"
+    if len(prod.result.uses) != 1 or prod.result.type != c.arg.type:
+        return "product also used elsewhere, or broadcast into the accumulator"
+    if prod.operands[0].tensor_type.rank != 2 or prod.operands[1].tensor_type.rank != 2 \
+            or not prod.operands[0].tensor_type.is_static or not prod.operands[1].tensor_type.is_static:
+        return "operands not static 2-D matrices"
+    return None
+
+
+def _reject(stats: PassStatistics, reason: str) -> None:
+    """Counts a candidate left alone, by reason: the report accounts for every candidate."""
+    stats.count(f"scan-grad: rejected ({reason})")
+
+
+def _plan_accumulation(scan: Operation, c: Carry, steps: int | None, options: ScanGradOptions,
+                       stats: PassStatistics) -> _Accumulation | None:
+    """Carry c as an accumulation to push out, with its operands' stacks planned; None if c is
+    no candidate, or a rejected one (counted)."""
+    matched = _accumulated_product(scan, c)
+    if matched is None:
+        return None
+    update, prod = matched
+    reason = _rejection(c, update, prod, steps)
+    if reason is not None:
+        _reject(stats, reason)
+        return None
+    a, a_t, b, b_t = _product_operands(prod)
+    sa, sb = _stack_of(scan, a), _stack_of(scan, b)
+    if sa is None or sb is None:
+        _reject(stats, "operand not a per-step value of the loop")
+        return None
+    if sa.shifted_init is not None and sb.shifted_init is not None:
+        _reject(stats, "both operands are a carry's previous value")
+        return None
+    extra = sa.extra_bytes + sb.extra_bytes
+    if extra > options.max_extra_bytes:
+        _reject(stats, "max-extra-bytes")
+        stats.notes.append(f"push-out of %{c.arg.name_hint} at {scan.loc} needs {extra} new bytes of stacks, "
+                           f"more than max-extra-bytes={options.max_extra_bytes}")
+        return None
+    return _Accumulation(c, update, prod, a, a_t, sa, b, b_t, sb)
+
+
+def _append_new_stacks(scan: Operation, found: list[_Accumulation]) -> dict[Value, OpResult]:
+    """Makes the scan stack every operand that has no stack yet (once per value, even when
+    several accumulations read it); gives value -> its new stack."""
     new_stacks: dict[Value, OpResult] = {}
     for acc in found:
         for v, s in ((acc.a, acc.sa), (acc.b, acc.sb)):
             if s.whole is None and s.shifted_init is None and v not in new_stacks:
                 new_stacks[v] = append_stack(scan, v)
+    return new_stacks
+
+
+def _add_post_loop_gemms(rw: Rewriter, scan: Operation, steps: int | None, found: list[_Accumulation],
+                         new_stacks: dict[Value, OpResult], stats: PassStatistics) -> None:
+    """Right after the loop, replaces each pushed-out carry's result by `acc_0 + GEMM`."""
     after = scan.next
     assert after is not None  # a scan is never a block's terminator
     for acc in found:
         total = _post_loop_gemm(rw, after, steps, acc.a, acc.a_t, acc.sa, acc.b, acc.b_t, acc.sb, new_stacks)
         c = acc.carry
-        final = rw.value("add", [c.init, total], before=after)  # type: ignore[attr-defined]
-        rw.replace_all_uses(c.result, final)  # type: ignore[attr-defined]
+        final = rw.value("add", [c.init, total], before=after)
+        assert c.result is not None  # carries read from a scan op always have a result
+        rw.replace_all_uses(c.result, final)
         stats.count("scan-grad: accumulations pushed out")
 
 
