@@ -20,7 +20,7 @@ from .frontend.parser import load
 from .ir.core import Function, Module
 from .ir.interpreter import interpret, random_inputs
 from .ir.printer import print_module
-from .passes.pass_manager import PassManager
+from .passes.pass_manager import PassManager, Report
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 
 
@@ -87,30 +87,32 @@ def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
     )
 
 
-def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> PassManager:
-    pm = pass_manager(args, pipeline)
-    report = pm.run(module)
+def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> Report:
+    """Runs pipeline with the debugging flags; the report carries the analyses it left."""
+    report = pass_manager(args, pipeline).run(module)
     if getattr(args, "timing", False):
         sys.stderr.write(report.timing_table())
     if getattr(args, "stats_json", None):
         with open(args.stats_json, "w", encoding="utf-8") as f:
             json.dump(report.as_dict(), f, indent=2)
             f.write("\n")
-    return pm
+    return report
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
     module = load(args.file)
-    pm = run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+    report = run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     if args.placement_report:
         from .passes.placement import placement_reports
 
-        sys.stderr.write(placement_reports(pm.passes))
+        sys.stderr.write(placement_reports(report.analyses))
     if args.memplan_report or args.memplan_plot:
+        from .passes.memory.plan import MemoryPlan
         from .passes.memplan import plan_module
         from .reporting import memplan_reports, plot_plans
 
-        plans = plan_module(module)
+        # The pipeline's plans when it ended with `memplan{...}` (its options), else default plans.
+        plans = report.analyses.all(MemoryPlan) or plan_module(module)
         if args.memplan_report:
             sys.stderr.write(memplan_reports(plans))
         if args.memplan_plot:
@@ -172,11 +174,12 @@ def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from .backend.cpu.runtime import CPUFunction, target_machine
+    from .passes.memory.plan import MemoryPlan
 
     module = load(args.file)
-    run_pipeline(args, module, f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
+    report = run_pipeline(args, module, f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
     f = entry_of(module, args.entry)
-    compiled = CPUFunction.compile(f)
+    compiled = CPUFunction.compile(f, report.analyses.get(MemoryPlan, f))
     if args.emit == "llvm":
         data: str | bytes = compiled.optimized_ir
     elif args.emit == "asm":

@@ -22,6 +22,7 @@ from .ir.core import Module
 from .ir.interpreter import check_arguments
 from .ir.printer import print_module
 from .ir.specialize import specialize
+from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 
@@ -51,18 +52,20 @@ class JitFunction:
             module = specialize(self.source, self.entry, types)
         else:
             module = self.source.clone()
-        PassManager(self.pipeline).run(module)
+        analyses = PassManager(self.pipeline).run(module).analyses
+        f = module.functions[self.entry]
+        plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
         if self.device == "interp":
             compiled: Any = _Interpreted(module, self.entry)
         elif self.device == "gpu":
             from .backend.gpu.runtime import GPUFunction
 
-            compiled = GPUFunction.compile(module.functions[self.entry])
+            compiled = GPUFunction.compile(f, plan)
             compiled.ir = print_module(module)
         else:
             from .backend.cpu.runtime import CPUFunction
 
-            compiled = CPUFunction.compile(module.functions[self.entry])
+            compiled = CPUFunction.compile(f, plan)
             compiled.ir = print_module(module)
         self._compiled[shapes] = compiled
         return compiled
@@ -78,6 +81,12 @@ class JitFunction:
         if self._last is None:
             raise GirArgumentError(f"@{self.entry} has `?` dims: call it once so it is specialised")
         return self._last
+
+    @property
+    def compiled(self) -> Any:
+        """The backend's compiled function (CPUFunction, GPUFunction) of the last specialisation:
+        its `layout` / `memory` say how the arena was laid out."""
+        return self._current()
 
     @property
     def stats(self) -> Any:

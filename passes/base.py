@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from ..errors import GirPassError
 from ..ir.core import Module
+from .analysis import Analyses
 from .rewriter import PassStatistics
 
 
@@ -23,6 +24,9 @@ class Pass:
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()
+        self.analyses = Analyses()
+        """The pipeline's analysis cache (the pass manager sets it before `run`): a pass that
+        computes an analysis puts it here; one that needs an analysis asks here first."""
 
     def run(self, module: Module, stats: PassStatistics) -> bool:
         raise NotImplementedError(f"pass {self.name} must implement run")

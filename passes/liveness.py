@@ -377,6 +377,7 @@ class LivenessPass(Pass):
     def run(self, module: Module, stats: PassStatistics) -> bool:
         for f in module.functions.values():
             live = Liveness(f)
+            self.analyses.put(f, live)
             stats.count("values", len(live.first))
             stats.count("worklist facts", live.visits)
             stats.counters["max live values"] = max(stats.counters.get("max live values", 0), live.max_live())
@@ -407,6 +408,8 @@ class PrintLiveness(Pass):
     def run(self, module: Module, stats: PassStatistics) -> bool:
         out = self.stream or sys.stdout
         for f in module.functions.values():
-            out.write(Liveness(f).format())
+            live = self.analyses.get(Liveness, f) or Liveness(f)
+            self.analyses.put(f, live)
+            out.write(live.format())
         out.flush()
         return False

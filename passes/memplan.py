@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..errors import GirPassError
 from ..ir.core import Module
 from .base import Pass
+from .liveness import Liveness
 from .memory.arena import STRATEGIES
 from .memory.checker import check_plan
 from .memory.plan import MemoryPlan
@@ -35,9 +36,10 @@ class MemplanOptions:
 class Memplan(Pass):
     """`memplan`: plans the memory of every function and records, per function, the arena's
     peak bytes, the naive total, the lower bound, in-place reuses, block reuses and carry
-    shares as counters (shown by --timing and --stats-json). The IR is unchanged; the backends
-    compute the same plan with plan_memory. `gir opt --memplan-report` prints the per-value
-    table and `--memplan-plot FILE.png` draws it.
+    shares as counters (shown by --timing and --stats-json). The IR is unchanged. Each plan is
+    put into the pipeline's analyses, where the backends take it (so the pass's options decide
+    the arena the compiled code uses) and `gir opt --memplan-report` / `--memplan-plot FILE.png`
+    find it.
 
         %1 = exp %x          ->  %1 at offset 0 (new)
         %2 = neg %1          ->  %2 at offset 0 (in place of %1)
@@ -51,8 +53,10 @@ class Memplan(Pass):
         o: MemplanOptions = self.options
         if o.strategy not in STRATEGIES:
             raise GirPassError(f"memplan: strategy must be one of {', '.join(STRATEGIES)}, not {o.strategy!r}")
-        for plan in plan_module(module, o.strategy):
-            name = plan.function.name
+        for f in module.functions.values():
+            plan = plan_memory(f, liveness=self.analyses.get(Liveness, f), strategy=o.strategy)
+            self.analyses.put(f, plan)
+            name = f.name
             if not plan.supported:
                 stats.notes.append(f"@{name}: not planned: {plan.unsupported}")
                 continue

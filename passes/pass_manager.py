@@ -20,6 +20,7 @@ from ..ir.core import Module
 from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
 from ..ir.verifier import verify
+from .analysis import Analyses
 from .base import Pass
 from .pipeline import parse_pipeline
 from .rewriter import PassStatistics
@@ -51,6 +52,8 @@ class Report:
     """What a pipeline run did; printed by --timing, written by --stats-json."""
 
     records: list[PassRecord] = field(default_factory=list)
+    analyses: Analyses = field(default_factory=Analyses)
+    """The analyses still valid after the last pass (memory plans, placement, liveness)."""
 
     @property
     def total_seconds(self) -> float:
@@ -127,9 +130,9 @@ class PassManager:
         with open(path, "w", encoding="utf-8") as f:
             f.write(print_module(module, self.debug.print_locations))
 
-    def run(self, module: Module) -> Report:
+    def run(self, module: Module, analyses: Analyses | None = None) -> Report:
         d = self.debug
-        report = Report()
+        report = Report(analyses=analyses if analyses is not None else Analyses())
         self._dump(0, "input", module)
         numerics = _Numerics(module, d.check_numerics) if d.check_numerics is not None else None
         for index, p in enumerate(self.passes, start=1):
@@ -138,6 +141,8 @@ class PassManager:
             snapshot = print_module(module) if (d.reproducer or d.reproducer_dir) else None
             ops_before = module.num_ops()
             stats = PassStatistics()
+            p.analyses = report.analyses
+            report.analyses.begin_pass()
             start = time.perf_counter()
             try:
                 changed = bool(p.run(module, stats))
@@ -149,6 +154,8 @@ class PassManager:
                 err = GirPassError(f"pass '{p.name}' crashed: {type(e).__name__}: {e}")
                 raise self._failed(p, module, snapshot, err) from e
             seconds = time.perf_counter() - start
+            if changed:
+                report.analyses.invalidate()
             if d.verify_each:
                 try:
                     verify(module)

@@ -36,8 +36,9 @@ DEFAULT_PIPELINE = "ssa,canonicalize,scan-grad,canonicalize,autodiff,canonicaliz
 """scan-grad runs twice: before autodiff it hoists input projections and merges GEMMs (so the
 gradients inherit one GEMM per step), after it it pushes weight-gradient accumulations out."""
 
-BACKEND_PIPELINE = "inline,canonicalize,fuse"
-"""What gir.jit runs after the default pipeline, before handing the IR to a backend."""
+BACKEND_PIPELINE = "inline,canonicalize,fuse,memplan"
+"""What gir.jit runs after the default pipeline, before handing the IR to a backend: the last
+pass plans memory, and the backend lays its arena out by that plan (passes/analysis.py)."""
 """What `gir opt` runs without -p, and what `gir run` and `gir.jit` run before executing."""
 
 

@@ -67,6 +67,7 @@ from ..ir.core import Block, Function, Module, Operation, OpResult, Value, erase
 from ..ir.ops import REGISTRY, make_op
 from ..ir.printer import Printer
 from ..ir.types import TensorType
+from .analysis import Analyses
 from .base import Pass
 from .rewriter import PassStatistics
 
@@ -454,21 +455,15 @@ class Place(Pass):
     name = "place"
     Options = PlaceOptions
 
-    def __init__(self, options: PlaceOptions | None = None):
-        super().__init__(options)
-        self.reports: list[PlacementReport] | None = None
-        """One per function, from the last run."""
-
     def run(self, module: Module, stats: PassStatistics) -> bool:
         changed = False
-        self.reports = []
         for f in module.functions.values():
             placer = _Placer(f, self.options)
             placer.decide()
             changed |= placer.materialize()
             device = {op: placer.op_device(op) for op in placer.reason}
-            self.reports.append(PlacementReport(f, self.options, device, placer.reason, placer.boundaries,
-                                                placer.created, placer.removed))
+            self.analyses.put(f, PlacementReport(f, self.options, device, placer.reason, placer.boundaries,
+                                                 placer.created, placer.removed))
             for d in (CPU, GPU):
                 stats.count(f"ops on the {d}", sum(1 for x in device.values() if x == d))
             stats.count("transfers", placer.transfers)
@@ -477,9 +472,10 @@ class Place(Pass):
         return changed
 
 
-def placement_reports(passes: Sequence[Pass]) -> str:
-    """The report of the last `place` pass of a pipeline that ran, for `gir opt --placement-report`."""
-    runs = [p for p in passes if isinstance(p, Place) and p.reports is not None]
-    if not runs:
-        return "placement report: the pipeline has no 'place' pass\n"
-    return "".join(r.render() for r in runs[-1].reports or [])
+def placement_reports(analyses: Analyses) -> str:
+    """The placement of every function the pipeline's last `place` pass left (still valid: no
+    pass changed the IR after it), for `gir opt --placement-report`."""
+    reports = analyses.all(PlacementReport)
+    if not reports:
+        return "placement report: the pipeline has no 'place' pass (or a later pass changed the IR)\n"
+    return "".join(r.render() for r in reports)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import gir
 import numpy as np
 import pytest
-
-import gir
 from gir.ir.core import Module, OpResult
 from gir.ir.loops import LoopView, as_loop
 from gir.ir.printer import print_module

@@ -25,6 +25,7 @@ from gir.errors import GirError
 from gir.ir.core import Block, Function, Module, Operation, OpResult, Region, Value
 from gir.ir.interpreter import interpret, random_inputs
 from gir.ir.ops import REGISTRY, make_op
+from gir.ir.spec import view_source
 from gir.ir.types import TensorType
 from gir.passes.liveness import (
     Liveness,
@@ -43,7 +44,6 @@ from gir.passes.liveness import (
 from gir.passes.memory.checker import check_plan
 from gir.passes.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
 from gir.passes.memory.planner import plan_memory
-from gir.passes.memory.views import view_source
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 from gir.reporting import memplan_report

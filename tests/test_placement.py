@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import gir
@@ -22,22 +23,26 @@ from gir.ir.interpreter import random_inputs
 from gir.ir.types import TensorType
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import DEFAULT_PIPELINE, parse_pipeline
-from gir.passes.placement import Place
+from gir.passes.placement import PlacementReport
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.gir"))
 
 
-def place(text: str | Module, pipeline: str = "place{min-elements=1}") -> tuple[Module, Place, bool]:
-    """Runs the pipeline (verifying after every pass); returns the module, the last `place`
-    pass and whether it changed the IR."""
+@dataclass
+class Placed:
+    reports: list[PlacementReport]
+    """The placement of every function, as the pipeline's analyses hand it on."""
+
+
+def place(text: str | Module, pipeline: str = "place{min-elements=1}") -> tuple[Module, Placed, bool]:
+    """Runs the pipeline (verifying after every pass); returns the module, the placement
+    reports the pipeline's analyses hold and whether the last `place` changed the IR."""
     module = gir.parse(text) if isinstance(text, str) else text
-    pm = PassManager(pipeline)
-    report = pm.run(module)
-    places = [p for p in pm.passes if isinstance(p, Place)]
+    report = PassManager(pipeline).run(module)
     records = [r for r in report.records if r.name == "place"]
-    return module, places[-1], records[-1].changed
+    return module, Placed(report.analyses.all(PlacementReport)), records[-1].changed
 
 
 class IRDevices:
@@ -96,7 +101,7 @@ def transfers(module: Module) -> list[tuple[str, str]]:
     return [(op.operands[0].name_hint or "?", op.attrs["device"]) for op in module.walk() if op.name == "transfer"]
 
 
-def reasons(p: Place, fn: str = "f") -> dict[str, str]:
+def reasons(p: Placed, fn: str = "f") -> dict[str, str]:
     report = next(r for r in p.reports or [] if r.function.name == fn)
     return {op.name: why for op, why in report.reason.items()}
 

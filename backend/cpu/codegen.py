@@ -30,8 +30,10 @@ from llvmlite import ir
 from ...errors import GirError, Location
 from ...ir.core import Function, Operation, Value
 from ...ir.ops import reduction_axes
+from ...ir.spec import view_source
 from ...ir.types import TensorType
-from ...passes.memory.views import view_source
+from ...passes.memory.plan import MemoryPlan
+from ...passes.memory.planner import plan_memory
 from . import blas, mathlib
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -85,13 +87,13 @@ def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
     return sites
 
 
-def _memory_plan(function: Function) -> object | None:
-    """memplan's plan of function, or None (GIR_CPU_ARENA=0, or a function it cannot plan)."""
+def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | None:
+    """The plan to lay the arena out by: the pipeline's (`memplan` pass), else memplan's default
+    plan of function; None when GIR_CPU_ARENA=0 or the function cannot be planned."""
     if os.environ.get("GIR_CPU_ARENA") == "0":
         return None
-    from ...passes.memory.planner import plan_memory
-
-    plan = plan_memory(function)
+    if plan is None or plan.function is not function:
+        plan = plan_memory(function)
     return plan if plan.supported else None
 
 
@@ -131,7 +133,7 @@ class Layout:
 
 
 class Lowering:
-    def __init__(self, function: Function):
+    def __init__(self, function: Function, plan: MemoryPlan | None = None):
         self.function = function
         self.module = ir.Module(name=f"gir.{function.name}")
         fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR])
@@ -147,7 +149,7 @@ class Lowering:
         self.pack_slots: dict[Operation, ir.Value] = {}
         self.gemm_family = blas.choose_family(_gemm_sites(function))
         """One BLAS provider for the whole function (blas.FAMILIES)."""
-        self.plan = _memory_plan(function)
+        self.plan = _memory_plan(function, plan)
         """memplan's plan: values share arena memory when their lifetimes do not overlap."""
         if self.plan is not None:
             self.layout.arena_bytes = self.plan.arena_bytes
@@ -826,13 +828,13 @@ LOWER: dict[str, Callable[[Lowering, Operation], None]] = {
 """Op kind -> lowering function. Elementwise ops outside `fused` get lower_elementwise."""
 
 
-def lower_function(function: Function) -> tuple[ir.Module, Layout]:
+def lower_function(function: Function, plan: MemoryPlan | None = None) -> tuple[ir.Module, Layout]:
     from ...ir.ops import REGISTRY
 
     for name, spec in REGISTRY.items():
         if spec.category == "elementwise":
             LOWER.setdefault(name, lower_elementwise)
-    low = Lowering(function)
+    low = Lowering(function, plan)
     body = function.body
     returned = low.block(body)
     for v, out in zip(returned, low.out_ptrs):

@@ -23,6 +23,7 @@ import numpy as np
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
+from ...passes.memory.plan import MemoryPlan
 from . import blas
 from .codegen import Layout, lower_function
 
@@ -65,15 +66,15 @@ class Stats:
 class CPUFunction:
     """A function compiled for this CPU; cached on disk by content (see `cache_key`)."""
 
-    def __init__(self, function: Function):
+    def __init__(self, function: Function, plan: MemoryPlan | None = None):
         self.function = function
-        key = cache_key(function)
+        key = cache_key(function, plan)
         cached = _load_cached(key)
         if cached is not None:
             obj, self.layout, self.optimized_ir, self.llvm_ir = cached
             self.from_cache = True
         else:
-            module, self.layout = lower_function(function)
+            module, self.layout = lower_function(function, plan)
             self.llvm_ir = str(module)
             mod = llvm.parse_assembly(self.llvm_ir)
             mod.verify()
@@ -103,8 +104,10 @@ class CPUFunction:
         return self._asm
 
     @classmethod
-    def compile(cls, function: Function) -> CPUFunction:
-        return cls(function)
+    def compile(cls, function: Function, plan: MemoryPlan | None = None) -> CPUFunction:
+        """Compiles function, laying its arena out by plan (the pipeline's `memplan` result;
+        memplan's default plan when None)."""
+        return cls(function, plan)
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
         f = self.function
@@ -135,16 +138,17 @@ class CPUFunction:
 # The disk cache of compiled code
 
 
-def cache_key(function: Function) -> str:
-    """Content key: the printed function (after every pass), gir and llvmlite versions, the host
-    CPU and its features, and what decides GEMM paths (MKL present, threads, forced path)."""
+def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
+    """Content key: the printed function (after every pass), the memory plan's strategy, gir and
+    llvmlite versions, the host CPU and its features, and what decides GEMM paths (MKL present,
+    threads, forced path)."""
     from ... import __version__
     from ...ir.printer import print_function
 
     parts = [print_function(function, print_locations=True), __version__, llvm.llvm_version_info.__str__(),
              llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
              str(blas.providers().has_mkl), str(blas.threads()), os.environ.get("GIR_GEMM_PATH", ""),
-             os.environ.get("GIR_CPU_ARENA", ""),
+             os.environ.get("GIR_CPU_ARENA", ""), plan.strategy if plan is not None else "default",
              _CODEGEN_VERSION]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 

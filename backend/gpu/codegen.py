@@ -39,6 +39,7 @@ import numpy as np
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
 from ...ir.ops import REGISTRY, loop_trip_count, norm_axis, reduction_axes
+from ...passes.memory.plan import MemoryPlan
 from .device import Device
 from .kernels import ElementwiseKernel, compile_kernel, fused_source, op_source
 from .memory import Memory
@@ -63,6 +64,8 @@ class Lowering:
 
     function: Function
     dev: Device
+    plan: MemoryPlan | None = None
+    """The pipeline's memory plan (memplan's default plan when None)."""
     memory: Memory = field(init=False)
     static: Env = field(default_factory=dict)
     """Values whose device array is fixed for the compiled function's life."""
@@ -75,7 +78,7 @@ class Lowering:
     _args: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.memory = Memory(self.function, self.dev)
+        self.memory = Memory(self.function, self.dev, self.plan)
         self.err = self.memory.own((1,), np.dtype(np.int32))
         self.err_arg = self.dev.kernel_arg(self.err)
         for arg in self.function.args:
@@ -428,7 +431,8 @@ LOWER: dict[str, Callable[[Lowering, Operation], Run | None]] = {
 """Op kind -> lowering function. Elementwise ops outside `fused` get lower_elementwise."""
 
 
-def lower_function(function: Function, dev: Device) -> tuple[Lowering, list[Step], list[Value]]:
-    low = Lowering(function, dev)
+def lower_function(function: Function, dev: Device, plan: MemoryPlan | None = None
+                   ) -> tuple[Lowering, list[Step], list[Value]]:
+    low = Lowering(function, dev, plan)
     steps, returned = low.block(function.body)
     return low, steps, returned

@@ -1,5 +1,6 @@
 """Device memory of a compiled function: the memplan arena as one device allocation, each
-planned value a typed view of it at its planned offset (passes/memplan.py).
+planned value a typed view of it at its planned offset (passes/memory/; the plan is the one the
+pipeline's `memplan` pass computed, else memplan's default plan).
 
 Terms (memplan's): *planned values* (op results and scan carries' body arguments) get a slot
 in the arena; *views* (`reshape`, `transfer`, `index`, a contiguous `slice`, a 2-D `transpose`
@@ -8,8 +9,8 @@ read only by matmuls, a scan sequence's element) read their source's memory; *re
 makes exactly those views (an xp view of the source) and gives every other value storage.
 
 Without a plan every value that needs memory gets a device buffer of its own instead, still
-allocated once per compiled function: when passes/memplan.py cannot be imported, when it
-cannot plan the function (`MemoryPlan.unsupported`), or with GIR_GPU_ARENA=0 (a switch for
+allocated once per compiled function: when memplan cannot plan the function
+(`MemoryPlan.unsupported`), or with GIR_GPU_ARENA=0 (a switch for
 tests and for bisecting a suspected planning bug). `Memory.mode` says which.
 
 Kept outside the arena, each in a buffer of its own allocated once:
@@ -29,14 +30,16 @@ from typing import Any
 import numpy as np
 
 from ...ir.core import Operation, Value
-from ...passes.memory.views import view_source  # one rule for the plan and both backends
+from ...ir.spec import view_source  # one rule for the plan and both backends
+from ...passes.memory.plan import MemoryPlan
+from ...passes.memory.planner import plan_memory
 from .device import Device
 
 
 class Memory:
-    def __init__(self, function: Any, dev: Device):
+    def __init__(self, function: Any, dev: Device, plan: MemoryPlan | None = None):
         self.dev = dev
-        self.plan, self.reason = _plan(function)
+        self.plan, self.reason = _plan(function, plan)
         self.mode = "arena" if self.plan is not None else "per-value"
         """arena: one device allocation laid out by the memory plan; per-value: a buffer each."""
         self.arena_bytes = self.plan.arena_bytes if self.plan is not None else 0
@@ -87,15 +90,13 @@ class Memory:
         return f"a buffer per value ({self.reason})"
 
 
-def _plan(function: Any) -> tuple[Any, str | None]:
-    """(the function's memory plan or None, why there is none)."""
+def _plan(function: Any, plan: MemoryPlan | None) -> tuple[Any, str | None]:
+    """(the memory plan to lay the arena out by or None, why there is none): the pipeline's
+    plan (`memplan` pass) when given, else memplan's default plan of function."""
     if os.environ.get("GIR_GPU_ARENA", "1") == "0":
         return None, "GIR_GPU_ARENA=0"
-    try:
-        from ...passes.memory.planner import plan_memory
-    except ImportError as e:
-        return None, f"no memory planner: {e}"
-    plan = plan_memory(function)
+    if plan is None or plan.function is not function:
+        plan = plan_memory(function)
     if not plan.supported:
         return None, f"not planned: {plan.unsupported}"
     return plan, None

@@ -19,6 +19,7 @@ import numpy as np
 from ...errors import GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
+from ...passes.memory.plan import MemoryPlan
 from .codegen import lower_function, run_steps
 from .device import get_device
 
@@ -41,18 +42,20 @@ class Stats:
 class GPUFunction:
     """A function compiled for the GPU (or the CUDA simulator)."""
 
-    def __init__(self, function: Function):
+    def __init__(self, function: Function, plan: MemoryPlan | None = None):
         self.dev = get_device()
         self.function = function
-        self.lowering, self.steps, self.results = lower_function(function, self.dev)
+        self.lowering, self.steps, self.results = lower_function(function, self.dev, plan)
         self.memory = self.lowering.memory
         self.stats = Stats(memory=self.memory.describe(), device=self.dev.name)
         self.ir = ""
         """The IR compiled (set by gir.jit)."""
 
     @classmethod
-    def compile(cls, function: Function) -> GPUFunction:
-        return cls(function)
+    def compile(cls, function: Function, plan: MemoryPlan | None = None) -> GPUFunction:
+        """Compiles function, its device arena laid out by plan (the pipeline's `memplan`
+        result; memplan's default plan when None)."""
+        return cls(function, plan)
 
     @property
     def kernel_sources(self) -> list[str]:

@@ -6,8 +6,8 @@ compile.
 Modules, by job:
 - plan.py: the data model: `Buffer`, `Slot`, `MemoryPlan`, `PlanError`, alignment, and the
   terms (planned value, view, register, buffer, arena) and report numbers.
-- views.py: `view_source(op)`, the one rule for which results read their operand's memory
-  where it is; the backends make exactly these views.
+- (views: `view_source(op)` in ir/spec.py asks each op's `OpSpec.view` rule which results read
+  their operand's memory where it is; the planner and both backends make exactly these views.)
 - planner.py: `plan_memory` and `MemoryPlanner`: which values need memory and how they are put
   into buffers (in place, carries, new, pinned).
 - arena.py: where buffers go in the arena (the placement strategies) and the lower bound.

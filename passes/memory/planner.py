@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from ...errors import GirError, GirPassError
 from ...ir.core import BlockArgument, Function, Operation, OpResult, Value
 from ...ir.ops import REGISTRY
+from ...ir.spec import view_source
 from ...ir.types import TensorType
 from ..liveness import (
     Liveness,
@@ -44,7 +45,6 @@ from ..liveness import (
 )
 from .arena import STRATEGIES, lower_bound, place_buffers
 from .plan import CARRY, IN_PLACE, ITEMSIZE, NEW, PINNED, REUSED, Buffer, MemoryPlan, Slot, aligned, nbytes_of
-from .views import VIEW_OPS, view_source
 
 
 def plan_memory(function: Function, liveness: Liveness | None = None, pinned: Iterable[Value] = (),
@@ -241,7 +241,7 @@ def find_views(live: Liveness) -> tuple[dict[Value, Value], set[Value]]:
                 for inner in op.body.walk():
                     registers.update(inner.results)
                 registers.update(op.body.args)
-        elif len(op.results) == 1 and op.name in VIEW_OPS and op.results[0] not in registers:
+        elif len(op.results) == 1 and op.spec.view is not None and op.results[0] not in registers:
             source = view_source(op)
             if source is not None:
                 views[op.results[0]] = source
