@@ -23,6 +23,8 @@ on an idle machine this is the wall-clock time, and on a shared one it leaves ou
 other processes took); `both wall` is the wall-clock time of both passes, for comparison.
 
     python bench/passes_scale.py [--sizes 1000,10000,25000,100000] [--repeat 3] [--profile N]
+    python bench/passes_scale.py --pipeline default [--sizes 25000]   # a whole pipeline, as gir opt
+                                                                       # runs it (verifying after each pass)
 """
 
 from __future__ import annotations
@@ -99,6 +101,22 @@ def time_passes(text: str, repeat: int) -> tuple[int, int, int, float, float, fl
     return (*sizes, statistics.median(ssa_times), statistics.median(canon_times), statistics.median(walls))
 
 
+def time_pipeline(text: str, pipeline: str, repeat: int) -> tuple[int, int, float, float]:
+    """(ops parsed, ops after, median CPU s, median wall s) of the whole pipeline, verified after
+    every pass as `gir opt` runs it."""
+    cpus, walls, sizes = [], [], (0, 0)
+    for _ in range(repeat):
+        module = gir.parse(text)
+        n0 = module.num_ops()
+        gc.collect()
+        wall, cpu = time.perf_counter(), time.process_time()
+        PassManager(pipeline).run(module)
+        cpus.append(time.process_time() - cpu)
+        walls.append(time.perf_counter() - wall)
+        sizes = (n0, module.num_ops())
+    return (*sizes, statistics.median(cpus), statistics.median(walls))
+
+
 def profile(text: str) -> None:
     """cProfile of each pass on one program: where the time goes."""
     module = gir.parse(text)
@@ -118,7 +136,17 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000,25000,100000", help="target op counts, comma-separated")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", type=int, metavar="N", help="also print a cProfile of both passes at N ops")
+    ap.add_argument("--pipeline", help="time this whole pipeline instead ('default': gir opt's default)")
     args = ap.parse_args()
+    if args.pipeline:
+        from gir.passes.pipeline import DEFAULT_PIPELINE
+
+        pipeline = DEFAULT_PIPELINE if args.pipeline == "default" else args.pipeline
+        print(f"pipeline: {pipeline}\n{'N ops':>8} {'after':>8} {'CPU s':>8} {'wall s':>8}")
+        for target in (int(s) for s in args.sizes.split(",")):
+            n0, n1, cpu, wall = time_pipeline(program_of_about(target), pipeline, args.repeat)
+            print(f"{n0:8d} {n1:8d} {cpu:8.3f} {wall:8.3f}", flush=True)
+        return
     print(f"{'N ops':>8} {'after ssa':>9} {'after canon':>11} {'ssa s':>8} {'canon s':>8} {'both s':>8} "
           f"{'both wall':>9} {'ssa s/1k':>9} {'canon s/1k':>10} {'both s/1k':>9}")
     for target in (int(s) for s in args.sizes.split(",")):
