@@ -51,8 +51,8 @@ class Providers:
 
 def _find_mkl() -> str | None:
     for prefix in {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(sys.executable))}:
-        for name in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"):
-            hits = glob.glob(os.path.join(prefix, "lib", name))
+        for lib in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"):
+            hits = glob.glob(os.path.join(prefix, "lib", lib))
             if hits:
                 return hits[0]
     return None

@@ -29,9 +29,10 @@ from llvmlite import ir
 
 from ...errors import GirError, Location
 from ...ir.core import Function, Operation, Value
-from ...ir.ops import reduction_axes
-from ...ir.spec import view_source
-from ...ir.types import TensorType
+from ...ir.loops import LoopView, as_loop
+from ...ir.ops import REGISTRY, reduction_axes
+from ...ir.spec import OpSpec, view_source
+from ...ir.types import DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
 from . import blas, mathlib
@@ -58,14 +59,17 @@ def _static(t: TensorType, op: Operation) -> tuple[int, ...]:
     return tuple(d for d in t.shape if d is not None)
 
 
+def _is_gemm(op: Operation) -> bool:
+    """op runs as a BLAS GEMM (`OpSpec.gemm_dtypes`)."""
+    return bool(op.spec.gemm_dtypes) and op.result.tensor_type.dtype in op.spec.gemm_dtypes
+
+
 def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
     """Every float GEMM of the function as lower_matmul will call it, with how many times it
-    runs per call (the trip counts of its enclosing scans)."""
-    from ...ir.ops import loop_trip_count
-
+    runs per call (the trip counts of its enclosing loops)."""
     sites = []
     for op in function.walk():
-        if op.name != "matmul" or op.result.tensor_type.dtype not in ("f32", "f64"):
+        if not _is_gemm(op):
             continue
         ta_t, tb_t, out = op.operands[0].tensor_type, op.operands[1].tensor_type, op.result.tensor_type
         if not (ta_t.is_static and tb_t.is_static):
@@ -74,9 +78,9 @@ def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
         _, tb = _gemm_operand(op.operands[1])
         count, parent = 1, op.parent_op
         while parent is not None:
-            if parent.name == "scan":
-                steps = loop_trip_count([v.type for v in parent.group("sequences")], parent.attrs["length"])
-                count *= steps or 1
+            loop = as_loop(parent)
+            if loop is not None:
+                count *= loop.trip_count or 1
             parent = parent.parent_op
         if tb_t.rank == 2:
             m = math.prod(out.shape[:-1])  # type: ignore[arg-type]
@@ -258,7 +262,7 @@ class Lowering:
     # -- driver -----------------------------------------------------------------------------
     def block(self, block: object) -> list[Value]:
         for op in block:  # type: ignore[attr-defined]
-            if op.name in ("return", "yield"):
+            if op.spec.terminator:
                 return list(op.operands)
             if op in self.folded:
                 continue
@@ -302,9 +306,11 @@ def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
     name = op.name
     t = op.result.tensor_type
     in_t = op.operands[0].tensor_type if op.operands else t
-    is_float = in_t.dtype in ("f32", "f64")
-    if name == "constant" or name in ("zeros", "ones"):
-        value = {"zeros": 0, "ones": 1}.get(name, op.attrs.get("value"))
+    is_float = in_t.is_float
+    if op.spec.splat is not None:  # a constant: every element is one scalar
+        value = op.spec.splat(op)
+        if value is None:
+            raise GirError(f"the CPU backend has no scalar for '{name}' (not one value for every element)", op.loc)
         return ir.Constant(LLVM_TYPES[t.dtype], float(value) if t.is_float else int(value))
     if name == "div" and not is_float:
         return _floordiv(low, args, op)  # the one scalar rule that can flag a run-time error
@@ -440,9 +446,15 @@ def lower_elementwise(low: Lowering, op: Operation) -> None:
 def lower_constant(low: Lowering, op: Operation) -> None:
     t = op.result.tensor_type
     shape = _static(t, op)
-    value = op.attrs.get("value")
-    if op.name == "constant" and isinstance(value, (list, tuple)):
-        data = np.asarray(value, dtype=t.numpy_dtype).reshape(-1)
+    if op.operands:  # `fill`: a scalar known at run time
+        src = low.ptr[op.operands[0]]
+        low.slot(op.result, op)
+        v = low.load(src, t.dtype, ir.Constant(I64, 0))
+        with low.for_range(math.prod(shape)) as i:
+            low.store(v, low.ptr[op.result], t.dtype, i)
+        return
+    if op.spec.splat(op) is None:  # a list literal: a global constant
+        data = np.asarray(op.attrs["value"], dtype=t.numpy_dtype).reshape(-1)
         ty = ir.ArrayType(MEM_TYPES[t.dtype], data.size)
         const = ir.Constant(ty, [ir.Constant(MEM_TYPES[t.dtype], float(x) if t.is_float else int(x)) for x in data])
         g = ir.GlobalVariable(low.module, ty, name=f"const.{len(low.module.globals)}")
@@ -450,13 +462,6 @@ def lower_constant(low: Lowering, op: Operation) -> None:
         g.initializer = const
         g.linkage = "internal"
         low.ptr[op.result] = g
-        return
-    if op.name == "fill":
-        src = low.ptr[op.operands[0]]
-        low.slot(op.result, op)
-        v = low.load(src, t.dtype, ir.Constant(I64, 0))
-        with low.for_range(math.prod(shape)) as i:
-            low.store(v, low.ptr[op.result], t.dtype, i)
         return
     low.slot(op.result, op)
     scalar = _scalar(low, op, [])
@@ -556,7 +561,27 @@ def lower_index(low: Lowering, op: Operation) -> None:
 # Reductions: an accumulator per output element, the reduced axes innermost
 
 
+def _identity(value: float, dtype: str) -> float | int:
+    """A reduction's identity in dtype: an infinite one is the integer type's extreme."""
+    if dtype not in INT_DTYPES:
+        return value
+    info = np.iinfo(DTYPES[dtype])
+    return info.min if value == -math.inf else info.max if value == math.inf else int(value)
+
+
+def _combiner(kind: str, is_float: bool) -> Callable:
+    """The scalar rule folding an element into a reduction's accumulator: the elementwise op
+    `kind` (`Reduction.combine`); a float sum may be reassociated, so that it vectorises."""
+    if kind == "add" and is_float:
+        return lambda b, a, op: b.fadd(a[0], a[1], flags=("reassoc", "nsz"))
+    return (_FLOAT_OPS if is_float else _INT_OPS)[kind]
+
+
 def lower_reduce(low: Lowering, op: Operation) -> None:
+    """Known gap, kept as it is: a reduction over no element stores the identity, where the
+    interpreter raises for max/min (`Reduction.empty_is_error`)."""
+    reduction = op.spec.reduction
+    assert reduction is not None
     x = op.operands[0]
     t = x.tensor_type
     shape = _static(t, op)
@@ -565,13 +590,8 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
     strides = _strides(shape)
     low.slot(op.result, op)
     ty = LLVM_TYPES[t.dtype]
-    is_float = t.is_float
-    if op.name in ("sum", "mean"):
-        init = ir.Constant(ty, 0.0 if is_float else 0)
-    elif op.name == "reduce_max":
-        init = ir.Constant(ty, -math.inf if is_float else -(2 ** (ty.width - 1)))
-    else:
-        init = ir.Constant(ty, math.inf if is_float else 2 ** (ty.width - 1) - 1)
+    init = ir.Constant(ty, _identity(reduction.identity, t.dtype))
+    combine = _combiner(reduction.combine, t.is_float)
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
         acc = low.b.alloca(ty)
@@ -584,15 +604,9 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
         with low.loop_nest(red_shape) as ridx:
             v = low.load(low.ptr[x], t.dtype, low.b.add(base, low.linear(ridx, red_strides)))
             a = low.b.load(acc, typ=ty)
-            if op.name in ("sum", "mean"):
-                new = low.b.fadd(a, v, flags=("reassoc", "nsz")) if is_float else low.b.add(a, v)
-            elif op.name == "reduce_max":
-                new = fmax(low.b, a, v, ">=") if is_float else low.b.select(low.b.icmp_signed("<", a, v), v, a)
-            else:
-                new = fmax(low.b, a, v, "<=") if is_float else low.b.select(low.b.icmp_signed(">", a, v), v, a)
-            low.b.store(new, acc)
+            low.b.store(combine(low.b, [a, v], op), acc)
         result = low.b.load(acc, typ=ty)
-        if op.name == "mean":
+        if reduction.divide_by_count:
             result = low.b.fmul(result, ir.Constant(ty, 1.0 / max(1, math.prod(red_shape))))
         low.store(result, low.ptr[op.result], t.dtype, low.linear(oidx, _strides(tuple(kept))))
 
@@ -602,23 +616,23 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
 
 
 def _gemm_operand(v: Value) -> tuple[Value, bool]:
-    """A 2-D transpose feeding a matmul is folded into the GEMM's transpose flag."""
-    d = getattr(v, "op", None)
-    if d is not None and d.name == "transpose" and v.tensor_type.rank == 2 \
-            and all(u.name == "matmul" for u in v.users):
+    """A 2-D transpose read only by GEMMs (`reads_transposed`: the transpose is a view, by the
+    same rule memplan follows) is folded into the GEMM's transpose flag."""
+    d = v.defining_op
+    if d is not None and d.name == "transpose" and view_source(d) is not None:
         return d.operands[0], True
     return v, False
 
 
 def _packable(op: Operation) -> bool:
-    """Inside a scan body, with a loop-invariant 2-D right operand: pack it once per loop."""
+    """Inside a loop body, with a loop-invariant 2-D right operand: pack it once per loop."""
     parent = op.parent_op
-    if parent is None or parent.name != "scan":
+    if parent is None or not parent.spec.loop:
         return False
     w = op.operands[1]
-    owner = getattr(w, "op", None)
+    owner = w.defining_op
     inside = owner is not None and parent.is_ancestor_of(owner)
-    return not inside and getattr(w, "block", None) is not parent.body and w.tensor_type.rank == 2
+    return not inside and w.defining_block is not parent.body and w.tensor_type.rank == 2
 
 
 def lower_matmul(low: Lowering, op: Operation) -> None:
@@ -629,7 +643,7 @@ def lower_matmul(low: Lowering, op: Operation) -> None:
     _static(tb_t, op)
     low.slot(op.result, op)
     dtype = op.result.tensor_type.dtype
-    if dtype not in ("f32", "f64"):
+    if not _is_gemm(op):
         return _naive_matmul(low, op)
     a_src, ta = _gemm_operand(a_val)
     b_src, tb = _gemm_operand(b_val)
@@ -736,7 +750,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
 def _pack_weights(low: Lowering, scan: Operation) -> None:
     """Before a scan's loop: pack the loop-invariant weight of every packed GEMM in its body."""
     for op in scan.body:
-        if op.name != "matmul" or not _packable(op) or op.result.tensor_type.dtype not in ("f32", "f64"):
+        if not _is_gemm(op) or not _packable(op):
             continue
         a_src, ta = _gemm_operand(op.operands[0])
         b_src, tb = _gemm_operand(op.operands[1])
@@ -763,36 +777,30 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
 
 
 def lower_scan(low: Lowering, op: Operation) -> None:
-    from ...ir.ops import loop_trip_count
-
-    seqs = op.group("sequences")
-    inits = op.group("inits")
-    steps = loop_trip_count([v.type for v in seqs], op.attrs["length"])
+    loop = LoopView(op)
+    steps = loop.trip_count
     if steps is None:
         raise GirError("the CPU backend needs a static trip count", op.loc)
-    body = op.body
-    seq_args, carry_args = body.args[:len(seqs)], body.args[len(seqs):]
-    for arg, init in zip(carry_args, inits):
-        p = low.slot(arg, op)
-        low.memcpy(p, low.ptr[init], init.tensor_type.nbytes() or 0)
-    stack_results = op.results[len(inits):]
-    for r in stack_results:
+    for c in loop.carries:
+        p = low.slot(c.arg, op)
+        low.memcpy(p, low.ptr[c.init], c.init.tensor_type.nbytes() or 0)
+    for r in loop.stacked_results:
         low.slot(r, op)
     _pack_weights(low, op)
+    carry_args = loop.carry_args
     with low.for_range(steps, "t") as i:
-        t = low.b.sub(ir.Constant(I64, steps - 1), i) if op.attrs["reverse"] else i
-        for arg, seq in zip(seq_args, seqs):
+        t = low.b.sub(ir.Constant(I64, steps - 1), i) if loop.reverse else i
+        for arg, seq in zip(loop.element_args, loop.sequences):
             st = seq.tensor_type
             row = math.prod(_static(st, op)[1:])
             low.ptr[arg] = low.elem_ptr(low.ptr[seq], st.dtype, low.b.mul(t, ir.Constant(I64, row)))
-        yielded = low.block(body)
-        n_carry = len(inits)
-        for r, v in zip(stack_results, yielded[n_carry:]):
+        low.block(loop.body)
+        for r, v in zip(loop.stacked_results, loop.yielded_stacks):
             vt = v.tensor_type
             nbytes = vt.nbytes() or 0
             dst = low.b.gep(low.ptr[r], [low.b.mul(t, ir.Constant(I64, nbytes))], source_etype=I8)
             low.memcpy(dst, low.ptr[v], nbytes)
-        new_carries = yielded[:n_carry]
+        new_carries = loop.yielded_carries
         # A carry yielded from another carry's storage (a swap) must not be overwritten before
         # it is read: copy those through a temporary slot.
         carry_set = set(carry_args)
@@ -807,33 +815,43 @@ def lower_scan(low: Lowering, op: Operation) -> None:
         for arg, v, src in zip(carry_args, new_carries, sources):
             if v is not arg:
                 low.memcpy(low.ptr[arg], src, v.tensor_type.nbytes() or 0)
-    for r, arg in zip(op.results[:len(inits)], carry_args):
-        low.ptr[r] = low.ptr[arg]
+    for c in loop.carries:
+        low.ptr[c.result] = low.ptr[c.arg]
 
 
-LOWER: dict[str, Callable[[Lowering, Operation], None]] = {
-    "fused": lower_fused,
-    "matmul": lower_matmul,
-    "scan": lower_scan,
-    "constant": lower_constant, "zeros": lower_constant, "ones": lower_constant, "fill": lower_constant,
-    "reshape": lower_view, "transfer": lower_view,
-    "transpose": lower_transpose,
-    "broadcast": lower_broadcast,
-    "slice": lower_slice,
-    "concat": lower_concat,
-    "stack": lower_stack,
-    "index": lower_index,
-    "sum": lower_reduce, "mean": lower_reduce, "reduce_max": lower_reduce, "reduce_min": lower_reduce,
-}
-"""Op kind -> lowering function. Elementwise ops outside `fused` get lower_elementwise."""
+def _lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
+    """Op kind -> lowering function: the kinds with a family of their own by name, every other
+    kind by its spec's facts (elementwise, constant, reduction, GEMM, device move)."""
+    table: dict[str, Callable[[Lowering, Operation], None]] = {
+        "fused": lower_fused,
+        "scan": lower_scan,
+        "reshape": lower_view,
+        "transpose": lower_transpose,
+        "broadcast": lower_broadcast,
+        "slice": lower_slice,
+        "concat": lower_concat,
+        "stack": lower_stack,
+        "index": lower_index,
+    }
+    by_fact: list[tuple[Callable[[OpSpec], bool], Callable[[Lowering, Operation], None]]] = [
+        (lambda spec: spec.is_elementwise, lower_elementwise),
+        (lambda spec: spec.category == "constant", lower_constant),
+        (lambda spec: spec.reduction is not None, lower_reduce),
+        (lambda spec: bool(spec.gemm_dtypes), lower_matmul),
+        (lambda spec: spec.moves_device, lower_view),  # the whole function runs on the CPU
+    ]
+    for name, spec in REGISTRY.items():
+        lower = next((f for fact, f in by_fact if fact(spec)), None)
+        if lower is not None:
+            table.setdefault(name, lower)
+    return table
+
+
+LOWER = _lowerings()
+"""Op kind -> lowering function."""
 
 
 def lower_function(function: Function, plan: MemoryPlan | None = None) -> tuple[ir.Module, Layout]:
-    from ...ir.ops import REGISTRY
-
-    for name, spec in REGISTRY.items():
-        if spec.category == "elementwise":
-            LOWER.setdefault(name, lower_elementwise)
     low = Lowering(function, plan)
     body = function.body
     returned = low.block(body)

@@ -38,7 +38,10 @@ import numpy as np
 
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
-from ...ir.ops import REGISTRY, loop_trip_count, norm_axis, reduction_axes
+from ...ir.loops import LoopView
+from ...ir.ops import REGISTRY, norm_axis, reduction_axes
+from ...ir.spec import OpSpec
+from ...ir.types import INT_DTYPES
 from ...passes.memory.plan import MemoryPlan
 from .device import Device
 from .kernels import ElementwiseKernel, compile_kernel, fused_source, op_source
@@ -132,8 +135,6 @@ class Lowering:
             if op.spec.terminator:
                 return steps, list(op.operands)
             lower = LOWER.get(op.name)
-            if lower is None and op.spec.category == "elementwise":
-                lower = lower_elementwise
             if lower is None:
                 raise GirError(f"the GPU backend cannot compile '{op.name}'", op.loc)
             try:
@@ -206,15 +207,23 @@ def lower_matmul(low: Lowering, op: Operation) -> Run:
     return run
 
 
+_XP_REDUCTIONS = {"add": "sum", "max": "max", "min": "min"}
+"""`Reduction.combine` -> the xp function folding with it (`mean` where it divides by the count)."""
+
+
 def lower_reduce(low: Lowering, op: Operation) -> Run:
+    """Known gap, kept as it is: a max/min over no element is xp's error, not the interpreter's
+    (`Reduction.empty_is_error`)."""
+    reduction = op.spec.reduction
+    assert reduction is not None
     x = op.operands[0]
     axes = tuple(reduction_axes(op.attrs, x.tensor_type.rank))
     keepdims = op.attrs["keepdims"]
     out = low.storage(op.result)
     xp = low.dev.xp
-    reduce = {"sum": xp.sum, "mean": xp.mean, "reduce_max": xp.max, "reduce_min": xp.min}[op.name]
-    # Accumulate in the operand's dtype, as the interpreter's result is (NumPy would widen i32).
-    options = {"dtype": x.tensor_type.numpy_dtype} if op.name in ("sum", "mean") else {}
+    reduce = getattr(xp, "mean" if reduction.divide_by_count else _XP_REDUCTIONS[reduction.combine])
+    # Accumulate a sum in the operand's dtype, as the interpreter's result is (NumPy would widen i32).
+    options = {"dtype": x.tensor_type.numpy_dtype} if reduction.combine == "add" else {}
 
     def run(env: Env) -> None:
         reduce(env[x], axis=axes, keepdims=keepdims, out=out, **options)
@@ -231,7 +240,7 @@ def lower_constant(low: Lowering, op: Operation) -> None:
     t = op.result.tensor_type
     host = np.asarray(REGISTRY[op.name].kernel(op), dtype=t.numpy_dtype)  # type: ignore[misc]
     low.static[op.result] = low.memory.constant(host)
-    if t.shape == () and t.dtype in ("i32", "i64"):
+    if t.shape == () and t.dtype in INT_DTYPES:
         low.host_scalars[op.result] = int(host)
     return None
 
@@ -359,25 +368,21 @@ def lower_index(low: Lowering, op: Operation) -> Run:
 
 
 def lower_scan(low: Lowering, op: Operation) -> Run:
-    seqs = op.group("sequences")
-    inits = op.group("inits")
-    steps = loop_trip_count([v.type for v in seqs], op.attrs["length"])
+    loop = LoopView(op)
+    steps = loop.trip_count
     if steps is None:
         raise GirError("the GPU backend needs a static trip count", op.loc)
-    body = op.body
-    seq_args, carry_args = body.args[: len(seqs)], body.args[len(seqs) :]
-    n_carry = len(inits)
-    carries = [low.storage(a) for a in carry_args]
+    seqs, seq_args, inits = loop.sequences, loop.element_args, loop.inits
+    carries = [low.storage(a) for a in loop.carry_args]
     carry_extents = [low.extent(c) for c in carries]
-    stacks = [low.storage(r) for r in op.results[n_carry:]]
-    finals = op.results[:n_carry]
+    stacks = [low.storage(r) for r in loop.stacked_results]
     final_storage = []
-    for r, arg in zip(finals, carry_args):
-        low.memory.share(r, arg)  # the final carry stays in the carry's storage
-        final_storage.append(low.storage(r))
-    body_steps, yielded = low.block(body)
-    yielded_carries, yielded_stacks = yielded[:n_carry], yielded[n_carry:]
-    order = range(steps - 1, -1, -1) if op.attrs["reverse"] else range(steps)
+    for c in loop.carries:
+        low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
+        final_storage.append(low.storage(c.result))
+    body_steps, _ = low.block(loop.body)
+    yielded_carries, yielded_stacks = loop.yielded_carries, loop.yielded_stacks
+    order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
     same, extent, counters = low.same_memory, low.extent, low.counters
 
     def overlaps_a_carry(a: Any) -> bool:
@@ -413,22 +418,37 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     return run
 
 
-LOWER: dict[str, Callable[[Lowering, Operation], Run | None]] = {
-    "fused": lower_fused,
-    "matmul": lower_matmul,
-    "scan": lower_scan,
-    "constant": lower_constant, "zeros": lower_constant, "ones": lower_constant,
-    "fill": lower_fill,
-    "reshape": lower_reshape, "transfer": lower_transfer,
-    "transpose": lower_transpose,
-    "broadcast": lower_broadcast,
-    "slice": lower_slice,
-    "concat": lower_concat,
-    "stack": lower_stack,
-    "index": lower_index,
-    "sum": lower_reduce, "mean": lower_reduce, "reduce_max": lower_reduce, "reduce_min": lower_reduce,
-}
-"""Op kind -> lowering function. Elementwise ops outside `fused` get lower_elementwise."""
+def _lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:
+    """Op kind -> lowering function: the kinds with a family of their own by name, every other
+    kind by its spec's facts (elementwise, constant, reduction, matmul, device move)."""
+    table: dict[str, Callable[[Lowering, Operation], Run | None]] = {
+        "fused": lower_fused,
+        "scan": lower_scan,
+        "fill": lower_fill,
+        "reshape": lower_reshape,
+        "transpose": lower_transpose,
+        "broadcast": lower_broadcast,
+        "slice": lower_slice,
+        "concat": lower_concat,
+        "stack": lower_stack,
+        "index": lower_index,
+    }
+    by_fact: list[tuple[Callable[[OpSpec], bool], Callable[[Lowering, Operation], Run | None]]] = [
+        (lambda spec: spec.is_elementwise, lower_elementwise),
+        (lambda spec: spec.category == "constant", lower_constant),
+        (lambda spec: spec.reduction is not None, lower_reduce),
+        (lambda spec: spec.category == "matmul", lower_matmul),
+        (lambda spec: spec.moves_device, lower_transfer),
+    ]
+    for name, spec in REGISTRY.items():
+        lower = next((f for fact, f in by_fact if fact(spec)), None)
+        if lower is not None:
+            table.setdefault(name, lower)
+    return table
+
+
+LOWER = _lowerings()
+"""Op kind -> lowering function."""
 
 
 def lower_function(function: Function, dev: Device, plan: MemoryPlan | None = None

@@ -220,8 +220,11 @@ class _Source:
         t = op.result.tensor_type
         name = f"v{self.count}"
         self.count += 1
-        if not op.operands:  # a splat literal copied into the group
-            value = {"zeros": 0, "ones": 1}.get(op.name, op.attrs.get("value"))
+        if op.spec.splat is not None:  # a constant copied into the group: one scalar
+            value = op.spec.splat(op)
+            if value is None:
+                raise GirError(f"the GPU backend has no scalar for '{op.name}' (not one value for every element)",
+                               op.loc)
             self.emit(f"{name} = {literal(value, t.dtype)}")
             self.names[op.result] = name
             return
