@@ -50,63 +50,65 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from ..ir.core import Block, BlockArgument, Function, Module, Operation, OpResult, Value
+from ..ir.loops import LoopView, as_loop
 from ..ir.printer import Printer
 from .base import Pass
 from .rewriter import PassStatistics
 
-LOOP_OPS = ("scan", "for")
+
+# How liveness reads a region op: a loop (`OpSpec.loop`: `scan`, `for`) through its LoopView;
+# any other region op (`fused`) runs its body once per element of its `outputs` over its
+# `inputs`, bound to the body's arguments, and yields its `outputs`.
+def streamed(op: Operation) -> list[Value]:
+    """Operands read again at every step: a loop's sequences, a fused op's inputs."""
+    loop = as_loop(op)
+    return loop.sequences if loop is not None else op.group("inputs")
 
 
+def final_results(op: Operation) -> list[OpResult]:
+    """Results defined when the region op ends (a scan's final carries, a fused op's outputs);
+    a loop's stacked results are filled step by step, so live from the op's own point."""
+    loop = as_loop(op)
+    return loop.final_carries if loop is not None else op.result_group("outputs")
+
+
+def yield_reads(op: Operation) -> list[Value]:
+    """What the loop rules keep live to a region op's yield: the carries' body arguments, the
+    stacks and the streamed operands."""
+    loop = as_loop(op)
+    if loop is None:
+        return streamed(op)
+    return [*loop.carry_args, *loop.stacked_results, *loop.sequences]
+
+
+# Thin helpers over LoopView kept for tests/test_memplan.py and bench/memplan_scale.py; they
+# answer [] for a region op that is not a loop.
 def is_loop(op: Operation) -> bool:
-    return op.name in LOOP_OPS
-
-
-# Roles of a region op's operands, body arguments and results. `scan` and `for` are loops over
-# sequences (`scan` also carries); any other region op (`fused`) runs its body once per element
-# of its results over its operands, bound to its body arguments, and yields its results.
-def loop_sequences(op: Operation) -> list[Value]:
-    return op.group("sequences") if is_loop(op) else []
+    return op.spec.loop
 
 
 def loop_inits(op: Operation) -> list[Value]:
-    return op.group("inits") if op.name == "scan" else []
-
-
-def loop_sequence_args(op: Operation) -> list[BlockArgument]:
-    return op.body.args[: len(loop_sequences(op))] if is_loop(op) else []
+    loop = as_loop(op)
+    return loop.inits if loop is not None else []
 
 
 def loop_carry_args(op: Operation) -> list[BlockArgument]:
-    return op.body.args[len(loop_sequences(op)):] if op.name == "scan" else []
+    loop = as_loop(op)
+    return loop.carry_args if loop is not None else []
 
 
 def loop_carry_results(op: Operation) -> list[OpResult]:
-    return op.results[: len(loop_inits(op))] if op.name == "scan" else []
+    loop = as_loop(op)
+    return loop.final_carries if loop is not None else []
 
 
 def loop_stack_results(op: Operation) -> list[OpResult]:
-    """Results filled step by step, so live from the op's own point."""
-    return op.results[len(loop_inits(op)):] if is_loop(op) else []
-
-
-def loop_final_results(op: Operation) -> list[OpResult]:
-    """Results defined when the region op ends (a scan's final carries, a fused op's results)."""
-    return loop_carry_results(op) if is_loop(op) else list(op.results)
-
-
-def streamed(op: Operation) -> list[Value]:
-    """Operands read again at every step: a loop's sequences, every operand of other region ops."""
-    return loop_sequences(op) if is_loop(op) else list(op.operands)
-
-
-def loop_yield(op: Operation) -> Operation:
-    term = op.body.terminator
-    assert term is not None and term.name == "yield", f"{op.name} body without yield"
-    return term
+    loop = as_loop(op)
+    return loop.stacked_results if loop is not None else []
 
 
 def yielded_carries(op: Operation) -> list[Value]:
-    return loop_yield(op).group("carries")
+    return LoopView(op).yielded_carries
 
 
 def value_names(f: Function) -> dict[Value, str]:
@@ -174,7 +176,7 @@ class Liveness:
                 self.end_of[op] = len(points) - 1
                 term = op.body.last
                 if term is not None and term.name == "yield":
-                    self._yield_uses[term] = [*loop_carry_args(op), *loop_stack_results(op), *streamed(op)]
+                    self._yield_uses[term] = yield_reads(op)
 
     def uses(self, op: Operation) -> list[Value]:
         """op's operands; for a yield also the values the loop rules keep live to it."""
@@ -193,10 +195,11 @@ class Liveness:
                 for a in inner.args:
                     first[a] = last[a] = point
                     home[a] = inner
-                for r in loop_stack_results(op):
+                loop = as_loop(op)
+                for r in loop.stacked_results if loop is not None else ():
                     first[r] = last[r] = point
                 end = self.end_of[op]
-                for r in loop_final_results(op):
+                for r in final_results(op):
                     first[r] = last[r] = end
                 for r in op.results:
                     home[r] = op.parent  # type: ignore[assignment]
@@ -311,7 +314,7 @@ class Liveness:
             while loops and self.end_of[loops[-1]] == point:
                 loop = loops.pop()
                 sets[loop][1].update(v for v in active if self.last[v] > point)
-                sets[loop][1].update(r for r in loop_final_results(loop) if self.last[r] > point)
+                sets[loop][1].update(r for r in final_results(loop) if self.last[r] > point)
         self._sets = sets
         return sets
 

@@ -63,7 +63,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import GirPassError
-from ..ir.core import Block, Function, Module, Operation, OpResult, Value, erase_op
+from ..ir.core import Block, Function, Module, Operation, Value, erase_op
 from ..ir.ops import REGISTRY, make_op
 from ..ir.printer import Printer
 from ..ir.types import TensorType
@@ -123,8 +123,10 @@ def _sizes(values: Sequence[Value], largest: int | None, scalar: bool) -> tuple[
 
 def root(v: Value) -> Value:
     """v with the transfers in front of it peeled off."""
-    while isinstance(v, OpResult) and v.op.name == "transfer":
-        v = v.op.operands[0]
+    op = v.defining_op
+    while op is not None and op.name == "transfer":
+        v = op.operands[0]
+        op = v.defining_op
     return v
 
 
@@ -158,9 +160,11 @@ class _Placer:
 
     def value_device(self, v: Value) -> str:
         """Where a root lives."""
-        if isinstance(v, OpResult):
-            return self.op_device(v.op)
-        owner = v.block.parent_op  # type: ignore[attr-defined]
+        op = v.defining_op
+        if op is not None:
+            return self.op_device(op)
+        block = v.defining_block
+        owner = block.parent_op if block is not None else None
         return CPU if owner is None else self.op_device(owner)
 
     def required(self, user: Operation) -> str:
@@ -342,10 +346,7 @@ class _Placer:
         return t
 
     def _insert_after_def(self, r: Value, t: Operation) -> None:
-        if isinstance(r, OpResult):
-            block, anchor = r.op.parent, r.op
-        else:
-            block, anchor = r.block, None  # type: ignore[attr-defined]
+        block, anchor = _def_site(r)
         assert block is not None
         key = anchor if anchor is not None else block
         last = self._last_after.get(key)
@@ -361,10 +362,15 @@ class _Placer:
         self._last_after[key] = t
 
 
+def _def_site(r: Value) -> tuple[Block | None, Operation | None]:
+    """(the block that defines r, the op that does or None for a block argument)."""
+    op = r.defining_op
+    return (op.parent, op) if op is not None else (r.defining_block, None)
+
+
 def _sits_after_def(t: Operation, r: Value) -> bool:
     """t stands in r's block with only transfers between r's definition and it."""
-    anchor = r.op if isinstance(r, OpResult) else None
-    block: Block | None = r.op.parent if isinstance(r, OpResult) else r.block  # type: ignore[attr-defined]
+    block, anchor = _def_site(r)
     if t.parent is not block:
         return False
     prev = t.prev

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from ..errors import GirTypeError
 from ..ir.core import Block, Function, Module, Operation, Value
+from ..ir.loops import LoopView
 from ..ir.ops import make_op
 from .base import Pass
 from .rewriter import PassStatistics, Rewriter
@@ -52,9 +53,9 @@ class _FunctionSSA:
         """Loop op -> the variables stored in its body at any depth, in first-store order."""
 
     def run(self) -> None:
-        vars_ = [op for op in self.function.walk() if op.name == "var"]
-        if not vars_ and not any(op.name == "for" for op in self.function.walk()):
+        if not any(op.spec.pre_ssa for op in self.function.walk()):
             return
+        vars_ = [op for op in self.function.walk() if op.name == "var"]
         self.collect_stores(self.function.body)
         self.block(self.function.body, {})
         self.rewriter.current = "promote-variables"
@@ -87,7 +88,7 @@ class _FunctionSSA:
                                        "zero times, or a step that reads it before storing it)", op.loc)
                 rw.current = "promote-variables"
                 rw.replace_op(op, [value])
-            elif op.name in ("for", "scan"):
+            elif op.spec.loop:
                 self.loop(op, current)
 
     def loop(self, op: Operation, current: dict[Value, Value]) -> None:
@@ -95,8 +96,9 @@ class _FunctionSSA:
         rw = self.rewriter
         stored = self.stored_in.get(op, [])
         carried = [v for v in stored if v in current]
-        seqs = op.group("sequences")
-        inits = op.group("inits") if op.name == "scan" else []
+        loop = LoopView(op)
+        seqs, inits = loop.sequences, loop.inits
+        old_finals, old_stacks = loop.final_carries, loop.stacked_results
         body = op.body
         inner = dict(current)
         for v in stored:
@@ -104,14 +106,13 @@ class _FunctionSSA:
         for v in carried:
             inner[v] = body.add_arg(current[v].type, v.name_hint, index=len(body.args))
         self.block(body, inner)
-        if op.name == "for" or carried:
-            term = body.terminator
-            assert term is not None and term.name == "yield"
-            old_carries, stacks = term.group("carries"), term.group("stacks")
-            new_carries = old_carries + [inner[v] if v in inner else None for v in carried]  # type: ignore[misc]
-            missing = [v for v, c in zip(carried, new_carries[len(old_carries):]) if c is None]
+        if op.spec.pre_ssa or carried:  # a `for` always becomes a scan
+            term = loop.yield_op
+            old_carries, stacks = loop.yielded_carries, loop.yielded_stacks
+            missing = [v for v in carried if v not in inner]
             if missing:  # cannot happen: a carried variable always has a value in the body
                 raise AssertionError(f"no value for carried variables {missing}")
+            new_carries = old_carries + [inner[v] for v in carried]
             rw.current = "for-to-scan"
             rw.create("yield", new_carries + stacks, before=term, segments=(len(new_carries), len(stacks)))
             rw.erase(term)
@@ -120,14 +121,14 @@ class _FunctionSSA:
                           regions=[region], loc=op.loc, segments=(len(seqs), len(inits) + len(carried)))
             op.parent.insert_before(op, new)  # type: ignore[union-attr]
             rw.adopt(new)
-            n_old = len(inits)
-            for old, res in zip(op.results[:n_old], new.results[:n_old]):
+            scan = LoopView(new)
+            finals = scan.final_carries
+            for old, res in zip(old_finals, finals):
                 rw.replace_all_uses(old, res)
-            for old, res in zip(op.results[n_old:], new.results[n_old + len(carried):]):
+            for old, res in zip(old_stacks, scan.stacked_results):
                 res.name_hint = old.name_hint
                 rw.replace_all_uses(old, res)
-            for i, v in enumerate(carried):
-                result = new.results[n_old + i]
+            for v, result in zip(carried, finals[len(old_finals):]):
                 result.name_hint = v.name_hint
                 current[v] = result
             rw.erase(op)

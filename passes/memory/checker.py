@@ -15,10 +15,11 @@ from __future__ import annotations
 import bisect
 import heapq
 
-from ...ir.core import OpResult, Value
-from ..liveness import Liveness, loop_carry_args, loop_carry_results, loop_inits, yielded_carries
+from ...ir.core import Value
+from ...ir.loops import as_loop
+from ..liveness import Liveness
 from .plan import ALIGN, Buffer, MemoryPlan, PlanError, value_loc
-from .planner import find_views, held_until, inplace_operands, is_carry_arg
+from .planner import carry_of_arg, carry_of_result, find_views, held_until, inplace_operands
 
 Span = tuple[int, int, Buffer]
 """(first, last, buffer): the points during which a buffer's memory is needed."""
@@ -129,7 +130,9 @@ def _check_handover(plan: MemoryPlan, children: dict[Value, list[Value]], held: 
 
 def _no_view_of(a: Value, c: Value, views: dict[Value, Value]) -> bool:
     """c's op reads a only directly, not also through a view."""
-    for v in c.op.operands:  # type: ignore[attr-defined]
+    op = c.defining_op
+    assert op is not None, "c is written in place of a, so it is an op's result"
+    for v in op.operands:
         while v in views:
             v = views[v]
             if v is a:
@@ -140,25 +143,21 @@ def _no_view_of(a: Value, c: Value, views: dict[Value, Value]) -> bool:
 def _carry_pair(a: Value, c: Value) -> bool:
     """a is a carry's body argument and c the value yielded for that carry, or c is the
     carry's final value and a its argument or yielded value."""
-    if is_carry_arg(a):
-        loop = a.block.parent_op  # type: ignore[attr-defined]
-        i = loop_carry_args(loop).index(a)
-        return yielded_carries(loop)[i] is c or loop_carry_results(loop)[i] is c
-    if isinstance(c, OpResult) and c in loop_carry_results(c.op):
-        i = loop_carry_results(c.op).index(c)
-        return yielded_carries(c.op)[i] is a
-    return False
+    carry = carry_of_arg(a)
+    if carry is not None:
+        return carry.yielded is c or carry.result is c
+    carry = carry_of_result(c)
+    return carry is not None and carry.yielded is a
 
 
 def _allowed_inplace(a: Value, c: Value) -> bool:
-    return isinstance(c, OpResult) and not c.op.regions and a in inplace_operands(c.op)
+    op = c.defining_op
+    return op is not None and not op.regions and a in inplace_operands(op)
 
 
 def _init_to_carry(a: Value, c: Value) -> bool:
-    if not is_carry_arg(c):
-        return False
-    loop = c.block.parent_op  # type: ignore[attr-defined]
-    return loop_inits(loop)[loop_carry_args(loop).index(c)] is a
+    carry = carry_of_arg(c)
+    return carry is not None and carry.init is a
 
 
 def _planned_values(live: Liveness) -> list[Value]:
@@ -166,7 +165,8 @@ def _planned_values(live: Liveness) -> list[Value]:
     arguments."""
     out: list[Value] = []
     for op in live.points:
-        if op.regions:
-            out.extend(loop_carry_args(op))
+        loop = as_loop(op)
+        if loop is not None:
+            out.extend(loop.carry_args)
         out.extend(op.results)
     return out

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...errors import UNKNOWN, GirPassError, Location
-from ...ir.core import BlockArgument, Function, OpResult, Value
+from ...ir.core import Function, Value
 from ...ir.types import DTYPES, TensorType
 from ..liveness import Liveness
 
@@ -49,13 +49,15 @@ def nbytes_of(t: TensorType) -> int:
 
 def value_loc(v: Value) -> Location:
     """Where v comes from in the source: its op, or the op or function owning its block."""
-    if isinstance(v, OpResult):
-        return v.op.loc
-    assert isinstance(v, BlockArgument)
-    owner = v.block.parent_op
+    op = v.defining_op
+    if op is not None:
+        return op.loc
+    block = v.defining_block
+    assert block is not None
+    owner = block.parent_op
     if owner is not None:
         return owner.loc
-    f = v.block.parent.parent if v.block.parent is not None else None  # type: ignore[union-attr]
+    f = block.parent.parent if block.parent is not None else None
     return getattr(f, "loc", UNKNOWN)
 
 

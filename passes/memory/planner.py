@@ -28,21 +28,12 @@ import math
 from collections.abc import Iterable
 
 from ...errors import GirError, GirPassError
-from ...ir.core import BlockArgument, Function, Operation, OpResult, Value
+from ...ir.core import BlockArgument, Function, Operation, Value
+from ...ir.loops import Carry, LoopView, as_loop
 from ...ir.ops import REGISTRY
 from ...ir.spec import view_source
 from ...ir.types import TensorType
-from ..liveness import (
-    Liveness,
-    is_loop,
-    loop_carry_args,
-    loop_carry_results,
-    loop_inits,
-    loop_sequence_args,
-    loop_sequences,
-    loop_stack_results,
-    yielded_carries,
-)
+from ..liveness import Liveness
 from .arena import STRATEGIES, lower_bound, place_buffers
 from .plan import CARRY, IN_PLACE, ITEMSIZE, NEW, PINNED, REUSED, Buffer, MemoryPlan, Slot, aligned, nbytes_of
 
@@ -75,16 +66,20 @@ class MemoryPlanner:
 
     def pin(self, value: Value) -> MemoryPlanner:
         """Gives value a buffer that nothing else uses during the whole function."""
-        if isinstance(value, BlockArgument) and value.block.parent_op is None:
-            raise GirError("cannot pin a function argument: it lives in the caller's memory", self.function.loc)
-        owner = value.op if isinstance(value, OpResult) else value.block.parent_op  # type: ignore[attr-defined]
-        if isinstance(value, BlockArgument) and value not in loop_carry_args(owner):
-            raise GirError(f"cannot pin a body argument of '{owner.name}': it is a view of an operand", owner.loc)
-        if isinstance(value, OpResult) and view_source(owner) is not None:
-            raise GirError(f"cannot pin the result of '{owner.name}': it is a view of its operand", owner.loc)
-        region_op = owner.parent_op
-        if isinstance(value, OpResult) and region_op is not None and not is_loop(region_op):
-            raise GirError(f"cannot pin a value inside '{region_op.name}': it lives in registers", owner.loc)
+        owner = value.defining_op
+        if owner is None:  # a block argument
+            region_op = owner_op(value)
+            if region_op is None:
+                raise GirError("cannot pin a function argument: it lives in the caller's memory", self.function.loc)
+            if carry_of_arg(value) is None:
+                raise GirError(f"cannot pin a body argument of '{region_op.name}': it is a view of an operand",
+                               region_op.loc)
+        else:
+            if view_source(owner) is not None:
+                raise GirError(f"cannot pin the result of '{owner.name}': it is a view of its operand", owner.loc)
+            region_op = owner.parent_op
+            if region_op is not None and not region_op.spec.loop:
+                raise GirError(f"cannot pin a value inside '{region_op.name}': it lives in registers", owner.loc)
         self._pinned[value] = None
         return self
 
@@ -153,7 +148,7 @@ class MemoryPlanner:
         ending: list[tuple[int, Operation]] = []  # scans whose body is being walked: (end, scan)
         for point, op in enumerate(live.points):
             results = op.results
-            if op.name == "scan":
+            if op.spec.loop:  # a scan: `for` is pre-SSA, refused by unsupported_reason
                 self._scan_starts(op, point)
                 ending.append((live.end_of[op], op))
             elif op.regions:  # fused: results in memory, the body in registers
@@ -205,27 +200,28 @@ class MemoryPlanner:
 
     def _scan_starts(self, scan: Operation, point: int) -> None:
         """The carries' buffers (in place of initial values that die here) and the stacks."""
-        args = loop_carry_args(scan)
-        self.carry_args.update(args)
-        for arg, init in zip(args, loop_inits(scan)):
-            nbytes = nbytes_of(arg.type)  # type: ignore[arg-type]
-            if arg not in self._pinned and self.held[init] == point and self._free_tail(init, nbytes):
-                self._join(arg, init, IN_PLACE)
+        loop = LoopView(scan)
+        carries = loop.carries
+        self.carry_args.update(c.arg for c in carries)
+        for c in carries:
+            nbytes = nbytes_of(c.arg.type)  # type: ignore[arg-type]
+            if c.arg not in self._pinned and self.held[c.init] == point and self._free_tail(c.init, nbytes):
+                self._join(c.arg, c.init, IN_PLACE)
             else:
-                self._new(arg)
-        for r in loop_stack_results(scan):
+                self._new(c.arg)
+        for r in loop.stacked_results:
             self._new(r)
-        for y, arg in zip(yielded_carries(scan), args):
-            self.carry_of.setdefault(y, arg)
+        for c in carries:
+            self.carry_of.setdefault(c.yielded, c.arg)
 
     def _scan_ends(self, scan: Operation) -> None:
         """The final carries stay in the carries' buffers."""
-        for r, arg in zip(loop_carry_results(scan), loop_carry_args(scan)):
-            buf = self.plan.slots[arg].buffer
-            if r in self._pinned or buf.pinned:
-                self._new(r)
+        for c in LoopView(scan).carries:
+            buf = self.plan.slots[c.arg].buffer
+            if c.result in self._pinned or buf.pinned:
+                self._new(c.result)
             else:
-                self._join(r, arg, CARRY)
+                self._join(c.result, c.arg, CARRY)
 
 
 def find_views(live: Liveness) -> tuple[dict[Value, Value], set[Value]]:
@@ -235,8 +231,9 @@ def find_views(live: Liveness) -> tuple[dict[Value, Value], set[Value]]:
     registers: set[Value] = set()
     for op in live.points:
         if op.regions:
-            if is_loop(op):
-                views.update(zip(loop_sequence_args(op), loop_sequences(op)))
+            loop = as_loop(op)
+            if loop is not None:
+                views.update(zip(loop.element_args, loop.sequences))
             else:
                 for inner in op.body.walk():
                     registers.update(inner.results)
@@ -260,12 +257,33 @@ def held_until(live: Liveness, views: dict[Value, Value]) -> dict[Value, int]:
     return held
 
 
-def is_carry_arg(v: Value) -> bool:
-    """v is the body argument of a scan's carry."""
-    if type(v) is not BlockArgument:
-        return False
-    loop = v.block.parent_op
-    return loop is not None and loop.name == "scan" and v in loop_carry_args(loop)
+def owner_op(v: Value) -> Operation | None:
+    """The op that makes v: its defining op, or the region op whose body argument it is; None
+    for a function argument."""
+    op = v.defining_op
+    if op is not None:
+        return op
+    block = v.defining_block
+    return block.parent_op if block is not None else None
+
+
+def carry_of_arg(v: Value) -> Carry | None:
+    """The scan carry whose body argument v is, or None."""
+    block = v.defining_block
+    op = block.parent_op if block is not None else None
+    loop = as_loop(op) if op is not None else None
+    if loop is None:
+        return None
+    return next((c for c in loop.carries if c.arg is v), None)
+
+
+def carry_of_result(v: Value) -> Carry | None:
+    """The scan carry whose final value v is, or None."""
+    op = v.defining_op
+    loop = as_loop(op) if op is not None else None
+    if loop is None:
+        return None
+    return next((c for c in loop.carries if c.result is v), None)
 
 
 _INPLACE: dict[str, tuple[int, ...]] = {}
@@ -302,14 +320,14 @@ def unsupported_reason(live: Liveness) -> str | None:
         t = v.type
         if type(t) is TensorType and (None not in t.shape or v in args):
             continue
-        owner = v.op if isinstance(v, OpResult) else v.block.parent_op  # type: ignore[attr-defined]
+        owner = owner_op(v)
         if owner is None:
             continue
-        if owner.name in ("for", "var") or type(t) is not TensorType:
+        if owner.spec.pre_ssa or type(t) is not TensorType:
             return f"'{owner.name}' at line {owner.loc.line} is pre-SSA IR: run the ssa pass first"
         return (f"'{owner.name}' at line {owner.loc.line} makes a value of dynamic shape {t}: plans need "
                 "static shapes (the JIT plans after specialising on the argument shapes)")
     for op in live.points:
-        if op.name == "for" or (op.regions and op.name not in ("scan", "fused")):
+        if op.regions and op.spec.pre_ssa:  # scans and fused ops are the region ops it knows
             return f"'{op.name}' at line {op.loc.line} has a region the planner does not know (run ssa first)"
     return None
