@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import GirArgumentError, GirError
 from .core import Block, Function, Module, Operation, Value
+from .loops import LoopView
 from .ops import REGISTRY
 from .types import TensorType
 
@@ -118,8 +119,9 @@ class Interpreter:
         raise GirError("'grad' must be expanded by the autodiff pass before it can run", op.loc)
 
     def op_scan(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
-        n_seq = len(op.group("sequences"))
-        seqs, carries = args[:n_seq], list(args[n_seq:])
+        view = LoopView(op)
+        seqs = [env[v] for v in view.sequences]
+        carries = [env[v] for v in view.inits]
         steps = seqs[0].shape[0] if seqs else op.attrs["length"]
         if any(s.shape[0] != steps for s in seqs):
             raise GirError("the sequences of this loop have different lengths: "
@@ -127,32 +129,32 @@ class Interpreter:
         length = op.attrs["length"]
         if length is not None and steps != length:
             raise GirError(f"this loop has 'length {length}' but its sequences have {steps} elements", op.loc)
-        n_carry = len(carries)
-        stack_types = [r.tensor_type for r in op.results[n_carry:]]
-        stacks: list[list[Any]] = [[None] * steps for _ in stack_types]
-        body = op.body
-        order = range(steps - 1, -1, -1) if op.attrs["reverse"] else range(steps)
+        stacks: list[list[Any]] = [[None] * steps for _ in view.stacked_results]
+        element_args, carry_args = view.element_args, view.carry_args
+        yielded_carries, yielded_stacks = view.yielded_carries, view.yielded_stacks
+        order = range(steps - 1, -1, -1) if view.reverse else range(steps)
         for t in order:
-            for arg, value in zip(body.args, [s[t] for s in seqs] + carries):
-                env[arg] = value
-            out = self.run_block(body, env)
-            carries = out[:n_carry]
-            for stack, value in zip(stacks, out[n_carry:]):
-                stack[t] = value
-        results = list(carries)
-        for stack, t in zip(stacks, stack_types):
+            env.update(zip(element_args, [s[t] for s in seqs]))
+            env.update(zip(carry_args, carries))
+            self.run_block(view.body, env)
+            carries = [env[v] for v in yielded_carries]
+            for stack, v in zip(stacks, yielded_stacks):
+                stack[t] = env[v]
+        values: dict[Value, Any] = dict(zip(view.final_carries, carries))
+        for r, stack in zip(view.stacked_results, stacks):
+            t = r.tensor_type
             if steps == 0:
                 if not t.is_static:
                     raise GirError("a loop of zero steps with a stacked value of unknown shape", op.loc)
-                results.append(np.zeros(t.shape, t.numpy_dtype))
+                values[r] = np.zeros(t.shape, t.numpy_dtype)
             else:
-                results.append(np.stack(stack))
-        return results
+                values[r] = np.stack(stack)
+        return [values[r] for r in op.results]
 
     op_for = op_scan
 
     def op_fused(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
-        env.update(zip(op.body.args, args))
+        env.update(zip(op.arg_group("inputs"), [env[v] for v in op.group("inputs")]))
         return self.run_block(op.body, env)
 
 

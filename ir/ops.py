@@ -693,9 +693,9 @@ def _infer_store(ctx: InferContext) -> list[Type]:
 register(OpSpec("var", "a mutable variable (pre-SSA): `%h = var : tensor<4xf32>`", (), _infer_var,
                 pure=False, category="structural", pre_ssa=True))
 register(OpSpec("load", "reads a variable (pre-SSA)", ("var",), _infer_load, pure=False, category="structural",
-                pre_ssa=True))
+                pre_ssa=True, variable_operands=("var",)))
 register(OpSpec("store", "writes a variable (pre-SSA): `store %h, %v`", ("var", "value"), _infer_store,
-                pure=False, category="structural", pre_ssa=True))
+                pure=False, category="structural", pre_ssa=True, variable_operands=("var",)))
 
 
 def loop_trip_count(ctx_seq_types: Sequence[Type], length: int | None) -> Dim:

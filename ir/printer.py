@@ -101,20 +101,20 @@ class Printer:
 
     def op(self, op: Operation, indent: str, lines: list[str]) -> None:
         """Appends op's lines: the custom form of a structural op, else the generic form."""
-        match op.name:
-            case "scan" | "for":
-                self._loop(op, indent, lines)
-            case "fused":
-                self._fused(op, indent, lines)
-            case "yield":
-                lines.append(indent + self._yield(op) + self.loc(op.loc))
-            case "return":
-                args = ", ".join(self.names[v] for v in op.operands)
-                lines.append(f"{indent}return{' ' + args if args else ''}{self.loc(op.loc)}")
-            case "call" | "grad":
-                lines.append(indent + self._results(op) + self._call(op) + self._types(op) + self.loc(op.loc))
-            case _:
-                lines.append(indent + self._results(op) + self._generic(op) + self._types(op) + self.loc(op.loc))
+        spec = REGISTRY[op.name]
+        if spec.loop:
+            self._loop(op, indent, lines)
+        elif op.name == "fused":
+            self._fused(op, indent, lines)
+        elif op.name == "yield":
+            lines.append(indent + self._yield(op) + self.loc(op.loc))
+        elif op.name == "return":
+            args = ", ".join(self.names[v] for v in op.operands)
+            lines.append(f"{indent}return{' ' + args if args else ''}{self.loc(op.loc)}")
+        elif spec.interprocedural:
+            lines.append(indent + self._results(op) + self._call(op) + self._types(op) + self.loc(op.loc))
+        else:
+            lines.append(indent + self._results(op) + self._generic(op) + self._types(op) + self.loc(op.loc))
 
     def _results(self, op: Operation) -> str:
         """`%a, %b = `, or nothing for an op without results."""
@@ -132,23 +132,23 @@ class Printer:
         lines.append(f"{indent}}}{self._types(op)}{self.loc(op.loc)}")
 
     def _loop(self, op: Operation, indent: str, lines: list[str]) -> None:
-        """`scan reverse length N (%x in %xs) carry (%h = %h0) { ... }`; `for` has no carries."""
+        """`scan reverse length N (%x in %xs) carry (%h = %h0) { ... }`; `for` has no carries.
+        Reads no yield, so a loop left half-built by a failing pass still prints."""
+        from .loops import LoopView  # not at the top: core.py imports this module, loops.py imports core
+
         n = self.names
-        mods = (" reverse" if op.attrs["reverse"] else "") + (
-            f" length {op.attrs['length']}" if op.attrs["length"] is not None else "")
-        seqs = op.group("sequences")
-        body = op.body
-        binds = ", ".join(f"{n[a]} in {n[s]}" for a, s in zip(body.args, seqs))
+        view = LoopView(op)
+        mods = (" reverse" if view.reverse else "") + (f" length {view.length}" if view.length is not None else "")
+        binds = ", ".join(f"{n[a]} in {n[s]}" for a, s in zip(view.element_args, view.sequences))
         carry = ""
-        if op.name == "scan" and op.group("inits"):
-            inits = op.group("inits")
-            carry = " carry (" + ", ".join(
-                f"{n[a]} = {n[v]}" for a, v in zip(body.args[len(seqs):], inits)) + ")"
+        if view.inits:
+            carry = " carry (" + ", ".join(f"{n[a]} = {n[v]}" for a, v in zip(view.carry_args, view.inits)) + ")"
         self._region(op, f"{op.name}{mods} ({binds}){carry}", indent, lines)
 
     def _fused(self, op: Operation, indent: str, lines: list[str]) -> None:
         """`fused (%a = %x, ...) { ... }`: each body argument bound to its operand."""
-        binds = ", ".join(f"{self.names[a]} = {self.names[v]}" for a, v in zip(op.body.args, op.operands))
+        binds = ", ".join(f"{self.names[a]} = {self.names[v]}" for a, v in zip(op.arg_group("inputs"),
+                                                                                  op.group("inputs")))
         self._region(op, f"fused ({binds})", indent, lines)
 
     def _yield(self, op: Operation) -> str:

@@ -137,6 +137,9 @@ class OpSpec:
     each sequence, then the carries); what re-typing a cloned body (`specialize`) needs."""
     moves_device: bool = False
     """Moves its operand between devices (`transfer`); placement inserts and removes these."""
+    variable_operands: tuple[str, ...] = ()
+    """Fixed operands that take a variable made by `var` (`load`, `store`): the only places a
+    variable may be used (the verifier checks it)."""
 
     @cached_property
     def arity(self) -> tuple[int, int]:

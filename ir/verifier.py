@@ -5,20 +5,25 @@
 - types: every op's result types are what its spec's rule infers from its operands now;
 - terminators: a function body ends in `return` (with the signature's types), a loop body in
   `yield`, and neither appears anywhere else;
-- calls name functions of the module with matching types; variables are used only by
-  `load`/`store`.
+- calls name functions of the module with matching types; variables are used only where a
+  spec's `variable_operands` allows (`load`, `store`).
 """
 
 from __future__ import annotations
 
 from ..errors import GirVerifyError
 from .core import Block, Function, Module, Operation, Value
-from .ops import REGISTRY, InferContext, ShapeError, check_arity
+from .ops import REGISTRY, InferContext, OpSpec, ShapeError, check_arity
 from .types import VarType
 
 
 def _name(v: Value) -> str:
     return "%" + (v.name_hint or "?")
+
+
+def _takes_variable(spec: OpSpec, i: int) -> bool:
+    """Operand i of an op of kind `spec` may be a variable (`OpSpec.variable_operands`)."""
+    return i < len(spec.operands) and spec.operands[i] in spec.variable_operands
 
 
 class Verifier:
@@ -64,7 +69,7 @@ class Verifier:
         for i, v in enumerate(op.operands):
             if v not in visible:
                 raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
-            if isinstance(v.type, VarType) and not (op.name in ("load", "store") and i == 0):
+            if isinstance(v.type, VarType) and not _takes_variable(spec, i):
                 raise GirVerifyError(f"variable {_name(v)} may only be read by load and written by store", op.loc)
         if len(op.regions) != spec.num_regions:
             raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(op.regions)}", op.loc)

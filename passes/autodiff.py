@@ -34,11 +34,12 @@ from typing import Any
 
 from ..errors import GirTypeError
 from ..ir.core import Block, Module, Operation, Region, Value
-from ..ir.ops import REGISTRY, reduction_axes
+from ..ir.loops import LoopView
+from ..ir.ops import REGISTRY, reduction_axes, splat_value
 from ..ir.types import TensorType
 from .base import Pass
 from .inline import inline_call, inline_calls
-from .loops import ScanParts, Sequence, append_stack, scan_parts, trip_count
+from .loops import ScanParts, Sequence, append_stack, scan_parts
 from .rewriter import PassStatistics, Rewriter
 
 
@@ -239,7 +240,7 @@ class Backprop:
                 continue
             spec = op.spec
             if spec.vjp is None:
-                if op.name in ("var", "load", "store", "for"):
+                if spec.pre_ssa:
                     raise GirTypeError(f"autodiff needs SSA form: run the ssa pass before it ('{op.name}')", op.loc)
                 raise GirTypeError(f"autodiff: '{op.name}' has no gradient rule, and a gradient flows through it",
                                    op.loc)
@@ -285,9 +286,7 @@ class _BackwardScan:
     def is_local(self, v: Value) -> bool:
         """Defined at the top level of the forward body (asked afresh: results are appended
         to nested scans while the backward body is built)."""
-        body = self.fwd_scan.body
-        owner = getattr(v, "op", None)
-        return owner.parent is body if owner is not None else v.block is body  # type: ignore[attr-defined]
+        return _defined_at_top_of(v, self.fwd_scan.body)
 
     def new_seq(self, elem_type: TensorType, make_outer: Callable[[], Value], hint: str | None) -> Value:
         arg = self.body.add_arg(elem_type, hint)
@@ -322,7 +321,7 @@ def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
     forward stacks the residuals need, emit the reverse scan and pass its results on to `bp`."""
     back = _BackwardScan(bp, op, scan_parts(op))
     _seed_cotangents(back, gs)
-    back.inner.run([o for o in op.body.ops if o.name != "yield"])  # collects residuals as it goes
+    back.inner.run([o for o in op.body.ops if not o.spec.terminator])  # collects residuals as it goes
     yielded, targets = _carry_cotangents(back)
     acc_yielded, acc_targets = _accumulate_invariant_gradients(back)
     seq_targets = _yield_cotangents(back, yielded + acc_yielded)
@@ -336,15 +335,18 @@ def _seed_cotangents(back: _BackwardScan, gs: list[Value | None]) -> None:
     """Phase b, in: takes the cotangents of the forward scan's results; gives the backward body
     its inputs: carry cotangents as carries (zero where none flows in), the cotangents of the
     stacked outputs as sequences."""
-    n_carries = len(back.parts.carries)
-    for c, g in zip(back.parts.carries, gs[:n_carries]):
+    view = LoopView(back.fwd_scan)
+    cotangent = dict(zip(back.fwd_scan.results, gs))
+    for c, final in zip(back.parts.carries, view.final_carries):
+        g = cotangent[final]
         if not _is_float(c.arg):
             continue
         init = g if g is not None else back.bp.emitter.zeros(c.arg.tensor_type, back.fwd_scan.loc)
         arg = back.body.add_arg(c.arg.type, "d" + (c.arg.name_hint or ""))
         back.carry_args.append((init, arg))
         back.inner.add(c.yielded, arg)
-    for s, g in zip(back.parts.stacks, gs[n_carries:]):
+    for s, stacked in zip(back.parts.stacks, view.stacked_results):
+        g = cotangent[stacked]
         if g is not None:
             elem = g.tensor_type.with_shape(g.tensor_type.shape[1:])
             back.inner.add(s.yielded, back.new_seq(elem, lambda g=g: g, "d" + (s.yielded.name_hint or "")))
@@ -401,7 +403,7 @@ def _build_reverse_scan(back: _BackwardScan, outers: list[Value]) -> Operation:
     body.args = [a for _, a in back.seq_args] + [a for _, a in back.carry_args]
     for i, a in enumerate(body.args):
         a.index = i
-    attrs = {"reverse": not op.attrs["reverse"], "length": None if outers else trip_count(op)}
+    attrs = {"reverse": not op.attrs["reverse"], "length": None if outers else LoopView(op).trip_count}
     return back.bp.emitter.op("scan", outers + [init for init, _ in back.carry_args], loc=op.loc, attrs=attrs,
                               regions=[Region(body)], segments=(len(outers), len(back.carry_args)))
 
@@ -411,8 +413,6 @@ def _reuse_forward_values(rw: Rewriter, fwd_scan: Operation, bwd: Block, residua
     """A backward op that repeats a forward op (same kind, attributes and operands, e.g. the
     `y * y` of tanh's rule when the forward also squared y) reads the forward value instead,
     from a stack: nothing of the forward body is recomputed."""
-    from .canonicalize import splat
-
     def key(op: Operation, operand_key: Callable[[Value], Any]) -> tuple | None:
         if len(op.results) != 1 or op.regions or not op.spec.pure or op.spec.category == "constant":
             return None
@@ -422,14 +422,13 @@ def _reuse_forward_values(rw: Rewriter, fwd_scan: Operation, bwd: Block, residua
         return (op.name, repr(sorted(op.attrs.items())), str(op.result.type), tuple(keys))
 
     def constant_key(v: Value) -> Any:
-        s = splat(v)
+        s = splat_value(v)
         return ("const", s, str(v.type)) if s is not None else None
 
     body = fwd_scan.body
 
     def fwd_operand(v: Value) -> Any:
-        owner = getattr(v, "op", None)
-        local = owner.parent is body if owner is not None else v.block is body  # type: ignore[attr-defined]
+        local = _defined_at_top_of(v, body)
         return constant_key(v) or (("fwd", id(v)) if local else ("outer", id(v)))
 
     forward: dict[tuple, Operation] = {}
@@ -445,9 +444,7 @@ def _reuse_forward_values(rw: Rewriter, fwd_scan: Operation, bwd: Block, residua
         const = constant_key(v)
         if const is not None:
             return const
-        owner = getattr(v, "op", None)
-        inside = owner.parent is bwd if owner is not None else v.block is bwd  # type: ignore[attr-defined]
-        return None if inside else ("outer", id(v))
+        return None if _defined_at_top_of(v, bwd) else ("outer", id(v))
 
     for b_op in list(bwd):
         k = key(b_op, bwd_operand)
@@ -457,6 +454,12 @@ def _reuse_forward_values(rw: Rewriter, fwd_scan: Operation, bwd: Block, residua
         value = residual(f_op.result)
         back_to_fwd[value] = f_op.result
         rw.replace_op(b_op, [value])
+
+
+def _defined_at_top_of(v: Value, block: Block) -> bool:
+    """v is an argument of block or a result of an op directly in it (not nested deeper)."""
+    owner = v.defining_op
+    return owner.parent is block if owner is not None else v.defining_block is block
 
 
 def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:

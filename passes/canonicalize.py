@@ -25,33 +25,18 @@ from typing import Any
 import numpy as np
 
 from ..ir.core import Block, Function, Module, Operation, Value
-from ..ir.ops import REGISTRY
+from ..ir.loops import LoopView
+from ..ir.ops import REGISTRY, splat_value
 from .base import Pass
-from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts, trip_count
+from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts
 from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
 
 FOLD_LIMIT = 1024
 """Constant folding never makes a non-splat constant larger than this many elements."""
 
 
-def splat(v: Value) -> Any | None:
-    """The scalar every element of v equals, if v is a constant splat; else None."""
-    op = getattr(v, "op", None)
-    if op is None:
-        return None
-    if op.name == "constant" and not isinstance(op.attrs["value"], (list, tuple)):
-        return op.attrs["value"]
-    if op.name == "zeros":
-        return 0
-    if op.name == "ones":
-        return 1
-    if op.name == "fill":
-        return splat(op.operands[0])
-    return None
-
-
 def is_splat(v: Value, x: float) -> bool:
-    s = splat(v)
+    s = splat_value(v)
     return s is not None and not isinstance(s, bool) and s == x
 
 
@@ -131,7 +116,7 @@ class NegNeg(_Identity):
     op_name = "neg"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        inner = getattr(op.operands[0], "op", None)
+        inner = op.operands[0].defining_op
         return inner is not None and inner.name == "neg" and self.forward(op, inner.operands[0], rw)
 
 
@@ -145,7 +130,7 @@ class TransposeTranspose(_Identity):
         perm = _perm(op)
         if perm == list(range(len(perm))):
             return self.forward(op, x, rw)
-        inner = getattr(x, "op", None)
+        inner = x.defining_op
         if inner is None or inner.name != "transpose":
             return False
         p = _perm(inner)
@@ -172,7 +157,7 @@ class ReshapeReshape(_Identity):
         x = op.operands[0]
         if _same(op, x):
             return self.forward(op, x, rw)
-        inner = getattr(x, "op", None)
+        inner = x.defining_op
         if inner is None or inner.name != "reshape":
             return False
         shape = list(op.result.tensor_type.shape)
@@ -181,7 +166,8 @@ class ReshapeReshape(_Identity):
 
 
 class NoOp(_Identity):
-    """broadcast / cast / slice / concat / transfer that change nothing -> their operand"""
+    """op(x) -> x  when op's type is x's and its spec says `same_type_is_identity`
+    (broadcast, cast, slice, a one-operand concat)"""
 
     def __init__(self, op_name: str):
         self.op_name = op_name
@@ -215,7 +201,7 @@ class AddDisjointConcats(Pattern):
     op_name = "add"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        lhs, rhs = (getattr(v, "op", None) for v in op.operands)
+        lhs, rhs = (v.defining_op for v in op.operands)
         if lhs is None or rhs is None or lhs.name != "concat" or rhs.name != "concat":
             return False
         if lhs.attrs["axis"] != rhs.attrs["axis"] or not _same(op, op.operands[0]) or not _same(op, op.operands[1]):
@@ -270,14 +256,15 @@ class FoldConstants(Pattern):
         return "FoldConstants"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        if not op.operands or any(getattr(v, "op", None) is None or v.op.spec.category != "constant"
-                                  for v in op.operands):
+        consts = [d for v in op.operands if (d := v.defining_op) is not None and d.spec.category == "constant"]
+        if not op.operands or len(consts) != len(op.operands):
             return False
         t = op.result.tensor_type
         if not t.is_static:
             return False
         spec = op.spec
-        arrays = [REGISTRY[v.op.name].kernel(v.op, *[]) if v.op.name != "fill" else None for v in op.operands]
+        # A constant with an operand (`fill`) is known only when that operand is: not folded.
+        arrays = [d.spec.kernel(d) if d.spec.kernel is not None and not d.operands else None for d in consts]
         if any(a is None for a in arrays):
             return False
         try:
@@ -333,7 +320,7 @@ class ScanDropUnused(Pattern):
         live_carries = _live_carries(parts)
         carries = [c for i, c in enumerate(parts.carries) if i in live_carries]
         seqs = [s for s in parts.sequences if s.arg.uses]
-        if not seqs and parts.sequences and trip_count(op) is None:
+        if not seqs and parts.sequences and LoopView(op).trip_count is None:
             seqs = parts.sequences[:1]  # the only record of a `?` trip count
         if len(stacks) == len(parts.stacks) and len(carries) == len(parts.carries) and len(seqs) == len(
                 parts.sequences):
@@ -350,7 +337,7 @@ def _live_carries(parts: ScanParts) -> set[int]:
     live: set[int] = {i for i, c in enumerate(parts.carries) if c.result is not None and c.result.uses}
     roots = [s.yielded for s in parts.stacks if s.result is not None and s.result.uses]
     for op in body:
-        if not op.spec.pure and op.name != "yield":
+        if not op.spec.pure and not op.spec.terminator:
             roots.extend(op.operands)
     seen: set[Value] = set()
     frontier = list(roots) + [parts.carries[i].yielded for i in live]
@@ -363,7 +350,7 @@ def _live_carries(parts: ScanParts) -> set[int]:
             if v in arg_index and arg_index[v] not in live:
                 live.add(arg_index[v])
                 frontier.append(parts.carries[arg_index[v]].yielded)
-            owner = getattr(v, "op", None)
+            owner = v.defining_op
             if owner is not None and owner.parent_op is not None and parts.op.is_ancestor_of(owner):
                 frontier.extend(owner.operands)
                 for inner in owner.walk():
@@ -420,7 +407,7 @@ class ConcatOfStacks(Pattern):
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
         axis = op.attrs["axis"] % op.result.tensor_type.rank
-        scans = {getattr(v, "op", None) for v in op.operands}
+        scans = {v.defining_op for v in op.operands}
         if axis == 0 or len(scans) != 1:
             return False
         scan = scans.pop()
@@ -450,7 +437,7 @@ class ScanHoistInvariants(Pattern):
         inside = defined_inside(op)
         hoisted = False
         for inner in op.body:
-            if inner.regions or not inner.spec.pure or inner.spec.terminator or inner.name in ("call", "grad"):
+            if inner.regions or not inner.spec.pure or inner.spec.terminator or inner.spec.interprocedural:
                 continue
             if any(v in inside for v in inner.operands):
                 continue
@@ -461,7 +448,7 @@ class ScanHoistInvariants(Pattern):
 
 
 def _cse_key(op: Operation) -> tuple | None:
-    if op.regions or not op.spec.pure or op.spec.terminator or op.name in ("call", "grad"):
+    if op.regions or not op.spec.pure or op.spec.terminator or op.spec.interprocedural:
         return None
     operands = [id(v) for v in op.operands]
     if op.spec.commutative:
@@ -518,9 +505,9 @@ def canonicalization_patterns() -> list[Pattern]:
                                TransposeTranspose(), ReshapeReshape(), SelectSame(), ScanForwardInvariantCarries(),
                                ScanMergeDuplicateStacks(), ScanDropUnused(), ScanHoistInvariants(),
                                ConcatOfStacks()]
-    patterns += [NoOp(name) for name in ("broadcast", "cast", "slice", "concat")]
+    patterns += [NoOp(name) for name, spec in REGISTRY.items() if spec.same_type_is_identity]
     for name, spec in REGISTRY.items():
-        if spec.kernel is not None and spec.category != "constant" and name != "transfer":
+        if spec.kernel is not None and spec.category != "constant" and not spec.moves_device:
             patterns.append(FoldConstants(name))
         if spec.pure and not spec.terminator:
             patterns.append(DeadCode(name))

@@ -23,9 +23,8 @@ become its results; the rest live only in registers.
 from __future__ import annotations
 
 from ..ir.core import Block, Module, Operation, Region, Value
-from ..ir.ops import make_op
+from ..ir.ops import make_op, splat_value
 from .base import Pass
-from .canonicalize import splat
 from .rewriter import PassStatistics, Rewriter
 
 
@@ -44,6 +43,11 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
     group_of: dict[Operation, _Group] = {}
     position: dict[Operation, int] = {}
     groups: list[_Group] = []
+
+    def group_of_value(v: Value) -> _Group | None:
+        owner = v.defining_op
+        return None if owner is None else group_of.get(owner)
+
     for index, op in enumerate(block):
         position[op] = index
         for region in op.regions:
@@ -53,7 +57,7 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
             # Join every open operand group of this shape: open groups have no outside readers
             # yet, so their union can still stand here.
             for v in op.operands:
-                g = group_of.get(getattr(v, "op", None))  # type: ignore[arg-type]
+                g = group_of_value(v)
                 if g is None or not g.open or g.shape != op.result.tensor_type.shape or g is joined:
                     continue
                 if joined is None:
@@ -66,7 +70,7 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
         readers = [op] + [inner for r in op.regions for inner in r.block.walk()]
         for reader in readers:  # a reader outside a group (a loop body included) closes it
             for v in reader.operands:
-                g = group_of.get(getattr(v, "op", None))  # type: ignore[arg-type]
+                g = group_of_value(v)
                 if g is not None and g is not joined:
                     g.open = False
         if joined is not None:
@@ -89,10 +93,11 @@ def _outline(rw: Rewriter, g: _Group) -> None:
     constants: list[Operation] = []
     for op in g.ops:
         for v in op.operands:
-            owner = getattr(v, "op", None)
+            owner = v.defining_op
             if owner in members or v in inputs:
                 continue
-            if owner is not None and owner.name in ("constant", "zeros", "ones") and splat(v) is not None \
+            # A scalar splat made from nothing (not a `fill` of an outer value) is copied in.
+            if owner is not None and not owner.operands and splat_value(v) is not None \
                     and v.tensor_type.shape == ():
                 if owner not in constants:
                     constants.append(owner)

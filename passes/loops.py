@@ -2,8 +2,9 @@
 
 `ScanParts` names every piece of a scan: sequences (outer value, block argument), carries
 (initial value, block argument, yielded value, result) and stacks (yielded value, result).
-A pass edits the lists (drops entries, appends new ones) and `rebuild_scan` makes the new op,
-moving the body over, so no pass slices a flat operand list by position.
+`scan_parts` reads them through the scan's `LoopView` (ir/loops.py); a pass edits the lists
+(drops entries, appends new ones) and `rebuild_scan` makes the new op, moving the body over, so
+no pass slices a flat operand list by position. The trip count is `LoopView(op).trip_count`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.core import BlockArgument, Operation, OpResult, Value
+from ..ir.loops import LoopView
 from ..ir.ops import make_op
 from ..ir.types import TensorType
 from .rewriter import Rewriter
@@ -45,18 +47,15 @@ class ScanParts:
 
 
 def scan_parts(op: Operation) -> ScanParts:
-    assert op.name == "scan"
-    body = op.body
-    seqs, inits = op.group("sequences"), op.group("inits")
-    term = body.terminator
-    assert term is not None
-    yielded_carries, yielded_stacks = term.group("carries"), term.group("stacks")
-    n_seq = len(seqs)
-    parts = ScanParts(op)
-    parts.sequences = [Sequence(s, body.args[i]) for i, s in enumerate(seqs)]
-    parts.carries = [Carry(v, body.args[n_seq + i], yielded_carries[i], op.results[i]) for i, v in enumerate(inits)]
-    parts.stacks = [Stack(v, op.results[len(inits) + i]) for i, v in enumerate(yielded_stacks)]
-    return parts
+    """The pieces of scan `op`, read through its loop view, as lists a pass may edit."""
+    view = LoopView(op)
+    assert view.is_scan, f"{op.name} has no carries: not a scan"
+    return ScanParts(
+        op,
+        [Sequence(outer, arg) for outer, arg in zip(view.sequences, view.element_args)],
+        [Carry(c.init, c.arg, c.yielded, c.result) for c in view.carries],
+        [Stack(v, r) for v, r in zip(view.yielded_stacks, view.stacked_results)],
+    )
 
 
 def rebuild_scan(rw: Rewriter, parts: ScanParts) -> Operation:
@@ -86,7 +85,7 @@ def rebuild_scan(rw: Rewriter, parts: ScanParts) -> Operation:
     region = old.regions.pop()
     attrs = dict(old.attrs)
     if not parts.sequences and attrs["length"] is None:
-        attrs["length"] = _trip_count(old)
+        attrs["length"] = LoopView(old).trip_count
     new = make_op("scan", [s.outer for s in parts.sequences] + [c.init for c in parts.carries], attrs=attrs,
                   regions=[region], loc=old.loc, segments=(len(parts.sequences), len(parts.carries)))
     old.parent.insert_before(old, new)  # type: ignore[union-attr]
@@ -116,28 +115,16 @@ def append_stack(op: Operation, value: Value) -> OpResult:
 
     Stacks come last in both the yield and the results, so appending in place keeps every
     existing operand, result and reference valid."""
-    term = op.body.terminator
-    assert term is not None and term.name == "yield"
-    n_carries, n_stacks = term.segments
+    view = LoopView(op)
+    term = view.yield_op
+    segments = (len(view.yielded_carries), len(view.yielded_stacks) + 1)
     term.add_operand(value)
-    term.segments = (n_carries, n_stacks + 1)
+    term.segments = segments
     t = value.tensor_type
-    result = OpResult(TensorType((_trip_count(op),) + t.shape, t.dtype), op, len(op.results),
+    result = OpResult(TensorType((view.trip_count,) + t.shape, t.dtype), op, len(op.results),
                       (value.name_hint or "r") + "s" if value.name_hint and not value.name_hint.isdigit() else None)
     op.results.append(result)
     return result
-
-
-def _trip_count(op: Operation) -> int | None:
-    seqs = op.group("sequences")
-    if seqs:
-        return seqs[0].tensor_type.shape[0]
-    return op.attrs["length"]
-
-
-def trip_count(op: Operation) -> int | None:
-    """The number of steps of a scan, None when it is a `?` dim."""
-    return _trip_count(op)
 
 
 def defined_inside(op: Operation) -> set[Value]:

@@ -114,7 +114,7 @@ class Rewriter:
         n = sum(1 for _ in op.walk())
         if self.worklist is not None:
             for v in op.operands:
-                owner = getattr(v, "op", None)
+                owner = v.defining_op
                 if owner is not None:
                     self.worklist.append(owner)
         erase_op(op)

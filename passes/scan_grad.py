@@ -26,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.core import Block, Module, Operation, OpResult, Value
+from ..ir.loops import LoopView
 from .base import Pass
-from .loops import Carry, Sequence, append_stack, defined_inside, rebuild_scan, scan_parts, trip_count
+from .loops import Carry, Sequence, append_stack, defined_inside, rebuild_scan, scan_parts
 from .rewriter import PassStatistics, Rewriter
 
 
@@ -76,11 +77,10 @@ def hoist_projections(rw: Rewriter, scan: Operation, stats: PassStatistics) -> O
         arg = scan.body.add_arg(op.result.type, op.result.name_hint, index=len(parts.sequences))
         parts.sequences.append(Sequence(projected, arg))
         rw.replace_op(op, [arg])
-        term = scan.body.terminator  # the product may have been yielded: read the yield again
-        assert term is not None
-        for c, v in zip(parts.carries, term.group("carries")):
+        view = LoopView(scan)  # the product may have been yielded: read the yield again
+        for c, v in zip(parts.carries, view.yielded_carries):
             c.yielded = v
-        for st, v in zip(parts.stacks, term.group("stacks")):
+        for st, v in zip(parts.stacks, view.yielded_stacks):
             st.yielded = v
         scan = rebuild_scan(rw, parts)
         inside = defined_inside(scan)
@@ -117,8 +117,7 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
             where = scan
         else:
             limit = position[first]
-            if not all(getattr(w, "op", None) is None or position.get(w.op, limit) < limit  # type: ignore[attr-defined]
-                       for w in weights):
+            if not all((d := w.defining_op) is None or position.get(d, limit) < limit for w in weights):
                 continue
             where = first
         if len({w.tensor_type.dtype for w in weights}) != 1:
@@ -144,21 +143,22 @@ def merge_sums(rw: Rewriter, scan: Operation, stats: PassStatistics) -> None:
     for op in list(scan.body):
         if op.name != "add" or op.parent is None:
             continue
-        prods = [getattr(v, "op", None) for v in op.operands]
-        if not all(p is not None and p.name == "matmul" and len(p.result.uses) == 1 for p in prods):
+        prods = [p for v in op.operands
+                 if (p := v.defining_op) is not None and p.name == "matmul" and len(p.result.uses) == 1]
+        if len(prods) != len(op.operands):
             continue
-        (a, u), (b, v) = (p.operands for p in prods)  # type: ignore[union-attr]
+        (a, u), (b, v) = (p.operands for p in prods)
         if u in inside or v in inside or u.tensor_type.rank != 2 or v.tensor_type.rank != 2:
             continue
         if a.tensor_type.rank != 2 or b.tensor_type.rank != 2 or a.tensor_type.shape[0] != b.tensor_type.shape[0]:
             continue
-        if op.result.type != prods[0].result.type or op.result.type != prods[1].result.type:  # type: ignore[union-attr]
+        if op.result.type != prods[0].result.type or op.result.type != prods[1].result.type:
             continue
         w = rw.value("concat", [u, v], before=scan, attrs={"axis": 0})
         x = rw.value("concat", [a, b], before=op, attrs={"axis": 1})
         rw.replace_op(op, [rw.value("matmul", [x, w], before=op)])
         for p in prods:
-            rw.erase(p)  # type: ignore[arg-type]
+            rw.erase(p)
         stats.count("scan-grad: sums of products merged")
 
 
@@ -180,7 +180,7 @@ class _Stacked:
 
 def _forward_shift(stack: Value) -> tuple[Value, Value] | None:
     """If `stack` is a forward scan's stack of a carry's input, (init, stack of its output)."""
-    op = getattr(stack, "op", None)
+    op = stack.defining_op
     if op is None or op.name != "scan" or op.attrs["reverse"]:
         return None
     parts = scan_parts(op)
@@ -199,8 +199,8 @@ def _forward_shift(stack: Value) -> tuple[Value, Value] | None:
 def _stack_of(scan: Operation, v: Value) -> _Stacked | None:
     """Plans the stack of per-step value v of scan (a sequence element needs none)."""
     body = scan.body
-    owner = getattr(v, "op", None)
-    if owner is None and getattr(v, "block", None) is not body:
+    owner = v.defining_op
+    if owner is None and v.defining_block is not body:
         return None  # loop-invariant: not an accumulation of per-step products
     seq = _is_seq_arg(scan, v)
     if seq is not None:
@@ -213,7 +213,7 @@ def _stack_of(scan: Operation, v: Value) -> _Stacked | None:
     existing = next((st.result for st in scan_parts(scan).stacks if st.yielded is v), None)
     if existing is not None:
         return _Stacked(whole=existing)
-    steps = trip_count(scan)
+    steps = LoopView(scan).trip_count
     nbytes = v.tensor_type.nbytes()
     if steps is None or nbytes is None:
         return None
@@ -224,7 +224,7 @@ def _product_operands(p: Operation) -> tuple[Value, bool, Value, bool]:
     """matmul(A, B) with A and B possibly `transpose` of 2-D values -> (a, a_is_T, b, b_is_T)."""
     out = []
     for v in p.operands:
-        d = getattr(v, "op", None)
+        d = v.defining_op
         if d is not None and d.name == "transpose" and v.tensor_type.rank == 2 and len(v.uses) == 1:
             out += [d.operands[0], True]
         else:
@@ -255,7 +255,7 @@ def push_out_accumulations(rw: Rewriter, scan: Operation, options: ScanGradOptio
     loop unchanged, and its result becomes `acc_0 + one GEMM over the stacks` after the loop."""
     rw.current = "push-out-accumulation"
     found: list[_Accumulation] = []
-    steps = trip_count(scan)
+    steps = LoopView(scan).trip_count
     for c in scan_parts(scan).carries:
         acc = _plan_accumulation(scan, c, steps, options, stats)
         if acc is None:
@@ -275,11 +275,11 @@ def push_out_accumulations(rw: Rewriter, scan: Operation, options: ScanGradOptio
 def _accumulated_product(scan: Operation, c: Carry) -> tuple[Operation, Operation] | None:
     """(update, product) if carry c's next value is `c + product` with product a `matmul`
     of the loop body, else None: c is no push-out candidate."""
-    update = getattr(c.yielded, "op", None)
+    update = c.yielded.defining_op
     if update is None or update.name != "add" or update.parent is not scan.body or c.arg not in update.operands:
         return None  # not an accumulation `acc + ...`
     other = update.operands[1] if update.operands[0] is c.arg else update.operands[0]
-    prod = getattr(other, "op", None)
+    prod = other.defining_op
     if prod is None or prod.name != "matmul":
         return None  # an accumulation of something other than a product
     return update, prod
