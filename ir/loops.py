@@ -14,8 +14,8 @@
     view.carries          [Carry(init, arg, yielded, result)]  the same, one record per carry
 
 The groups come from the op's spec (`operands`, `block_args`, `results`), so a new kind of
-loop result is declared once, in ir/ops.py, and this view reads it; nothing slices
-`op.results[:n]` or `body.args[n:]` by position.
+loop result is declared once, in ir/ops.py, and this view reads it; nothing takes a loop's
+results or block arguments apart by position.
 """
 
 from __future__ import annotations
