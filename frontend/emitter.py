@@ -1,9 +1,12 @@
-"""Frontend tuples -> IR (see parser.py for the tuple forms).
+"""Frontend AST -> IR (the nodes of `ast.py`, built by parser.py).
 
 Names assigned once (anywhere in a function, nested loops included) become SSA values; names
 assigned more than once become a `var` at the top of the function with `store` at each
 assignment and `load` at each read. A surface `for` loop becomes a `for` region op whose
 `yield () stack (...)` carries the collected values. The `ssa` pass turns this into SSA.
+
+Errors point at a node's token (its first target, keyword or op name), in the file this
+emitter was given, or at a written `loc(...)`, which overrides the tokens of the ops it covers.
 """
 
 from __future__ import annotations
@@ -21,26 +24,26 @@ from ..ir.core import Block, Function, Module, Operation, Region, Value
 from ..ir.ops import REGISTRY, declared_matches, make_op
 from ..ir.printer import format_attr
 from ..ir.types import FLOAT_DTYPES, TensorType, VarType
+from . import ast
 
 
-def emit_module(funcs: list[tuple], filename: str) -> Module:
+def emit_module(funcs: list[ast.Func], filename: str) -> Module:
     module = Module(filename=filename)
     signatures: dict[str, Function] = {}
     for f in funcs:
-        _, name_tok, params, results, _body, loc = f
-        name = str(name_tok)[1:]
-        floc = loc or Location(filename, name_tok.line, name_tok.column)
+        name = str(f.name)[1:]
+        floc = f.loc or Location(filename, f.name.line, f.name.column)
         if name in signatures:
             raise GirTypeError(f"function @{name} is defined twice", floc)
         seen: set[str] = set()
-        for p in params:
-            if str(p[0]) in seen:
-                raise GirTypeError(f"parameter {p[0]} is declared twice", _tok_loc(filename, p[0]))
-            seen.add(str(p[0]))
-        signatures[name] = Function(name, [p[1] for p in params], results or [],
-                                    [str(p[0])[1:] for p in params], floc)
+        for p in f.params:
+            if str(p.name) in seen:
+                raise GirTypeError(f"parameter {p.name} is declared twice", _tok_loc(filename, p.name))
+            seen.add(str(p.name))
+        signatures[name] = Function(name, [p.type for p in f.params], list(f.result_types or ()),
+                                    [str(p.name)[1:] for p in f.params], floc)
     for f in funcs:
-        function = signatures[str(f[1])[1:]]
+        function = signatures[str(f.name)[1:]]
         _FunctionEmitter(function, signatures, filename).emit(f)
         module.add(function)
     return module
@@ -129,88 +132,96 @@ class _FunctionEmitter:
         self.op("store", [var, value], tok)
 
     # -- functions and statements -----------------------------------------------------------
-    def emit(self, f: tuple) -> None:
-        _, _name, params, _results, body, _loc = f
-        counts: Counter[str] = Counter(str(p[0]) for p in params)
-        _count_assignments(body, counts)
+    def emit(self, f: ast.Func) -> None:
+        counts: Counter[str] = Counter(str(p.name) for p in f.params)
+        _count_assignments(f.body, counts)
         self.var_names = {n for n, c in counts.items() if c > 1}
-        for p, arg in zip(params, self.function.args):
-            self.define(p[0], arg)
-        self.statements(body)
+        for p, arg in zip(f.params, self.function.args):
+            self.define(p.name, arg)
+        self.statements(f.body)
 
-    def statements(self, stmts: list[tuple]) -> None:
+    def statements(self, stmts: tuple[ast.Stmt, ...]) -> None:
         for s in stmts:
             try:
-                getattr(self, "stmt_" + s[0])(s)
+                self.statement(s)
             except RecursionError:
                 # Emission recurses once per level of nesting (`tanh(tanh(...))`); Python's stack
                 # gives out at a few hundred levels.
                 raise GirSyntaxError("expression nested too deeply", self.loc(_statement_token(s))) from None
 
-    def stmt_assign(self, s: tuple) -> None:
-        _, targets, rhs, loc = s
-        with self.located(loc):
-            values = self.rhs(rhs, len(targets))
-        if len(values) != len(targets):
-            raise GirTypeError(f"{len(targets)} name(s) on the left but {len(values)} value(s) on the right",
-                               self.loc(targets[0]))
-        for tok, value in zip(targets, values):
+    def statement(self, s: ast.Stmt) -> None:
+        match s:
+            case ast.Assign():
+                self.assign(s)
+            case ast.BareOp():
+                self.bare_op(s)
+            case ast.Return():
+                self.return_(s)
+            case ast.For():
+                self.surface_for(s)
+            case ast.Collect():
+                self.collect(s)
+
+    def assign(self, s: ast.Assign) -> None:
+        with self.located(s.loc):
+            values = self.rhs(s.value, len(s.targets))
+        if len(values) != len(s.targets):
+            raise GirTypeError(f"{len(s.targets)} name(s) on the left but {len(values)} value(s) on the right",
+                               self.loc(s.targets[0]))
+        for tok, value in zip(s.targets, values):
             self.define(tok, value)
 
-    def stmt_op(self, s: tuple) -> None:
-        _, rhs, loc = s
-        with self.located(loc):
-            values = self.rhs(rhs, 0)
+    def bare_op(self, s: ast.BareOp) -> None:
+        with self.located(s.loc):
+            values = self.rhs(s.op, 0)
         if values:
-            raise GirTypeError(f"the results of '{rhs[1]}' are not assigned to names", self.loc(rhs[1]))
+            tok = _op_token(s.op)
+            raise GirTypeError(f"the results of '{tok}' are not assigned to names", self.loc(tok))
 
-    def stmt_return(self, s: tuple) -> None:
-        _, tok, exprs, loc = s
-        with self.located(loc):
-            values = [self.expr(e) for e in exprs]
+    def return_(self, s: ast.Return) -> None:
+        with self.located(s.loc):
+            values = [self.expr(e) for e in s.values]
             types = [v.type for v in values]
             if types != self.function.result_types and declared_matches(types, self.function.result_types):
                 self.function.result_types = types  # a `?` result made precise (a specialised signature)
             if types != self.function.result_types:
                 want = ", ".join(map(str, self.function.result_types)) or "nothing"
                 got = ", ".join(map(str, types)) or "nothing"
-                raise GirTypeError(f"@{self.function.name} returns {want} but this returns {got}", self.loc(tok))
-            self.op("return", values, tok)
+                raise GirTypeError(f"@{self.function.name} returns {want} but this returns {got}",
+                                   self.loc(s.keyword))
+            self.op("return", values, s.keyword)
 
-    def stmt_yield(self, s: tuple) -> None:
-        raise GirTypeError("'yield' may only end a scan or for body", self.loc(s[1]))
-
-    def stmt_collect(self, s: tuple) -> None:
-        _, tok, expr, into = s
+    def collect(self, s: ast.Collect) -> None:
         if not self.loops:
-            raise GirTypeError("'collect' outside a for loop", self.loc(tok))
+            raise GirTypeError("'collect' outside a for loop", self.loc(s.keyword))
         frame = self.loops[-1]
-        if str(into) in frame.collected:
-            raise GirTypeError(f"{into} is collected twice in one loop", self.loc(tok))
-        frame.collected[str(into)] = (into, self.expr(expr))
+        if str(s.into) in frame.collected:
+            raise GirTypeError(f"{s.into} is collected twice in one loop", self.loc(s.keyword))
+        frame.collected[str(s.into)] = (s.into, self.expr(s.value))
 
-    def stmt_for(self, s: tuple) -> None:
-        _, tok, binds, body = s
-        seqs = [self.lookup(seq) for _, seq in binds]
-        for (_, seq_tok), seq in zip(binds, seqs):
-            t = seq.type
-            if not isinstance(t, TensorType) or t.rank == 0:
-                raise GirTypeError(f"cannot loop over {seq_tok} of type {t}: it needs a leading axis",
-                                   self.loc(seq_tok))
+    def surface_for(self, s: ast.For) -> None:
+        seqs = [self.lookup(b.sequence) for b in s.sequences]
+        self.check_sequences(s.sequences, seqs)
         frame = _LoopFrame()
-        block = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs])
+        block = Block([seq.tensor_type.with_shape(seq.tensor_type.shape[1:]) for seq in seqs])
         self.enter(block)
         self.loops.append(frame)
-        for (elem, _), arg in zip(binds, block.args):
-            self.define(elem, arg)
-        self.statements(body)
+        for b, arg in zip(s.sequences, block.args):
+            self.define(b.element, arg)
+        self.statements(s.body)
         self.loops.pop()
         stacks = [v for _, v in frame.collected.values()]
-        block.append(make_op("yield", stacks, loc=self.loc(tok), segments=(0, len(stacks))))
+        block.append(make_op("yield", stacks, loc=self.loc(s.keyword), segments=(0, len(stacks))))
         self.leave(block)
-        op = self.op("for", seqs, tok, regions=[Region(block)])
+        op = self.op("for", seqs, s.keyword, regions=[Region(block)])
         for (into, _), result in zip(frame.collected.values(), op.results):
             self.define(into, result)
+
+    def check_sequences(self, binds: tuple[ast.SeqBind, ...], seqs: list[Value]) -> None:
+        for b, seq in zip(binds, seqs):
+            if not isinstance(seq.type, TensorType) or seq.type.rank == 0:
+                raise GirTypeError(f"cannot loop over {b.sequence} of type {seq.type}: it needs a leading axis",
+                                   self.loc(b.sequence))
 
     def enter(self, block: Block) -> None:
         """Emits into a loop body; names defined there are not visible after `leave`."""
@@ -223,40 +234,39 @@ class _FunctionEmitter:
         self.block = self.outer_blocks.pop()
 
     # -- right-hand sides -------------------------------------------------------------------
-    def rhs(self, rhs: tuple, n_targets: int) -> list[Value]:
-        kind = rhs[0]
-        if kind == "generic":
-            return self.generic(rhs)
-        if kind == "call":
-            _, tok, fname, values, types = rhs
-            return self.call(tok, fname, [self.lookup(v) for v in values], types)
-        if kind == "grad":
-            return self.grad(rhs)
-        if kind == "loop":
-            return self.loop(rhs)
-        if kind == "fused":
-            return self.fused(rhs)
-        if kind == "fcall" and n_targets != 1:
-            return self.call(rhs[1], rhs[1], [self.expr(e) for e in rhs[2]], None)
+    def rhs(self, rhs: ast.Rhs, n_targets: int) -> list[Value]:
+        match rhs:
+            case ast.Generic():
+                return self.generic(rhs)
+            case ast.Call():
+                return self.call(rhs.keyword, rhs.callee, [self.lookup(v) for v in rhs.args], rhs.types)
+            case ast.Grad():
+                return self.grad(rhs)
+            case ast.Loop():
+                return self.loop(rhs)
+            case ast.Fused():
+                return self.fused(rhs)
+            case ast.FuncCall() if n_targets != 1:
+                return self.call(rhs.callee, rhs.callee, [self.expr(e) for e in rhs.args], None)
         return [self.expr(rhs)]
 
-    def generic(self, rhs: tuple) -> list[Value]:
-        _, name_tok, operands, literal, attrs, types = rhs
-        name = str(name_tok)
+    def generic(self, g: ast.Generic) -> list[Value]:
+        name = str(g.name)
         spec = REGISTRY.get(name)
         if spec is None:
-            raise GirTypeError(f"unknown op '{name}'", self.loc(name_tok))
+            raise GirTypeError(f"unknown op '{name}'", self.loc(g.name))
         if spec.category == "structural" and name not in ("var", "load", "store"):
-            raise GirTypeError(f"'{name}' has its own syntax; see docs/language.md", self.loc(name_tok))
-        if literal is not None:
+            raise GirTypeError(f"'{name}' has its own syntax; see docs/language.md", self.loc(g.name))
+        attrs = g.attrs
+        if g.literal is not None:
             if not spec.literal:
-                raise GirTypeError(f"'{name}' takes no literal", self.loc(name_tok))
-            attrs = {**attrs, "value": literal}
-        values = [self.lookup(v) for v in operands]
-        kw: dict[str, Any] = {"attrs": attrs, "declared": types}
-        return self.op(name, values, name_tok, **kw).results
+                raise GirTypeError(f"'{name}' takes no literal", self.loc(g.name))
+            attrs = {**attrs, "value": g.literal}
+        values = [self.lookup(v) for v in g.operands]
+        kw: dict[str, Any] = {"attrs": attrs, "declared": g.types}
+        return self.op(name, values, g.name, **kw).results
 
-    def call(self, tok: Token, fname: Token, args: list[Value], types: list[TensorType] | None) -> list[Value]:
+    def call(self, tok: Token, fname: Token, args: list[Value], types: ast.Types | None) -> list[Value]:
         callee = self.signatures.get(str(fname)[1:])
         if callee is None:
             raise GirTypeError(f"call of undefined function {fname}", self.loc(fname))
@@ -264,17 +274,17 @@ class _FunctionEmitter:
         if got != callee.arg_types:
             raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + ") but is called with ("
                                + ", ".join(map(str, got)) + ")", self.loc(fname))
-        if types is not None and types != callee.result_types:
+        if types is not None and list(types) != callee.result_types:
             raise GirTypeError(f"{fname} returns " + ", ".join(map(str, callee.result_types))
                                + " but the written type is " + ", ".join(map(str, types)), self.loc(fname))
         return self.op("call", args, tok, attrs={"callee": str(fname)[1:]}, declared=callee.result_types).results
 
-    def grad(self, rhs: tuple) -> list[Value]:
-        _, tok, fname, exprs, wrt_items, types = rhs
+    def grad(self, g: ast.Grad) -> list[Value]:
+        fname = g.callee
         callee = self.signatures.get(str(fname)[1:])
         if callee is None:
             raise GirTypeError(f"grad of undefined function {fname}", self.loc(fname))
-        args = [self.expr(e) for e in exprs]
+        args = [self.expr(e) for e in g.args]
         if [a.type for a in args] != callee.arg_types:
             raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + ") but grad passes ("
                                + ", ".join(str(a.type) for a in args) + ")", self.loc(fname))
@@ -282,115 +292,111 @@ class _FunctionEmitter:
         if len(rt) != 1 or rt[0].shape != () or rt[0].dtype not in FLOAT_DTYPES:
             raise GirTypeError(f"grad needs {fname} to return one float scalar, it returns "
                                + (", ".join(map(str, rt)) or "nothing"), self.loc(fname))
-        positions = [self.wrt_position(item, exprs, args) for item in wrt_items]
+        positions = [self.wrt_position(item, g.args, args) for item in g.wrt]
         declared = [rt[0]] + [callee.arg_types[p] for p in positions]
-        if types is not None and types != declared:
+        if g.types is not None and list(g.types) != declared:
             raise GirTypeError("grad produces " + ", ".join(map(str, declared)) + " but the written type is "
-                               + ", ".join(map(str, types)), self.loc(tok))
-        return self.op("grad", args, tok, attrs={"callee": str(fname)[1:], "wrt": positions},
+                               + ", ".join(map(str, g.types)), self.loc(g.keyword))
+        return self.op("grad", args, g.keyword, attrs={"callee": str(fname)[1:], "wrt": positions},
                        declared=declared).results
 
-    def wrt_position(self, item: Token, exprs: list[tuple], args: list[Value]) -> int:
+    def wrt_position(self, item: Token, exprs: tuple[ast.Expr, ...], args: list[Value]) -> int:
         if item.type == "INT":
             pos = int(item)
             if not 0 <= pos < len(args):
                 raise GirTypeError(f"wrt position {pos} is out of range for {len(args)} argument(s)", self.loc(item))
             return pos
-        matches = [i for i, e in enumerate(exprs) if e[0] == "val" and str(e[1]) == str(item)]
+        matches = [i for i, e in enumerate(exprs) if isinstance(e, ast.Name) and str(e.token) == str(item)]
         if not matches:
             raise GirTypeError(f"{item} is not one of the arguments passed to grad", self.loc(item))
         if len(matches) > 1:
             raise GirTypeError(f"{item} is passed more than once; name the position instead", self.loc(item))
         return matches[0]
 
-    def loop(self, rhs: tuple) -> list[Value]:
-        _, kw, mods, seq_binds, carry_binds, stmts, yield_stmt, types = rhs
-        kind = str(kw)
-        if kind == "for" and carry_binds:
-            raise GirTypeError("a 'for' op has no carries; use 'scan'", self.loc(kw))
-        seqs = [self.lookup(seq) for _, seq in seq_binds]
-        inits = [self.lookup(init) for _, init in carry_binds]
-        for (_, tok), seq in zip(seq_binds, seqs):
-            if not isinstance(seq.type, TensorType) or seq.type.rank == 0:
-                raise GirTypeError(f"cannot loop over {tok} of type {seq.type}: it needs a leading axis",
-                                   self.loc(tok))
+    def loop(self, loop: ast.Loop) -> list[Value]:
+        kind = str(loop.keyword)
+        if kind == "for" and loop.carries:
+            raise GirTypeError("a 'for' op has no carries; use 'scan'", self.loc(loop.keyword))
+        seqs = [self.lookup(b.sequence) for b in loop.sequences]
+        inits = [self.lookup(b.value) for b in loop.carries]
+        self.check_sequences(loop.sequences, seqs)
         arg_types = [s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits]
         block = Block(arg_types)
         self.enter(block)
-        _, ytok, ycarries, ystacks, yloc = yield_stmt
-        with self.located(None):
-            for (name, _), arg in zip(list(seq_binds) + list(carry_binds), block.args):
-                self.define(name, arg)
-            self.statements(stmts)
-            with self.located(yloc):
-                carries = [self.lookup(v) for v in ycarries]
-                stacks = [self.lookup(v) for v in ystacks]
-                block.append(make_op("yield", carries + stacks, loc=self.loc(ytok),
-                                     segments=(len(carries), len(stacks))))
+        names = [b.element for b in loop.sequences] + [b.name for b in loop.carries]
+        self.region_body(block, names, loop.body, loop.yield_)
         self.leave(block)
         segments = (len(seqs), len(inits)) if kind == "scan" else ()
-        attrs = {"reverse": bool(mods.get("reverse", False)), "length": mods.get("length")}
-        return self.op(kind, seqs + inits, kw, attrs=attrs, regions=[Region(block)], declared=types,
+        attrs = {"reverse": loop.reverse, "length": loop.length}
+        return self.op(kind, seqs + inits, loop.keyword, attrs=attrs, regions=[Region(block)], declared=loop.types,
                        segments=segments).results
 
-    def fused(self, rhs: tuple) -> list[Value]:
-        _, kw, binds, stmts, yield_stmt, types = rhs
-        inputs = [self.lookup(v) for _, v in binds]
+    def fused(self, fused: ast.Fused) -> list[Value]:
+        inputs = [self.lookup(b.value) for b in fused.inputs]
         block = Block([v.type for v in inputs])
         self.enter(block)
-        _, ytok, youts, ystacks, yloc = yield_stmt
-        with self.located(None):
-            for (name, _), arg in zip(binds, block.args):
-                self.define(name, arg)
-            self.statements(stmts)
-            with self.located(yloc):
-                outs = [self.lookup(v) for v in youts] + [self.lookup(v) for v in ystacks]
-                block.append(make_op("yield", outs, loc=self.loc(ytok), segments=(len(youts), len(ystacks))))
+        self.region_body(block, [b.name for b in fused.inputs], fused.body, fused.yield_)
         self.leave(block)
-        return self.op("fused", inputs, kw, regions=[Region(block)], declared=types).results
+        return self.op("fused", inputs, fused.keyword, regions=[Region(block)], declared=fused.types).results
+
+    def region_body(self, block: Block, arg_names: list[Token], body: tuple[ast.Stmt, ...], yield_: ast.Yield
+                    ) -> None:
+        """Names the block's arguments and emits the body and its yield. A `loc(...)` written on
+        the op does not reach inside: the body's ops have their own positions."""
+        with self.located(None):
+            for name, arg in zip(arg_names, block.args):
+                self.define(name, arg)
+            self.statements(body)
+            with self.located(yield_.loc):
+                carries = [self.lookup(v) for v in yield_.carries]
+                stacks = [self.lookup(v) for v in yield_.stacks]
+                block.append(make_op("yield", carries + stacks, loc=self.loc(yield_.keyword),
+                                     segments=(len(carries), len(stacks))))
 
     # -- surface expressions ----------------------------------------------------------------
-    def expr(self, e: tuple, dtype: str | None = None) -> Value:
-        kind = e[0]
-        if kind == "val":
-            return self.lookup(e[1])
-        if kind == "num":
-            return self.literal(e[1], e[2], dtype)
-        if kind == "bin":
-            return self.binary_chain(e)
-        if kind == "neg":
-            if e[2][0] == "num":
-                return self.literal(-e[2][1], e[1], dtype)
-            return self.op("neg", [self.expr(e[2], dtype)], e[1]).result
-        if kind == "builtin":
-            return self.builtin(e)
-        if kind == "fcall":
-            results = self.call(e[1], e[1], [self.expr(a) for a in e[2]], None)
-            if len(results) != 1:
-                raise GirTypeError(f"{e[1]} returns {len(results)} values; assign them to as many names",
-                                   self.loc(e[1]))
-            return results[0]
-        if kind in ("generic", "call", "grad", "loop"):
-            tok = e[1]
-            raise GirTypeError("an op in generic form cannot be nested in an expression", self.loc(tok))
-        raise AssertionError(kind)
+    def expr(self, e: ast.Rhs, dtype: str | None = None) -> Value:
+        match e:
+            case ast.Name():
+                return self.lookup(e.token)
+            case ast.Num():
+                return self.literal(e.value, e.token, dtype)
+            case ast.Binary():
+                return self.binary_chain(e)
+            case ast.Neg(operand=ast.Num() as num):
+                return self.literal(-num.value, e.minus, dtype)
+            case ast.Neg():
+                return self.op("neg", [self.expr(e.operand, dtype)], e.minus).result
+            case ast.Builtin():
+                return self.builtin(e)
+            case ast.FuncCall():
+                results = self.call(e.callee, e.callee, [self.expr(a) for a in e.args], None)
+                if len(results) != 1:
+                    raise GirTypeError(f"{e.callee} returns {len(results)} values; assign them to as many names",
+                                       self.loc(e.callee))
+                return results[0]
+            case ast.Generic() | ast.Call() | ast.Grad() | ast.Loop() | ast.Fused():
+                # The grammar keeps op forms out of expressions; `rhs` sends them elsewhere.
+                raise GirTypeError("an op in generic form cannot be nested in an expression",
+                                   self.loc(_op_token(e)))
+        raise AssertionError(e)
 
-    def binary_chain(self, e: tuple) -> Value:
+    def binary_chain(self, e: ast.Binary) -> Value:
         """Emits `a + b - c * d ...` without recursing down the left operands: a parsed sum of
         n terms is a left-deep tree n levels deep, too deep for Python's stack at n ~ 300."""
         chain = []
-        while e[0] == "bin":
-            chain.append(e)
-            e = e[2]
-        lhs: Value | tuple = e
-        for _, op_tok, _, rhs in reversed(chain):
-            operands = self.operands_of([lhs, rhs])
-            lhs = self.op(_INFIX[str(op_tok)], operands, op_tok).result
+        lhs_expr: ast.Expr = e
+        while isinstance(lhs_expr, ast.Binary):
+            chain.append(lhs_expr)
+            lhs_expr = lhs_expr.lhs
+        lhs: Value | ast.Expr = lhs_expr
+        for b in reversed(chain):
+            operands = self.operands_of([lhs, b.rhs])
+            lhs = self.op(_INFIX[str(b.op)], operands, b.op).result
         assert isinstance(lhs, Value)
         return lhs
 
-    def operands_of(self, exprs: list[tuple | Value], skip: int = 0, integer: frozenset[int] = frozenset()
-                    ) -> list[Value]:
+    def operands_of(self, exprs: list[ast.Expr | Value] | tuple[ast.Expr, ...], skip: int = 0,
+                    integer: frozenset[int] = frozenset()) -> list[Value]:
         """Emits expressions (an entry may be a Value emitted already); number literals take the
         dtype of the first non-literal operand after the first `skip` (select's i1 condition says
         nothing about its values), else f32/i32. A literal at a position in `integer` (an
@@ -417,21 +423,20 @@ class _FunctionEmitter:
             raise GirTypeError(f"the literal is too large for {dtype}", self.loc(tok)) from None
         return self.op("constant", [], tok, attrs={"value": value}, declared=[TensorType((), dtype)]).result
 
-    def builtin(self, e: tuple) -> Value:
-        _, name_tok, args, kwargs = e
-        name = str(name_tok)
-        if name in ("max", "min") and len(args) == 1:
+    def builtin(self, e: ast.Builtin) -> Value:
+        name = str(e.name)
+        if name in ("max", "min") and len(e.args) == 1:
             name = "reduce_" + name
         spec = REGISTRY.get(name)
         if spec is None or spec.category == "structural":
-            raise GirTypeError(f"unknown function '{name}'", self.loc(name_tok))
-        kwargs = dict(kwargs)
+            raise GirTypeError(f"unknown function '{name}'", self.loc(e.name))
+        kwargs = dict(e.kwargs)  # declared_type takes dtype= and shape= out
         integer = frozenset(spec.operands.index(o) for o in spec.integer_operands)
-        values = self.operands_of(args, skip=1 if name == "select" else 0, integer=integer)
+        values = self.operands_of(e.args, skip=1 if name == "select" else 0, integer=integer)
         declared = None
         if name in ("cast", "zeros", "ones", "fill", "constant"):
-            declared = [self.declared_type(name_tok, name, kwargs, values)]
-        return self.op(name, values, name_tok, attrs=kwargs, declared=declared).result
+            declared = [self.declared_type(e.name, name, kwargs, values)]
+        return self.op(name, values, e.name, attrs=kwargs, declared=declared).result
 
     def declared_type(self, tok: Token, name: str, kwargs: dict[str, Any], values: list[Value]) -> TensorType:
         """The result type of ops written with a type (`cast`, `zeros`, ...), from dtype= and shape=."""
@@ -458,48 +463,51 @@ class _FunctionEmitter:
 _DTYPE_NAMES = ("f32", "f64", "i32", "i64", "i1")
 
 
-def _is_literal(e: tuple) -> bool:
+def _is_literal(e: ast.Expr) -> bool:
     """A number written in place, `1.5` or `-2`: it takes its dtype from the other operands."""
-    return e[0] == "num" or (e[0] == "neg" and e[2][0] == "num")
+    return isinstance(e, ast.Num) or (isinstance(e, ast.Neg) and isinstance(e.operand, ast.Num))
 
 
-def _statement_token(s: tuple) -> Token | None:
+def _op_token(op: ast.OpForm) -> Token:
+    """The token an op form's errors point at: a generic op's name, else its keyword."""
+    return op.name if isinstance(op, ast.Generic) else op.keyword
+
+
+def _statement_token(s: ast.Stmt) -> Token:
     """The token a statement's errors point at: its first target, keyword or op name."""
-    kind = s[0]
-    if kind == "assign":
-        return s[1][0]
-    if kind == "op":
-        return s[1][1]
-    return s[1] if isinstance(s[1], Token) else None
+    match s:
+        case ast.Assign():
+            return s.targets[0]
+        case ast.BareOp():
+            return _op_token(s.op)
+    return s.keyword
 
 
 _INFIX = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
 
 
-def _count_assignments(stmts: list[tuple], counts: Counter[str]) -> None:
+def _count_assignments(stmts: tuple[ast.Stmt, ...], counts: Counter[str]) -> None:
+    """Counts how often each name is assigned, nested bodies included: a name assigned more
+    than once becomes a `var`."""
     for s in stmts:
-        kind = s[0]
-        if kind == "assign":
-            for t in s[1]:
-                counts[str(t)] += 1
-            rhs = s[2]
-            if rhs[0] == "loop":
-                _count_loop(rhs, counts)
-        elif kind == "op" and s[1][0] == "loop":
-            _count_loop(s[1], counts)
-        if kind == "assign" and s[2][0] == "fused":
-            for name, _ in s[2][2]:
-                counts[str(name)] += 1
-            _count_assignments(s[2][3], counts)
-        elif kind == "for":
-            for elem, _ in s[2]:
-                counts[str(elem)] += 1
-            _count_assignments(s[3], counts)
-        elif kind == "collect":
-            counts[str(s[3])] += 1
+        match s:
+            case ast.Assign(targets=targets, value=value):
+                counts.update(str(t) for t in targets)
+                if isinstance(value, ast.Loop):
+                    _count_loop(value, counts)
+                elif isinstance(value, ast.Fused):
+                    counts.update(str(b.name) for b in value.inputs)
+                    _count_assignments(value.body, counts)
+            case ast.BareOp(op=ast.Loop() as loop):
+                _count_loop(loop, counts)
+            case ast.For(sequences=sequences, body=body):
+                counts.update(str(b.element) for b in sequences)
+                _count_assignments(body, counts)
+            case ast.Collect(into=into):
+                counts[str(into)] += 1
 
 
-def _count_loop(rhs: tuple, counts: Counter[str]) -> None:
-    for name, _ in list(rhs[3]) + list(rhs[4]):
-        counts[str(name)] += 1
-    _count_assignments(rhs[5], counts)
+def _count_loop(loop: ast.Loop, counts: Counter[str]) -> None:
+    counts.update(str(b.element) for b in loop.sequences)
+    counts.update(str(b.name) for b in loop.carries)
+    _count_assignments(loop.body, counts)

@@ -1,18 +1,16 @@
-"""Text -> IR. A Lark LALR parser whose inline transformer builds small statement tuples as
-rules reduce (no parse tree is walked twice); `emitter.py` turns each module's tuples into IR.
+"""Text -> IR. A Lark LALR parser whose inline transformer builds the typed AST of `ast.py`
+as rules reduce (no parse tree is built, then walked again); `emitter.py` turns each function's
+AST into IR.
 
-The tuples (the frontend's AST, private to frontend/):
-    ("assign", targets, rhs, loc)        ("op", rhs, loc)             ("return", tok, exprs, loc)
-    ("for", tok, [(elem, seq)], stmts)   ("collect", tok, expr, into)  ("yield", tok, carries, stacks, loc)
-  rhs / expr:
-    ("val", tok) ("num", value, tok) ("bin", op_tok, lhs, rhs) ("neg", tok, e)
-    ("builtin", name_tok, args, kwargs) ("fcall", name_tok, args)
-    ("generic", name_tok, operands, literal, attrs, types) ("call", tok, fname, values, types)
-    ("grad", tok, fname, exprs, wrt, types) ("loop", kw_tok, mods, seqs, carries, stmts, yield, types)
+The parser is built once per process (`_parser()`, ~0.3 s) and holds no state of one parse, so
+threads may parse at once: the transformer sees no file name (nodes keep tokens, and the
+emitter makes `Location`s with the file it emits), and the one error it raises, a parameter
+with several types, carries a token that `parse_ast()` turns into a location in its own file.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 from typing import Any
@@ -23,184 +21,194 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from ..errors import GirSyntaxError, Location, remember_source
 from ..ir.core import Module
 from ..ir.types import parse_type
+from . import ast
 from .lexer import GirLexer
 
-_TAGGED = ("operands", "literal", "attrs", "types")
-_FILE = ["<string>"]
-"""The file being parsed, for the few errors raised while parsing (Lark callbacks take no context)."""
 
-
-def parse_types(token: str) -> list:
+def parse_types(token: str) -> ast.Types:
     """`: tensor<4xf32>, tensor<f32>` (one TYPES token) -> types."""
-    return [parse_type(t.strip()) for t in token[1:].split(",")]
+    return tuple(parse_type(t.strip()) for t in token[1:].split(","))
 
 
-class _ToTuples(Transformer):
-    """One method per grammar rule; each returns a tuple or a plain Python value."""
+class _TokenError(Exception):
+    """A syntax error found by the transformer, at `token` of the file being parsed. The
+    transformer is shared by all parses, so `parse_ast()` adds the file name."""
 
-    def start(self, c: list) -> list:
+    def __init__(self, message: str, token: Token):
+        super().__init__(message)
+        self.message = message
+        self.token = token
+
+
+class _ToAst(Transformer):
+    """One method per grammar rule; each returns an `ast` node, or for a rule that only
+    groups (`targets`, `expr_list`, ...) a tuple, or a plain Python value for attributes."""
+
+    def start(self, c: list) -> list[ast.Func]:
         return c
 
-    def func(self, c: list) -> tuple:
+    def func(self, c: list) -> ast.Func:
         name, params, results, *body = c
-        loc = body.pop() if body and isinstance(body[-1], Location) else None
-        return ("func", name, params, results, body, loc)
+        loc = body.pop() if isinstance(body[-1], Location) else None
+        return ast.Func(name, params, results, tuple(body), loc)
 
-    def params(self, c: list) -> list:
-        return c
+    def params(self, c: list) -> tuple[ast.Param, ...]:
+        return tuple(c)
 
-    def param(self, c: list) -> tuple:
+    def param(self, c: list) -> ast.Param:
         types = parse_types(c[1])
         if len(types) != 1:
-            raise GirSyntaxError(f"parameter {c[0]} has {len(types)} types", Location(_FILE[0], c[1].line, c[1].column))
-        return (c[0], types[0], c[2] if len(c) > 2 else None)
+            raise _TokenError(f"parameter {c[0]} has {len(types)} types", c[1])
+        return ast.Param(c[0], types[0], c[2] if len(c) > 2 else None)
 
-    def results(self, c: list) -> list | None:
+    def results(self, c: list) -> ast.Types | None:
         return c[0] if c else None
 
-    def result_types(self, c: list) -> list:
-        return [parse_type(t) for t in c]
+    def result_types(self, c: list) -> ast.Types:
+        return tuple(parse_type(t) for t in c)
 
-    def assign(self, c: list) -> tuple:
-        return ("assign", c[0], c[1], c[2] if len(c) > 2 else None)
+    def assign(self, c: list) -> ast.Assign:
+        return ast.Assign(c[0], c[1], c[2] if len(c) > 2 else None)
 
-    def targets(self, c: list) -> list:
-        return c
+    def targets(self, c: list) -> tuple[Token, ...]:
+        return tuple(c)
 
-    def bare_op(self, c: list) -> tuple:
-        return ("op", c[0], c[1] if len(c) > 1 else None)
+    def bare_op(self, c: list) -> ast.BareOp:
+        return ast.BareOp(c[0], c[1] if len(c) > 1 else None)
 
-    def generic(self, c: list) -> tuple:
-        parts: dict[str, Any] = {"operands": [], "literal": None, "attrs": {}, "types": None}
-        for item in c[1:]:
-            if isinstance(item, tuple) and item[0] in _TAGGED:
-                parts[item[0]] = item[1]
-            elif isinstance(item, Token) and item.type == "TYPES":
-                parts["types"] = parse_types(item)
-            else:  # the literal, a plain Python value
-                parts["literal"] = item
-        return ("generic", c[0], parts["operands"], parts["literal"], parts["attrs"], parts["types"])
+    def generic(self, c: list) -> ast.Generic:
+        operands: tuple[Token, ...] = ()
+        literal, attrs, types = None, {}, None
+        # The parts after the name tell themselves apart by type: a literal is never a tuple,
+        # a dict or a token (it is a number, a bool or a list).
+        for part in c[1:]:
+            if isinstance(part, tuple):
+                operands = part
+            elif isinstance(part, dict):
+                attrs = part
+            elif isinstance(part, Token) and part.type == "TYPES":
+                types = parse_types(part)
+            else:
+                literal = part
+        return ast.Generic(c[0], operands, literal, attrs, types)
 
-    def operands(self, c: list) -> tuple:
-        return ("operands", c)
+    def operands(self, c: list) -> tuple[Token, ...]:
+        return tuple(c)
 
-    def type_suffix(self, c: list) -> tuple:
-        return ("types", parse_types(c[0]))
+    def type_suffix(self, c: list) -> ast.Types:
+        return parse_types(c[0])
 
-    def call_op(self, c: list) -> tuple:
-        return ("call", c[0], c[1], c[2], c[3][1] if len(c) > 3 else None)
+    def call_op(self, c: list) -> ast.Call:
+        return ast.Call(c[0], c[1], c[2], c[3] if len(c) > 3 else None)
 
-    def grad_op(self, c: list) -> tuple:
-        tok, fname, exprs, *rest = c
-        types = rest.pop()[1] if rest and isinstance(rest[-1], tuple) else None
-        return ("grad", tok, fname, exprs, rest, types)
+    def grad_op(self, c: list) -> ast.Grad:
+        keyword, callee, args, *rest = c
+        types = rest.pop() if rest and isinstance(rest[-1], tuple) else None  # wrt items are tokens
+        return ast.Grad(keyword, callee, args, tuple(rest), types)
 
-    def loop_op(self, c: list) -> tuple:
-        kw, mods, seqs, carries, *rest = c
-        types = rest.pop()[1] if isinstance(rest[-1], tuple) and rest[-1][0] == "types" else None
-        yield_stmt = rest.pop()
-        return ("loop", kw, mods, seqs, carries, rest, yield_stmt, types)
+    def loop_op(self, c: list) -> ast.Loop:
+        keyword, mods, sequences, carries, *rest = c
+        types = rest.pop() if isinstance(rest[-1], tuple) else None  # the rest are nodes
+        yield_ = rest.pop()
+        return ast.Loop(keyword, mods.get("reverse", False), mods.get("length"), sequences, carries, tuple(rest),
+                        yield_, types)
 
-    def fused_op(self, c: list) -> tuple:
-        kw, *rest = c
-        types = parse_types(rest.pop()) if isinstance(rest[-1], Token) and rest[-1].type == "TYPES" else None
-        yield_stmt = rest.pop()
-        binds = [r for r in rest if isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], Token)]
-        stmts = [r for r in rest if not (isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], Token))]
-        return ("fused", kw, binds, stmts, yield_stmt, types)
+    def fused_op(self, c: list) -> ast.Fused:
+        keyword, *rest = c
+        types = parse_types(rest.pop()) if isinstance(rest[-1], Token) else None
+        yield_ = rest.pop()
+        inputs = tuple(r for r in rest if isinstance(r, ast.Binding))
+        body = tuple(r for r in rest if not isinstance(r, ast.Binding))
+        return ast.Fused(keyword, inputs, body, yield_, types)
 
     def loop_kw(self, c: list) -> Token:
         return c[0]
 
-    def loop_mods(self, c: list) -> dict:
+    def loop_mods(self, c: list) -> dict[str, Any]:
         return dict(c)
 
-    def mod_reverse(self, c: list) -> tuple:
+    def mod_reverse(self, c: list) -> tuple[str, bool]:
         return ("reverse", True)
 
-    def mod_length(self, c: list) -> tuple:
+    def mod_length(self, c: list) -> tuple[str, int]:
         return ("length", int(c[0]))
 
-    def seq_binds(self, c: list) -> list:
-        return c
+    def seq_binds(self, c: list) -> tuple[ast.SeqBind, ...]:
+        return tuple(c)
 
-    def seq_bind(self, c: list) -> tuple:
-        return (c[0], c[1])
+    def seq_bind(self, c: list) -> ast.SeqBind:
+        return ast.SeqBind(c[0], c[1])
 
-    def carries(self, c: list) -> list:
-        return c
+    def carries(self, c: list) -> tuple[ast.Binding, ...]:
+        return tuple(c)
 
-    def carry_bind(self, c: list) -> tuple:
-        return (c[0], c[1])
+    def carry_bind(self, c: list) -> ast.Binding:
+        return ast.Binding(c[0], c[1])
 
-    def yield_stmt(self, c: list) -> tuple:
-        tok, (carries, stacks) = c[0], c[1]
-        return ("yield", tok, carries, stacks, c[2] if len(c) > 2 else None)
+    def yield_stmt(self, c: list) -> ast.Yield:
+        carries, stacks = c[1]
+        return ast.Yield(c[0], carries, stacks, c[2] if len(c) > 2 else None)
 
-    def yield_parts(self, c: list) -> tuple:
+    def yield_parts(self, c: list) -> tuple[tuple[Token, ...], tuple[Token, ...]]:
+        """(carries, stacks); c is [] or [carries] or [carries, STACK, stacks]."""
         if not c:
-            return ([], [])
-        return (c[0], c[2] if len(c) > 2 else [])
+            return ((), ())
+        return (c[0], c[2] if len(c) > 2 else ())
 
-    def value_list(self, c: list) -> list:
-        return c
+    def value_list(self, c: list) -> tuple[Token, ...]:
+        return tuple(c)
 
-    def return_stmt(self, c: list) -> tuple:
-        return ("return", c[0], c[1], c[2] if len(c) > 2 else None)
+    def return_stmt(self, c: list) -> ast.Return:
+        return ast.Return(c[0], c[1], c[2] if len(c) > 2 else None)
 
-    def for_stmt(self, c: list) -> tuple:
-        tok, elem, seq, *rest = c
-        binds = [(elem, seq)]
-        while rest and isinstance(rest[0], tuple) and rest[0][0] == "seq":
-            binds.append(rest.pop(0)[1:])
-        return ("for", tok, binds, rest)
+    def for_stmt(self, c: list) -> ast.For:
+        keyword, element, sequence, *rest = c
+        sequences = [ast.SeqBind(element, sequence)]
+        while rest and isinstance(rest[0], ast.SeqBind):
+            sequences.append(rest.pop(0))
+        return ast.For(keyword, tuple(sequences), tuple(rest))
 
-    def surface_seq(self, c: list) -> tuple:
-        return ("seq", c[0], c[1])
+    def surface_seq(self, c: list) -> ast.SeqBind:
+        return ast.SeqBind(c[0], c[1])
 
-    def collect_stmt(self, c: list) -> tuple:
-        return ("collect", c[0], c[1], c[2])
+    def collect_stmt(self, c: list) -> ast.Collect:
+        return ast.Collect(c[0], c[1], c[2])
 
     # -- expressions ------------------------------------------------------------------------
-    def expr_list(self, c: list) -> list:
+    def expr_list(self, c: list) -> tuple[ast.Expr, ...]:
+        return tuple(c)
+
+    def binary(self, c: list) -> ast.Binary:
+        return ast.Binary(c[1], c[0], c[2])
+
+    def negate(self, c: list) -> ast.Neg:
+        return ast.Neg(c[0], c[1])
+
+    def name_ref(self, c: list) -> ast.Name:
+        return ast.Name(c[0])
+
+    def number_ref(self, c: list) -> ast.Num:
+        return c[0]
+
+    def builtin_call(self, c: list) -> ast.Builtin:
+        args = tuple(a for a in c[1] if not isinstance(a, ast.Kwarg))
+        kwargs = {str(a.name): a.value for a in c[1] if isinstance(a, ast.Kwarg)}
+        return ast.Builtin(c[0], args, kwargs)
+
+    def func_call(self, c: list) -> ast.FuncCall:
+        return ast.FuncCall(c[0], c[1])
+
+    def call_args(self, c: list) -> list[ast.Expr | ast.Kwarg]:
         return c
 
-    def binary(self, c: list) -> tuple:
-        return ("bin", c[1], c[0], c[2])
-
-    def negate(self, c: list) -> tuple:
-        return ("neg", c[0], c[1])
-
-    def name_ref(self, c: list) -> tuple:
-        return ("val", c[0])
-
-    def number_ref(self, c: list) -> tuple:
-        value, tok = c[0]
-        return ("num", value, tok)
-
-    def builtin_call(self, c: list) -> tuple:
-        args, kwargs = [], {}
-        for a in c[1]:
-            if a[0] == "kwarg":
-                kwargs[str(a[1])] = a[2]
-            else:
-                args.append(a)
-        return ("builtin", c[0], args, kwargs)
-
-    def func_call(self, c: list) -> tuple:
-        return ("fcall", c[0], c[1])
-
-    def call_args(self, c: list) -> list:
-        return c
-
-    def kwarg(self, c: list) -> tuple:
-        return ("kwarg", c[0], c[1])
+    def kwarg(self, c: list) -> ast.Kwarg:
+        return ast.Kwarg(c[0], c[1])
 
     # -- attributes and literals (plain Python values) ---------------------------------------
-    def attr_dict(self, c: list) -> tuple:
-        return ("attrs", dict(c))
+    def attr_dict(self, c: list) -> dict[str, Any]:
+        return dict(c)
 
-    def attr(self, c: list) -> tuple:
+    def attr(self, c: list) -> tuple[str, Any]:
         return (str(c[0]), c[1])
 
     def string(self, c: list) -> str:
@@ -218,23 +226,23 @@ class _ToTuples(Transformer):
     def list(self, c: list) -> list:
         return c
 
-    def number(self, c: list) -> Any:
-        return c[0][0]
+    def number(self, c: list) -> int | float:
+        return c[0].value
 
-    def negative(self, c: list) -> Any:
-        return -c[1][0]
+    def negative(self, c: list) -> int | float:
+        return -c[1].value
 
-    def int_number(self, c: list) -> tuple:
-        return (int(c[0]), c[0])
+    def int_number(self, c: list) -> ast.Num:
+        return ast.Num(int(c[0]), c[0])
 
-    def float_number(self, c: list) -> tuple:
-        return (float(c[0]), c[0])
+    def float_number(self, c: list) -> ast.Num:
+        return ast.Num(float(c[0]), c[0])
 
-    def inf(self, c: list) -> tuple:
-        return (math.inf, None)
+    def inf(self, c: list) -> ast.Num:
+        return ast.Num(math.inf, None)
 
-    def nan(self, c: list) -> tuple:
-        return (math.nan, None)
+    def nan(self, c: list) -> ast.Num:
+        return ast.Num(math.nan, None)
 
     def loc(self, c: list) -> Location:
         text = str(c[0])[4:-1]  # "file":line:col
@@ -243,15 +251,12 @@ class _ToTuples(Transformer):
         return Location(text[1:end], int(line), int(col))
 
 
-_PARSER: Lark | None = None
-
-
+@functools.cache
 def _parser() -> Lark:
-    global _PARSER
-    if _PARSER is None:
-        _PARSER = Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer=GirLexer, strict=True,
-                            propagate_positions=True, maybe_placeholders=False, transformer=_ToTuples())
-    return _PARSER
+    """The parser, built on first use (~0.3 s) and shared: it keeps no state between parses. Two
+    threads parsing first at once may each build one; both are the same parser."""
+    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer=GirLexer, strict=True,
+                     propagate_positions=True, maybe_placeholders=False, transformer=_ToAst())
 
 
 _PRETTY = {
@@ -332,22 +337,28 @@ def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxErro
     return GirSyntaxError(str(e).splitlines()[0], loc)
 
 
+def parse_ast(text: str, filename: str = "<string>") -> list[ast.Func]:
+    """The functions of gir text as AST nodes; a syntax error names `filename`."""
+    try:
+        return _parser().parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error(e, filename, text) from None
+    except _TokenError as e:
+        raise GirSyntaxError(e.message, Location(filename, e.token.line or 0, e.token.column or 0)) from None
+
+
 def parse(text: str, filename: str = "<string>") -> Module:
     """Parses gir text (surface or SSA form) into a verified Module."""
     from ..ir.verifier import verify
     from .emitter import emit_module
 
     remember_source(filename, text)
-    _FILE[0] = filename
     # The cyclic GC would scan the growing IR (ops and results point at each other) again and
     # again while it is built: a third of the parse time at 25k ops. Nothing built here is garbage.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        funcs = _parser().parse(text)
-        module = emit_module(funcs, filename)
-    except UnexpectedInput as e:
-        raise _syntax_error(e, filename, text) from None
+        module = emit_module(parse_ast(text, filename), filename)
     finally:
         if gc_was_enabled:
             gc.enable()
