@@ -792,3 +792,12 @@ def _install_vjps() -> None:
 
 
 _install_vjps()
+
+
+def _install_scalar_semantics() -> None:
+    from .scalar import install
+
+    install(REGISTRY)
+
+
+_install_scalar_semantics()

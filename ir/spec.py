@@ -27,6 +27,7 @@ from .types import TensorType, Type
 
 if TYPE_CHECKING:
     from .core import Operation, Region, Value
+    from .scalar import ScalarSemantics
 
 
 class ShapeError(Exception):
@@ -126,6 +127,9 @@ class OpSpec:
     """For reductions: how elements combine (identity, mean's division)."""
     splat: Callable[[Operation], float | None] | None = None
     """For constants: the one value every element has, or None (a list literal, a run-time fill)."""
+    scalar: ScalarSemantics | None = None
+    """For elementwise ops: what one element computes, per dtype class, as an expression over
+    primitives both backends emit (filled by ir/scalar.py)."""
     same_type_is_identity: bool = False
     """When the result's type equals the operand's, the result is the operand (`broadcast`,
     `cast`, `slice`, a one-operand `concat`): canonicalize forwards it."""

@@ -28,11 +28,12 @@ import numpy as np
 from llvmlite import ir
 
 from ...errors import GirError, Location
+from ...ir import scalar
 from ...ir.core import Function, Operation, Value
 from ...ir.loops import LoopView, as_loop
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, view_source
-from ...ir.types import DTYPES, INT_DTYPES, TensorType
+from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
 from . import blas, mathlib
@@ -301,68 +302,91 @@ def _bcast_strides(t: TensorType, out_shape: tuple[int, ...]) -> list[int]:
     return out
 
 
+@dataclass
+class Scalar:
+    """Where one element of an op is computed: what the primitive emitters see."""
+
+    low: Lowering
+    op: Operation
+    dtype: str
+    """The compute dtype (ir/scalar.py): of the literals and of the primitives' operands."""
+    reassociate: bool = False
+    """A float `add` may be reassociated (a sum reduction's accumulator: so that it vectorises)."""
+
+    @property
+    def b(self) -> ir.IRBuilder:
+        return self.low.b
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def literal(self, value: float) -> ir.Value:
+        return ir.Constant(LLVM_TYPES[self.dtype], float(value) if self.is_float else int(value))
+
+    def primitive(self, name: str, args: list[ir.Value]) -> ir.Value:
+        return PRIMITIVES[name](self, args)
+
+    def build(self, expr: scalar.Expr, args: list[ir.Value]) -> ir.Value:
+        return scalar.build(expr, args, self.literal, self.primitive)
+
+
 def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
-    b = low.b
-    name = op.name
-    t = op.result.tensor_type
-    in_t = op.operands[0].tensor_type if op.operands else t
-    is_float = in_t.is_float
+    """One element of op from its operands' elements (ir/scalar.py describes every op)."""
     if op.spec.splat is not None:  # a constant: every element is one scalar
         value = op.spec.splat(op)
         if value is None:
-            raise GirError(f"the CPU backend has no scalar for '{name}' (not one value for every element)", op.loc)
-        return ir.Constant(LLVM_TYPES[t.dtype], float(value) if t.is_float else int(value))
-    if name == "div" and not is_float:
-        return _floordiv(low, args, op)  # the one scalar rule that can flag a run-time error
-    rule = (_FLOAT_OPS if is_float else _INT_OPS).get(name)
-    if rule is None:
-        raise GirError(f"the CPU backend has no scalar code for '{name}' on {in_t.dtype}", op.loc)
-    return rule(b, args, op)
+            raise GirError(f"the CPU backend has no scalar for '{op.name}' (not one value for every element)", op.loc)
+        return Scalar(low, op, op.result.tensor_type.dtype).literal(value)
+    semantics = op.spec.scalar
+    dtype = semantics.compute_dtype(op) if semantics is not None else op.result.tensor_type.dtype
+    expr = semantics.expr(dtype) if semantics is not None else None
+    if expr is None:
+        raise GirError(f"the CPU backend has no scalar code for '{op.name}' on {dtype}", op.loc)
+    return Scalar(low, op, dtype).build(expr, args)
 
 
-def _icmp(b: ir.IRBuilder, kind: str, x: ir.Value, y: ir.Value) -> ir.Value:
-    # i1 orders false < true (NumPy); as a signed 1-bit integer true would be -1.
-    return b.icmp_unsigned(kind, x, y) if x.type == I1 else b.icmp_signed(kind, x, y)
+def _compare(kind: str) -> Callable[[Scalar, list[ir.Value]], ir.Value]:
+    def emit(s: Scalar, a: list[ir.Value]) -> ir.Value:
+        if s.is_float:  # false on nan, but != is true on nan
+            return s.b.fcmp_unordered(kind, *a) if kind == "!=" else s.b.fcmp_ordered(kind, *a)
+        # i1 orders false < true (NumPy); as a signed 1-bit integer true would be -1.
+        return s.b.icmp_unsigned(kind, *a) if s.dtype == "i1" else s.b.icmp_signed(kind, *a)
+
+    return emit
 
 
-def _cmp(kind: str) -> tuple[Callable, Callable]:
-    return (lambda b, a, op: b.fcmp_ordered(kind, a[0], a[1]) if kind != "!=" else b.fcmp_unordered(kind, a[0], a[1]),
-            lambda b, a, op: _icmp(b, kind, a[0], a[1]))
-
-
-def fmax(b: ir.IRBuilder, x: ir.Value, y: ir.Value, kind: str = ">=") -> ir.Value:
-    """NumPy's maximum (kind ">=") or minimum ("<="): a NaN operand gives NaN."""
-    keep_x = b.or_(b.fcmp_ordered(kind, x, y), b.fcmp_unordered("!=", x, x))
-    return b.select(keep_x, x, y)
-
-
-def _floordiv(low: Lowering, a: list[ir.Value], op: Operation) -> ir.Value:
+def _floordiv(s: Scalar, a: list[ir.Value]) -> ir.Value:
     """NumPy's floor division. Never traps: a zero divisor is flagged (the runtime raises, as the
-    interpreter does) and the division runs on 1 instead."""
-    b = low.b
+    interpreter does) and the division runs on 1 instead; x // -1 is -x (wrapping: the minimum
+    // -1 is the minimum, where the hardware's division would trap)."""
+    b = s.b
     x, y = a
-    zero = ir.Constant(x.type, 0)
-    low.flag_error(b.icmp_signed("==", y, zero), "integer division by zero", op)
-    safe_y = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
+    zero, one = ir.Constant(x.type, 0), ir.Constant(x.type, 1)
+    by_zero = b.icmp_signed("==", y, zero)
+    by_minus_one = b.icmp_signed("==", y, ir.Constant(x.type, -1))
+    s.low.flag_error(by_zero, "integer division by zero", s.op)
+    safe_y = b.select(b.or_(by_zero, by_minus_one), one, y)
     q = b.sdiv(x, safe_y)
     r = b.srem(x, safe_y)
     adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("!=", b.icmp_signed("<", r, zero),
                                                                  b.icmp_signed("<", safe_y, zero)))
-    q = b.select(adjust, b.sub(q, ir.Constant(x.type, 1)), q)
-    return b.select(b.icmp_signed("==", y, zero), zero, q)
+    q = b.select(adjust, b.sub(q, one), q)
+    q = b.select(by_minus_one, b.neg(x), q)
+    return b.select(by_zero, zero, q)
 
 
-def _cast(b: ir.IRBuilder, a: list[ir.Value], op: Operation) -> ir.Value:
-    src, dst = op.operands[0].tensor_type.dtype, op.result.tensor_type.dtype
+def _cast(s: Scalar, a: list[ir.Value]) -> ir.Value:
+    b = s.b
+    src, dst = s.dtype, s.op.result.tensor_type.dtype
     x, to = a[0], LLVM_TYPES[dst]
     if src == dst:
         return x
-    fl = ("f32", "f64")
-    if src in fl and dst in fl:
+    if src in FLOAT_DTYPES and dst in FLOAT_DTYPES:
         return b.fpext(x, to) if dst == "f64" else b.fptrunc(x, to)
-    if src in fl:
+    if src in FLOAT_DTYPES:
         return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0)) if dst == "i1" else b.fptosi(x, to)
-    if dst in fl:
+    if dst in FLOAT_DTYPES:
         return b.uitofp(x, to) if src == "i1" else b.sitofp(x, to)
     if dst == "i1":
         return b.icmp_signed("!=", x, ir.Constant(x.type, 0))
@@ -371,43 +395,31 @@ def _cast(b: ir.IRBuilder, a: list[ir.Value], op: Operation) -> ir.Value:
     return b.sext(x, to) if to.width > x.type.width else b.trunc(x, to)
 
 
-_FLOAT_OPS: dict[str, Callable] = {
-    "add": lambda b, a, op: b.fadd(a[0], a[1]),
-    "sub": lambda b, a, op: b.fsub(a[0], a[1]),
-    "mul": lambda b, a, op: b.fmul(a[0], a[1]),
-    "div": lambda b, a, op: b.fdiv(a[0], a[1]),
-    "pow": lambda b, a, op: mathlib.pow(b, a[0], a[1]),
-    "max": lambda b, a, op: fmax(b, a[0], a[1], ">="),
-    "min": lambda b, a, op: fmax(b, a[0], a[1], "<="),
-    "neg": lambda b, a, op: b.fneg(a[0]),
-    "abs": lambda b, a, op: mathlib.fabs(b, a[0]),
-    "exp": lambda b, a, op: mathlib.exp(b, a[0]),
-    "log": lambda b, a, op: mathlib.log(b, a[0]),
-    "tanh": lambda b, a, op: mathlib.tanh(b, a[0]),
-    "sigmoid": lambda b, a, op: mathlib.sigmoid(b, a[0]),
-    "relu": lambda b, a, op: fmax(b, a[0], ir.Constant(a[0].type, 0.0), ">="),
-    "sqrt": lambda b, a, op: mathlib.sqrt(b, a[0]),
-    "select": lambda b, a, op: b.select(a[0], a[1], a[2]),
+def _fadd(s: Scalar, a: list[ir.Value]) -> ir.Value:
+    return s.b.fadd(*a, flags=("reassoc", "nsz") if s.reassociate else ())
+
+
+PRIMITIVES: dict[str, Callable[[Scalar, list[ir.Value]], ir.Value]] = {
+    "add": lambda s, a: _fadd(s, a) if s.is_float else s.b.add(*a),
+    "sub": lambda s, a: s.b.fsub(*a) if s.is_float else s.b.sub(*a),
+    "mul": lambda s, a: s.b.fmul(*a) if s.is_float else s.b.mul(*a),
+    "div": lambda s, a: s.b.fdiv(*a),
+    "neg": lambda s, a: s.b.fneg(*a) if s.is_float else s.b.neg(*a),
+    "floordiv": _floordiv,
+    **{name: _compare(kind) for name, kind in zip(scalar.COMPARISONS, ("<", "<=", ">", ">=", "==", "!="))},
+    "and": lambda s, a: s.b.and_(*a),
+    "or": lambda s, a: s.b.or_(*a),
+    "select": lambda s, a: s.b.select(*a),
+    # float32 exp and tanh are vectorisable polynomials (mathlib.py); float64 calls libm.
+    "exp": lambda s, a: mathlib.exp(s.b, *a),
+    "log": lambda s, a: mathlib.log(s.b, *a),
+    "tanh": lambda s, a: mathlib.tanh(s.b, *a),
+    "sqrt": lambda s, a: mathlib.sqrt(s.b, *a),
+    "pow": lambda s, a: mathlib.pow(s.b, *a),
+    "abs": lambda s, a: mathlib.fabs(s.b, *a),
     "cast": _cast,
 }
-_INT_OPS: dict[str, Callable] = {
-    # On i1, NumPy's + is `or` and * is `and`.
-    "add": lambda b, a, op: b.add(a[0], a[1]) if a[0].type != I1 else b.or_(a[0], a[1]),
-    "sub": lambda b, a, op: b.sub(a[0], a[1]),
-    "mul": lambda b, a, op: b.mul(a[0], a[1]) if a[0].type != I1 else b.and_(a[0], a[1]),
-    "max": lambda b, a, op: b.select(_icmp(b, "<", a[0], a[1]), a[1], a[0]),
-    "min": lambda b, a, op: b.select(_icmp(b, ">", a[0], a[1]), a[1], a[0]),
-    "neg": lambda b, a, op: b.neg(a[0]),
-    "abs": lambda b, a, op: b.select(b.icmp_signed("<", a[0], ir.Constant(a[0].type, 0)), b.neg(a[0]), a[0]),
-    "relu": lambda b, a, op: b.select(b.icmp_signed(">", a[0], ir.Constant(a[0].type, 0)), a[0],
-                                      ir.Constant(a[0].type, 0)),
-    "select": lambda b, a, op: b.select(a[0], a[1], a[2]),
-    "and": lambda b, a, op: b.and_(a[0], a[1]),
-    "or": lambda b, a, op: b.or_(a[0], a[1]),
-    "cast": _cast,
-}
-for _name, _kind in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="), ("ne", "!=")):
-    _FLOAT_OPS[_name], _INT_OPS[_name] = _cmp(_kind)
+"""ir/scalar.py's primitive -> its LLVM code."""
 
 
 def lower_fused(low: Lowering, op: Operation) -> None:
@@ -569,14 +581,6 @@ def _identity(value: float, dtype: str) -> float | int:
     return info.min if value == -math.inf else info.max if value == math.inf else int(value)
 
 
-def _combiner(kind: str, is_float: bool) -> Callable:
-    """The scalar rule folding an element into a reduction's accumulator: the elementwise op
-    `kind` (`Reduction.combine`); a float sum may be reassociated, so that it vectorises."""
-    if kind == "add" and is_float:
-        return lambda b, a, op: b.fadd(a[0], a[1], flags=("reassoc", "nsz"))
-    return (_FLOAT_OPS if is_float else _INT_OPS)[kind]
-
-
 def lower_reduce(low: Lowering, op: Operation) -> None:
     """Known gap, kept as it is: a reduction over no element stores the identity, where the
     interpreter raises for max/min (`Reduction.empty_is_error`)."""
@@ -591,7 +595,11 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
     low.slot(op.result, op)
     ty = LLVM_TYPES[t.dtype]
     init = ir.Constant(ty, _identity(reduction.identity, t.dtype))
-    combine = _combiner(reduction.combine, t.is_float)
+    combine = REGISTRY[reduction.combine].scalar
+    combine_expr = combine.expr(t.dtype) if combine is not None else None
+    if combine_expr is None:
+        raise GirError(f"the CPU backend cannot combine '{op.name}' elements of {t.dtype}", op.loc)
+    element = Scalar(low, op, t.dtype, reassociate=True)
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
         acc = low.b.alloca(ty)
@@ -604,7 +612,7 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
         with low.loop_nest(red_shape) as ridx:
             v = low.load(low.ptr[x], t.dtype, low.b.add(base, low.linear(ridx, red_strides)))
             a = low.b.load(acc, typ=ty)
-            low.b.store(combine(low.b, [a, v], op), acc)
+            low.b.store(element.build(combine_expr, [a, v]), acc)
         result = low.b.load(acc, typ=ty)
         if reduction.divide_by_count:
             result = low.b.fmul(result, ir.Constant(ty, 1.0 / max(1, math.prod(red_shape))))

@@ -1,6 +1,7 @@
-"""Scalar math for fused loops, as straight-line LLVM IR that the loop vectoriser can widen.
+"""Scalar math for fused loops, as straight-line LLVM IR that the loop vectoriser can widen:
+the CPU's emitters of ir/scalar.py's math primitives (sigmoid is built from tanh there).
 
-float32 exp/tanh/sigmoid are Cephes-style polynomial approximations (a few ulp): LLVM's
+float32 exp/tanh are Cephes-style polynomial approximations (a few ulp): LLVM's
 `llvm.exp.f32` would become a call to libm's expf, which does not vectorise and on an RNN
 step costs as much as the GEMMs. float64 calls libm, so float64 results match NumPy closely.
 """
@@ -71,23 +72,12 @@ def tanh_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_ordered("<", ax, _c(F32, 0.625)), small, big)
 
 
-def sigmoid_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return b.fdiv(_c(F32, 1.0), b.fadd(_c(F32, 1.0), exp_f32(b, b.fneg(x))))
-
-
 def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return exp_f32(b, x) if x.type == F32 else _libm(b, "exp", x)
 
 
 def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return tanh_f32(b, x) if x.type == F32 else _libm(b, "tanh", x)
-
-
-def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    if x.type == F32:
-        return sigmoid_f32(b, x)
-    half = _c(F64, 0.5)  # as the interpreter: 0.5 * (1 + tanh(x / 2))
-    return b.fmul(half, b.fadd(_c(F64, 1.0), _libm(b, "tanh", b.fmul(half, x))))
 
 
 def log(b: ir.IRBuilder, x: ir.Value) -> ir.Value:

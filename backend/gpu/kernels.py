@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import GirError
+from ...ir import scalar
 from ...ir.core import Operation, Value
-from ...ir.types import TensorType
+from ...ir.types import FLOAT_DTYPES, TensorType
 from .device import Device
 
 INDENT = " " * 8
@@ -86,7 +87,7 @@ def _wrap(dtype: str, expr: str) -> str:
 def literal(value: Any, dtype: str) -> str:
     if dtype == "i1":
         return "True" if value else "False"
-    if dtype in ("f32", "f64"):
+    if dtype in FLOAT_DTYPES:
         v = float(value)
         if math.isnan(v):
             return f"{dtype}(NAN)"
@@ -96,66 +97,47 @@ def literal(value: Any, dtype: str) -> str:
     return f"{dtype}({int(value)})"
 
 
-Rule = Callable[[list[str], str], str]
-"""(operand names, result dtype) -> expression."""
+@dataclass
+class Scalar:
+    """Where one element of an op is computed: what the primitive emitters see."""
+
+    source: _Source
+    op: Operation
+    dtype: str
+    """The compute dtype (ir/scalar.py): of the literals and of the primitives' operands."""
+
+    def literal(self, value: float) -> str:
+        return literal(value, self.dtype)
+
+    def primitive(self, name: str, args: list[str]) -> str:
+        return PRIMITIVES[name](self, args)
 
 
-def _binary(symbol: str) -> Rule:
-    return lambda a, t: _wrap(t, f"{a[0]} {symbol} {a[1]}")
+def _binary(symbol: str) -> Callable[[Scalar, list[str]], str]:
+    return lambda s, a: _wrap(s.dtype, f"{a[0]} {symbol} {a[1]}")
 
 
-def _compare(symbol: str) -> Rule:
-    return lambda a, t: f"({a[0]} {symbol} {a[1]})"
+def _compare(symbol: str) -> Callable[[Scalar, list[str]], str]:
+    return lambda s, a: f"({a[0]} {symbol} {a[1]})"
 
 
-FLOAT_RULES: dict[str, Rule] = {
-    "add": _binary("+"),
-    "sub": _binary("-"),
-    "mul": _binary("*"),
-    "div": _binary("/"),
-    "pow": _binary("**"),
-    # NumPy's maximum/minimum: a nan on either side is the result.
-    "max": lambda a, t: f"({a[0]} if {a[0]} > {a[1]} or {a[0]} != {a[0]} else {a[1]})",
-    "min": lambda a, t: f"({a[0]} if {a[0]} < {a[1]} or {a[0]} != {a[0]} else {a[1]})",
-    "neg": lambda a, t: _wrap(t, f"-{a[0]}"),
-    "abs": lambda a, t: _wrap(t, f"abs({a[0]})"),
-    "exp": lambda a, t: f"({literal(math.inf, t)} if {a[0]} > 709.0 else {t}(math.exp({a[0]})))",
-    "log": lambda a, t: (f"({t}(math.log({a[0]})) if {a[0]} > 0 else {literal(-math.inf, t)} if {a[0]} == 0 "
-                         f"else {literal(math.nan, t)})"),
-    "tanh": lambda a, t: f"{t}(math.tanh({a[0]}))",
-    # As the interpreter: 0.5 * (1 + tanh(x / 2)), which never overflows.
-    "sigmoid": lambda a, t: (f"{t}({literal(0.5, t)} * ({literal(1.0, t)} + "
-                             f"{t}(math.tanh({literal(0.5, t)} * {a[0]}))))"),
-    "relu": lambda a, t: f"({a[0]} if {a[0]} > 0 or {a[0]} != {a[0]} else {literal(0.0, t)})",
-    "sqrt": lambda a, t: f"({t}(math.sqrt({a[0]})) if {a[0]} >= 0 else {literal(math.nan, t)})",
-    "select": lambda a, t: f"({a[1]} if {a[0]} else {a[2]})",
-}
-INT_RULES: dict[str, Rule] = {
-    "add": _binary("+"),
-    "sub": _binary("-"),
-    "mul": _binary("*"),
-    "max": lambda a, t: f"({a[0]} if {a[0]} > {a[1]} else {a[1]})",
-    "min": lambda a, t: f"({a[0]} if {a[0]} < {a[1]} else {a[1]})",
-    "neg": lambda a, t: _wrap(t, f"-{a[0]}"),
-    "abs": lambda a, t: _wrap(t, f"abs({a[0]})"),
-    "relu": lambda a, t: f"({a[0]} if {a[0]} > 0 else {literal(0, t)})",
-    "select": lambda a, t: f"({a[1]} if {a[0]} else {a[2]})",
-}
-BOOL_RULES: dict[str, Rule] = {
-    # NumPy on booleans: + is or, * is and, maximum is or, minimum is and.
-    "add": lambda a, t: f"({a[0]} or {a[1]})",
-    "mul": lambda a, t: f"({a[0]} and {a[1]})",
-    "max": lambda a, t: f"({a[0]} or {a[1]})",
-    "min": lambda a, t: f"({a[0]} and {a[1]})",
-    "and": lambda a, t: f"({a[0]} and {a[1]})",
-    "or": lambda a, t: f"({a[0]} or {a[1]})",
-    "select": lambda a, t: f"({a[1]} if {a[0]} else {a[2]})",
-}
-for _name, _symbol in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="), ("ne", "!=")):
-    FLOAT_RULES[_name] = INT_RULES[_name] = BOOL_RULES[_name] = _compare(_symbol)
+def _floordiv(s: Scalar, a: list[str]) -> str:
+    """Floor division; a zero divisor records an error (and gives 0) instead of trapping."""
+    src = s.source
+    site = len(src.error_sites)
+    src.error_sites.append(("integer division by zero", s.op))
+    name = src.temporary()
+    x, y = a
+    src.emit(f"if {y} == 0:")
+    src.emit(f"    err[0] = code + {site}")
+    src.emit(f"    {name} = {literal(0, s.dtype)}")
+    src.emit("else:")
+    src.emit(f"    {name} = {s.dtype}({x} // {y})")
+    return name
 
 
-def _cast(a: list[str], src: str, dst: str) -> str:
+def _cast(s: Scalar, a: list[str]) -> str:
+    src, dst = s.dtype, s.op.result.tensor_type.dtype
     if src == dst:
         return a[0]
     if dst == "i1":
@@ -163,6 +145,30 @@ def _cast(a: list[str], src: str, dst: str) -> str:
     if src == "i1":
         return f"({literal(1, dst)} if {a[0]} else {literal(0, dst)})"
     return f"{dst}({a[0]})"  # float -> int truncates; int -> int wraps
+
+
+PRIMITIVES: dict[str, Callable[[Scalar, list[str]], str]] = {
+    "add": _binary("+"),
+    "sub": _binary("-"),
+    "mul": _binary("*"),
+    "div": _binary("/"),
+    "pow": _binary("**"),
+    "neg": lambda s, a: _wrap(s.dtype, f"-{a[0]}"),
+    "floordiv": _floordiv,
+    **{name: _compare(symbol) for name, symbol in zip(scalar.COMPARISONS, ("<", "<=", ">", ">=", "==", "!="))},
+    "and": lambda s, a: f"({a[0]} and {a[1]})",
+    "or": lambda s, a: f"({a[0]} or {a[1]})",
+    "select": lambda s, a: f"({a[1]} if {a[0]} else {a[2]})",
+    # Python's math raises where CUDA gives inf or nan: guard those arguments.
+    "exp": lambda s, a: f"({literal(math.inf, s.dtype)} if {a[0]} > 709.0 else {s.dtype}(math.exp({a[0]})))",
+    "log": lambda s, a: (f"({s.dtype}(math.log({a[0]})) if {a[0]} > 0 else {literal(-math.inf, s.dtype)} "
+                         f"if {a[0]} == 0 else {literal(math.nan, s.dtype)})"),
+    "sqrt": lambda s, a: f"({s.dtype}(math.sqrt({a[0]})) if {a[0]} >= 0 else {literal(math.nan, s.dtype)})",
+    "tanh": lambda s, a: f"{s.dtype}(math.tanh({a[0]}))",
+    "abs": lambda s, a: _wrap(s.dtype, f"abs({a[0]})"),
+    "cast": _cast,
+}
+"""ir/scalar.py's primitive -> its Python expression (statements, for floordiv)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,32 +234,20 @@ class _Source:
             self.emit(f"{name} = {literal(value, t.dtype)}")
             self.names[op.result] = name
             return
-        args = [self.names[v] for v in op.operands]
-        src = op.operands[0].tensor_type.dtype if op.name != "select" else op.operands[1].tensor_type.dtype
+        semantics = op.spec.scalar
+        dtype = semantics.compute_dtype(op) if semantics is not None else t.dtype
+        expr = semantics.expr(dtype) if semantics is not None else None
+        if expr is None:
+            raise GirError(f"the GPU backend has no kernel code for '{op.name}' on {dtype}", op.loc)
+        element = Scalar(self, op, dtype)
+        value = scalar.build(expr, [self.names[v] for v in op.operands], element.literal, element.primitive)
         self.names[op.result] = name
-        if op.name == "div" and src in ("i32", "i64"):
-            self._int_div(op, args, t.dtype, name)
-            return
-        if op.name == "cast":
-            expr = _cast(args, src, t.dtype)
-        else:
-            rules = FLOAT_RULES if src in ("f32", "f64") else BOOL_RULES if src == "i1" else INT_RULES
-            rule = rules.get(op.name)
-            if rule is None:
-                raise GirError(f"the GPU backend has no kernel code for '{op.name}' on {src}", op.loc)
-            expr = rule(args, t.dtype)
-        self.emit(f"{name} = {expr}")
+        self.emit(f"{name} = {value}")
 
-    def _int_div(self, op: Operation, args: list[str], dtype: str, name: str) -> None:
-        """Floor division; a zero divisor records an error (and gives 0) instead of trapping."""
-        site = len(self.error_sites)
-        self.error_sites.append(("integer division by zero", op))
-        a, b = args
-        self.emit(f"if {b} == 0:")
-        self.emit(f"    err[0] = code + {site}")
-        self.emit(f"    {name} = {literal(0, dtype)}")
-        self.emit("else:")
-        self.emit(f"    {name} = {dtype}({a} // {b})")
+    def temporary(self) -> str:
+        """A fresh name for a value a primitive computes in statements."""
+        self.count += 1
+        return f"v{self.count - 1}"
 
 
 NUMBA_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
