@@ -5,8 +5,8 @@ types, as the printer prints them (elementwise ops and matmuls over 8x8 f32 valu
 reports, median of 3:
 
 - parse: `gir.parse(text)`, everything: the Lark LALR parse (with the one-regex lexer of
-  frontend/lexer.py and the transformer that builds statement tuples), emitting IR, verifying;
-- its parts: Lark parse alone, emit alone (tuples -> IR), verify alone;
+  frontend/lexer.py and the transformer that builds the typed AST), emitting IR, verifying;
+- its parts: Lark parse alone, emit alone (AST -> IR), verify alone;
 - print: `print_module` of the parsed module.
 
 GC is disabled while the IR is built (as `gir.parse` does); verify and print run with GC on.

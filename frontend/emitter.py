@@ -21,7 +21,7 @@ from lark import Token
 
 from ..errors import GirSyntaxError, GirTypeError, Location
 from ..ir.core import Block, Function, Module, Operation, Region, Value
-from ..ir.ops import REGISTRY, declared_matches, make_op
+from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY, declared_matches, make_op
 from ..ir.printer import format_attr
 from ..ir.types import FLOAT_DTYPES, TensorType, VarType
 from . import ast
@@ -255,7 +255,7 @@ class _FunctionEmitter:
         spec = REGISTRY.get(name)
         if spec is None:
             raise GirTypeError(f"unknown op '{name}'", self.loc(g.name))
-        if spec.category == "structural" and name not in ("var", "load", "store"):
+        if spec.own_syntax:
             raise GirTypeError(f"'{name}' has its own syntax; see docs/language.md", self.loc(g.name))
         attrs = g.attrs
         if g.literal is not None:
@@ -425,8 +425,8 @@ class _FunctionEmitter:
 
     def builtin(self, e: ast.Builtin) -> Value:
         name = str(e.name)
-        if name in ("max", "min") and len(e.args) == 1:
-            name = "reduce_" + name
+        if len(e.args) == 1:
+            name = ONE_ARGUMENT_ALIASES.get(name, name)
         spec = REGISTRY.get(name)
         if spec is None or spec.category == "structural":
             raise GirTypeError(f"unknown function '{name}'", self.loc(e.name))
@@ -434,7 +434,7 @@ class _FunctionEmitter:
         integer = frozenset(spec.operands.index(o) for o in spec.integer_operands)
         values = self.operands_of(e.args, skip=1 if name == "select" else 0, integer=integer)
         declared = None
-        if name in ("cast", "zeros", "ones", "fill", "constant"):
+        if spec.written_type:
             declared = [self.declared_type(e.name, name, kwargs, values)]
         return self.op(name, values, e.name, attrs=kwargs, declared=declared).result
 

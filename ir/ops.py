@@ -309,7 +309,7 @@ def _infer_cast(ctx: InferContext) -> list[Type]:
     return [src.with_dtype(t.dtype)]
 
 
-register(OpSpec("cast", "converts the dtype: `cast %x : tensor<4xf64>`", ("x",), _infer_cast,
+register(OpSpec("cast", "converts the dtype: `cast %x : tensor<4xf64>`", ("x",), _infer_cast, written_type=True,
                 kernel=lambda op, x: x.astype(op.result.tensor_type.numpy_dtype),
                 category="elementwise", gpu=True, flops=_elementwise_flops, same_type_is_identity=True))
 
@@ -375,7 +375,7 @@ def splat_value(v: Value) -> Any | None:
 
 register(OpSpec("constant", "a literal; a scalar literal fills the whole type",
                 (), _infer_constant, kernel=_constant_kernel, attrs={"value": REQUIRED},
-                category="constant", literal=True, gpu=True, splat=_constant_splat))
+                category="constant", literal=True, gpu=True, splat=_constant_splat, written_type=True))
 
 
 def _infer_declared(ctx: InferContext) -> list[Type]:
@@ -385,10 +385,10 @@ def _infer_declared(ctx: InferContext) -> list[Type]:
     return [t]
 
 
-register(OpSpec("zeros", "a tensor of zeros", (), _infer_declared, category="constant", gpu=True,
+register(OpSpec("zeros", "a tensor of zeros", (), _infer_declared, category="constant", gpu=True, written_type=True,
                 splat=lambda op: 0,
                 kernel=lambda op: np.zeros(op.result.tensor_type.shape, op.result.tensor_type.numpy_dtype)))
-register(OpSpec("ones", "a tensor of ones", (), _infer_declared, category="constant", gpu=True,
+register(OpSpec("ones", "a tensor of ones", (), _infer_declared, category="constant", gpu=True, written_type=True,
                 splat=lambda op: 1,
                 kernel=lambda op: np.ones(op.result.tensor_type.shape, op.result.tensor_type.numpy_dtype)))
 
@@ -401,7 +401,7 @@ def _infer_fill(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("fill", "a tensor filled with a scalar value", ("value",), _infer_fill, gpu=True,
-                category="constant", splat=lambda op: splat_value(op.operands[0]),
+                category="constant", splat=lambda op: splat_value(op.operands[0]), written_type=True,
                 kernel=lambda op, v: np.full(op.result.tensor_type.shape, v, op.result.tensor_type.numpy_dtype)))
 
 
@@ -449,9 +449,13 @@ def _infer_transpose(ctx: InferContext) -> list[Type]:
 
 
 def _transpose_view(op: Operation) -> int | None:
-    """A 2-D transpose read only by ops that read a transposed operand as it is (a GEMM's flag)."""
+    """A 2-D transpose read only by GEMMs, which read a transposed operand as it is (their
+    transpose flag). Integer products are no GEMM (no BLAS) and read the transpose's copy."""
     r = op.result
-    if r.uses and r.tensor_type.rank == 2 and all(u.spec.reads_transposed for u, _ in r.uses):
+    t = r.tensor_type
+    if t.rank != 2 or _transpose_perm(op.attrs, 2) != [1, 0]:
+        return None  # perm = [0, 1] is a copy, not a transpose the GEMM's flag could stand for
+    if r.uses and all(u.spec.reads_transposed and t.dtype in u.spec.gemm_dtypes for u, _ in r.uses):
         return 0
     return None
 
@@ -620,22 +624,24 @@ def _infer_reduce(ctx: InferContext) -> list[Type]:
     return [t.with_shape(shape)]
 
 
-def _reduction(name: str, summary: str, fn: Callable[..., np.ndarray], reduction: Reduction) -> None:
+def _reduction(name: str, summary: str, fn: Callable[..., np.ndarray], reduction: Reduction,
+               alias: str | None = None) -> None:
     def kernel(op: Operation, x: np.ndarray) -> np.ndarray:
         axes = tuple(reduction_axes(op.attrs, x.ndim))
         return np.asarray(fn(x, axis=axes, keepdims=op.attrs["keepdims"]), dtype=x.dtype)
 
     register(OpSpec(name, summary, ("x",), _infer_reduce, kernel=kernel,
                     attrs={"axes": None, "keepdims": False}, category="reduction", gpu=True, reduction=reduction,
+                    one_argument_alias=alias,
                     flops=lambda op: op.operands[0].tensor_type.num_elements() or 0))
 
 
 _reduction("sum", "sum over axes (all by default)", np.sum, Reduction("add", 0.0))
 _reduction("mean", "mean over axes (all by default)", np.mean, Reduction("add", 0.0, divide_by_count=True))
 _reduction("reduce_max", "maximum over axes (surface: max(%x))", np.max,
-           Reduction("max", -math.inf, empty_is_error=True))
+           Reduction("max", -math.inf, empty_is_error=True), alias="max")
 _reduction("reduce_min", "minimum over axes (surface: min(%x))", np.min,
-           Reduction("min", math.inf, empty_is_error=True))
+           Reduction("min", math.inf, empty_is_error=True), alias="min")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,9 +659,9 @@ def _infer_declared_any(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("return", "ends a function: `return %a, %b`", ("values*",), _no_results,
-                pure=False, terminator=True, category="structural"))
+                pure=False, terminator=True, category="structural", own_syntax=True))
 register(OpSpec("yield", "ends a loop body: `yield (%carry, ...) stack (%v, ...)`", ("carries*", "stacks*"),
-                _no_results, pure=False, terminator=True, category="structural"))
+                _no_results, pure=False, terminator=True, category="structural", own_syntax=True))
 def _grad_results(op: Operation, args: Sequence[Type], results: Sequence[Type]) -> list[Type]:
     """The callee's scalar result, then one gradient per `wrt` position, typed as that argument."""
     return list(results[:1]) + [args[p] for p in op.attrs["wrt"]]
@@ -663,10 +669,10 @@ def _grad_results(op: Operation, args: Sequence[Type], results: Sequence[Type]) 
 
 register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("args*",), _infer_declared_any,
                 attrs={"callee": REQUIRED}, category="structural",
-                callee_results=lambda op, args, results: list(results)))
+                callee_results=lambda op, args, results: list(results), own_syntax=True))
 register(OpSpec("grad", "f's scalar result and its gradients wrt the listed argument positions",
                 ("args*",), _infer_declared_any, attrs={"callee": REQUIRED, "wrt": REQUIRED},
-                category="structural", callee_results=_grad_results))
+                category="structural", callee_results=_grad_results, own_syntax=True))
 
 
 def _infer_var(ctx: InferContext) -> list[Type]:
@@ -755,12 +761,12 @@ register(OpSpec("scan", "a loop with sequences, carries and stacked outputs (as 
                 ("sequences*", "inits*"), _infer_loop, attrs={"reverse": False, "length": None},
                 num_regions=1, category="structural", loop=True, region_arg_types=_loop_arg_types,
                 block_args=("elements*=sequences", "carries*=inits"),
-                results=("finals*=inits", "stacks*=yield.stacks")))
+                results=("finals*=inits", "stacks*=yield.stacks"), own_syntax=True))
 register(OpSpec("for", "a pre-SSA loop over sequences; the body may load and store variables",
                 ("sequences*",), _infer_loop, attrs={"reverse": False, "length": None},
                 num_regions=1, pure=False, category="structural", loop=True, pre_ssa=True,
                 region_arg_types=_loop_arg_types,
-                block_args=("elements*=sequences",), results=("stacks*=yield.stacks",)))
+                block_args=("elements*=sequences",), results=("stacks*=yield.stacks",), own_syntax=True))
 def _infer_fused(ctx: InferContext) -> list[Type]:
     block = ctx.regions[0].block if ctx.regions else None
     if block is None:
@@ -779,7 +785,7 @@ def _infer_fused(ctx: InferContext) -> list[Type]:
 register(OpSpec("fused", "elementwise ops run as one loop nest: `fused (%a = %x) { ... yield (%r) }`",
                 ("inputs*",), _infer_fused, num_regions=1, category="structural", gpu=True,
                 region_arg_types=lambda ctx: list(ctx.types),
-                block_args=("inputs*=inputs",), results=("outputs*=yield.carries",)))
+                block_args=("inputs*=inputs",), results=("outputs*=yield.carries",), own_syntax=True))
 register(OpSpec("transfer", "moves a tensor to a device: `transfer %x {device = \"gpu\"}`", ("x",),
                 _infer_unary, attrs={"device": REQUIRED}, category="layout", kernel=lambda op, x: x,
                 view=lambda op: 0, moves_device=True))
@@ -801,3 +807,7 @@ def _install_scalar_semantics() -> None:
 
 
 _install_scalar_semantics()
+
+
+ONE_ARGUMENT_ALIASES: dict[str, str] = {s.one_argument_alias: n for n, s in REGISTRY.items() if s.one_argument_alias}
+"""Function name called with one argument -> the op it means (`max(%x)` -> `reduce_max`)."""

@@ -100,6 +100,15 @@ class OpSpec:
     """Named groups of the results; empty: the results are not grouped."""
     literal: bool = False
     """The op is written with a leading literal: `constant 0.0 : tensor<f32>`."""
+    own_syntax: bool = False
+    """Written in a form of its own (`scan (...) carry (...) {...}`, `call @f(...)`, `return`),
+    never in the generic form `name %a, %b {attrs} : T`."""
+    written_type: bool = False
+    """Its result type is written, not inferred from operands: `: T` in the generic form, `dtype=`
+    and `shape=` when called as a function (`zeros(shape=[2], dtype="f32")`)."""
+    one_argument_alias: str | None = None
+    """The function name that means this op when called with one argument (`max(%x)` is
+    `reduce_max`; `max(%a, %b)` is the elementwise `max`)."""
     commutative: bool = False
     vjp: Callable[..., Any] | None = None
     """Filled by autodiff's rule table (one line per op)."""
@@ -120,7 +129,8 @@ class OpSpec:
     """The operand whose memory the result may read where it is (no copy, no buffer of its own),
     or None; memplan and both backends follow this one rule (`view_source`)."""
     reads_transposed: bool = False
-    """Reads a 2-D operand made by `transpose` without the copy (a GEMM's transpose flag)."""
+    """Run as a GEMM (operand dtype in `gemm_dtypes`), reads a 2-D operand made by `transpose`
+    without the copy (the GEMM's transpose flag)."""
     gemm_dtypes: tuple[str, ...] = ()
     """Dtypes for which the CPU backend runs the op as a BLAS GEMM."""
     reduction: Reduction | None = None
