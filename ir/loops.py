@@ -20,14 +20,13 @@ results or block arguments apart by position.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .core import Block, BlockArgument, Operation, OpResult, Value
 from .types import Dim
 
 
-@dataclass(frozen=True)
-class Carry:
+class Carry(NamedTuple):
     """One carry of a scan: its initial value, body argument, yielded value and final result."""
 
     init: Value
@@ -37,13 +36,26 @@ class Carry:
 
 
 class LoopView:
-    """A typed view of a `scan` or `for` op (an op whose spec says `loop`)."""
+    """A typed view of a `scan` or `for` op (an op whose spec says `loop`).
+
+    The loop specs (ir/ops.py) declare the layout: operands `sequences*, inits*`, body arguments
+    `elements*` (one per sequence) then `carries*` (one per init), results `finals*` (one per
+    init) then `stacks*` (one per yielded stack), the yield's `carries*` then `stacks*`. The
+    view reads the group sizes from the spec and takes the op apart here, the one place that
+    does (tests/test_ir_core.py checks it against the spec's generic `arg_group` and
+    `result_group`); it is cheap because passes make one per scan visit."""
 
     __slots__ = ("op",)
 
     def __init__(self, op: Operation):
         assert op.spec.loop, f"{op.name} is not a loop"
         self.op = op
+
+    def _sizes(self) -> tuple[int, int]:
+        """(number of sequences, number of carries)."""
+        op = self.op
+        spec = op.spec
+        return spec.group_size(op, "sequences"), spec.group_size(op, "inits")
 
     @property
     def is_scan(self) -> bool:
@@ -60,11 +72,13 @@ class LoopView:
 
     @property
     def sequences(self) -> list[Value]:
-        return self.op.group("sequences")
+        n_seq, _ = self._sizes()
+        return self.op.operands[:n_seq]
 
     @property
     def inits(self) -> list[Value]:
-        return self.op.group("inits") if self.is_scan else []
+        n_seq, n_carry = self._sizes()
+        return self.op.operands[n_seq : n_seq + n_carry]
 
     @property
     def body(self) -> Block:
@@ -72,11 +86,13 @@ class LoopView:
 
     @property
     def element_args(self) -> list[BlockArgument]:
-        return self.op.arg_group("elements")
+        n_seq, _ = self._sizes()
+        return self.op.body.args[:n_seq]
 
     @property
     def carry_args(self) -> list[BlockArgument]:
-        return self.op.arg_group("carries") if self.is_scan else []
+        n_seq, n_carry = self._sizes()
+        return self.op.body.args[n_seq : n_seq + n_carry]
 
     @property
     def yield_op(self) -> Operation:
@@ -95,16 +111,21 @@ class LoopView:
 
     @property
     def final_carries(self) -> list[OpResult]:
-        return self.op.result_group("finals") if self.is_scan else []
+        _, n_carry = self._sizes()
+        return self.op.results[:n_carry]
 
     @property
     def stacked_results(self) -> list[OpResult]:
-        return self.op.result_group("stacks")
+        _, n_carry = self._sizes()
+        return self.op.results[n_carry:]
 
     @property
     def carries(self) -> list[Carry]:
-        return [Carry(*parts) for parts in zip(self.inits, self.carry_args, self.yielded_carries,
-                                               self.final_carries)]
+        op = self.op
+        n_seq, n_carry = self._sizes()
+        return [Carry(*parts) for parts in zip(op.operands[n_seq : n_seq + n_carry],
+                                               op.body.args[n_seq : n_seq + n_carry],
+                                               self.yielded_carries, op.results[:n_carry])]
 
     @property
     def trip_count(self) -> Dim:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from .types import TensorType, Type
@@ -161,48 +161,72 @@ class OpSpec:
         n_variadic = sum(o.endswith("*") for o in self.operands)
         return len(self.operands) - n_variadic, n_variadic
 
+    @cached_property
+    def _operand_index(self) -> dict[str, int]:
+        return {o.rstrip("*"): i for i, o in enumerate(self.operands)}
+
+    @cached_property
+    def _variadic(self) -> tuple[bool, ...]:
+        return tuple(o.endswith("*") for o in self.operands)
+
     def segment_range(self, n_operands: int, segments: tuple[int, ...], name: str) -> tuple[int, int]:
-        names = [o.rstrip("*") for o in self.operands]
-        if name not in names:
+        """(start, size) of operand group `name` in an op with n_operands and these segments."""
+        i = self._operand_index.get(name)
+        if i is None:
             raise KeyError(f"{self.name} has no operand group {name!r}")
-        variadic = [o.endswith("*") for o in self.operands]
-        if sum(variadic) <= 1:
-            n_fixed = len(self.operands) - sum(variadic)
-            sizes = [(n_operands - n_fixed) if v else 1 for v in variadic]
-        else:
-            it = iter(segments)
-            sizes = [next(it) if v else 1 for v in variadic]
-        i = names.index(name)
+        variadic = self._variadic
+        n_fixed, n_variadic = self.arity
+        if n_variadic == 0:
+            return i, 1
+        if n_variadic == 1:
+            rest = n_operands - n_fixed
+            return sum(rest if v else 1 for v in variadic[:i]), rest if variadic[i] else 1
+        it = iter(segments)
+        sizes = [next(it) if v else 1 for v in variadic]
         return sum(sizes[:i]), sizes[i]
 
     def segment_of(self, op: Operation, name: str) -> tuple[int, int]:
         return self.segment_range(len(op.operands), op.segments, name)
 
     def has_operand_group(self, name: str) -> bool:
-        return any(o.rstrip("*") == name for o in self.operands)
+        return name in self._operand_index
 
     def derived_range(self, op: Operation, groups: tuple[str, ...], total: int, name: str) -> tuple[int, int]:
         """(start, size) of group `name` among `groups` (block_args or results) of op."""
-        sizes: list[int | None] = []
-        names: list[str] = []
-        for g in groups:
-            gname, _, like = g.partition("=")
-            names.append(gname.rstrip("*"))
-            sizes.append(self._sized_like(op, like) if like else (None if gname.endswith("*") else 1))
+        names, likes, variadic = _parse_groups(groups)
         if name not in names:
             raise KeyError(f"{self.name} has no group {name!r}")
-        known = sum(s for s in sizes if s is not None)
-        resolved = [total - known if s is None else s for s in sizes]
         i = names.index(name)
-        return sum(resolved[:i]), resolved[i]
+        sizes = [self._sized_like(op, like) if like else (None if star else 1)
+                 for like, star in zip(likes[: i + 1], variadic[: i + 1])]
+        if None in sizes:  # the one unsized group takes what the others leave
+            rest = [self._sized_like(op, like) if like else (0 if star else 1)
+                    for like, star in zip(likes[i + 1:], variadic[i + 1:])]
+            known = sum(s for s in sizes if s is not None) + sum(rest)
+            sizes = [total - known if s is None else s for s in sizes]
+        return sum(sizes[:i]), sizes[i]  # type: ignore[arg-type]
+
+    @cached_property
+    def _variadic_index(self) -> dict[str, int]:
+        """Variadic operand group name -> its index in `segments`."""
+        names = [o.rstrip("*") for o in self.operands if o.endswith("*")]
+        return {name: k for k, name in enumerate(names)}
+
+    def group_size(self, op: Operation, name: str) -> int:
+        """The number of operands of op's group `name` (0 when the spec has no such group)."""
+        i = self._operand_index.get(name)
+        if i is None:
+            return 0
+        if not self._variadic[i]:
+            return 1
+        n_fixed, n_variadic = self.arity
+        return len(op.operands) - n_fixed if n_variadic == 1 else op.segments[self._variadic_index[name]]
 
     def _sized_like(self, op: Operation, like: str) -> int:
         if like.startswith("yield."):
             term = op.regions[0].block.terminator
-            return 0 if term is None else len(term.group(like[len("yield."):]))
-        if not self.has_operand_group(like):
-            return 0
-        return self.segment_of(op, like)[1]
+            return 0 if term is None else term.spec.group_size(term, like[6:])
+        return self.group_size(op, like)
 
     @property
     def interprocedural(self) -> bool:
@@ -211,6 +235,14 @@ class OpSpec:
     @property
     def is_elementwise(self) -> bool:
         return self.category == "elementwise"
+
+
+@cache
+def _parse_groups(groups: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[bool, ...]]:
+    """`("carries*=inits", "stacks*")` -> (names, the group each is sized like, variadic flags)."""
+    parts = [g.partition("=") for g in groups]
+    return (tuple(head.rstrip("*") for head, _, _ in parts), tuple(like for _, _, like in parts),
+            tuple(head.endswith("*") for head, _, _ in parts))
 
 
 REQUIRED = object()

@@ -28,8 +28,9 @@ UNTYPED_DEF = re.compile(r"""getattr\([^,\n]+,\s*["']op["']""")
 TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore")
 
 
-GROUPS = {ROOT / "ir" / "core.py", ROOT / "ir" / "spec.py"}
-"""Where named groups are implemented (by position, once); everything else reads them by name."""
+GROUPS = {ROOT / "ir" / "core.py", ROOT / "ir" / "spec.py", ROOT / "ir" / "loops.py"}
+"""Where named groups and the loop view are implemented (by position, once); everything else
+reads them by name."""
 
 
 def _files(parts: list[str]) -> list[Path]:

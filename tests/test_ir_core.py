@@ -122,7 +122,16 @@ def test_loop_view_names_every_group() -> None:
     for c in view.carries:
         assert c.arg.type == c.init.type == c.result.type
     assert view.trip_count == 50
+    # The view takes the op apart by the layout the spec declares: the same as its generic groups.
+    assert view.element_args == scan.arg_group("elements") and view.carry_args == scan.arg_group("carries")
+    assert view.final_carries == scan.result_group("finals") and view.stacked_results == scan.result_group("stacks")
+    assert view.sequences == scan.group("sequences") and view.inits == scan.group("inits")
     assert as_loop(next(op for op in module.walk() if op.name == "add")) is None
+    pre_ssa = gir.load(str(ROOT / "examples" / "rnn.gir"))
+    loop = next(op for op in pre_ssa.walk() if op.name == "for")
+    view = LoopView(loop)
+    assert not view.is_scan and view.inits == view.carry_args == view.final_carries == view.carries == []
+    assert view.element_args == loop.arg_group("elements") and view.stacked_results == loop.result_group("stacks")
 
 
 def test_spec_facts_replace_name_lists() -> None:
