@@ -92,6 +92,9 @@ PRIMITIVES: dict[str, int] = {
 """Every primitive and its arity (the module docstring says what each computes)."""
 
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+APPROXIMATE = frozenset(("exp", "log", "tanh", "sqrt", "pow"))
+"""Primitives a backend may compute within a few ulp of NumPy (the CPU's float32 polynomials);
+every other primitive is exact, signed zeros included."""
 
 
 def _prim(name: str) -> Callable[..., Prim]:
@@ -131,6 +134,16 @@ class ScalarSemantics:
     def expr(self, dtype: str) -> Expr | None:
         """The expression on compute dtype `dtype`, or None when the op does not take it."""
         return self.by_class.get(dtype_class(dtype))
+
+    def approximate(self, dtype: str) -> bool:
+        """Whether the result on `dtype` may differ from NumPy's by a few ulp (it uses an
+        APPROXIMATE primitive)."""
+        expr = self.expr(dtype)
+        return expr is not None and _uses(expr, APPROXIMATE)
+
+
+def _uses(expr: Expr, names: frozenset[str]) -> bool:
+    return isinstance(expr, Prim) and (expr.name in names or any(_uses(a, names) for a in expr.args))
 
 
 # ---------------------------------------------------------------------------------------------
