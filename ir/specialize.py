@@ -9,8 +9,14 @@ is specialised on the argument types at the call site (one copy per distinct sig
 first keeps the callee's name, later ones are named `@f.1`, `@f.2`). Only the entry and the
 functions it reaches are in the result. The input module is not changed.
 
-A pre-SSA `var` declared with `?` dims takes the type of its first `store` (the emitter stores
-a variable's first value right after declaring it, before any load).
+A pre-SSA `var` declared with `?` dims takes the type of the values stored into it. The
+specialiser walks each function in program order, as the `ssa` pass does, keeping the type of
+every variable's current value: a `load` reads the variable of that type. Where one `?`
+variable is stored with different static shapes (`%c = %a` then `%c = %b`, with `%a` and `%b`
+both `tensor<?x3xf64>` given 2 and 4 rows), it is split into one `var` per shape, declared
+next to the first; each store writes the one of its value's type. A loop-carried variable must
+have the same shape at the end of a step as before the loop (a scan's carry has one type); a
+variable first stored in a loop body is local to each step, as in the `ssa` pass.
 
 Errors are the type errors `make_op` raises, at the op whose types no longer agree.
 """
@@ -36,6 +42,12 @@ class _Specializer:
         self.source = module
         self.done: dict[tuple[str, tuple[TensorType, ...]], Function] = {}
         self.names: set[str] = set()
+        self.var_by_type: dict[Value, dict[TensorType, Value]] = {}
+        """A `?` variable of the result -> its variable for each type stored into it (itself first)."""
+        self.declared: dict[Value, TensorType] = {}
+        """A `?` variable of the result -> the type its `var` op declared."""
+        self.current: dict[Value, TensorType] = {}
+        """A `?` variable of the result -> the type of its current value, at the op being rebuilt."""
 
     def run(self, entry: str, arg_types: list[TensorType]) -> Module:
         self.function(entry, arg_types)
@@ -76,7 +88,9 @@ class _Specializer:
         attrs = dict(op.attrs)
         declared = [r.type for r in op.results]
         if op.name == "store":
-            _retype_var(operands[0], operands[1])
+            operands[0] = self.store_var(operands[0], operands[1].tensor_type)
+        elif op.name == "load":
+            operands[0] = self.load_var(operands[0])
         regions = self.regions(op, operands, value_map)
         if spec.callee_results is not None:
             callee = self.function(attrs["callee"], [v.tensor_type for v in operands])
@@ -94,6 +108,12 @@ class _Specializer:
         rule = op.spec.region_arg_types
         assert rule is not None, f"'{op.name}' has a region but no region_arg_types rule"
         ctx = InferContext(op.spec, [v.type for v in operands], op.attrs, None, (), op.segments)
+        stored = list(dict.fromkeys(value_map[s.operands[0]] for s in op.walk()
+                                    if s.name == "store" and s.operands[0] in value_map))
+        before = {v: self.current[v] for v in stored if v in self.current}
+        for v in stored:  # stored in the body and not before: local to each step
+            if v not in before:
+                self.current.pop(v, None)
         out = []
         for region in op.regions:
             old = region.block
@@ -101,12 +121,38 @@ class _Specializer:
             value_map.update(zip(old.args, block.args))
             self.block(old, block, value_map)
             out.append(Region(block))
+        for v in stored:
+            if v not in before:
+                self.current.pop(v, None)
+            elif self.current.get(v) != before[v]:
+                name = v.name_hint or "?"
+                raise GirTypeError(f"%{name} holds {before[v]} before the loop and {self.current.get(v)} after a "
+                                   "step: a value carried through a loop keeps its shape", op.loc)
         return out
 
+    def store_var(self, var: Value, t: TensorType) -> Value:
+        """The variable a store of a t into var writes: var itself, or var's split of type t."""
+        by_type = self.var_by_type.get(var)
+        if by_type is None:
+            held = var.type
+            if not isinstance(held, VarType) or held.held.is_static or not refines(t, held.held):
+                return var  # a static variable keeps its type; make_op checks the store
+            var.type = VarType(t)  # the first store gives a `?` variable its type
+            self.declared[var] = held.held
+            by_type = self.var_by_type[var] = {t: var}
+        if not refines(t, self.declared[var]):
+            return var  # make_op reports the store of a wrong type
+        self.current[var] = t
+        split = by_type.get(t)
+        if split is None:
+            decl = var.defining_op
+            assert decl is not None and decl.parent is not None
+            new = make_op("var", [], {}, (), decl.loc, [t], (), [var.name_hint])
+            decl.parent.insert_after(decl, new)
+            split = by_type[t] = new.result
+        return split
 
-def _retype_var(var: Value, value: Value) -> None:
-    """A `?` variable takes the (more precise) type of the value stored into it."""
-    t = var.type
-    if isinstance(t, VarType) and not t.held.is_static and isinstance(value.type, TensorType) \
-            and value.type != t.held and refines(value.type, t.held):
-        var.type = VarType(value.type)
+    def load_var(self, var: Value) -> Value:
+        """The variable holding var's current value (var itself when it was never split)."""
+        t = self.current.get(var)
+        return var if t is None else self.var_by_type[var][t]
