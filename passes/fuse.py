@@ -18,6 +18,10 @@ as an op outside it reads one of its values, so the fused op can stand where its
 stood (every outside reader comes later; every input was defined earlier). Splat constants
 read by a group are copied into it, so backends see literals. Values read after the group
 become its results; the rest live only in registers.
+
+Loop bodies are fused in turn; an existing `fused` op (a structural region op, not
+elementwise) is left as it is, neither joined nor entered, so the pass is idempotent:
+`fuse,fuse` gives what `fuse` gives.
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
 
     for index, op in enumerate(block):
         position[op] = index
-        for region in op.regions:
-            fuse_block(rw, region.block)
+        if op.spec.loop:  # a loop body is a block of its own; a `fused` body is a group already
+            fuse_block(rw, op.body)
         joined: _Group | None = None
         if _fusable(op):
             # Join every open operand group of this shape: open groups have no outside readers

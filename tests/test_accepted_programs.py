@@ -5,11 +5,16 @@ all), and each pass is checked to leave IR the verifier accepts.
 - `?` dims and reassigned names: gir.jit specialises a `?` signature by re-inferring every
   type (ir/specialize.py), so a variable declared `tensor<?x3xf64>` takes the shapes of the
   values stored into it, one `var` per shape where they differ.
+- `fused` ops written by hand (docs/language.md's `@fused_group`) or made by an earlier `fuse`:
+  `fuse` neither joins nor enters them, so `fuse,fuse` prints what `fuse` prints.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gir
+import gir.cli
 import numpy as np
 import pytest
 from gir.ir.specialize import specialize
@@ -17,6 +22,8 @@ from gir.ir.types import TensorType
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import DEFAULT_PIPELINE
 from gir.testing import assert_all_close
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -174,3 +181,45 @@ def test_carry_changing_shape_is_a_type_error() -> None:
     assert_all_close(fn(*args), oracle(source, "f", args))
     with pytest.raises(gir.GirTypeError, match="%c holds tensor<2xf64> before the loop and tensor<4xf64>"):
         fn(normal(rng, 2), normal(rng, 3, 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# `fuse` leaves existing `fused` ops alone (passes/fuse.py)
+
+FUSED_GROUP = """
+func @fused_group(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
+  %r, %s = fused (%a = %x, %b = %y) {
+    %c = constant 2.0 : tensor<f32>
+    %0 = add %a, %b : tensor<4xf32>
+    %1 = mul %0, %c : tensor<4xf32>
+    yield (%1, %0)
+  } : tensor<4xf32>, tensor<4xf32>
+  return %r
+}
+"""
+
+
+def gir_opt(capsys: pytest.CaptureFixture[str], path: Path, pipeline: str) -> str:
+    """`gir opt -p PIPELINE FILE`'s output (the pass manager verifies the IR after each pass)."""
+    assert gir.cli.main(["opt", "-p", pipeline, str(path)]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_docs_fused_group_compiles() -> None:
+    """The `@fused_group` example of docs/language.md: a hand-written `fused` op is not fused again."""
+    rng = np.random.default_rng(6)
+    check_jit(FUSED_GROUP, "fused_group", [[normal(rng, 4, dtype=np.float32), normal(rng, 4, dtype=np.float32)]])
+
+
+@pytest.mark.parametrize("source", ["fused_group", "rnn.gir", "lstm.gir"])
+def test_fuse_is_idempotent(source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fuse,fuse` prints what `fuse` prints: the second run finds nothing to group."""
+    path = REPO / "examples" / source if source.endswith(".gir") else tmp_path / "f.gir"
+    if not source.endswith(".gir"):
+        path.write_text(FUSED_GROUP)
+    before = f"{DEFAULT_PIPELINE},inline,canonicalize"
+    once = gir_opt(capsys, path, f"{before},fuse")
+    twice = gir_opt(capsys, path, f"{before},fuse,fuse")
+    assert "fused" in once
+    assert twice == once
+    gir.verify(gir.parse(twice))
