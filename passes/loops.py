@@ -4,7 +4,8 @@
 (initial value, block argument, yielded value, result) and stacks (yielded value, result).
 `scan_parts` reads them through the scan's `LoopView` (ir/loops.py); a pass edits the lists
 (drops entries, appends new ones) and `rebuild_scan` makes the new op, moving the body over, so
-no pass slices a flat operand list by position. The trip count is `LoopView(op).trip_count`.
+no pass slices a flat operand list by position. The trip count is `LoopView(op).trip_count`;
+`rebuild_scan` keeps it, writing it as `length` when the sequences left do not fix it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def rebuild_scan(rw: Rewriter, parts: ScanParts) -> Operation:
         a.index = i
     region = old.regions.pop()
     attrs = dict(old.attrs)
-    if not parts.sequences and attrs["length"] is None:
+    if attrs["length"] is None and not any(s.outer.tensor_type.shape[0] is not None for s in parts.sequences):
+        # The dropped sequences fixed the trip count (none left, or those left are `?` long):
+        # `length` keeps it, so stacked results keep their types.
         attrs["length"] = LoopView(old).trip_count
     new = make_op("scan", [s.outer for s in parts.sequences] + [c.init for c in parts.carries], attrs=attrs,
                   regions=[region], loc=old.loc, segments=(len(parts.sequences), len(parts.carries)))

@@ -7,6 +7,8 @@ all), and each pass is checked to leave IR the verifier accepts.
   values stored into it, one `var` per shape where they differ.
 - `fused` ops written by hand (docs/language.md's `@fused_group`) or made by an earlier `fuse`:
   `fuse` neither joins nor enters them, so `fuse,fuse` prints what `fuse` prints.
+- A loop whose only static sequence is unused (`for %x in %a, %y in %b`, `%a: ?x2`, `%b: 3`):
+  canonicalize drops `%b` and keeps the trip count as `length 3`.
 """
 
 from __future__ import annotations
@@ -223,3 +225,48 @@ def test_fuse_is_idempotent(source: str, tmp_path: Path, capsys: pytest.CaptureF
     assert "fused" in once
     assert twice == once
     gir.verify(gir.parse(twice))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropping the sequence that fixed a loop's trip count (passes/loops.py rebuild_scan)
+
+UNUSED_STATIC_SEQUENCE = """
+func @f(%a: tensor<?x2xf32>, %b: tensor<3xf32>) -> tensor<3x2xf32> {
+  for %x in %a, %y in %b {
+    collect %x * 2.0 into %ys
+  }
+  return %ys
+}
+"""
+
+UNUSED_STATIC_SEQUENCE_SCAN = """
+func @f(%a: tensor<?x2xf64>, %b: tensor<4x5xf64>, %z: tensor<2xf64>) -> (tensor<2xf64>, tensor<4x2xf64>) {
+  %acc, %all = scan reverse (%x in %a, %y in %b) carry (%c = %z) {
+    %c.1 = add %c, %x : tensor<2xf64>
+    yield (%c.1) stack (%c.1)
+  } : tensor<2xf64>, tensor<4x2xf64>
+  return %acc, %all
+}
+"""
+
+
+@pytest.mark.parametrize(("source", "steps"), [(UNUSED_STATIC_SEQUENCE, 3), (UNUSED_STATIC_SEQUENCE_SCAN, 4)],
+                         ids=["for", "scan"])
+def test_canonicalize_keeps_the_trip_count(source: str, steps: int, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The unused %b alone said the loop has `steps` steps (%a is `?` long): canonicalize drops
+    %b and writes `length` instead, so the stacked results keep their types."""
+    path = tmp_path / "f.gir"
+    path.write_text(source)
+    out = gir_opt(capsys, path, "ssa,canonicalize")
+    assert f"length {steps} (%x in %a)" in out
+    canonical = gir.parse(out)
+    gir.verify(canonical)
+    before = gir.parse(source)
+    PassManager("ssa").run(before)
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal(t.shape if t.is_static else (steps, 2)).astype(t.numpy_dtype)
+            for t in before.functions["f"].arg_types]
+    assert_all_close(gir.interpret(canonical, "f", *args), gir.interpret(before, "f", *args))
+    gir_opt(capsys, path, DEFAULT_PIPELINE)
+    check_jit(source, "f", [args])
