@@ -1,9 +1,16 @@
 """Compiling an LLVM module for the host CPU and calling it on NumPy arrays.
 
 The target is the host CPU with its features at optimisation level 3 (so fused loops are
-vectorised for, e.g., AVX2). A `CPUFunction` owns its arena (allocated once, reused across
-calls) and its pinned area (packed weights). Arguments are checked against the signature
-before any native code runs; outputs are fresh arrays.
+vectorised for, e.g., AVX2). Arguments are checked against the signature before any native
+code runs; outputs are fresh arrays.
+
+Threads: a `CPUFunction` may be called from several threads at once (ctypes releases the GIL
+for the native call, so calls do overlap). Its *workspace* (the arena, the pinned area of
+packed weights, and the counters: GEMM calls, pack calls, the error flag) is per thread,
+allocated on a thread's first call and reused by that thread's later calls; the code, layout
+and BLAS table are shared and read only. Packing needs no sharing: a scan packs its weights
+into the pinned area before its loop in every call. A thread keeps its workspace (the arena
+size again, e.g. 5 MB for rnn_grads) while it and the function live.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import ctypes
 import hashlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
@@ -55,7 +63,7 @@ def optimize(mod: llvm.ModuleRef) -> None:
 
 @dataclass
 class Stats:
-    """What the last call did (`fn.stats`)."""
+    """What a call did (`fn.stats`: the calling thread's last call)."""
 
     gemm_calls: int = 0
     pack_calls: int = 0
@@ -89,11 +97,12 @@ class CPUFunction:
         self.engine.finalize_object()
         addr = self.engine.get_function_address("gir_main")
         self._native = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(addr)
-        self.arena = _aligned(self.layout.arena_bytes)
-        self.pinned = _aligned(self.layout.pinned_bytes)
-        self.counters = np.zeros(4, np.int64)
         self.fns = blas.providers().table_array()
-        self.stats = Stats()
+        self._fns_ptr = ctypes.cast(self.fns, ctypes.c_void_p)
+        self._local = threading.local()
+        """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
+        self._last_stats = Stats()
+        """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self._asm: str | None = None
 
     @property
@@ -109,6 +118,19 @@ class CPUFunction:
         memplan's default plan when None)."""
         return cls(function, plan)
 
+    @property
+    def stats(self) -> Stats:
+        """The last call this thread completed; in a thread that has completed none, the last
+        call completed by any thread (a fresh `Stats()` before any)."""
+        return getattr(self._local, "stats", self._last_stats)
+
+    def workspace(self) -> Workspace:
+        """This thread's working memory (allocated on its first call)."""
+        ws = getattr(self._local, "workspace", None)
+        if ws is None:
+            ws = self._local.workspace = Workspace(self.layout)
+        return ws
+
     def __call__(self, *args: Any) -> list[np.ndarray]:
         f = self.function
         arrays = check_arguments(f, args)
@@ -116,22 +138,37 @@ class CPUFunction:
             if not a.flags.c_contiguous:
                 raise GirArgumentError(f"argument %{f.args[i].name_hint} of @{f.name} must be C-contiguous "
                                        "(use np.ascontiguousarray)", f.loc)
+        ws = self.workspace()
         outs = [np.empty(t.shape, t.numpy_dtype) for t in f.result_types]  # type: ignore[arg-type]
-        ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + [self.arena.ctypes.data,
-                                                                                  self.pinned.ctypes.data]
+        ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        self.counters[:] = 0
+        counters = ws.counters
+        counters[:] = 0
         start = time.perf_counter()
-        self._native(buffers, self.counters.ctypes.data, ctypes.cast(self.fns, ctypes.c_void_p))
+        self._native(buffers, ws.counters_ptr, self._fns_ptr)
         seconds = time.perf_counter() - start
-        if self.counters[2]:
-            message, loc = self.layout.errors[int(self.counters[2]) - 1]
+        if counters[2]:
+            message, loc = self.layout.errors[int(counters[2]) - 1]
             raise GirError(f"{message} at run time", loc)  # type: ignore[arg-type]
         paths: dict[str, int] = {}
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self.stats = Stats(int(self.counters[0]), int(self.counters[1]), seconds, paths)
+        self._local.stats = self._last_stats = Stats(int(counters[0]), int(counters[1]), seconds, paths)
         return outs
+
+
+class Workspace:
+    """One thread's working memory for one compiled function: the arena, the pinned area
+    (packed weights) and the counters, sized by the layout."""
+
+    def __init__(self, layout: Layout):
+        self.arena = _aligned(layout.arena_bytes)
+        self.pinned = _aligned(layout.pinned_bytes)
+        self.counters = np.zeros(4, np.int64)
+        """GEMM calls, pack calls, the error code (layout.errors[code - 1]), unused."""
+        self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
+        """The last two entries of the native function's `buffers`."""
+        self.counters_ptr = self.counters.ctypes.data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +206,8 @@ def _store_cached(key: str, obj: bytes, layout: Layout, optimized_ir: str, llvm_
         meta = {"layout": layout.to_json(), "optimized_ir": optimized_ir, "llvm_ir": llvm_ir,
                 "sha256": hashlib.sha256(obj).hexdigest()}
         for suffix, data in ((".o", obj), (".json", json.dumps(meta).encode())):
-            tmp = os.path.join(folder, f"{key}{suffix}.{os.getpid()}")
+            # a temporary name per process and thread: two threads may compile the same function
+            tmp = os.path.join(folder, f"{key}{suffix}.{os.getpid()}.{threading.get_ident()}")
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, os.path.join(folder, key + suffix))
@@ -197,4 +235,4 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[offset : offset + max(nbytes, 1)]
 
 
-__all__ = ["CPUFunction", "Layout", "Stats"]
+__all__ = ["CPUFunction", "Layout", "Stats", "Workspace"]

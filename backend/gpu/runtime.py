@@ -6,10 +6,19 @@ against the signature before anything runs on the device, copies them to their d
 (the only host-to-device transfers), runs the steps (codegen.py), then reads the error flag
 and copies the results back as new NumPy arrays (the only device-to-host transfers, but for
 `index` by a computed index).
+
+Threads: calls are serialised. A call uses the function's one set of device buffers
+(arguments, arena, error flag) and its launch counters, so two overlapping calls would
+overwrite each other's values; a lock makes a call from a second thread wait until the first
+has copied its results back. This costs little on a GPU, where calls issued on the default
+stream run one after another anyway, and is needed in the CUDA simulator, whose kernel launches
+are not thread-safe. (Overlapping calls would need a set of buffers per thread and a stream each.)
+`stats` is per thread, as on the CPU.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +35,7 @@ from .device import get_device
 
 @dataclass
 class Stats:
-    """What the last call did (`fn.stats`)."""
+    """What a call did (`fn.stats`: the calling thread's last call)."""
 
     kernel_launches: int = 0
     gemm_calls: int = 0
@@ -47,7 +56,12 @@ class GPUFunction:
         self.function = function
         self.lowering, self.steps, self.results = lower_function(function, self.dev, plan)
         self.memory = self.lowering.memory
-        self.stats = Stats(memory=self.memory.describe(), device=self.dev.name)
+        self._lock = threading.Lock()
+        """Held for a whole call: calls share the device buffers (module docstring)."""
+        self._local = threading.local()
+        """This thread's last `Stats` (`.stats`)."""
+        self._last_stats = Stats(memory=self.memory.describe(), device=self.dev.name)
+        """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self.ir = ""
         """The IR compiled (set by gir.jit)."""
 
@@ -56,6 +70,12 @@ class GPUFunction:
         """Compiles function, its device arena laid out by plan (the pipeline's `memplan`
         result; memplan's default plan when None)."""
         return cls(function, plan)
+
+    @property
+    def stats(self) -> Stats:
+        """The last call this thread completed; in a thread that has completed none, the last
+        call completed by any thread."""
+        return getattr(self._local, "stats", self._last_stats)
 
     @property
     def kernel_sources(self) -> list[str]:
@@ -79,8 +99,12 @@ class GPUFunction:
         return "\n".join(texts)
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
+        arrays = check_arguments(self.function, args)
+        with self._lock:
+            return self._run(arrays)
+
+    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         f, low, dev = self.function, self.lowering, self.dev
-        arrays = check_arguments(f, args)
         start = time.perf_counter()
         for arg, a in zip(f.args, arrays):
             dev.upload(low.static[arg], a)
@@ -98,8 +122,8 @@ class GPUFunction:
             message, loc = low.errors[code - 1]
             raise GirError(f"{message} at run time", loc)
         outs = [dev.download(env[v]) for v in self.results]
-        self.stats = Stats(counters.kernel_launches, counters.gemm_calls, counters.copies,
-                           time.perf_counter() - start, self.memory.describe(), dev.name)
+        self._local.stats = self._last_stats = Stats(counters.kernel_launches, counters.gemm_calls, counters.copies,
+                                                     time.perf_counter() - start, self.memory.describe(), dev.name)
         return outs
 
 
