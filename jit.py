@@ -12,6 +12,7 @@ compiled once and kept in memory.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,12 @@ class JitFunction:
         self.pipeline = pipeline
         self.signature = module.functions[entry]
         self._compiled: dict[tuple, Any] = {}
+        self._compiling = threading.Lock()
+        """Held while a specialisation compiles: threads that call with a new shape at once
+        compile it once (the compiled function itself is safe to call from several threads)."""
         self._last: Any = None
+        self._thread = threading.local()
+        """`last`: the specialisation this thread called last, which the inspection properties show."""
         if all(t.is_static for t in self.signature.arg_types):
             self._last = self._specialise(tuple(tuple(t.shape) for t in self.signature.arg_types))
 
@@ -46,6 +52,13 @@ class JitFunction:
         found = self._compiled.get(shapes)
         if found is not None:
             return found
+        with self._compiling:
+            found = self._compiled.get(shapes)
+            if found is None:
+                found = self._compiled[shapes] = self._compile(shapes)
+        return found
+
+    def _compile(self, shapes: tuple) -> Any:
         f = self.source.functions[self.entry]
         if shapes != tuple(tuple(t.shape) for t in f.arg_types):
             types = [t.with_shape(tuple(shape)) for t, shape in zip(f.arg_types, shapes)]
@@ -67,20 +80,21 @@ class JitFunction:
 
             compiled = CPUFunction.compile(f, plan)
             compiled.ir = print_module(module)
-        self._compiled[shapes] = compiled
         return compiled
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
         arrays = check_arguments(self.signature, args)
         compiled = self._specialise(tuple(a.shape for a in arrays))
-        self._last = compiled
+        self._last = self._thread.last = compiled
         return compiled(*arrays)
 
-    # -- inspection (of the last specialisation used or compiled) -----------------------------
+    # -- inspection (of the specialisation this thread called last; else the last one any
+    #    thread used or compiled) -------------------------------------------------------------
     def _current(self) -> Any:
-        if self._last is None:
+        current = getattr(self._thread, "last", None) or self._last
+        if current is None:
             raise GirArgumentError(f"@{self.entry} has `?` dims: call it once so it is specialised")
-        return self._last
+        return current
 
     @property
     def compiled(self) -> Any:

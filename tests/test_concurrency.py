@@ -191,3 +191,29 @@ def test_gpu_concurrent_calls() -> None:
     except gir.GirError as e:
         pytest.skip(f"no GPU backend here: {e.message}")
     hammer("gpu", GPU)
+
+
+def test_a_new_shape_called_from_several_threads_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`?` dims: threads that call with the same new shape at once wait for one compile."""
+    source = ("func @f(%x: tensor<?x4xf64>) -> tensor<?x4xf64> {\n"
+              "  return tanh(%x) * 2.0\n}\n")
+    fn = gir.jit(source, "f")
+    compiles = []
+    real = fn._compile
+    monkeypatch.setattr(fn, "_compile", lambda shapes: compiles.append(shapes) or real(shapes))
+    barrier = threading.Barrier(6)
+    results: list[np.ndarray] = []
+    x = np.linspace(-1, 1, 12).reshape(3, 4)
+
+    def call() -> None:
+        barrier.wait()
+        results.append(fn(x)[0])
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert compiles == [((3, 4),)] and len(results) == 6
+    for r in results:
+        np.testing.assert_allclose(r, np.tanh(x) * 2.0, rtol=1e-12)
