@@ -6,10 +6,15 @@
 - terminators: a function body ends in `return` (with the signature's types), a loop body in
   `yield`, and neither appears anywhere else;
 - calls name functions of the module with matching types; variables are used only where a
-  spec's `variable_operands` allows (`load`, `store`).
+  spec's `variable_operands` allows (`load`, `store`);
+- the call graph (`call` and `grad`, the ops whose spec is `interprocedural`) has no cycle: gir
+  has no control flow that could end a recursion, so `@f` calling itself, directly or through
+  other functions, is an error at the call that closes the cycle.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
 
 from ..errors import GirVerifyError
 from .core import Block, Function, Module, Operation, Value
@@ -33,6 +38,31 @@ class Verifier:
     def run(self) -> None:
         for f in self.module.functions.values():
             self.function(f)
+        self.call_graph()
+
+    def call_graph(self) -> None:
+        """Raises at the first call that closes a cycle (depth-first, functions in module order).
+
+        Iterative, so a long chain of calls does not hit Python's recursion limit."""
+        done: set[str] = set()
+        for root in self.module.functions.values():
+            if root.name in done:
+                continue
+            path: list[str] = [root.name]
+            pending: list[Iterator[Operation]] = [_calls(root)]
+            while pending:
+                op = next(pending[-1], None)
+                if op is None:
+                    done.add(path.pop())
+                    pending.pop()
+                    continue
+                callee = op.attrs["callee"]
+                if callee in done:
+                    continue
+                if callee in path:
+                    raise call_cycle_error(path[path.index(callee):], op)
+                path.append(callee)
+                pending.append(_calls(self.module.functions[callee]))
 
     def function(self, f: Function) -> None:
         body = f.body
@@ -99,6 +129,19 @@ class Verifier:
         want = op.spec.callee_results(op, f.arg_types, f.result_types)
         if [r.type for r in op.results] != want:
             raise GirVerifyError(f"'{op.name}' of @{f.name} has the wrong result types", op.loc)
+
+
+def _calls(f: Function) -> Iterator[Operation]:
+    """The ops of f (nested bodies included) that refer to another function."""
+    return (op for op in f.walk() if op.spec.interprocedural)
+
+
+def call_cycle_error(cycle: Sequence[str], op: Operation) -> GirVerifyError:
+    """The error for `op`, the call of `cycle[0]` made in `cycle[-1]`, where each function of
+    `cycle` calls the next."""
+    through = "" if len(cycle) == 1 else " through " + ", ".join(f"@{name}" for name in cycle[1:])
+    return GirVerifyError(f"@{cycle[0]} calls itself{through}", op.loc,
+                          note="gir functions cannot recurse: there is no control flow to end the recursion")
 
 
 def verify(module: Module) -> None:

@@ -7,13 +7,15 @@ After:
     %y = mul %x, %x : tensor<4xf32>
 
 autodiff inlines the function it differentiates with the same helpers; backends run this pass
-so that they never see `call`. Recursion is reported after 50 levels.
+so that they never see `call`. The verifier rejects call cycles; inlining checks for them too
+(a module built through the API reaches this pass unverified), by the chain of callees it is
+inside, so it always ends.
 """
 
 from __future__ import annotations
 
-from ..errors import GirTypeError
 from ..ir.core import Function, Module, Operation, Value
+from ..ir.verifier import call_cycle_error
 from .base import Pass
 from .rewriter import PassStatistics, Rewriter
 
@@ -25,7 +27,7 @@ def inline_call(rw: Rewriter, callee: Function, args: list[Value], anchor: Opera
     mapping: dict[Value, Value] = dict(zip(callee.args, args))
     new_ops: list[Operation] = []
     returned: list[Value] = []
-    for op in callee.body:
+    for op in list(callee.body):  # a snapshot: anchor may sit in callee's own body
         if op.name == "return":
             returned = [mapping.get(v, v) for v in op.operands]
             break
@@ -35,20 +37,22 @@ def inline_call(rw: Rewriter, callee: Function, args: list[Value], anchor: Opera
     return new_ops, returned
 
 
-def inline_calls(rw: Rewriter, module: Module, ops: list[Operation], depth: int = 0) -> list[Operation]:
-    """Replaces every `call` among ops (and in their regions) by the callee's body."""
+def inline_calls(rw: Rewriter, module: Module, ops: list[Operation],
+                  inside: tuple[str, ...] = ()) -> list[Operation]:
+    """Replaces every `call` among ops (and in their regions) by the callee's body; `inside`
+    names the functions whose bodies ops were copied from, outermost first."""
     out: list[Operation] = []
     for op in ops:
         for region in op.regions:
-            inline_calls(rw, module, region.block.ops, depth)
+            inline_calls(rw, module, region.block.ops, inside)
         if op.name != "call":
             out.append(op)
             continue
-        if depth > 50:
-            raise GirTypeError("autodiff: calls nest more than 50 deep (recursion?)", op.loc)
-        callee = module.functions[op.attrs["callee"]]
-        new_ops, returned = inline_call(rw, callee, list(op.operands), op)
-        out.extend(inline_calls(rw, module, new_ops, depth + 1))
+        name = op.attrs["callee"]
+        if name in inside:
+            raise call_cycle_error(inside[inside.index(name):], op)
+        new_ops, returned = inline_call(rw, module.functions[name], list(op.operands), op)
+        out.extend(inline_calls(rw, module, new_ops, (*inside, name)))
         rw.replace_op(op, returned)
     return out
 
@@ -60,5 +64,5 @@ class Inline(Pass):
         rw = Rewriter(stats)
         rw.current = "inline-call"
         for f in module.functions.values():
-            inline_calls(rw, module, f.body.ops)
+            inline_calls(rw, module, f.body.ops, (f.name,))
         return rw.changed
