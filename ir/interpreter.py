@@ -15,8 +15,9 @@ import numpy as np
 from ..errors import GirArgumentError, GirError
 from .core import Block, Function, Module, Operation, Value
 from .loops import LoopView
-from .ops import REGISTRY
+from .ops import REGISTRY, reduction_axes
 from .types import TensorType
+from .verifier import call_cycle_error
 
 Env = dict[Value, Any]
 
@@ -59,9 +60,26 @@ def random_inputs(f: Function, seed: int) -> list[np.ndarray]:
 
 
 
+def empty_reduction(op: Operation, shape: tuple[int, ...]) -> str | None:
+    """Why reduction `op` has no value on an operand of this shape, or None: its spec says
+    `empty_is_error` (max, min) and a reduced axis has size 0, as NumPy says. The interpreter
+    raises it; the backends, which know the shape when they compile, raise it when the op runs."""
+    reduction = op.spec.reduction
+    if reduction is None or not reduction.empty_is_error:
+        return None
+    for axis in reduction_axes(op.attrs, len(shape)):
+        if shape[axis] == 0:
+            dims = "x".join(map(str, shape))
+            return f"'{op.name}' of no element has no value: axis {axis} of its {dims} operand is empty"
+    return None
+
+
 class Interpreter:
     def __init__(self, module: Module):
         self.module = module
+        self.calling: list[str] = []
+        """The functions being run, outermost first: a call of one of them is a cycle (the
+        verifier rejects cycles; a module built through the API may not have been verified)."""
 
     def call(self, name: str, args: Sequence[Any]) -> list[np.ndarray]:
         f = self.module.functions.get(name)
@@ -70,6 +88,7 @@ class Interpreter:
                                    + ", ".join("@" + n for n in self.module.functions))
         arrays = check_arguments(f, args)
         env: Env = dict(zip(f.args, arrays))
+        self.calling = [name]
         return self.run_block(f.body, env)
 
     def run_block(self, block: Block, env: Env) -> list[Any]:
@@ -82,6 +101,10 @@ class Interpreter:
     def run_op(self, op: Operation, env: Env) -> None:
         spec = REGISTRY[op.name]
         args = [env[v] for v in op.operands]
+        if spec.reduction is not None:
+            message = empty_reduction(op, args[0].shape)
+            if message is not None:
+                raise GirError(f"{message} at run time", op.loc)  # as the backends say it
         try:
             if spec.kernel is not None:
                 out = spec.kernel(op, *args)
@@ -113,7 +136,13 @@ class Interpreter:
 
     def op_call(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
         f = self.module.functions[op.attrs["callee"]]
-        return self.run_block(f.body, dict(zip(f.args, args)))
+        if f.name in self.calling:
+            raise call_cycle_error(self.calling[self.calling.index(f.name):], op)
+        self.calling.append(f.name)
+        try:
+            return self.run_block(f.body, dict(zip(f.args, args)))
+        finally:
+            self.calling.pop()
 
     def op_grad(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
         raise GirError("'grad' must be expanded by the autodiff pass before it can run", op.loc)
@@ -142,13 +171,7 @@ class Interpreter:
                 stack[t] = env[v]
         values: dict[Value, Any] = dict(zip(view.final_carries, carries))
         for r, stack in zip(view.stacked_results, stacks):
-            t = r.tensor_type
-            if steps == 0:
-                if not t.is_static:
-                    raise GirError("a loop of zero steps with a stacked value of unknown shape", op.loc)
-                values[r] = np.zeros(t.shape, t.numpy_dtype)
-            else:
-                values[r] = np.stack(stack)
+            values[r] = np.stack(stack) if steps else _no_steps(op, r.tensor_type)
         return [values[r] for r in op.results]
 
     op_for = op_scan
@@ -156,6 +179,16 @@ class Interpreter:
     def op_fused(self, op: Operation, args: list[Any], env: Env) -> list[Any]:
         env.update(zip(op.arg_group("inputs"), [env[v] for v in op.group("inputs")]))
         return self.run_block(op.body, env)
+
+
+def _no_steps(op: Operation, stacked: TensorType) -> np.ndarray:
+    """The stack of a loop that ran no step: no element, of the element type's shape (the
+    leading dim is the trip count, 0, even where the type says `?`)."""
+    element = stacked.shape[1:]
+    if any(d is None for d in element):
+        raise GirError(f"a loop of zero steps cannot tell the shape of its stacked {stacked}: the element "
+                       "has `?` dims (gir.jit specialises them on the arguments first)", op.loc)
+    return np.zeros((0, *element), stacked.numpy_dtype)
 
 
 def interpret(module: Module, entry: str, *args: Any) -> list[np.ndarray]:

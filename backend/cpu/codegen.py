@@ -30,6 +30,7 @@ from llvmlite import ir
 from ...errors import GirError, Location
 from ...ir import scalar
 from ...ir.core import Function, Operation, Value
+from ...ir.interpreter import empty_reduction
 from ...ir.loops import LoopView, as_loop
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, view_source
@@ -582,13 +583,17 @@ def _identity(value: float, dtype: str) -> float | int:
 
 
 def lower_reduce(low: Lowering, op: Operation) -> None:
-    """Known gap, kept as it is: a reduction over no element stores the identity, where the
-    interpreter raises for max/min (`Reduction.empty_is_error`)."""
+    """Over no element (a reduced axis of size 0, known here): `sum` stores its identity, `mean`
+    0/0 = nan, and max/min (`Reduction.empty_is_error`) flag the interpreter's error when the
+    op runs (not when it compiles: in a loop body that runs no step there is no error)."""
     reduction = op.spec.reduction
     assert reduction is not None
     x = op.operands[0]
     t = x.tensor_type
     shape = _static(t, op)
+    empty = empty_reduction(op, shape)
+    if empty is not None:
+        low.flag_error(ir.Constant(I1, 1), empty, op)
     axes = reduction_axes(op.attrs, t.rank)
     kept = [d for i, d in enumerate(shape) if i not in axes]
     strides = _strides(shape)
@@ -615,7 +620,8 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
             low.b.store(element.build(combine_expr, [a, v]), acc)
         result = low.b.load(acc, typ=ty)
         if reduction.divide_by_count:
-            result = low.b.fmul(result, ir.Constant(ty, 1.0 / max(1, math.prod(red_shape))))
+            count = math.prod(red_shape)
+            result = low.b.fmul(result, ir.Constant(ty, 1.0 / count if count else math.nan))  # 0 * nan: 0/0
         low.store(result, low.ptr[op.result], t.dtype, low.linear(oidx, _strides(tuple(kept))))
 
 

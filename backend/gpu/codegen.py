@@ -38,6 +38,7 @@ import numpy as np
 
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
+from ...ir.interpreter import empty_reduction
 from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec
@@ -212,15 +213,29 @@ _XP_REDUCTIONS = {"add": "sum", "max": "max", "min": "min"}
 
 
 def lower_reduce(low: Lowering, op: Operation) -> Run:
-    """Known gap, kept as it is: a max/min over no element is xp's error, not the interpreter's
-    (`Reduction.empty_is_error`)."""
+    """Over no element (a reduced axis of size 0, known here): `sum` is its identity, `mean`
+    nan (0/0, written without xp's warning), and max/min (`Reduction.empty_is_error`) raise the
+    interpreter's error when the op runs (not when it compiles: in a loop body that runs no
+    step there is no error)."""
     reduction = op.spec.reduction
     assert reduction is not None
     x = op.operands[0]
+    shape = x.tensor_type.shape
     axes = tuple(reduction_axes(op.attrs, x.tensor_type.rank))
     keepdims = op.attrs["keepdims"]
     out = low.storage(op.result)
     xp = low.dev.xp
+    empty = empty_reduction(op, shape)  # type: ignore[arg-type]  # static: the backend specialised
+    if empty is not None:
+        def fail(env: Env) -> None:
+            raise GirError(f"{empty} at run time", op.loc)  # as flagged errors read
+
+        return fail
+    if reduction.divide_by_count and math.prod(shape[a] for a in axes) == 0:  # type: ignore[misc]
+        def nan(env: Env) -> None:
+            out[...] = math.nan
+
+        return nan
     reduce = getattr(xp, "mean" if reduction.divide_by_count else _XP_REDUCTIONS[reduction.combine])
     # Accumulate a sum in the operand's dtype, as the interpreter's result is (NumPy would widen i32).
     options = {"dtype": x.tensor_type.numpy_dtype} if reduction.combine == "add" else {}
