@@ -33,7 +33,7 @@ DEVICES = ("cpu", "gpu", "interp")
 class JitFunction:
     def __init__(self, module: Module, entry: str, device: str, pipeline: str):
         self.source = module
-        """The module as given (a private copy); every specialisation clones it, locations included."""
+        """The module as given; never changed: every specialisation clones it (locations included)."""
         self.entry = entry
         self.device = device
         self.pipeline = pipeline
