@@ -15,7 +15,10 @@ from .rewriter import PassStatistics
 
 @dataclass(frozen=True)
 class NoOptions:
-    pass
+    def validate(self, pass_name: str) -> None:
+        """Raises GirPassError when the values break the pass's constraints (a pass's options
+        class defines its own); called whenever a pass is built, so a bad option fails when the
+        pipeline is parsed, not when the pass runs."""
 
 
 class Pass:
@@ -24,6 +27,9 @@ class Pass:
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()
+        validate = getattr(self.options, "validate", None)
+        if validate is not None:
+            validate(self.name)
         self.analyses = Analyses()
         """The pipeline's analysis cache (the pass manager sets it before `run`): a pass that
         computes an analysis puts it here; one that needs an analysis asks here first."""

@@ -32,6 +32,11 @@ class MemplanOptions:
     check: bool = True
     """Run check_plan on every plan (a failure is a planner bug)."""
 
+    def validate(self, pass_name: str) -> None:
+        if self.strategy not in STRATEGIES:
+            raise GirPassError(f"pass '{pass_name}': strategy must be one of {', '.join(STRATEGIES)}, "
+                               f"not {self.strategy!r}")
+
 
 class Memplan(Pass):
     """`memplan`: plans the memory of every function and records, per function, the arena's
@@ -51,8 +56,6 @@ class Memplan(Pass):
 
     def run(self, module: Module, stats: PassStatistics) -> bool:
         o: MemplanOptions = self.options
-        if o.strategy not in STRATEGIES:
-            raise GirPassError(f"memplan: strategy must be one of {', '.join(STRATEGIES)}, not {o.strategy!r}")
         for f in module.functions.values():
             plan = plan_memory(f, liveness=self.analyses.get(Liveness, f), strategy=o.strategy)
             self.analyses.put(f, plan)

@@ -76,6 +76,9 @@ def parse_pipeline(text: str) -> list[Pass]:
                 key, eq, value = pair.partition("=")
                 if not eq:
                     raise GirPassError(f"option {pair!r} of pass '{name}' needs a value: key=value")
-                options[key.strip()] = value.strip()
+                key = key.strip()
+                if key in options:
+                    raise GirPassError(f"option '{key}' of pass '{name}' is given twice in {item!r}")
+                options[key] = value.strip()
         passes.append(cls.from_options(options))
     return passes

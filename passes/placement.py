@@ -86,11 +86,11 @@ class PlaceOptions:
     min_elements: int = 1024
     """Ops whose values all have fewer elements stay on the CPU; scalars always do."""
 
-    def __post_init__(self) -> None:
+    def validate(self, pass_name: str) -> None:
         if self.policy not in POLICIES:
-            raise GirPassError(f"pass 'place': policy must be aggressive or lift, got {self.policy!r}")
+            raise GirPassError(f"pass '{pass_name}': policy must be aggressive or lift, got {self.policy!r}")
         if self.min_elements < 0:
-            raise GirPassError(f"pass 'place': min-elements must be >= 0, got {self.min_elements}")
+            raise GirPassError(f"pass '{pass_name}': min-elements must be >= 0, got {self.min_elements}")
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import GirPassError
 from ..ir.core import Block, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView
 from .base import Pass
@@ -39,6 +40,10 @@ class ScanGradOptions:
     hoist: bool = True
     merge: bool = True
     push_out: bool = True
+
+    def validate(self, pass_name: str) -> None:
+        if self.max_extra_bytes < 0:
+            raise GirPassError(f"pass '{pass_name}': max-extra-bytes must be >= 0, got {self.max_extra_bytes}")
 
 
 def _scans(module: Module) -> list[Operation]:
