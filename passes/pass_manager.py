@@ -111,6 +111,18 @@ class PassManager:
     def __init__(self, pipeline: str | list[Pass], **debug: Any):
         self.passes = parse_pipeline(pipeline) if isinstance(pipeline, str) else list(pipeline)
         self.debug = DebugOptions(**debug)
+        self._check_pass_names()
+
+    def _check_pass_names(self) -> None:
+        """A pass named in --print-ir-before/after must be in the pipeline: a misspelled name
+        would otherwise print nothing, silently."""
+        names = list(dict.fromkeys(p.name for p in self.passes))
+        for flag, wanted in (("print-ir-before", self.debug.print_ir_before),
+                             ("print-ir-after", self.debug.print_ir_after)):
+            for name in sorted(wanted):
+                if name not in names:
+                    have = ", ".join(names) if names else "none (the pipeline is empty)"
+                    raise GirPassError(f"--{flag}={name}: no pass '{name}' in the pipeline; its passes: {have}")
 
     @property
     def pipeline(self) -> str:

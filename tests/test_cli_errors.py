@@ -57,3 +57,20 @@ def test_bad_pass_option_fails_before_any_pass_runs(program, capsys):
     assert code == 1 and out == ""
     assert_clean_error(err)
     assert "IR Dump" not in err and "strategy must be one of" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# --print-ir-before / --print-ir-after name passes of the pipeline
+
+
+@pytest.mark.parametrize("flag", ["--print-ir-after", "--print-ir-before"])
+def test_misspelled_pass_in_print_ir_flag_is_an_error(program, capsys, flag):
+    code, out, err = gir_main(capsys, "opt", program, "-p", "ssa,canonicalize", f"{flag}=canonicalise")
+    assert code == 1 and out == ""
+    assert_clean_error(err)
+    assert f"{flag}=canonicalise: no pass 'canonicalise' in the pipeline; its passes: ssa, canonicalize" in err
+
+
+def test_print_ir_flag_with_a_pass_of_the_pipeline_prints(program, capsys):
+    code, _, err = gir_main(capsys, "opt", program, "-p", "ssa,canonicalize", "--print-ir-after=canonicalize")
+    assert code == 0 and "IR Dump After canonicalize" in err
