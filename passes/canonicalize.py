@@ -262,28 +262,49 @@ class FoldConstants(Pattern):
         t = op.result.tensor_type
         if not t.is_static:
             return False
-        spec = op.spec
         # A constant with an operand (`fill`) is known only when that operand is: not folded.
-        arrays = [d.spec.kernel(d) if d.spec.kernel is not None and not d.operands else None for d in consts]
-        if any(a is None for a in arrays):
+        if any(d.spec.kernel is None or d.operands for d in consts):
             return False
-        try:
-            with np.errstate(all="ignore"):
-                out = np.asarray(spec.kernel(op, *arrays), dtype=t.numpy_dtype)  # type: ignore[misc]
-        except (ArithmeticError, ValueError, IndexError):
-            return False  # leave run-time errors to run time
+        # Sizes come from the static types, before any kernel runs: a constant of
+        # tensor<100000x100000xf32> is one attribute here but 37 GiB as an array.
+        sizes = [v.tensor_type.num_elements() for v in op.operands] + [t.num_elements()]
+        if all(n is not None and n <= FOLD_LIMIT for n in sizes):
+            out = self._run(op, [d.spec.kernel(d) for d in consts])  # type: ignore[misc]
+        elif op.spec.category == "elementwise" and all(splat_value(v) is not None for v in op.operands):
+            # Splats in, splat out: the kernel runs on one element of each operand.
+            out = self._run(op, [np.array(splat_value(v), dtype=v.tensor_type.numpy_dtype) for v in op.operands])
+        else:
+            return False
+        if out is None:
+            return False
         flat = out.reshape(-1)
-        same = flat == flat[0]
-        if flat.dtype.kind == "f":
-            same &= np.signbit(flat) == np.signbit(flat[0])  # 0.0 and -0.0 differ (1 / x)
-        if flat.size and np.all(same) and not np.isnan(flat[0]):
-            value: Any = flat[0].item()
+        if flat.size == 0 or t.num_elements() == 0:
+            value: Any = np.zeros((), t.numpy_dtype).item()  # a splat of no elements: any value
+        elif _all_equal(flat):
+            value = flat[0].item()
         elif flat.size <= FOLD_LIMIT:
             value = out.tolist()
         else:
             return False
         rw.replace_op(op, [rw.constant(value, t, before=op)])
         return True
+
+    @staticmethod
+    def _run(op: Operation, arrays: list[np.ndarray]) -> np.ndarray | None:
+        """The op's kernel on arrays as its result dtype; None on a run-time error (left to run time)."""
+        try:
+            with np.errstate(all="ignore"):
+                return np.asarray(op.spec.kernel(op, *arrays), dtype=op.result.tensor_type.numpy_dtype)  # type: ignore[misc]
+        except (ArithmeticError, ValueError, IndexError):
+            return None
+
+
+def _all_equal(flat: np.ndarray) -> bool:
+    """Every element equals the first (not nan; 0.0 and -0.0 differ, as 1 / x shows)."""
+    same = flat == flat[0]
+    if flat.dtype.kind == "f":
+        same &= np.signbit(flat) == np.signbit(flat[0])
+    return bool(np.all(same)) and not (flat.dtype.kind == "f" and np.isnan(flat[0]))
 
 
 class DeadCode(Pattern):
