@@ -273,6 +273,10 @@ class FoldConstants(Pattern):
         elif op.spec.category == "elementwise" and all(splat_value(v) is not None for v in op.operands):
             # Splats in, splat out: the kernel runs on one element of each operand.
             out = self._run(op, [np.array(splat_value(v), dtype=v.tensor_type.numpy_dtype) for v in op.operands])
+        elif op.spec.category == "layout" and len(op.operands) == 1 and splat_value(op.operands[0]) is not None:
+            # broadcast, reshape, transpose, slice of a splat move equal elements: the same splat
+            # (autodiff's `ones` seed of a huge cotangent is one).
+            out = np.array(splat_value(op.operands[0]), dtype=t.numpy_dtype)
         else:
             return False
         if out is None:

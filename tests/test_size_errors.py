@@ -67,3 +67,24 @@ def test_fold_huge_splats_elementwise_on_one_element() -> None:
     with allocates_little():
         out = canonicalize(src)
     assert "mul" not in out and "constant 3.0 : tensor<100000x100000xf32>" in out
+
+
+def test_grad_through_huge_broadcast_allocates_nothing() -> None:
+    # autodiff seeds the cotangent of the huge tanh with a broadcast of a constant: canonicalize
+    # must fold it as a splat, never as a 37 GiB array.
+    src = """func @loss(%x: tensor<f32>) -> tensor<f32> {
+  %b = broadcast %x {shape = [100000, 100000]} : tensor<100000x100000xf32>
+  %t = tanh %b : tensor<100000x100000xf32>
+  %l = sum %t : tensor<f32>
+  return %l
+}
+
+func @g(%x: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+  %l, %dx = grad @loss(%x) wrt (%x) : tensor<f32>, tensor<f32>
+  return %l, %dx
+}"""
+    module = gir.parse(src, "size.gir")
+    with allocates_little():
+        PassManager("autodiff,canonicalize").run(module)
+    out = str(module).split("func @g")[1]
+    assert out.count("broadcast") == 1  # the forward one; the seed folded, then x * 1 -> x
