@@ -23,12 +23,21 @@ from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+"""How an .npy file and a zip archive (an .npz, or an empty one) start."""
+
 
 def load_inputs(f: Function, path: str) -> list[np.ndarray]:
     try:
+        with open(path, "rb") as file:
+            magic = file.read(6)
+        if not magic.startswith((NPY_MAGIC, *ZIP_MAGICS)):  # np.load would call it pickled data
+            raise GirArgumentError(f"cannot read inputs from {path}: it is not an .npz archive with one array "
+                                   "per parameter (np.savez)")
         data = np.load(path)
     except (OSError, ValueError, EOFError) as e:
-        raise GirArgumentError(f"cannot read inputs from {path}: {e}") from None
+        raise GirArgumentError(f"cannot read inputs from {path}: {getattr(e, 'strerror', None) or e}") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise GirArgumentError(f"cannot read inputs from {path}: it is a single array, not an .npz archive with "
                                "one array per parameter (np.savez)")
@@ -40,14 +49,23 @@ def load_inputs(f: Function, path: str) -> list[np.ndarray]:
                 raise GirArgumentError(f"{path} has no array named '{key}' for argument %{key} of @{f.name}; it "
                                        "has " + ", ".join(sorted(data.keys())), f.loc)
             try:  # an NpzFile reads each array when it is asked for
-                out.append(data[key])
+                array = data[key]
             except (OSError, ValueError, EOFError) as e:
                 raise GirArgumentError(f"cannot read array '{key}' from {path}: {e}") from None
+            if not isinstance(array, np.ndarray):  # a member that is not an .npy file reads as bytes
+                raise GirArgumentError(f"cannot read array '{key}' from {path}: {key}.npy is not a NumPy array")
+            out.append(array)
     return out
 
 
 def cannot_write(path: str, e: OSError) -> GirArgumentError:
     return GirArgumentError(f"cannot write {path}: {e.strerror or e}")
+
+
+def check_seed(flag: str, seed: int | None) -> None:
+    """NumPy's generators take seeds >= 0 only."""
+    if seed is not None and seed < 0:
+        raise GirArgumentError(f"{flag}: a seed must be >= 0, got {seed}")
 
 
 def summarize(i: int, a: np.ndarray) -> str:
@@ -71,6 +89,7 @@ def entry_of(module: Module, name: str | None) -> Function:
 
 def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
     seed = getattr(args, "check_numerics", None)
+    check_seed("--check-numerics", seed)
     return PassManager(
         pipeline,
         verify_each=not getattr(args, "no_verify_each", False),
@@ -93,9 +112,12 @@ def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> Rep
     if getattr(args, "timing", False):
         sys.stderr.write(report.timing_table())
     if getattr(args, "stats_json", None):
-        with open(args.stats_json, "w", encoding="utf-8") as f:
-            json.dump(report.as_dict(), f, indent=2)
-            f.write("\n")
+        try:
+            with open(args.stats_json, "w", encoding="utf-8") as f:
+                json.dump(report.as_dict(), f, indent=2)
+                f.write("\n")
+        except OSError as e:
+            raise cannot_write(args.stats_json, e) from None
     return report
 
 
@@ -116,7 +138,10 @@ def cmd_opt(args: argparse.Namespace) -> int:
         if args.memplan_report:
             sys.stderr.write(memplan_reports(plans))
         if args.memplan_plot:
-            plot_plans(plans, args.memplan_plot)
+            try:
+                plot_plans(plans, args.memplan_plot)
+            except OSError as e:
+                raise cannot_write(args.memplan_plot, e) from None
     text = print_module(module, print_locations=args.print_locations)
     if args.output:
         try:
@@ -130,6 +155,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    check_seed("--random", args.random)
     module = load(args.file)
     run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     f = entry_of(module, args.entry)
@@ -271,7 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `gir opt FILE | head`: the reader left; not an error of ours
-        sys.stderr.close()
+        # Point stdout at devnull, or Python's flush at exit fails again and prints
+        # "Exception ignored" (the recipe in the docs of the signal module).
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout is not a file (captured by a test)
+            pass
         return 0
     except Exception as e:  # a bug in gir, not in the program: say so, without a traceback
         if os.environ.get("GIR_TRACEBACK"):

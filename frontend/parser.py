@@ -368,8 +368,23 @@ def parse(text: str, filename: str = "<string>") -> Module:
 
 def load(path: str) -> Module:
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise GirSyntaxError(f"cannot read {path}: {e}") from None
-    return parse(text, filename=path)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise GirSyntaxError(f"cannot read {path}: {e.strerror or e}") from None
+    return parse(decode_source(data, path), filename=path)
+
+
+def decode_source(data: bytes, path: str) -> str:
+    """The text of a source file: UTF-8, a byte-order mark at the start skipped (editors on
+    Windows write one). Invalid UTF-8 is a GirSyntaxError at the first bad byte."""
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        line = data.count(b"\n", 0, e.start) + 1
+        col = len(data[line_start:e.start].decode("utf-8")) + 1  # in characters, as the lexer counts
+        remember_source(path, data.decode("utf-8", errors="replace"))  # to quote the line
+        raise GirSyntaxError(f"invalid UTF-8 (byte 0x{data[e.start]:02x}); a .gir file must be UTF-8",
+                             Location(path, line, col)) from None

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..errors import GirError, GirPassError, GirVerifyError
+from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError
 from ..ir.core import Module
 from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
@@ -137,10 +137,13 @@ class PassManager:
     def _dump(self, index: int, name: str, module: Module) -> None:
         if self.debug.dump_dir is None:
             return
-        os.makedirs(self.debug.dump_dir, exist_ok=True)
         path = os.path.join(self.debug.dump_dir, f"{index:02d}-{name}.gir")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(print_module(module, self.debug.print_locations))
+        try:
+            os.makedirs(self.debug.dump_dir, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(print_module(module, self.debug.print_locations))
+        except OSError as e:
+            raise GirArgumentError(f"--dump-dir: cannot write {path}: {e.strerror or e}") from None
 
     def run(self, module: Module, analyses: Analyses | None = None) -> Report:
         d = self.debug
@@ -162,6 +165,8 @@ class PassManager:
                 raise self._failed(p, module, snapshot, e) from None
             except GirError:
                 raise  # a diagnostic about the program itself (e.g. a name used before assignment)
+            except BrokenPipeError:
+                raise  # a print pass whose reader left (`gir opt ... | head`): the CLI exits quietly
             except Exception as e:  # a crash inside the pass: a bug in gir
                 err = GirPassError(f"pass '{p.name}' crashed: {type(e).__name__}: {e}")
                 raise self._failed(p, module, snapshot, err) from e
@@ -192,18 +197,33 @@ class PassManager:
             self._emit(f"After {p.name} Failed", module)
         if snapshot is not None:
             folder = d.reproducer_dir or d.dump_dir or tempfile.gettempdir()
-            os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, f"gir-reproducer-{p.name}.gir")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(f"// gir reproducer: pass '{p.name}' failed: {err.message.splitlines()[0]}\n")
-                numerics = f" --check-numerics={d.check_numerics}" if d.check_numerics is not None else ""
-                f.write(f"// reproduce with: gir opt {path} -p '{p.spec()}'{numerics}\n")
-                f.write(snapshot)
-            err.reproducer = path  # type: ignore[attr-defined]
             flags = f" --check-numerics={d.check_numerics}" if d.check_numerics is not None else ""
-            note = f"reproducer written to {path}; run: gir opt {path} -p '{p.spec()}'{flags}"
+            try:
+                path = _write_reproducer(folder, p, err, snapshot, flags)
+            except OSError as e:
+                note = f"no reproducer: cannot write into {folder}: {e.strerror or e}"
+            else:
+                err.reproducer = path  # type: ignore[attr-defined]
+                note = f"reproducer written to {path}; run: gir opt {path} -p '{p.spec()}'{flags}"
             err.note = f"{err.note}\n{note}" if err.note else note
         return err
+
+
+def _write_reproducer(folder: str, p: Pass, err: GirPassError, snapshot: str, flags: str) -> str:
+    """Writes the IR given to the failing pass to a new file in folder and returns its path:
+    gir-reproducer-PASS.gir when that name is free, else a unique gir-reproducer-PASS-XXXX.gir,
+    so a later failure (or another gir process) never overwrites an earlier reproducer."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"gir-reproducer-{p.name}.gir")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        fd, path = tempfile.mkstemp(prefix=f"gir-reproducer-{p.name}-", suffix=".gir", dir=folder)
+    with open(fd, "w", encoding="utf-8") as f:
+        f.write(f"// gir reproducer: pass '{p.name}' failed: {err.message.splitlines()[0]}\n")
+        f.write(f"// reproduce with: gir opt {path} -p '{p.spec()}'{flags}\n")
+        f.write(snapshot)
+    return path
 
 
 class _Numerics:
