@@ -7,11 +7,19 @@ stay far below the size of the tensors they name.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import gir
+import numpy as np
+import pytest
+from gir.backend.cpu import runtime as cpu_runtime
+from gir.errors import GirError
 from gir.passes.pass_manager import PassManager
 
 SMALL = 64 << 20
@@ -88,3 +96,62 @@ func @g(%x: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
         PassManager("autodiff,canonicalize").run(module)
     out = str(module).split("func @g")[1]
     assert out.count("broadcast") == 1  # the forward one; the seed folded, then x * 1 -> x
+
+
+# -- workspaces larger than memory --------------------------------------------------------------
+
+HUGE = """func @f(%x: tensor<f32>) -> tensor<f32> {
+  %b = broadcast %x {shape = [100000, 100000, 100]} : tensor<100000x100000x100xf32>
+  %t = tanh %b : tensor<100000x100000x100xf32>
+  %l = sum %t : tensor<f32>
+  return %l
+}"""
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_cpu_huge_tensor_is_a_located_error(cache_dir: Path) -> None:
+    module = gir.parse(HUGE, "size.gir")
+    with allocates_little(), pytest.raises(GirError) as e:
+        gir.jit(module, "f")(np.float32(1))
+    assert str(e.value).startswith("size.gir:2:8: error: @f: 'broadcast' makes a tensor<100000x100000x100xf32> "
+                                   "of 3.6 TiB, more than this machine's memory")
+
+
+def test_cpu_arena_larger_than_memory(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each value fits (1 MiB); %a, %b and %c live at once (3 MiB) do not fit in 1.5 MiB.
+    src = """func @f(%x: tensor<512x512xf32>) -> tensor<f32> {
+  %a = matmul %x, %x : tensor<512x512xf32>
+  %b = matmul %a, %x : tensor<512x512xf32>
+  %c = matmul %a, %b : tensor<512x512xf32>
+  %l = sum %c : tensor<f32>
+  return %l
+}"""
+    monkeypatch.setattr(cpu_runtime, "host_memory_bytes", lambda: 3 << 19)
+    module = gir.parse(src, "size.gir")
+    with pytest.raises(GirError, match=r"^size.gir:1:6: error: @f needs a workspace of 3.0 MiB, more than this "
+                                       r"machine's memory \(1.5 MiB\)"):
+        gir.jit(module, "f")(np.ones((512, 512), np.float32))
+
+
+def test_gpu_huge_tensor_is_a_located_error(tmp_path: Path) -> None:
+    # In a subprocess: the simulator must be chosen before numba.cuda is first imported.
+    script = f"""
+import gir, numpy as np, tracemalloc
+tracemalloc.start()
+try:
+    gir.jit(gir.parse({HUGE!r}, "size.gir"), "f", device="gpu")(np.float32(1))
+except gir.GirError as e:
+    print(str(e).splitlines()[0])
+print(tracemalloc.get_traced_memory()[1] < {SMALL})
+"""
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "GIR_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and lines[1] == "True", out.stdout + out.stderr
+    assert lines[0].startswith("size.gir:2:8: error: @f: 'broadcast' makes a tensor<100000x100000x100xf32> of "
+                               "3.6 TiB, more than this machine's memory"), lines

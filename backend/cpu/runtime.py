@@ -31,6 +31,7 @@ import numpy as np
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
+from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
 from . import blas
 from .codegen import Layout, lower_function
@@ -91,6 +92,7 @@ class CPUFunction:
             obj = target_machine().emit_object(mod)
             _store_cached(key, obj, self.layout, self.optimized_ir, self.llvm_ir)
             self.from_cache = False
+        check_fits(function, self.layout.arena_bytes + self.layout.pinned_bytes, host_memory_bytes(), "this machine")
         blas.bind_symbols()
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
         self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
@@ -229,10 +231,44 @@ def _load_cached(key: str) -> tuple[bytes, Layout, str, str] | None:
         return None
 
 
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits(function: Function, workspace_bytes: int, capacity: int | None, where: str) -> None:
+    """Raises a GirError, before anything is allocated, when function cannot run in capacity
+    bytes (`where`'s memory): at the first op whose result alone is larger, else at the
+    function when its workspace (arena and pinned area) is. Without this, a program naming a
+    tensor<100000x100000x100xf32> fails with NumPy's MemoryError, or worse, is overcommitted."""
+    if capacity is None:
+        return
+    for op in function.walk():
+        for r in op.results:
+            nbytes = r.tensor_type.nbytes() if isinstance(r.type, TensorType) else None
+            if nbytes is not None and nbytes > capacity:
+                raise GirError(f"@{function.name}: '{op.name}' makes a {r.type} of {_human(nbytes)}, more than "
+                               f"{where}'s memory ({_human(capacity)})", op.loc)
+    if workspace_bytes > capacity:
+        raise GirError(f"@{function.name} needs a workspace of {_human(workspace_bytes)}, more than {where}'s "
+                       f"memory ({_human(capacity)})", function.loc)
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes} bytes" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
 def _aligned(nbytes: int) -> np.ndarray:
     raw = np.zeros(nbytes + 64, np.uint8)
     offset = (-raw.ctypes.data) % 64
     return raw[offset : offset + max(nbytes, 1)]
 
 
-__all__ = ["CPUFunction", "Layout", "Stats", "Workspace"]
+__all__ = ["CPUFunction", "Layout", "Stats", "Workspace", "check_fits", "host_memory_bytes"]

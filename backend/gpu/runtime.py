@@ -29,6 +29,7 @@ from ...errors import GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...passes.memory.plan import MemoryPlan
+from ..cpu.runtime import check_fits, host_memory_bytes
 from .codegen import lower_function, run_steps
 from .device import get_device
 
@@ -54,6 +55,10 @@ class GPUFunction:
     def __init__(self, function: Function, plan: MemoryPlan | None = None):
         self.dev = get_device()
         self.function = function
+        # Device memory is allocated while lowering: check sizes first (arguments, constants
+        # and per-value buffers outside the arena are bounded by the per-value check alone).
+        check_fits(function, plan.arena_bytes if plan is not None else 0, _device_memory_bytes(self.dev),
+                   "the device" if not self.dev.simulated else "this machine")
         self.lowering, self.steps, self.results = lower_function(function, self.dev, plan)
         self.memory = self.lowering.memory
         self._lock = threading.Lock()
@@ -125,6 +130,16 @@ class GPUFunction:
         self._local.stats = self._last_stats = Stats(counters.kernel_launches, counters.gemm_calls, counters.copies,
                                                      time.perf_counter() - start, self.memory.describe(), dev.name)
         return outs
+
+
+def _device_memory_bytes(dev: Any) -> int | None:
+    """The GPU's total memory (host memory in the simulator, where device memory is host memory)."""
+    if dev.simulated:
+        return host_memory_bytes()
+    try:
+        return int(dev.xp.cuda.runtime.memGetInfo()[1])
+    except Exception:  # noqa: BLE001 (no CUDA query: no bound, as before)
+        return None
 
 
 __all__ = ["GPUFunction", "Stats"]
