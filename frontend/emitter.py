@@ -11,6 +11,7 @@ emitter was given, or at a written `loc(...)`, which overrides the tokens of the
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from ..errors import GirSyntaxError, GirTypeError, Location
 from ..ir.core import Block, Function, Module, Operation, Region, Value
 from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY, declared_matches, make_op
 from ..ir.printer import format_attr
-from ..ir.types import FLOAT_DTYPES, TensorType, VarType
+from ..ir.types import FLOAT_DTYPES, TensorType, Type, VarType, type_problem
 from . import ast
 
 
@@ -36,7 +37,10 @@ def emit_module(funcs: list[ast.Func], filename: str) -> Module:
         if name in signatures:
             raise GirTypeError(f"function @{name} is defined twice", floc)
         seen: set[str] = set()
+        for t in f.result_types or ():
+            _check_type(t, floc)
         for p in f.params:
+            _check_type(p.type, _tok_loc(filename, p.name))
             if str(p.name) in seen:
                 raise GirTypeError(f"parameter {p.name} is declared twice", _tok_loc(filename, p.name))
             seen.add(str(p.name))
@@ -47,6 +51,12 @@ def emit_module(funcs: list[ast.Func], filename: str) -> Module:
         _FunctionEmitter(function, signatures, filename).emit(f)
         module.add(function)
     return module
+
+
+def _check_type(t: Type, loc: Location) -> None:
+    problem = type_problem(t.held if isinstance(t, VarType) else t)
+    if problem is not None:
+        raise GirTypeError(problem, loc)
 
 
 def _tok_loc(filename: str, tok: Token) -> Location:
@@ -91,6 +101,8 @@ class _FunctionEmitter:
 
     def op(self, name: str, operands: list[Value], tok: Token | None, **kw: Any) -> Operation:
         op = make_op(name, operands, loc=self.loc(tok), **kw)
+        for r in op.results:
+            _check_type(r.type, op.loc)
         self.block.append(op)
         return op
 
@@ -421,6 +433,9 @@ class _FunctionEmitter:
             value = float(value) if dtype in FLOAT_DTYPES else int(value)
         except OverflowError:
             raise GirTypeError(f"the literal is too large for {dtype}", self.loc(tok)) from None
+        if tok is not None and isinstance(value, float) and math.isinf(value):
+            # Written with digits (`1e400`), not as `inf` (which has no token): past f64's range.
+            raise GirTypeError(f"the literal does not fit {dtype} (write inf for an infinity)", self.loc(tok))
         return self.op("constant", [], tok, attrs={"value": value}, declared=[TensorType((), dtype)]).result
 
     def builtin(self, e: ast.Builtin) -> Value:

@@ -344,8 +344,10 @@ def _infer_constant(ctx: InferContext) -> list[Type]:
     if not is_list and not t.is_static:
         raise ShapeError(f"a constant needs a static shape, got {t}")
     try:
-        with np.errstate(over="ignore"):  # a float too large for f32 is inf, as NumPy makes it
+        with np.errstate(over="raise"):  # a finite float too large for f32 would become inf
             np.array(value, dtype=t.numpy_dtype)
+    except FloatingPointError:
+        raise ShapeError(f"the literal does not fit {t.dtype} (write inf for an infinity)") from None
     except OverflowError as e:
         raise ShapeError(f"the literal does not fit {t.dtype} ({e})") from None
     except (ValueError, TypeError):

@@ -98,12 +98,40 @@ def scalar(dtype: str) -> TensorType:
     return TensorType((), dtype)
 
 
+MAX_RANK = 64
+"""NumPy's limit on an array's dimensions."""
+MAX_BYTES = 2**63 - 1
+"""A tensor's size in bytes must fit int64 (NumPy's and the backends' index type)."""
+
+
+@lru_cache(maxsize=4096)
+def type_problem(t: TensorType) -> str | None:
+    """Why no array can have type t (rank past NumPy's, size past int64), or None."""
+    if t.rank > MAX_RANK:
+        return f"a tensor of rank {t.rank} has more than {MAX_RANK} dimensions (NumPy's limit)"
+    if any(d is not None and d > MAX_BYTES for d in t.shape):
+        return "a dimension is larger than 2**63 - 1"
+    nbytes = t.numpy_dtype.itemsize
+    for d in t.shape:
+        nbytes *= d or 1
+        if nbytes > MAX_BYTES:
+            return f"{_short(t)} has more than 2**63 - 1 bytes"
+    return None
+
+
+def _short(t: TensorType) -> str:
+    text = str(t)
+    return text if len(text) <= 80 else text[:60] + "...>"
+
+
 @lru_cache(maxsize=4096)
 def parse_type(text: str) -> TensorType:
-    """Parses `tensor<...>`; the lexer has already checked the form."""
+    """Parses `tensor<...>`; the lexer has already checked the form. A dimension of more than 19
+    digits reads as 2**63, past int64 (type_problem reports it where the type is written):
+    Python refuses to convert more than 4300 digits at all."""
     body = text[len("tensor<") : -1]
     *dims, dtype = body.split("x")
-    shape = tuple(None if d == "?" else int(d) for d in dims)
+    shape = tuple(None if d == "?" else int(d) if len(d) <= 19 else 2**63 for d in dims)
     return TensorType(shape, dtype)
 
 

@@ -155,3 +155,44 @@ print(tracemalloc.get_traced_memory()[1] < {SMALL})
     assert len(lines) == 2 and lines[1] == "True", out.stdout + out.stderr
     assert lines[0].startswith("size.gir:2:8: error: @f: 'broadcast' makes a tensor<100000x100000x100xf32> of "
                                "3.6 TiB, more than this machine's memory"), lines
+
+
+# -- types and literals past their limits -------------------------------------------------------
+
+RANK65 = "x".join(["1"] * 65)
+
+
+@pytest.mark.parametrize(("src", "message"), [
+    (f"func @f(%x: tensor<{RANK65}xf32>) -> tensor<f32> {{\n  %y = sum %x : tensor<f32>\n  return %y\n}}",
+     "size.gir:1:9: error: a tensor of rank 65 has more than 64 dimensions (NumPy's limit)"),
+    (f"func @f(%x: tensor<1xf32>) -> tensor<f32> {{\n  %y = reshape %x {{shape = [{', '.join(['1'] * 65)}]}}\n"
+     "  %z = sum %y : tensor<f32>\n  return %z\n}",
+     "size.gir:2:8: error: a tensor of rank 65 has more than 64 dimensions (NumPy's limit)"),
+    ("func @f(%x: tensor<" + "9" * 5000 + "xf32>) -> tensor<f32> {\n  %y = sum %x : tensor<f32>\n  return %y\n}",
+     "size.gir:1:9: error: a dimension is larger than 2**63 - 1"),
+    ("func @f(%x: tensor<f32>) -> tensor<4611686018427387904x4xf32> {\n"
+     "  %y = broadcast %x {shape = [4611686018427387904, 4]}\n  return %y\n}",
+     "size.gir:1:6: error: tensor<4611686018427387904x4xf32> has more than 2**63 - 1 bytes"),
+    ("func @f() -> tensor<f32> {\n  %y = constant 1e39 : tensor<f32>\n  return %y\n}",
+     "size.gir:2:8: error: 'constant': the literal does not fit f32 (write inf for an infinity)"),
+    ("func @f() -> tensor<2xf32> {\n  %y = constant [1.0, -1e39] : tensor<2xf32>\n  return %y\n}",
+     "size.gir:2:8: error: 'constant': the literal does not fit f32 (write inf for an infinity)"),
+    ("func @f(%x: tensor<f32>) -> tensor<f32> {\n  %y = %x * 1e39\n  return %y\n}",
+     "size.gir:2:13: error: 'constant': the literal does not fit f32 (write inf for an infinity)"),
+    ("func @f(%x: tensor<f64>) -> tensor<f64> {\n  %y = %x * 1e400\n  return %y\n}",
+     "size.gir:2:13: error: the literal does not fit f64 (write inf for an infinity)"),
+    ("func @f(%x: tensor<f64>) -> tensor<f64> {\n  %y = %x * " + "9" * 5000 + ".0\n  return %y\n}",
+     "size.gir:2:13: error: the literal does not fit f64 (write inf for an infinity)"),
+], ids=["rank65-param", "rank65-reshape", "dim-5000-digits", "bytes-past-int64", "constant-f32", "list-f32",
+        "surface-f32", "surface-f64", "surface-f64-5000-digits"])
+def test_type_and_literal_limits(src: str, message: str) -> None:
+    with pytest.raises(GirError) as e:
+        gir.parse(src, "size.gir")
+    assert str(e.value).splitlines()[0] == message
+
+
+def test_inf_written_as_inf_is_fine() -> None:
+    module = gir.parse("func @f(%x: tensor<f32>) -> (tensor<f32>, tensor<f32>) {\n  %y = %x * inf\n"
+                       "  %z = constant -inf : tensor<f32>\n  return %y, %z\n}", "size.gir")
+    y, z = gir.interpret(module, "f", np.float32(2))
+    assert y == np.inf and z == -np.inf
