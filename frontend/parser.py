@@ -30,6 +30,19 @@ def parse_types(token: str) -> ast.Types:
     return tuple(parse_type(t.strip()) for t in token[1:].split(","))
 
 
+def _int(tok: Token) -> int:
+    """An integer literal; past Python's digit limit no dtype could hold it anyway."""
+    try:
+        return int(tok)
+    except ValueError:
+        raise _TokenError(f"the integer literal {_short(tok)} is too large for any integer dtype", tok) from None
+
+
+def _short(tok: Token) -> str:
+    text = str(tok)
+    return text if len(text) <= 24 else f"{text[:10]}...{text[-6:]} ({len(text)} characters)"
+
+
 class _TokenError(Exception):
     """A syntax error found by the transformer, at `token` of the file being parsed. The
     transformer is shared by all parses, so `parse_ast()` adds the file name."""
@@ -131,7 +144,7 @@ class _ToAst(Transformer):
         return ("reverse", True)
 
     def mod_length(self, c: list) -> tuple[str, int]:
-        return ("length", int(c[0]))
+        return ("length", _int(c[0]))
 
     def seq_binds(self, c: list) -> tuple[ast.SeqBind, ...]:
         return tuple(c)
@@ -233,10 +246,14 @@ class _ToAst(Transformer):
         return -c[1].value
 
     def int_number(self, c: list) -> ast.Num:
-        return ast.Num(int(c[0]), c[0])
+        return ast.Num(_int(c[0]), c[0])
 
     def float_number(self, c: list) -> ast.Num:
-        return ast.Num(float(c[0]), c[0])
+        value = float(c[0])
+        if math.isinf(value):  # digits that overflow even f64; an infinity is written `inf`
+            raise _TokenError(f"the literal {_short(c[0])} is too large for any float dtype (write inf for an "
+                              "infinity)", c[0])
+        return ast.Num(value, c[0])
 
     def inf(self, c: list) -> ast.Num:
         return ast.Num(math.inf, None)

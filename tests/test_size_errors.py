@@ -180,9 +180,10 @@ RANK65 = "x".join(["1"] * 65)
     ("func @f(%x: tensor<f32>) -> tensor<f32> {\n  %y = %x * 1e39\n  return %y\n}",
      "size.gir:2:13: error: 'constant': the literal does not fit f32 (write inf for an infinity)"),
     ("func @f(%x: tensor<f64>) -> tensor<f64> {\n  %y = %x * 1e400\n  return %y\n}",
-     "size.gir:2:13: error: the literal does not fit f64 (write inf for an infinity)"),
+     "size.gir:2:13: error: the literal 1e400 is too large for any float dtype (write inf for an infinity)"),
     ("func @f(%x: tensor<f64>) -> tensor<f64> {\n  %y = %x * " + "9" * 5000 + ".0\n  return %y\n}",
-     "size.gir:2:13: error: the literal does not fit f64 (write inf for an infinity)"),
+     "size.gir:2:13: error: the literal 9999999999...9999.0 (5002 characters) is too large for any float dtype "
+     "(write inf for an infinity)"),
 ], ids=["rank65-param", "rank65-reshape", "dim-5000-digits", "bytes-past-int64", "constant-f32", "list-f32",
         "surface-f32", "surface-f64", "surface-f64-5000-digits"])
 def test_type_and_literal_limits(src: str, message: str) -> None:
@@ -196,3 +197,22 @@ def test_inf_written_as_inf_is_fine() -> None:
                        "  %z = constant -inf : tensor<f32>\n  return %y, %z\n}", "size.gir")
     y, z = gir.interpret(module, "f", np.float32(2))
     assert y == np.inf and z == -np.inf
+
+
+HUGE_INT = "9" * 5000  # past Python's 4300-digit limit for int()
+
+
+@pytest.mark.parametrize("src, message, col", [
+    (f"func @f(%x: tensor<i64>) -> tensor<i64> {{\n  return %x + {HUGE_INT}\n}}\n",
+     "the integer literal 9999999999...999999 (5000 characters) is too large for any integer dtype", 15),
+    (f"func @f(%x: tensor<4xf32>) -> tensor<4xf32> {{\n  %y = reshape %x {{shape = [{HUGE_INT}]}} : tensor<4xf32>\n"
+     "  return %y\n}\n", "is too large for any integer dtype", 29),
+    ("func @f(%x: tensor<f64>) -> tensor<f64> {\n  %c = constant 1e400 : tensor<f64>\n  return %c\n}\n",
+     "the literal 1e400 is too large for any float dtype (write inf for an infinity)", 17),
+])
+def test_literals_past_every_dtype_are_located_syntax_errors(src: str, message: str, col: int) -> None:
+    """The parser reports them (a raw ValueError before; 1e400 silently became inf in the generic form)."""
+    with pytest.raises(gir.GirError) as info:
+        gir.parse(src, filename="big.gir")
+    assert message in info.value.message
+    assert (info.value.loc.file, info.value.loc.line, info.value.loc.col) == ("big.gir", 2, col)
