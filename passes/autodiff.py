@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import GirTypeError
+from ..errors import GirTypeError, Location
 from ..ir.core import Block, Module, Operation, Region, Value
 from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, reduction_axes, splat_value
@@ -43,6 +43,12 @@ from .loops import ScanParts, Sequence, append_stack, scan_parts
 from .rewriter import PassStatistics, Rewriter
 
 
+def _loc_of(v: Value) -> Location | None:
+    """Where the user wrote v: the gradients summed into v's cotangent are about it."""
+    op = v.defining_op
+    return op.loc if op is not None else None
+
+
 def _is_float(v: Value) -> bool:
     return isinstance(v.type, TensorType) and v.type.is_float
 
@@ -50,10 +56,15 @@ def _is_float(v: Value) -> bool:
 class Emitter:
     """Where backward ops go: before an anchor op, or at the end of a (backward) block."""
 
-    def __init__(self, rw: Rewriter, anchor: Operation | None = None, block: Block | None = None):
+    def __init__(self, rw: Rewriter, anchor: Operation | None = None, block: Block | None = None,
+                 loc: Location | None = None):
         self.rw, self.anchor, self.block = rw, anchor, block
+        self.loc = loc
+        """Where ops go that name no location of their own: a backward body is filled before its
+        scan op exists, so the rewriter cannot find the location from the block."""
 
     def op(self, name: str, operands: list[Value], loc: Any = None, **kw: Any) -> Operation:
+        loc = loc or self.loc
         if self.anchor is not None:
             return self.rw.create(name, operands, before=self.anchor, loc=loc, **kw)
         return self.rw.create(name, operands, at_end=self.block, loc=loc, **kw)
@@ -228,7 +239,7 @@ class Backprop:
             self.on_outer(v, g)
             return
         prev = self.adj.get(v)
-        self.adj[v] = g if prev is None else self.emitter.op("add", [prev, g]).result
+        self.adj[v] = g if prev is None else self.emitter.op("add", [prev, g], loc=_loc_of(v)).result
 
     def run(self, ops: list[Operation]) -> None:
         for op in reversed(ops):
@@ -279,7 +290,7 @@ class _BackwardScan:
 
     def __post_init__(self) -> None:
         self.seq_of_arg = {s.arg: s for s in self.parts.sequences}
-        self.emit_body = Emitter(self.bp.rw, block=self.body)
+        self.emit_body = Emitter(self.bp.rw, block=self.body, loc=self.fwd_scan.loc)
         self.inner = Backprop(self.bp.rw, self.emit_body, self.residual, is_local=self.is_local,
                               on_outer=self.on_outer)
 
@@ -311,7 +322,7 @@ class _BackwardScan:
 
     def on_outer(self, v: Value, g: Value) -> None:
         prev = self.outer_contrib.get(v)
-        self.outer_contrib[v] = g if prev is None else self.emit_body.op("add", [prev, g]).result
+        self.outer_contrib[v] = g if prev is None else self.emit_body.op("add", [prev, g], loc=_loc_of(v)).result
 
 
 def scan_vjp(bp: Backprop, op: Operation, gs: list[Value | None]) -> None:
@@ -376,7 +387,7 @@ def _accumulate_invariant_gradients(back: _BackwardScan) -> tuple[list[Value], l
     for v, g in list(back.outer_contrib.items()):
         arg = back.body.add_arg(v.type, "acc" + (v.name_hint or ""))
         back.carry_args.append((back.bp.emitter.zeros(v.tensor_type, back.fwd_scan.loc), arg))
-        yielded.append(back.emit_body.op("add", [arg, g]).result)
+        yielded.append(back.emit_body.op("add", [arg, g], loc=back.fwd_scan.loc).result)
         targets.append(v)
     return yielded, targets
 

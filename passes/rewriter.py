@@ -71,9 +71,12 @@ class Rewriter:
     def create(self, name: str, operands: Sequence[Value], *, before: Operation | None = None,
                after: Operation | None = None, at_end: Block | None = None, loc: Location | None = None,
                **kw: Any) -> Operation:
-        """make_op + insert: exactly one of before / after / at_end says where."""
+        """make_op + insert: exactly one of before / after / at_end says where. Without a `loc`,
+        the op takes the nearest known location of where it goes (the anchor, else the op whose
+        body it is put in, outwards), so an error about it points at the user's source."""
         anchor = before or after
-        op = make_op(name, operands, loc=loc or (anchor.loc if anchor else UNKNOWN), **kw)
+        known = loc is not None and loc != UNKNOWN
+        op = make_op(name, operands, loc=loc if known else _nearest_location(anchor, at_end), **kw)
         if before is not None:
             before.parent.insert_before(before, op)  # type: ignore[union-attr]
         elif after is not None:
@@ -142,6 +145,13 @@ class Rewriter:
         op.parent.unlink(op)  # type: ignore[union-attr]
         anchor.parent.insert_before(anchor, op)  # type: ignore[union-attr]
         self.changed = True
+
+
+def _nearest_location(anchor: Operation | None, block: Block | None) -> Location:
+    op = anchor if anchor is not None else block.parent_op if block is not None else None
+    while op is not None and op.loc == UNKNOWN:
+        op = op.parent_op
+    return op.loc if op is not None else UNKNOWN
 
 
 class Pattern:

@@ -8,6 +8,7 @@ starts on that line, so the expected position is exact and readable at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import gir
 import pytest
@@ -302,3 +303,19 @@ def test_ill_typed_attribute_values_are_gir_errors(line):
         return
     printed = str(module)
     assert str(gir.parse(printed)) == printed
+
+
+@pytest.mark.parametrize("example", ["rnn", "gru", "lstm", "mlp"])
+def test_every_op_a_pass_creates_carries_a_user_location(example: str) -> None:
+    """Ops made by autodiff, scan-grad, canonicalize and fuse carry the location of the user op
+    they come from, so an error about one points at the source (before, the rnn, gru and lstm
+    training steps had 6, 20 and 17 ops with no location: sums of cotangents in backward bodies,
+    and the fused ops and yields built around them)."""
+    from gir.errors import UNKNOWN
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+
+    module = gir.load(str(Path(gir.__file__).parent / "examples" / f"{example}.gir"))
+    PassManager(f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}").run(module)
+    unknown = [op.name for op in module.walk() if op.loc == UNKNOWN]
+    assert not unknown, unknown
