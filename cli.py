@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -289,6 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except GirError as e:
+        if os.environ.get("GIR_TRACEBACK") and e.__cause__ is not None and not isinstance(e.__cause__, GirError):
+            # A pass crashed (a bug in gir, reported as a located GirPassError with a
+            # reproducer): show the crash's traceback too, as for any other internal error.
+            traceback.print_exception(e.__cause__, file=sys.stderr)
         print(e, file=sys.stderr)
         return 1
     except RecursionError:

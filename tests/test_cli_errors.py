@@ -213,3 +213,24 @@ def test_print_liveness_into_a_closed_pipe_exits_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait() == 0
     assert err == ""
+
+
+class Crashes(Pass):
+    """Test-only: a bug inside a pass (a Python exception, not a GirError)."""
+
+    name = "test-crashes"
+
+    def run(self, module: Module, stats: PassStatistics) -> bool:
+        return {}["no such key"]
+
+
+@pytest.mark.parametrize("traceback_env", ["", "1"])
+def test_gir_traceback_shows_a_crash_inside_a_pass(traceback_env, monkeypatch, program, capsys, tmp_path):
+    """A pass that crashes is reported as a located pass error with a reproducer; GIR_TRACEBACK=1
+    adds the crash's traceback (it was ignored for crashes inside passes)."""
+    monkeypatch.setitem(PASSES, Crashes.name, Crashes)
+    monkeypatch.setenv("GIR_TRACEBACK", traceback_env)
+    code, out, err = gir_main(capsys, "opt", program, "-p", "test-crashes", "--reproducer-dir", tmp_path)
+    assert code == 1
+    assert "error: pass 'test-crashes' crashed: KeyError: 'no such key'" in err
+    assert ("Traceback (most recent call last)" in err) == bool(traceback_env)
