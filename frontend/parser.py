@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import re
 from typing import Any
 
 from lark import Lark, Token, Transformer
@@ -28,6 +29,11 @@ from .lexer import GirLexer
 def parse_types(token: str) -> ast.Types:
     """`: tensor<4xf32>, tensor<f32>` (one TYPES token) -> types."""
     return tuple(parse_type(t.strip()) for t in token[1:].split(","))
+
+
+def _unescape(text: str) -> str:
+    """Inverse of the printer's escaping of file names in `loc(...)`: \\n, \\" and \\\\."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
 
 
 def _int(tok: Token) -> int:
@@ -262,10 +268,10 @@ class _ToAst(Transformer):
         return ast.Num(math.nan, None)
 
     def loc(self, c: list) -> Location:
-        text = str(c[0])[4:-1]  # "file":line:col
+        text = str(c[0])[4:-1]  # "file":line:col, the file name escaped as the printer writes it
         end = text.rindex('"')
         line, col = text[end + 2 :].split(":")
-        return Location(text[1:end], int(line), int(col))
+        return Location(_unescape(text[1:end]), int(line), int(col))
 
 
 @functools.cache

@@ -97,7 +97,8 @@ class Printer:
     def loc(self, loc: Any) -> str:
         if not self.print_locations or loc is None or loc.line == 0:
             return ""
-        return f' loc("{loc.file}":{loc.line}:{loc.col})'
+        file = loc.file.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # the parser undoes it
+        return f' loc("{file}":{loc.line}:{loc.col})'
 
     def op(self, op: Operation, indent: str, lines: list[str]) -> None:
         """Appends op's lines: the custom form of a structural op, else the generic form."""

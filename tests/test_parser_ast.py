@@ -141,3 +141,16 @@ def test_concurrent_parses_report_their_own_file() -> None:
     for t in threads:
         t.join()
     assert not wrong, f"{len(wrong)} of 400 parses misreported, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize("name", ['q"uote.gir', "back\\slash.gir", "new\nline.gir", 'both\\"x.gir'])
+def test_locations_round_trip_file_names_with_quotes_and_backslashes(name: str) -> None:
+    """`loc("...")` escapes the file name (a quote used to end it early: the dump did not parse)."""
+    from gir.ir.printer import print_module
+
+    module = gir.parse("func @f(%x: tensor<2xf32>) -> tensor<2xf32> {\n  %y = neg %x : tensor<2xf32>\n"
+                       "  return %y\n}\n", filename=name)
+    text = print_module(module, print_locations=True)
+    again = gir.parse(text, filename="dump.gir")
+    assert print_module(again, print_locations=True) == text
+    assert next(again.walk()).loc.file == name
