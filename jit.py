@@ -23,6 +23,7 @@ from .ir.core import Module
 from .ir.interpreter import check_arguments
 from .ir.printer import print_module
 from .ir.specialize import specialize
+from .ir.verifier import verify
 from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
@@ -138,6 +139,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
+        verify(module)  # built or edited in Python: its errors are its own, not the first pass's
     elif isinstance(source_or_module, str) and "\n" not in source_or_module and "{" not in source_or_module \
             and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
         module = load(source_or_module)

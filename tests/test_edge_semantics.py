@@ -143,6 +143,14 @@ def test_inline_stops_at_a_cycle_in_an_unverified_module() -> None:
         gir.verify(_closed_into_cycle())
 
 
+def test_jit_of_an_unverified_module_reports_its_own_error() -> None:
+    """gir.jit verifies a Module it is given, so the cycle is not blamed on the first pass."""
+    with pytest.raises(gir.GirVerifyError) as info:
+        gir.jit(_closed_into_cycle(), "f")
+    assert info.value.message == "@f calls itself through @g"
+    assert (info.value.loc.line, info.value.loc.col) == (8, 10)
+
+
 def test_the_interpreter_stops_at_a_cycle_in_an_unverified_module() -> None:
     module = _closed_into_cycle()
     with pytest.raises(gir.GirVerifyError, match="calls itself"):
