@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .types import TensorType, Type
 
@@ -254,6 +254,21 @@ def register(spec: OpSpec) -> OpSpec:
     assert spec.name not in REGISTRY, spec.name
     REGISTRY[spec.name] = spec
     return spec
+
+
+T = TypeVar("T")
+
+
+def dispatch_by_fact(by_name: dict[str, T], by_fact: Sequence[tuple[Callable[[OpSpec], bool], T]]) -> dict[str, T]:
+    """Op kind -> T: `by_name` for the kinds named there, else the first `by_fact` entry whose
+    fact the kind's spec has (kinds with neither are left out). How a backend builds its table
+    of lowerings, so a new op with known facts needs no entry."""
+    table = dict(by_name)
+    for name, spec in REGISTRY.items():
+        found = next((value for fact, value in by_fact if fact(spec)), None)
+        if found is not None:
+            table.setdefault(name, found)
+    return table
 
 
 def view_source(op: Operation) -> Value | None:

@@ -34,9 +34,15 @@ def _takes_variable(spec: OpSpec, i: int) -> bool:
 class Verifier:
     def __init__(self, module: Module):
         self.module = module
+        self.calls: dict[str, list[Operation]] = {}
+        """Function name -> its call and grad ops, recorded by the op walk for the cycle check."""
+        self.current = ""
+        """The function being walked."""
 
     def run(self) -> None:
         for f in self.module.functions.values():
+            self.calls[f.name] = []
+            self.current = f.name
             self.function(f)
         self.call_graph()
 
@@ -49,7 +55,7 @@ class Verifier:
             if root.name in done:
                 continue
             path: list[str] = [root.name]
-            pending: list[Iterator[Operation]] = [_calls(root)]
+            pending: list[Iterator[Operation]] = [iter(self.calls[root.name])]
             while pending:
                 op = next(pending[-1], None)
                 if op is None:
@@ -62,7 +68,7 @@ class Verifier:
                 if callee in path:
                     raise call_cycle_error(path[path.index(callee):], op)
                 path.append(callee)
-                pending.append(_calls(self.module.functions[callee]))
+                pending.append(iter(self.calls[callee]))
 
     def function(self, f: Function) -> None:
         body = f.body
@@ -115,6 +121,7 @@ class Verifier:
                                  + " but its operands give " + ", ".join(map(str, inferred)), op.loc)
         if op.spec.interprocedural:
             self.callee(op)
+            self.calls[self.current].append(op)
 
     def callee(self, op: Operation) -> None:
         f = self.module.functions.get(op.attrs["callee"])
@@ -129,11 +136,6 @@ class Verifier:
         want = op.spec.callee_results(op, f.arg_types, f.result_types)
         if [r.type for r in op.results] != want:
             raise GirVerifyError(f"'{op.name}' of @{f.name} has the wrong result types", op.loc)
-
-
-def _calls(f: Function) -> Iterator[Operation]:
-    """The ops of f (nested bodies included) that refer to another function."""
-    return (op for op in f.walk() if op.spec.interprocedural)
 
 
 def call_cycle_error(cycle: Sequence[str], op: Operation) -> GirVerifyError:

@@ -33,7 +33,7 @@ from ...ir.core import Function, Operation, Value
 from ...ir.interpreter import empty_reduction
 from ...ir.loops import LoopView, as_loop
 from ...ir.ops import REGISTRY, reduction_axes
-from ...ir.spec import OpSpec, view_source
+from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
@@ -854,11 +854,7 @@ def _lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
         (lambda spec: bool(spec.gemm_dtypes), lower_matmul),
         (lambda spec: spec.moves_device, lower_view),  # the whole function runs on the CPU
     ]
-    for name, spec in REGISTRY.items():
-        lower = next((f for fact, f in by_fact if fact(spec)), None)
-        if lower is not None:
-            table.setdefault(name, lower)
-    return table
+    return dispatch_by_fact(table, by_fact)
 
 
 LOWER = _lowerings()

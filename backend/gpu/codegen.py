@@ -41,7 +41,7 @@ from ...ir.core import Block, Function, Operation, Value
 from ...ir.interpreter import empty_reduction
 from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
-from ...ir.spec import OpSpec
+from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
 from ...passes.memory.plan import MemoryPlan
 from .device import Device
@@ -455,11 +455,7 @@ def _lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:
         (lambda spec: spec.category == "matmul", lower_matmul),
         (lambda spec: spec.moves_device, lower_transfer),
     ]
-    for name, spec in REGISTRY.items():
-        lower = next((f for fact, f in by_fact if fact(spec)), None)
-        if lower is not None:
-            table.setdefault(name, lower)
-    return table
+    return dispatch_by_fact(table, by_fact)
 
 
 LOWER = _lowerings()
