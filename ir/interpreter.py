@@ -16,6 +16,7 @@ from ..errors import GirArgumentError, GirError
 from .core import Block, Function, Module, Operation, Value
 from .loops import LoopView
 from .ops import REGISTRY, reduction_axes
+from .specialize import specialize
 from .types import TensorType
 from .verifier import call_cycle_error
 
@@ -80,6 +81,8 @@ class Interpreter:
         self.calling: list[str] = []
         """The functions being run, outermost first: a call of one of them is a cycle (the
         verifier rejects cycles; a module built through the API may not have been verified)."""
+        self.specialisations: dict[tuple, Interpreter] = {}
+        """(entry, argument shapes) -> an interpreter of the module specialised on them."""
 
     def call(self, name: str, args: Sequence[Any]) -> list[np.ndarray]:
         f = self.module.functions.get(name)
@@ -87,9 +90,26 @@ class Interpreter:
             raise GirArgumentError(f"no function @{name}; the module has "
                                    + ", ".join("@" + n for n in self.module.functions))
         arrays = check_arguments(f, args)
+        if self._has_unknown_dims():
+            return self._specialised(name, f, arrays)
         env: Env = dict(zip(f.args, arrays))
         self.calling = [name]
         return self.run_block(f.body, env)
+
+    def _has_unknown_dims(self) -> bool:
+        return any(not t.is_static for g in self.module.functions.values() for t in g.arg_types)
+
+    def _specialised(self, name: str, f: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Runs @name of the module specialised on the arguments' shapes, as gir.jit compiles it:
+        with every `?` fixed, a loop of zero steps knows the shape of what it stacks (tensor<0x3xf32>
+        from a tensor<?x?xf32> sequence given 0x3), and sizes that disagree are type errors at
+        their op, as the backends report them."""
+        key = (name, tuple(a.shape for a in arrays))
+        inner = self.specialisations.get(key)
+        if inner is None:
+            types = [t.with_shape(a.shape) for t, a in zip(f.arg_types, arrays)]
+            inner = self.specialisations[key] = Interpreter(specialize(self.module, name, types))
+        return inner.call(name, arrays)
 
     def run_block(self, block: Block, env: Env) -> list[Any]:
         for op in block:

@@ -148,6 +148,8 @@ class PassManager:
     def run(self, module: Module, analyses: Analyses | None = None) -> Report:
         d = self.debug
         report = Report(analyses=analyses if analyses is not None else Analyses())
+        if d.verify_each:
+            verify(module)  # an invalid input is its own error (GirVerifyError), not the first pass's
         self._dump(0, "input", module)
         numerics = _Numerics(module, d.check_numerics) if d.check_numerics is not None else None
         for index, p in enumerate(self.passes, start=1):

@@ -432,6 +432,20 @@ def test_verify_each_names_the_pass_and_the_op(test_passes: None) -> None:
     assert "    %h = tanh(%h * %w - %x) + 0.0\n         ^" in text  # the source line and a caret
 
 
+def test_an_invalid_input_is_its_own_error_not_the_first_pass_s() -> None:
+    """PassManager.run verifies its input: a module edited through the API into invalid IR is a
+    GirVerifyError at the op, not 'pass canonicalize produced invalid IR'."""
+    m = module()
+    PassManager("ssa").run(m)
+    tanh = next(op for op in m.walk() if op.name == "tanh")
+    tanh.results[0].type = TensorType((7,), "f64")
+    with pytest.raises(GirError) as info:
+        PassManager("canonicalize").run(m)
+    assert type(info.value) is gir.GirVerifyError, info.value
+    assert info.value.message.startswith("'tanh' results are tensor<7xf64>")
+    assert (info.value.loc.file, info.value.loc.line, info.value.loc.col) == ("src.gir", TANH_LINE, TANH_COL)
+
+
 def test_no_verify_each_lets_broken_ir_through(test_passes: None) -> None:
     m = module()
     PassManager("ssa,test-break-types", verify_each=False).run(m)
