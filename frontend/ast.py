@@ -214,9 +214,9 @@ class Assign:
 
 @dataclass(frozen=True, slots=True)
 class BareOp:
-    """An op whose results are not named (`store %v, %x`, a `for` op yielding nothing)."""
+    """An op whose results are not named (`store %v, %x`, a `for` or `fused` op yielding nothing)."""
 
-    op: Generic | Loop
+    op: Generic | Loop | Fused
     loc: Location | None
 
 

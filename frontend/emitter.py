@@ -515,6 +515,9 @@ def _count_assignments(stmts: tuple[ast.Stmt, ...], counts: Counter[str]) -> Non
                     _count_assignments(value.body, counts)
             case ast.BareOp(op=ast.Loop() as loop):
                 _count_loop(loop, counts)
+            case ast.BareOp(op=ast.Fused() as fused):
+                counts.update(str(b.name) for b in fused.inputs)
+                _count_assignments(fused.body, counts)
             case ast.For(sequences=sequences, body=body):
                 counts.update(str(b.element) for b in sequences)
                 _count_assignments(body, counts)
