@@ -258,20 +258,22 @@ def _quiet(f: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
 
 
 def _elementwise(name: str, summary: str, arity: int, infer: Callable[[InferContext], list[Type]],
-                 fn: Callable[..., np.ndarray], commutative: bool = False, inplace: int = 0) -> None:
+                 fn: Callable[..., np.ndarray], commutative: bool = False, inplace: int = 0,
+                 may_fail: Callable[[Operation], bool] | None = None) -> None:
     operands = ("lhs", "rhs") if arity == 2 else ("x",) if arity == 1 else ("cond", "lhs", "rhs")
     register(OpSpec(
         name, summary, operands, infer,
         kernel=lambda op, *xs: fn(*xs),
         category="elementwise", commutative=commutative,
-        inplace=inplace, gpu=True, flops=_elementwise_flops,
+        inplace=inplace, gpu=True, flops=_elementwise_flops, may_fail=may_fail,
     ))
 
 
 _elementwise("add", "a + b", 2, _infer_binary, np.add, commutative=True)
 _elementwise("sub", "a - b", 2, _infer_numeric_binary, np.subtract)
 _elementwise("mul", "a * b", 2, _infer_binary, np.multiply, commutative=True)
-_elementwise("div", "a / b (floor division on integers)", 2, _infer_numeric_binary, _div)
+_elementwise("div", "a / b (floor division on integers)", 2, _infer_numeric_binary, _div,
+             may_fail=lambda op: not op.operands[1].tensor_type.is_float)  # an integer zero divisor
 _elementwise("pow", "a ** b", 2, _infer_float_binary, _quiet(np.power))
 _elementwise("max", "elementwise maximum", 2, _infer_binary, np.maximum, commutative=True)
 _elementwise("min", "elementwise minimum", 2, _infer_binary, np.minimum, commutative=True)
@@ -580,7 +582,8 @@ def _index_kernel(op: Operation, x: np.ndarray, i: np.ndarray) -> np.ndarray:
 
 
 register(OpSpec("index", "x[i] on the leading axis, i an integer scalar", ("x", "index"), _infer_index,
-                kernel=_index_kernel, category="layout", gpu=True, integer_operands=("index",), view=lambda op: 0))
+                kernel=_index_kernel, category="layout", gpu=True, integer_operands=("index",), view=lambda op: 0,
+                may_fail=lambda op: True))  # an index out of range
 
 
 def _infer_stack(ctx: InferContext) -> list[Type]:
@@ -632,9 +635,14 @@ def _reduction(name: str, summary: str, fn: Callable[..., np.ndarray], reduction
         axes = tuple(reduction_axes(op.attrs, x.ndim))
         return np.asarray(fn(x, axis=axes, keepdims=op.attrs["keepdims"]), dtype=x.dtype)
 
+    def may_fail(op: Operation) -> bool:
+        """A reduction with no value over no element, over an axis that is or may be empty."""
+        shape = op.operands[0].tensor_type.shape
+        return reduction.empty_is_error and any(shape[a] in (0, None) for a in reduction_axes(op.attrs, len(shape)))
+
     register(OpSpec(name, summary, ("x",), _infer_reduce, kernel=kernel,
                     attrs={"axes": None, "keepdims": False}, category="reduction", gpu=True, reduction=reduction,
-                    one_argument_alias=alias,
+                    one_argument_alias=alias, may_fail=may_fail,
                     flops=lambda op: op.operands[0].tensor_type.num_elements() or 0))
 
 
@@ -781,7 +789,10 @@ def _infer_fused(ctx: InferContext) -> list[Type]:
     for op in block:
         if op is not term and op.spec.category not in ("elementwise", "constant"):
             raise ShapeError(f"only elementwise ops may be fused, not '{op.name}'")
-    return [v.type for v in term.group("carries")]
+    results = [v.type for v in term.group("carries")]
+    if not results:
+        raise ShapeError("yields nothing: a fused group runs over the shape of its results, so it needs one")
+    return results
 
 
 register(OpSpec("fused", "elementwise ops run as one loop nest: `fused (%a = %x) { ... yield (%r) }`",

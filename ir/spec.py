@@ -92,6 +92,11 @@ class OpSpec:
     """elementwise | reduction | matmul | layout | constant | structural | other."""
     pure: bool = True
     """No side effects: DCE may erase it when unused and CSE may merge it."""
+    may_fail: Callable[[Operation], bool] | None = None
+    """Whether this op can raise a run-time error for some inputs (an integer division by zero,
+    an `index` out of range, a `max` over an axis that may be empty). DCE keeps such an op even
+    when unused, and hoisting leaves it in a loop that may run no step: a backend must raise
+    exactly where the interpreter does (`fails_at_run_time`)."""
     terminator: bool = False
     num_regions: int = 0
     block_args: tuple[str, ...] = ()
@@ -278,3 +283,11 @@ def view_source(op: Operation) -> Value | None:
         return None
     index = rule(op)
     return None if index is None else op.operands[index]
+
+
+def fails_at_run_time(op: Operation) -> bool:
+    """Whether op, or an op in its regions, can raise a run-time error (OpSpec.may_fail)."""
+    may_fail = op.spec.may_fail
+    if may_fail is not None and may_fail(op):
+        return True
+    return any(fails_at_run_time(inner) for region in op.regions for inner in region.block)

@@ -27,6 +27,7 @@ import numpy as np
 from ..ir.core import Block, Function, Module, Operation, Value
 from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, splat_value
+from ..ir.spec import fails_at_run_time
 from .base import Pass
 from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts
 from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
@@ -327,6 +328,8 @@ class DeadCode(Pattern):
         if op.regions and any(not inner.spec.pure and not inner.spec.terminator
                               for region in op.regions for inner in region.block.walk()):
             return False  # e.g. a pre-SSA loop that stores into an outer variable
+        if fails_at_run_time(op):
+            return False  # its error is part of what the program does (an integer division by zero)
         rw.erase(op)
         return True
 
@@ -362,7 +365,7 @@ def _live_carries(parts: ScanParts) -> set[int]:
     live: set[int] = {i for i, c in enumerate(parts.carries) if c.result is not None and c.result.uses}
     roots = [s.yielded for s in parts.stacks if s.result is not None and s.result.uses]
     for op in body:
-        if not op.spec.pure and not op.spec.terminator:
+        if (not op.spec.pure and not op.spec.terminator) or fails_at_run_time(op):
             roots.extend(op.operands)
     seen: set[Value] = set()
     frontier = list(roots) + [parts.carries[i].yielded for i in live]
@@ -461,9 +464,12 @@ class ScanHoistInvariants(Pattern):
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
         inside = defined_inside(op)
         hoisted = False
+        runs = (LoopView(op).trip_count or 0) > 0
         for inner in op.body:
             if inner.regions or not inner.spec.pure or inner.spec.terminator or inner.spec.interprocedural:
                 continue
+            if not runs and fails_at_run_time(inner):
+                continue  # out of a loop that may run no step, it would fail where the loop does not
             if any(v in inside for v in inner.operands):
                 continue
             rw.move_before(inner, op)

@@ -108,6 +108,10 @@ def _outline(rw: Rewriter, g: _Group) -> None:
                 continue
             inputs.append(v)
     outputs = [r for op in g.ops for r in op.results if any(u not in members for u in r.users)]
+    if not outputs:
+        # Nothing reads the group (dead code that canonicalize keeps: an op in it may fail, an
+        # integer division by zero): it yields its last value, whose shape its loop nest runs over.
+        outputs = [last.result]
     anchor = last.next
     parent = last.parent
     assert parent is not None and anchor is not None  # a terminator is never elementwise

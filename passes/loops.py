@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..ir.core import BlockArgument, Operation, OpResult, Value
 from ..ir.loops import LoopView
 from ..ir.ops import make_op
+from ..ir.spec import fails_at_run_time
 from ..ir.types import TensorType
 from .rewriter import Rewriter
 
@@ -74,7 +75,8 @@ def rebuild_scan(rw: Rewriter, parts: ScanParts) -> Operation:
     rw.create("yield", carries + stacks, before=term, segments=(len(carries), len(stacks)))
     rw.erase(term)
     for inner in reversed(body.ops):
-        if inner.spec.pure and not inner.spec.terminator and not any(r.uses for r in inner.results):
+        if inner.spec.pure and not inner.spec.terminator and not any(r.uses for r in inner.results) \
+                and not fails_at_run_time(inner):
             rw.erase(inner)
     keep = [s.arg for s in parts.sequences] + [c.arg for c in parts.carries]
     for arg in body.args:

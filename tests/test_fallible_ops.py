@@ -1,0 +1,109 @@
+"""Ops that can fail at run time (an integer division by zero, a `max` over an empty axis, an
+`index` out of range) raise on every device exactly where the interpreter raises: dead-code
+elimination keeps them, and loop-invariant hoisting leaves them in a loop that may run no step.
+
+Found by tests/fuzz/differential.py: the CPU backend returned a value where the interpreter
+raised (the failing op was unused, and canonicalize erased it), and raised where the
+interpreter returned a value (an invariant division hoisted out of a loop of zero steps).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
+
+import gir  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from gir.errors import GirError  # noqa: E402
+from gir.testing import assert_all_close  # noqa: E402
+
+DEVICES = ["interp", "cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+DEAD_DIVISION = """\
+func @f(%x: tensor<4x2xi32>, %v: tensor<2xi32>) -> tensor<4x2xi32> {
+  %unused = %x / %v
+  return %x + 1
+}
+"""
+
+DEAD_EMPTY_MAX = """\
+func @f(%a: tensor<0x3xf32>) -> tensor<f32> {
+  %unused = max(%a)
+  return sum(%a)
+}
+"""
+
+DEAD_INDEX = """\
+func @f(%a: tensor<3x2xf32>, %i: tensor<i32>) -> tensor<3x2xf32> {
+  %unused = index(%a, %i)
+  return %a * 2.0
+}
+"""
+
+DEAD_IN_A_LOOP = """\
+func @f(%xs: tensor<3x2xi64>, %v: tensor<2xi64>) -> tensor<3x2xi64> {
+  for %x in %xs {
+    %unused = %x / %v
+    collect %x * 2 into %ys
+  }
+  return %ys
+}
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("source", "args", "message"), [
+    (DEAD_DIVISION, [np.ones((4, 2), np.int32), np.array([1, 0], np.int32)], "division by zero"),
+    (DEAD_EMPTY_MAX, [np.zeros((0, 3), np.float32)], "'reduce_max' of no element has no value"),
+    (DEAD_INDEX, [np.ones((3, 2), np.float32), np.array(5, np.int32)], "out of range"),
+    (DEAD_IN_A_LOOP, [np.ones((3, 2), np.int64), np.array([0, 1], np.int64)], "division by zero"),
+], ids=["division", "empty-max", "index", "in-a-loop"])
+def test_an_unused_op_that_fails_still_fails(device: str, source: str, args: list, message: str) -> None:
+    with pytest.raises(GirError, match=message):
+        gir.interpret(gir.parse(source), "f", *args)
+    with pytest.raises(GirError, match=message):
+        gir.jit(source, "f", device=device)(*args)
+
+
+INVARIANT_DIVISION = """\
+func @f(%a: tensor<3xi32>, %b: tensor<3xi32>, %xs: tensor<?x3xi32>) -> tensor<?x3xi32> {
+  for %x in %xs {
+    collect %x + %a / %b into %ys
+  }
+  return %ys
+}
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_invariant_division_in_a_loop_of_no_step_does_not_fail(device: str) -> None:
+    a, b = np.ones(3, np.int32), np.array([1, 0, 2], np.int32)
+    fn = gir.jit(INVARIANT_DIVISION, "f", device=device)
+    for steps in (0, 2):
+        xs = np.arange(3 * steps, dtype=np.int32).reshape(steps, 3)
+        if steps == 0:
+            want = gir.interpret(gir.parse(INVARIANT_DIVISION), "f", a, b, xs)
+            assert want[0].shape == (0, 3)
+            assert_all_close(fn(a, b, xs), want)
+        else:
+            with pytest.raises(GirError, match="division by zero"):
+                fn(a, b, xs)
+    good = np.array([1, 3, 2], np.int32)  # a loop that runs: the division still gives the right answer
+    xs = np.arange(6, dtype=np.int32).reshape(2, 3)
+    assert_all_close(fn(a, good, xs), gir.interpret(gir.parse(INVARIANT_DIVISION), "f", a, good, xs))
+
+
+def test_an_invariant_division_is_hoisted_from_a_loop_that_surely_runs() -> None:
+    """Hoisting stays on where it cannot change which calls fail: a static trip count > 0."""
+    from gir.passes.pass_manager import PassManager
+
+    module = gir.parse(INVARIANT_DIVISION.replace("?x3", "4x3"))
+    PassManager("ssa,canonicalize").run(module)
+    scan = next(op for op in module.walk() if op.name == "scan")
+    assert not any(op.name == "div" for op in scan.body), str(module)
+    module = gir.parse(INVARIANT_DIVISION)
+    PassManager("ssa,canonicalize").run(module)
+    scan = next(op for op in module.walk() if op.name == "scan")
+    assert any(op.name == "div" for op in scan.body), str(module)
