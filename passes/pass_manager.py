@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError
+from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError, creating
 from ..ir.core import Module
 from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
@@ -160,7 +160,8 @@ class PassManager:
             report.analyses.begin_pass()
             start = time.perf_counter()
             try:
-                changed = bool(p.run(module, stats))
+                with creating(p.name):  # ops made now carry the pass's name (errors.Origin)
+                    changed = bool(p.run(module, stats))
             except GirPassError as e:
                 raise self._failed(p, module, snapshot, e) from None
             except GirError:

@@ -319,3 +319,120 @@ def test_every_op_a_pass_creates_carries_a_user_location(example: str) -> None:
     PassManager(f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}").run(module)
     unknown = [op.name for op in module.walk() if op.loc == UNKNOWN]
     assert not unknown, unknown
+
+
+# ---- errors on ops a pass created: located at the user op they come from, with a note on the pass
+
+GRAD_OF_PRODUCT = """func @loss(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> tensor<f32> {
+  %y = %a * %b
+  return sum(%y)
+}
+
+func @g(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> (tensor<f32>, tensor<4x3xf32>) {
+  %l, %da = grad @loss(%a, %b) wrt (%a)
+  return %l, %da
+}
+"""
+
+
+@pytest.fixture
+def broken_mul_gradient(monkeypatch):
+    """A gradient rule for `mul` with a bug: it reshapes the cotangent to a wrong shape. Correct
+    rules never make an ill-typed op, so this stands for a pass bug (or an unsupported case)."""
+    import dataclasses
+
+    from gir.ir.ops import REGISTRY
+
+    def bad_rule(c, g):
+        return [c.reshape(g, (5, 2)), None]
+
+    monkeypatch.setitem(REGISTRY, "mul", dataclasses.replace(REGISTRY["mul"], vjp=bad_rule))
+
+
+def test_error_on_an_op_autodiff_made_points_at_the_user_op_and_names_the_pass(broken_mul_gradient):
+    from gir.passes.pass_manager import PassManager
+
+    module = gir.parse(GRAD_OF_PRODUCT, filename=FILE)
+    with pytest.raises(gir.GirTypeError) as info:
+        PassManager("ssa,autodiff").run(module)
+    assert str(info.value).splitlines() == [
+        f"{FILE}:2:11: error: 'reshape': cannot reshape tensor<4x3xf32> (12 elements) to [5, 2] (10 elements)",
+        "  %y = %a * %b",
+        "          ^",
+        "note: autodiff created this op in the gradient of `%y = %a * %b` (line 2); it is not in the source",
+    ]
+
+
+def test_cli_prints_the_note_on_a_pass_made_op_without_a_traceback(broken_mul_gradient, tmp_path, capsys):
+    from gir.cli import main
+
+    path = tmp_path / "grad.gir"
+    path.write_text(GRAD_OF_PRODUCT)
+    assert main(["opt", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith(f"{path}:2:11: error: 'reshape': cannot reshape"), err
+    assert err.rstrip().endswith("note: autodiff created this op in the gradient of `%y = %a * %b` (line 2); it "
+                                 "is not in the source"), err
+
+
+RNN = """func @loss(%xs: tensor<5x2x3xf64>, %h0: tensor<2x3xf64>, %w: tensor<3x3xf64>) -> tensor<f64> {
+  %h = %h0
+  %l = constant 0.0 : tensor<f64>
+  for %x in %xs {
+    %h = tanh(%x + %h @ %w)
+    %l = %l + sum(%h * %h)
+  }
+  return %l
+}
+
+func @grads(%xs: tensor<5x2x3xf64>, %h0: tensor<2x3xf64>, %w: tensor<3x3xf64>) -> (tensor<f64>, tensor<3x3xf64>) {
+  %l, %dw = grad @loss(%xs, %h0, %w) wrt (%w)
+  return %l, %dw
+}
+"""
+
+
+def test_ops_scan_grad_moves_out_of_the_loop_come_from_the_accumulation_they_replace():
+    """scan-grad's GEMM after the loop (sum over t of h_{t-1}^T @ dz_t) is made from the
+    accumulation autodiff put in the backward loop, which comes from the user's loop (line 4):
+    an error on it says both, not the op that happens to follow the loop."""
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import DEFAULT_PIPELINE
+
+    module = gir.parse(RNN, filename=FILE)
+    PassManager(DEFAULT_PIPELINE).run(module)
+    grads = module.functions["grads"]
+    outside = [op for op in grads.body if op.name == "matmul"]
+    assert outside, "scan-grad pushed no accumulation out of the loop"
+    for op in outside:
+        assert (op.loc.line, op.loc.col) == (4, 3), op.loc
+        assert op.loc.origin is not None and op.loc.origin.pass_name == "scan-grad"
+    text = str(gir.GirError("the CPU backend cannot compile 'matmul'", outside[0].loc)).splitlines()
+    assert text == [
+        f"{FILE}:4:3: error: the CPU backend cannot compile 'matmul'",
+        "  for %x in %xs {",
+        "  ^",
+        "note: scan-grad created this op from an op that autodiff created in the gradient of `for %x in %xs {` "
+        "(line 4); it is not in the source",
+    ]
+
+
+def test_user_ops_and_rebuilt_loops_have_no_pass_note():
+    """The user's own ops keep their location without a note, and so does a loop a pass only
+    rebuilt (ssa's for -> scan, a scan with one more stack): an error there is about the user's op."""
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import DEFAULT_PIPELINE
+
+    module = gir.parse(RNN, filename=FILE)
+    PassManager(DEFAULT_PIPELINE).run(module)
+    loss = module.functions["loss"]
+    assert all(op.loc.origin is None for op in loss.walk() if op.name in ("scan", "tanh", "matmul"))
+    assert "note:" not in str(gir.GirError("x", next(op for op in loss.walk() if op.name == "scan").loc))
+
+
+def test_locations_with_and_without_an_origin_are_equal():
+    from gir.errors import Location, Origin
+
+    assert Location("f.gir", 1, 2, Origin("autodiff")) == Location("f.gir", 1, 2)
+    assert hash(Location("f.gir", 1, 2, Origin("autodiff"))) == hash(Location("f.gir", 1, 2))
