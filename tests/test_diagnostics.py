@@ -604,3 +604,27 @@ def test_cli_prints_a_numpy_hint_with_its_caret_without_a_traceback(tmp_path, ca
         "  %a = %x ** 2.0",
         "          ^",
     ]
+
+
+@pytest.mark.parametrize("example", ["rnn", "lstm"])
+def test_ops_only_a_pass_makes_name_that_pass(example: str) -> None:
+    """Kinds of op no user wrote in these programs (fused groups, transfers, the backward scans'
+    ops) all carry an origin naming a pass of the pipeline, with a location in the source file."""
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+
+    path = str(Path(gir.__file__).parent / "examples" / f"{example}.gir")
+    module = gir.load(path)
+    pipeline = f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE},place{{policy=aggressive}}"
+    PassManager(pipeline).run(module)
+    made = [op for op in module.walk() if op.name in ("fused", "transfer")]
+    assert {op.name for op in made} == {"fused", "transfer"}
+    for op in made:
+        assert op.loc.file == path and op.loc.origin is not None, (op.name, op.loc)
+        assert op.loc.origin.pass_name == {"fused": "fuse", "transfer": "place"}[op.name]
+    passes = {"ssa", "canonicalize", "scan-grad", "autodiff", "inline", "fuse", "memplan", "place"}
+    for op in module.walk():
+        origin = op.loc.origin
+        while origin is not None:
+            assert origin.pass_name in passes, origin
+            origin = origin.via
