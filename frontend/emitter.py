@@ -20,12 +20,13 @@ from typing import Any
 
 from lark import Token
 
-from ..errors import GirSyntaxError, GirTypeError, Location
+from ..errors import GirSyntaxError, GirTypeError, Location, did_you_mean
 from ..ir.core import Block, Function, Module, Operation, Region, Value
 from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY, declared_matches, make_op
 from ..ir.printer import format_attr
 from ..ir.types import FLOAT_DTYPES, TensorType, Type, VarType, type_problem
 from . import ast
+from .hints import dtype_hint, function_names, functions_note
 
 
 def emit_module(funcs: list[ast.Func], filename: str) -> Module:
@@ -81,6 +82,8 @@ class _FunctionEmitter:
         self.loops: list[_LoopFrame] = []
         self.outer_blocks: list[Block] = []
         self.loc_override: Location | None = None
+        self.left_scope: dict[str, Value] = {}
+        """Names local to a loop body that has ended, for the error on a use after it."""
 
     # -- helpers ----------------------------------------------------------------------------
     def loc(self, tok: Token | None) -> Location:
@@ -116,7 +119,29 @@ class _FunctionEmitter:
         for scope in reversed(self.scopes):
             if name in scope:
                 return scope[name]
-        raise GirTypeError(f"use of undefined value {name}", self.loc(tok))
+        raise self.undefined(tok)
+
+    def visible(self, name: str) -> bool:
+        return name in self.vars or any(name in scope for scope in self.scopes)
+
+    def undefined(self, tok: Token) -> GirSyntaxError | GirTypeError:
+        """The error for a name with no value here, with what the user probably meant."""
+        name = str(tok)
+        base, dot, attr = name.rpartition(".")
+        if dot and attr[:1].isalpha() and self.visible(base):  # `%w.T`: NumPy's attributes
+            loc = Location(self.filename, tok.line or 0, (tok.column or 0) + len(base))
+            if attr == "T":
+                return GirSyntaxError(f"gir has no '.T'; write transpose({base}) (it reverses the axes, as .T does)",
+                                      self.loc_override or loc)
+            return GirSyntaxError(f"gir values have no attributes ('.{attr}'); a value's shape is in its type",
+                                  self.loc_override or loc)
+        names = set(self.vars).union(*self.scopes)
+        note = None
+        gone = self.left_scope.get(name)
+        if gone is not None and gone.defining_op is not None:
+            note = (f"{name} is defined in a loop body at line {gone.defining_op.loc.line}, and a name assigned "
+                    "once in a loop body is local to it: collect it, or assign it before the loop as well")
+        return GirTypeError(f"use of undefined value {name}" + did_you_mean(name, names), self.loc(tok), note=note)
 
     def define(self, tok: Token, value: Value) -> None:
         name = str(tok)
@@ -242,7 +267,7 @@ class _FunctionEmitter:
         self.scopes.append({})
 
     def leave(self, block: Block) -> None:
-        self.scopes.pop()
+        self.left_scope.update(self.scopes.pop())
         self.block = self.outer_blocks.pop()
 
     # -- right-hand sides -------------------------------------------------------------------
@@ -266,7 +291,7 @@ class _FunctionEmitter:
         name = str(g.name)
         spec = REGISTRY.get(name)
         if spec is None:
-            raise GirTypeError(f"unknown op '{name}'", self.loc(g.name))
+            raise GirTypeError(f"unknown op '{name}'" + did_you_mean(name, REGISTRY), self.loc(g.name))
         if spec.own_syntax:
             raise GirTypeError(f"'{name}' has its own syntax; see docs/language.md", self.loc(g.name))
         attrs = g.attrs
@@ -281,7 +306,7 @@ class _FunctionEmitter:
     def call(self, tok: Token, fname: Token, args: list[Value], types: ast.Types | None) -> list[Value]:
         callee = self.signatures.get(str(fname)[1:])
         if callee is None:
-            raise GirTypeError(f"call of undefined function {fname}", self.loc(fname))
+            raise GirTypeError(f"call of undefined function {fname}" + self.callee_hint(fname), self.loc(fname))
         got = [a.type for a in args]
         if got != callee.arg_types:
             raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + ") but is called with ("
@@ -295,7 +320,7 @@ class _FunctionEmitter:
         fname = g.callee
         callee = self.signatures.get(str(fname)[1:])
         if callee is None:
-            raise GirTypeError(f"grad of undefined function {fname}", self.loc(fname))
+            raise GirTypeError(f"grad of undefined function {fname}" + self.callee_hint(fname), self.loc(fname))
         args = [self.expr(e) for e in g.args]
         if [a.type for a in args] != callee.arg_types:
             raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + ") but grad passes ("
@@ -311,6 +336,13 @@ class _FunctionEmitter:
                                + ", ".join(map(str, g.types)), self.loc(g.keyword))
         return self.op("grad", args, g.keyword, attrs={"callee": str(fname)[1:], "wrt": positions},
                        declared=declared).results
+
+    def callee_hint(self, fname: Token) -> str:
+        name = str(fname)[1:]
+        hint = did_you_mean(name, self.signatures, prefix="@")
+        if not hint and name in function_names():
+            hint = f"; '{name}' is a builtin: write {name}(...) without '@'"
+        return hint
 
     def wrt_position(self, item: Token, exprs: tuple[ast.Expr, ...], args: list[Value]) -> int:
         if item.type == "INT":
@@ -444,7 +476,11 @@ class _FunctionEmitter:
             name = ONE_ARGUMENT_ALIASES.get(name, name)
         spec = REGISTRY.get(name)
         if spec is None or spec.category == "structural":
-            raise GirTypeError(f"unknown function '{name}'", self.loc(e.name))
+            if name in self.signatures:
+                raise GirTypeError(f"unknown function '{name}'; the function @{name} of this module is called as "
+                                   f"@{name}(...)", self.loc(e.name))
+            hint = did_you_mean(name, function_names()) or did_you_mean(name, self.signatures, prefix="@")
+            raise GirTypeError(f"unknown function '{name}'" + hint, self.loc(e.name), note=functions_note())
         kwargs = dict(e.kwargs)  # declared_type takes dtype= and shape= out
         integer = frozenset(spec.operands.index(o) for o in spec.integer_operands)
         values = self.operands_of(e.args, skip=1 if name == "select" else 0, integer=integer)
@@ -472,7 +508,8 @@ class _FunctionEmitter:
         return TensorType(tuple(shape), dtype)
 
     def _bad_dtype(self, tok: Token, dtype: Any) -> TensorType:
-        raise GirTypeError(f"unknown dtype {dtype!r}; use one of " + ", ".join(_DTYPE_NAMES), self.loc(tok))
+        raise GirTypeError(f"unknown dtype {dtype!r}{dtype_hint(dtype)}; use one of " + ", ".join(_DTYPE_NAMES),
+                           self.loc(tok))
 
 
 _DTYPE_NAMES = ("f32", "f64", "i32", "i64", "i1")

@@ -23,6 +23,7 @@ from ..errors import GirSyntaxError, Location, remember_source
 from ..ir.core import Module
 from ..ir.types import parse_type
 from . import ast
+from .hints import numpy_hint
 from .lexer import GirLexer
 
 
@@ -331,6 +332,9 @@ def _malformed_type(loc: Location) -> GirSyntaxError:
 
 
 def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxError:
+    hint = numpy_hint(e, filename, text)  # `x[a:b]`, `**`, `>`, `np.`: what to write instead
+    if hint is not None:
+        return hint
     loc = Location(filename, getattr(e, "line", 0) or 0, getattr(e, "column", 0) or 0)
     if isinstance(e, UnexpectedToken):
         tok = e.token

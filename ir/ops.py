@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UNKNOWN, GirTypeError, Location
+from ..errors import UNKNOWN, GirTypeError, Location, created_at, did_you_mean
 from .core import Operation, Region, Value
 from .spec import REGISTRY, REQUIRED, InferContext, Kernel, OpSpec, Reduction, ShapeError, register, view_source
 from .types import FLOAT_DTYPES, INT_DTYPES, Dim, TensorType, Type, VarType
@@ -40,7 +40,9 @@ def make_op(
     segments: tuple[int, ...] = (),
     result_names: Sequence[str | None] = (),
 ) -> Operation:
-    """Builds an op, filling attribute defaults and inferring result types from its spec."""
+    """Builds an op, filling attribute defaults and inferring result types from its spec. While
+    a pass runs, `loc` is marked as the origin of an op that pass made (errors.created_at)."""
+    loc = created_at(loc)
     spec = REGISTRY.get(name)
     if spec is None:
         raise GirTypeError(f"unknown op '{name}'", loc)
@@ -95,7 +97,8 @@ def normalize_attrs(spec: OpSpec, attrs: dict[str, Any], loc: Location) -> dict[
             continue
         if key not in spec.attrs:
             known = ", ".join(sorted(spec.attrs)) or "none"
-            raise GirTypeError(f"'{spec.name}' has no attribute '{key}' (known: {known})", loc)
+            raise GirTypeError(f"'{spec.name}' has no attribute '{key}' (known: {known})"
+                               + did_you_mean(key, spec.attrs), loc)
     for key, default in spec.attrs.items():
         if key not in attrs:
             if default is REQUIRED:

@@ -246,19 +246,24 @@ class Backprop:
             gs = [self.adj.pop(r, None) for r in op.results]
             if all(g is None for g in gs):
                 continue
-            if op.name == "scan":
-                scan_vjp(self, op, gs)
-                continue
-            spec = op.spec
-            if spec.vjp is None:
-                if spec.pre_ssa:
-                    raise GirTypeError(f"autodiff needs SSA form: run the ssa pass before it ('{op.name}')", op.loc)
-                raise GirTypeError(f"autodiff: '{op.name}' has no gradient rule, and a gradient flows through it",
-                                   op.loc)
-            (g,) = gs
-            grads = spec.vjp(VJPContext(self, op), g)
-            for v, dv in zip(op.operands, grads):
-                self.add(v, dv)
+            # An error on an op made here says it is part of the gradient of `op` (errors.Origin).
+            with self.rw.made_from(op, "in the gradient of"):
+                self.backprop_op(op, gs)
+
+    def backprop_op(self, op: Operation, gs: list[Value | None]) -> None:
+        if op.name == "scan":
+            scan_vjp(self, op, gs)
+            return
+        spec = op.spec
+        if spec.vjp is None:
+            if spec.pre_ssa:
+                raise GirTypeError(f"autodiff needs SSA form: run the ssa pass before it ('{op.name}')", op.loc)
+            raise GirTypeError(f"autodiff: '{op.name}' has no gradient rule, and a gradient flows through it",
+                               op.loc)
+        (g,) = gs
+        grads = spec.vjp(VJPContext(self, op), g)
+        for v, dv in zip(op.operands, grads):
+            self.add(v, dv)
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..errors import GirPassError
+from ..errors import GirPassError, did_you_mean
 from ..ir.core import Module
 from .analysis import Analyses
 from .rewriter import PassStatistics
@@ -45,8 +45,9 @@ class Pass:
         for key, text in raw.items():
             attr = key.replace("-", "_")
             if attr not in fields:
-                known = ", ".join(f.replace("_", "-") for f in fields) or "none"
-                raise GirPassError(f"pass '{cls.name}' has no option '{key}' (options: {known})")
+                options = [f.replace("_", "-") for f in fields]
+                raise GirPassError(f"pass '{cls.name}' has no option '{key}' (options: {', '.join(options) or 'none'})"
+                                   + did_you_mean(key, options))
             values[attr] = _convert(cls.name, key, text, fields[attr].default)
         return cls(cls.Options(**values))
 

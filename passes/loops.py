@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import rebuilding
 from ..ir.core import BlockArgument, Operation, OpResult, Value
 from ..ir.loops import LoopView
 from ..ir.ops import make_op
@@ -72,7 +73,8 @@ def rebuild_scan(rw: Rewriter, parts: ScanParts) -> Operation:
     assert term is not None
     carries = [c.yielded for c in parts.carries]
     stacks = [s.yielded for s in parts.stacks]
-    rw.create("yield", carries + stacks, before=term, segments=(len(carries), len(stacks)))
+    with rebuilding():  # the same yield and scan, rebuilt: an error on them is about the user's loop
+        rw.create("yield", carries + stacks, before=term, segments=(len(carries), len(stacks)))
     rw.erase(term)
     for inner in reversed(body.ops):
         if inner.spec.pure and not inner.spec.terminator and not any(r.uses for r in inner.results) \
@@ -91,8 +93,9 @@ def rebuild_scan(rw: Rewriter, parts: ScanParts) -> Operation:
         # The dropped sequences fixed the trip count (none left, or those left are `?` long):
         # `length` keeps it, so stacked results keep their types.
         attrs["length"] = LoopView(old).trip_count
-    new = make_op("scan", [s.outer for s in parts.sequences] + [c.init for c in parts.carries], attrs=attrs,
-                  regions=[region], loc=old.loc, segments=(len(parts.sequences), len(parts.carries)))
+    with rebuilding():
+        new = make_op("scan", [s.outer for s in parts.sequences] + [c.init for c in parts.carries], attrs=attrs,
+                      regions=[region], loc=old.loc, segments=(len(parts.sequences), len(parts.carries)))
     old.parent.insert_before(old, new)  # type: ignore[union-attr]
     rw.adopt(new)
     results = iter(new.results)

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError
+from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError, creating, did_you_mean
 from ..ir.core import Module
 from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
@@ -122,7 +122,8 @@ class PassManager:
             for name in sorted(wanted):
                 if name not in names:
                     have = ", ".join(names) if names else "none (the pipeline is empty)"
-                    raise GirPassError(f"--{flag}={name}: no pass '{name}' in the pipeline; its passes: {have}")
+                    raise GirPassError(f"--{flag}={name}: no pass '{name}' in the pipeline; its passes: {have}"
+                                       + did_you_mean(name, names))
 
     @property
     def pipeline(self) -> str:
@@ -162,7 +163,8 @@ class PassManager:
             report.analyses.begin_pass()
             start = time.perf_counter()
             try:
-                changed = bool(p.run(module, stats))
+                with creating(p.name):  # ops made now carry the pass's name (errors.Origin)
+                    changed = bool(p.run(module, stats))
             except GirPassError as e:
                 raise self._failed(p, module, snapshot, e) from None
             except GirError:

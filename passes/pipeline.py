@@ -6,7 +6,7 @@ in braces: `ssa,canonicalize,scan-grad{max-extra-bytes=1000000}`.
 
 from __future__ import annotations
 
-from ..errors import GirPassError
+from ..errors import GirPassError, did_you_mean
 from .autodiff import Autodiff
 from .base import Pass
 from .canonicalize import Canonicalize
@@ -67,7 +67,7 @@ def parse_pipeline(text: str) -> list[Pass]:
         name = name.strip()
         cls = PASSES.get(name)
         if cls is None:
-            raise GirPassError(f"unknown pass '{name}'; passes: " + ", ".join(PASSES))
+            raise GirPassError(f"unknown pass '{name}'; passes: " + ", ".join(PASSES) + did_you_mean(name, PASSES))
         options: dict[str, str] = {}
         if rest:
             if not rest.endswith("}"):

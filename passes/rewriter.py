@@ -9,11 +9,12 @@ how many ops it created and erased, and how long it took: the profile `--timing`
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UNKNOWN, Location
+from ..errors import UNKNOWN, Location, creating
 from ..ir.core import Block, Function, Operation, Region, Value, erase_op
 from ..ir.ops import make_op
 from ..ir.types import TensorType
@@ -60,6 +61,8 @@ class Rewriter:
         self.current = "other"
         self.worklist: list[Operation] | None = None
         self.changed = False
+        self.origin: Location | None = None
+        """Where ops created without a `loc` come from, inside `made_from`."""
 
     def _note_created(self, op: Operation) -> None:
         self.stats.pattern(self.current).created += 1
@@ -68,15 +71,31 @@ class Rewriter:
             self.worklist.append(op)
 
     # -- creation ---------------------------------------------------------------------------
+    @contextmanager
+    def made_from(self, op: Operation, action: str = "from") -> Iterator[None]:
+        """Ops created inside come from the user op `op`: they take its location unless given
+        one, and an error on one says the running pass made it `action` `op` (errors.Origin).
+        For ops put somewhere else than `op` (scan-grad's GEMM after the loop, from the
+        accumulation inside it), where the nearest location would be an unrelated op's."""
+        saved = self.origin
+        self.origin = op.loc if op.loc != UNKNOWN else _nearest_location(op, None)
+        try:
+            with creating(action=action):
+                yield
+        finally:
+            self.origin = saved
+
     def create(self, name: str, operands: Sequence[Value], *, before: Operation | None = None,
                after: Operation | None = None, at_end: Block | None = None, loc: Location | None = None,
                **kw: Any) -> Operation:
         """make_op + insert: exactly one of before / after / at_end says where. Without a `loc`,
         the op takes the nearest known location of where it goes (the anchor, else the op whose
-        body it is put in, outwards), so an error about it points at the user's source."""
+        body it is put in, outwards), so an error about it points at the user's source; inside
+        `made_from`, the location of the op it is made from."""
         anchor = before or after
-        known = loc is not None and loc != UNKNOWN
-        op = make_op(name, operands, loc=loc if known else _nearest_location(anchor, at_end), **kw)
+        if loc is None or loc == UNKNOWN:
+            loc = self.origin if self.origin is not None else _nearest_location(anchor, at_end)
+        op = make_op(name, operands, loc=loc, **kw)
         if before is not None:
             before.parent.insert_before(before, op)  # type: ignore[union-attr]
         elif after is not None:

@@ -72,12 +72,14 @@ def hoist_projections(rw: Rewriter, scan: Operation, stats: PassStatistics) -> O
             continue
         seq = _is_seq_arg(scan, a) if w not in inside else None
         if seq is not None:
-            projected = rw.value("matmul", [seq.outer, w], before=scan)
+            with rw.made_from(op):
+                projected = rw.value("matmul", [seq.outer, w], before=scan)
         else:
             seq = _is_seq_arg(scan, w) if a not in inside else None
             if seq is None:
                 continue
-            projected = rw.value("matmul", [a, seq.outer], before=scan)
+            with rw.made_from(op):
+                projected = rw.value("matmul", [a, seq.outer], before=scan)
         parts = scan_parts(scan)
         arg = scan.body.add_arg(op.result.type, op.result.name_hint, index=len(parts.sequences))
         parts.sequences.append(Sequence(projected, arg))
@@ -127,8 +129,9 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
             where = first
         if len({w.tensor_type.dtype for w in weights}) != 1:
             continue
-        cat = rw.value("concat", weights, before=where, attrs={"axis": 1})
-        big = rw.value("matmul", [x, cat], before=first)
+        with rw.made_from(first):
+            cat = rw.value("concat", weights, before=where, attrs={"axis": 1})
+            big = rw.value("matmul", [x, cat], before=first)
         offset = 0
         for p in products:
             n = p.result.tensor_type.shape[-1]
@@ -136,7 +139,8 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
             starts = [0] * len(shape)
             limits = list(shape)
             starts[-1], limits[-1] = offset, offset + n
-            rw.replace_op(p, [rw.value("slice", [big], before=p, attrs={"starts": starts, "limits": limits})])
+            with rw.made_from(p):
+                rw.replace_op(p, [rw.value("slice", [big], before=p, attrs={"starts": starts, "limits": limits})])
             offset += n
         stats.count("scan-grad: products merged (shared operand)", len(products))
 
@@ -159,9 +163,10 @@ def merge_sums(rw: Rewriter, scan: Operation, stats: PassStatistics) -> None:
             continue
         if op.result.type != prods[0].result.type or op.result.type != prods[1].result.type:
             continue
-        w = rw.value("concat", [u, v], before=scan, attrs={"axis": 0})
-        x = rw.value("concat", [a, b], before=op, attrs={"axis": 1})
-        rw.replace_op(op, [rw.value("matmul", [x, w], before=op)])
+        with rw.made_from(op):
+            w = rw.value("concat", [u, v], before=scan, attrs={"axis": 0})
+            x = rw.value("concat", [a, b], before=op, attrs={"axis": 1})
+            rw.replace_op(op, [rw.value("matmul", [x, w], before=op)])
         for p in prods:
             rw.erase(p)
         stats.count("scan-grad: sums of products merged")
@@ -358,9 +363,11 @@ def _add_post_loop_gemms(rw: Rewriter, scan: Operation, steps: int | None, found
     after = scan.next
     assert after is not None  # a scan is never a block's terminator
     for acc in found:
-        total = _post_loop_gemm(rw, after, steps, acc.a, acc.a_t, acc.sa, acc.b, acc.b_t, acc.sb, new_stacks)
         c = acc.carry
-        final = rw.value("add", [c.init, total], before=after)
+        # The GEMM goes after the loop, next to an unrelated op: it is made from the update.
+        with rw.made_from(acc.update):
+            total = _post_loop_gemm(rw, after, steps, acc.a, acc.a_t, acc.sa, acc.b, acc.b_t, acc.sb, new_stacks)
+            final = rw.value("add", [c.init, total], before=after)
         assert c.result is not None  # carries read from a scan op always have a result
         rw.replace_all_uses(c.result, final)
         stats.count("scan-grad: accumulations pushed out")

@@ -27,7 +27,7 @@ is an error: it would be read before it is assigned on some path. Strict SSA aft
 
 from __future__ import annotations
 
-from ..errors import GirTypeError
+from ..errors import GirTypeError, rebuilding
 from ..ir.core import Block, Function, Module, Operation, Value
 from ..ir.loops import LoopView
 from ..ir.ops import make_op
@@ -114,11 +114,12 @@ class _FunctionSSA:
                 raise AssertionError(f"no value for carried variables {missing}")
             new_carries = old_carries + [inner[v] for v in carried]
             rw.current = "for-to-scan"
-            rw.create("yield", new_carries + stacks, before=term, segments=(len(new_carries), len(stacks)))
-            rw.erase(term)
-            region = op.regions.pop()
-            new = make_op("scan", seqs + inits + [current[v] for v in carried], attrs=dict(op.attrs),
-                          regions=[region], loc=op.loc, segments=(len(seqs), len(inits) + len(carried)))
+            with rebuilding():  # the user's loop as a scan: an error on it needs no note on ssa
+                rw.create("yield", new_carries + stacks, before=term, segments=(len(new_carries), len(stacks)))
+                rw.erase(term)
+                region = op.regions.pop()
+                new = make_op("scan", seqs + inits + [current[v] for v in carried], attrs=dict(op.attrs),
+                              regions=[region], loc=op.loc, segments=(len(seqs), len(inits) + len(carried)))
             op.parent.insert_before(op, new)  # type: ignore[union-attr]
             rw.adopt(new)
             scan = LoopView(new)

@@ -319,3 +319,312 @@ def test_every_op_a_pass_creates_carries_a_user_location(example: str) -> None:
     PassManager(f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}").run(module)
     unknown = [op.name for op in module.walk() if op.loc == UNKNOWN]
     assert not unknown, unknown
+
+
+# ---- errors on ops a pass created: located at the user op they come from, with a note on the pass
+
+GRAD_OF_PRODUCT = """func @loss(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> tensor<f32> {
+  %y = %a * %b
+  return sum(%y)
+}
+
+func @g(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> (tensor<f32>, tensor<4x3xf32>) {
+  %l, %da = grad @loss(%a, %b) wrt (%a)
+  return %l, %da
+}
+"""
+
+
+@pytest.fixture
+def broken_mul_gradient(monkeypatch):
+    """A gradient rule for `mul` with a bug: it reshapes the cotangent to a wrong shape. Correct
+    rules never make an ill-typed op, so this stands for a pass bug (or an unsupported case)."""
+    import dataclasses
+
+    from gir.ir.ops import REGISTRY
+
+    def bad_rule(c, g):
+        return [c.reshape(g, (5, 2)), None]
+
+    monkeypatch.setitem(REGISTRY, "mul", dataclasses.replace(REGISTRY["mul"], vjp=bad_rule))
+
+
+def test_error_on_an_op_autodiff_made_points_at_the_user_op_and_names_the_pass(broken_mul_gradient):
+    from gir.passes.pass_manager import PassManager
+
+    module = gir.parse(GRAD_OF_PRODUCT, filename=FILE)
+    with pytest.raises(gir.GirTypeError) as info:
+        PassManager("ssa,autodiff").run(module)
+    assert str(info.value).splitlines() == [
+        f"{FILE}:2:11: error: 'reshape': cannot reshape tensor<4x3xf32> (12 elements) to [5, 2] (10 elements)",
+        "  %y = %a * %b",
+        "          ^",
+        "note: autodiff created this op in the gradient of `%y = %a * %b` (line 2); it is not in the source",
+    ]
+
+
+def test_cli_prints_the_note_on_a_pass_made_op_without_a_traceback(broken_mul_gradient, tmp_path, capsys):
+    from gir.cli import main
+
+    path = tmp_path / "grad.gir"
+    path.write_text(GRAD_OF_PRODUCT)
+    assert main(["opt", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith(f"{path}:2:11: error: 'reshape': cannot reshape"), err
+    assert err.rstrip().endswith("note: autodiff created this op in the gradient of `%y = %a * %b` (line 2); it "
+                                 "is not in the source"), err
+
+
+RNN = """func @loss(%xs: tensor<5x2x3xf64>, %h0: tensor<2x3xf64>, %w: tensor<3x3xf64>) -> tensor<f64> {
+  %h = %h0
+  %l = constant 0.0 : tensor<f64>
+  for %x in %xs {
+    %h = tanh(%x + %h @ %w)
+    %l = %l + sum(%h * %h)
+  }
+  return %l
+}
+
+func @grads(%xs: tensor<5x2x3xf64>, %h0: tensor<2x3xf64>, %w: tensor<3x3xf64>) -> (tensor<f64>, tensor<3x3xf64>) {
+  %l, %dw = grad @loss(%xs, %h0, %w) wrt (%w)
+  return %l, %dw
+}
+"""
+
+
+def test_ops_scan_grad_moves_out_of_the_loop_come_from_the_accumulation_they_replace():
+    """scan-grad's GEMM after the loop (sum over t of h_{t-1}^T @ dz_t) is made from the
+    accumulation autodiff put in the backward loop, which comes from the user's loop (line 4):
+    an error on it says both, not the op that happens to follow the loop."""
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import DEFAULT_PIPELINE
+
+    module = gir.parse(RNN, filename=FILE)
+    PassManager(DEFAULT_PIPELINE).run(module)
+    grads = module.functions["grads"]
+    outside = [op for op in grads.body if op.name == "matmul"]
+    assert outside, "scan-grad pushed no accumulation out of the loop"
+    for op in outside:
+        assert (op.loc.line, op.loc.col) == (4, 3), op.loc
+        assert op.loc.origin is not None and op.loc.origin.pass_name == "scan-grad"
+    text = str(gir.GirError("the CPU backend cannot compile 'matmul'", outside[0].loc)).splitlines()
+    assert text == [
+        f"{FILE}:4:3: error: the CPU backend cannot compile 'matmul'",
+        "  for %x in %xs {",
+        "  ^",
+        "note: scan-grad created this op from an op that autodiff created in the gradient of `for %x in %xs {` "
+        "(line 4); it is not in the source",
+    ]
+
+
+def test_user_ops_and_rebuilt_loops_have_no_pass_note():
+    """The user's own ops keep their location without a note, and so does a loop a pass only
+    rebuilt (ssa's for -> scan, a scan with one more stack): an error there is about the user's op."""
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import DEFAULT_PIPELINE
+
+    module = gir.parse(RNN, filename=FILE)
+    PassManager(DEFAULT_PIPELINE).run(module)
+    loss = module.functions["loss"]
+    assert all(op.loc.origin is None for op in loss.walk() if op.name in ("scan", "tanh", "matmul"))
+    assert "note:" not in str(gir.GirError("x", next(op for op in loss.walk() if op.name == "scan").loc))
+
+
+def test_locations_with_and_without_an_origin_are_equal():
+    from gir.errors import Location, Origin
+
+    assert Location("f.gir", 1, 2, Origin("autodiff")) == Location("f.gir", 1, 2)
+    assert hash(Location("f.gir", 1, 2, Origin("autodiff"))) == hash(Location("f.gir", 1, 2))
+
+
+# ---- hints: NumPy and Python spellings, and "did you mean", each with its exact position and text
+
+STEP = "func @rnn_step(%h: tensor<3xf32>) -> tensor<3xf32> {\n  return tanh(%h)\n}\n"
+"""A helper function of 3 lines, for misspelled callees."""
+
+HIDDEN = ("func @f(%x: tensor<3xf32>, %m: tensor<3x4xf32>) -> tensor<3xf32> {\n  %hidden = tanh(%x)\n  {line}\n"
+          "  return %x\n}\n")
+"""A function whose scope has %x, %m and %hidden; `{line}` is line 3."""
+
+HINTS = [
+    # (id, text, error, exact message, line, at, nth)
+    ("numpy-slice", body("%a = %m[:, 0:2]"), Syn,
+     "gir has no subscripts; write slice(%m, starts=[0, 0], limits=[N0, 2]) for %m[:, 0:2] (N0: the size of that "
+     "axis)", 2, "[", 0),
+    ("numpy-slice-both-bounds", body("%a = %m[0:2, 1:3]"), Syn,
+     "gir has no subscripts; write slice(%m, starts=[0, 1], limits=[2, 3]) for %m[0:2, 1:3]", 2, "[", 0),
+    ("numpy-index", body("%a = %m[1]"), Syn,
+     "gir has no subscripts; write index(%m, 1) for %m[1] (the leading axis)", 2, "[", 0),
+    ("numpy-subscript-of-a-call", body("%a = tanh(%m)[1]"), Syn,
+     "gir has no subscripts; write index(tanh(%m), 1) for tanh(%m)[1] (the leading axis)", 2, "[", 0),
+    ("numpy-power", body("%a = %x ** 2.0"), Syn, "gir has no '**' operator; write pow(%x, 2.0) for %x ** 2.0", 2,
+     "**", 0),
+    ("numpy-greater", body("%a = %x > %x"), Syn,
+     "gir has no infix comparisons; write gt(%x, %x) for %x > %x (an i1 tensor, for select)", 2, ">", 0),
+    ("numpy-less-equal", body("%a = %x <= 0.5"), Syn,
+     "gir has no infix comparisons; write le(%x, 0.5) for %x <= 0.5 (an i1 tensor, for select)", 2, "<=", 0),
+    ("numpy-equal", body("%a = %x == %x"), Syn,
+     "gir has no infix comparisons; write eq(%x, %x) for %x == %x (an i1 tensor, for select)", 2, "==", 0),
+    ("numpy-not-equal", body("%a = %x != %x"), Syn,
+     "gir has no infix comparisons; write ne(%x, %x) for %x != %x (an i1 tensor, for select)", 2, "!=", 0),
+    ("numpy-transpose-attribute", body("%a = %x @ %m.T"), Syn,
+     "gir has no '.T'; write transpose(%m) (it reverses the axes, as .T does)", 2, ".T", 0),
+    ("numpy-shape-attribute", body("%a = %m.shape"), Syn,
+     "gir values have no attributes ('.shape'); a value's shape is in its type", 2, ".shape", 0),
+    ("numpy-prefix", body("%a = np.tanh(%x)"), Syn,
+     "gir's functions have no module prefix; write tanh(...) instead of np.tanh(...)", 2, "np", 0),
+    ("numpy-prefix-unknown-function", body("%a = numpy.dot(%m, %m)"), Syn,
+     "gir's functions have no module prefix, and gir has no function 'dot'", 2, "numpy", 0),
+    ("numpy-method", body("%a = %m.sum(axis=0)"), Syn,
+     "gir values have no methods; write sum(%m, ...) instead of %m.sum(...)", 2, ".sum", 0),
+    ("python-true", body("%a = sum(%m, axes=[1], keepdims=True)"), Syn, "booleans are written true, not True", 2,
+     "True", 0),
+    ("python-name-assigned", body("a = tanh(%x)"), Syn,
+     "'a' is not a value name: value names start with '%' (write %a)", 2, "a", 0),
+    ("python-name-used", body("%a = tanh(x)"), Syn,
+     "'x' is not a value name: value names start with '%' (write %x)", 2, "x)", 0),
+    ("python-comment", body("%a = tanh(%x)  # the hidden state"), Syn,
+     "unexpected character '#': comments start with // in gir", 2, "#", 0),
+    ("python-semicolon", body("%a = tanh(%x);"), Syn,
+     "unexpected character ';': gir statements end at the next statement, without ';'", 2, ";", 0),
+    ("did-you-mean-function", body("%a = sigmiod(%x)"), Typ, "unknown function 'sigmiod'; did you mean 'sigmoid'?",
+     2, "sigmiod", 0),
+    ("did-you-mean-numpy-function", body("%a = power(%x, 2.0)"), Typ, "unknown function 'power'; did you mean 'pow'?",
+     2, "power", 0),
+    ("module-function-called-without-at", STEP + body("%a = rnn_step(%x)"), Typ,
+     "unknown function 'rnn_step'; the function @rnn_step of this module is called as @rnn_step(...)", 5,
+     "rnn_step", 0),
+    ("did-you-mean-op", body("%a = tahn %x : tensor<3xf32>"), Typ, "unknown op 'tahn'; did you mean 'tanh'?", 2,
+     "tahn", 0),
+    ("did-you-mean-value", HIDDEN.replace("{line}", "%a = %hiden * %x"), Typ,
+     "use of undefined value %hiden; did you mean '%hidden'?", 3, "%hiden", 0),
+    ("did-you-mean-callee", STEP + body("%a = @rnn_stp(%x)"), Typ,
+     "call of undefined function @rnn_stp; did you mean '@rnn_step'?", 5, "@rnn_stp", 0),
+    ("did-you-mean-callee-generic-call", STEP + body("%a = call @rnn_stpe(%x) : tensor<3xf32>"), Typ,
+     "call of undefined function @rnn_stpe; did you mean '@rnn_step'?", 5, "@rnn_stpe", 0),
+    ("did-you-mean-grad-callee", "func @loss(%a: tensor<3xf32>) -> tensor<f32> {\n  return sum(%a)\n}\n"
+     + body("%l, %d = grad @los(%x) wrt (%x)"), Typ, "grad of undefined function @los; did you mean '@loss'?", 5,
+     "@los", 0),
+    ("builtin-called-with-at", body("%a = @tanh(%x)"), Typ,
+     "call of undefined function @tanh; 'tanh' is a builtin: write tanh(...) without '@'", 2, "@tanh", 0),
+    ("did-you-mean-attribute", body("%a = sum(%m, axis=[0])"), Typ,
+     "'sum' has no attribute 'axis' (known: axes, keepdims); did you mean 'axes'?", 2, "sum", 0),
+    ("numpy-dtype-name", body('%a = cast(%x, dtype="float64")'), Typ,
+     "unknown dtype 'float64'; gir spells it 'f64'; use one of f32, f64, i32, i64, i1", 2, "cast", 0),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(h, id=h[0]) for h in HINTS])
+def test_hint(case):
+    _, text, error, message, line, at, nth = case
+    expect = Case("", text, error, message, line, at, nth)
+    with pytest.raises(gir.GirError) as info:
+        gir.parse(text, filename=FILE)
+    err = info.value
+    lines = str(err).splitlines()
+    assert isinstance(err, error), f"{type(err).__name__}: {err}"
+    assert err.message == message, str(err)
+    assert lines[0] == f"{FILE}:{line}:{expect.col}: error: {message}", str(err)
+    assert lines[1] == text.splitlines()[line - 1]
+    assert lines[2] == " " * (expect.col - 1) + "^", str(err)
+
+
+def test_unknown_function_lists_the_functions_of_the_registry():
+    from gir.ir.ops import REGISTRY
+
+    with pytest.raises(gir.GirTypeError) as info:
+        gir.parse(body("%a = sigmiod(%x)"), filename=FILE)
+    note = info.value.note
+    assert note is not None and note.startswith("gir's functions: abs, add, ")
+    listed = note.removeprefix("gir's functions: ").split(", ")
+    assert listed == sorted(listed)
+    assert set(listed) >= {n for n, s in REGISTRY.items() if s.category != "structural"}
+    assert "scan" not in listed and "grad" not in listed
+    assert str(info.value).splitlines()[-1] == f"note: {note}"
+
+
+def test_value_used_after_its_loop_says_where_it_was_defined():
+    text = body("for %e in %m {", "  %a = tanh(%e)", "}", "%b = %a + 1.0")
+    with pytest.raises(gir.GirTypeError) as info:
+        gir.parse(text, filename=FILE)
+    assert info.value.note == ("%a is defined in a loop body at line 3, and a name assigned once in a loop body is "
+                               "local to it: collect it, or assign it before the loop as well")
+
+
+def test_hints_leave_valid_lookalikes_alone():
+    """Names with dots, lists in attributes, `->` and types are not NumPy habits."""
+    text = ("func @f(%h: tensor<2x3xf32>) -> tensor<3x2xf32> {\n  %h.1 = tanh(%h)\n"
+            "  %h.T = transpose %h.1 {perm = [1, 0]} : tensor<3x2xf32>\n  return %h.T\n}\n")
+    assert "transpose" in str(gir.parse(text, filename=FILE))
+
+
+def test_misspelled_pass_option_and_print_flag_say_did_you_mean():
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import parse_pipeline
+
+    with pytest.raises(gir.GirPassError) as info:
+        parse_pipeline("ssa,canonicalise")
+    assert info.value.message == ("unknown pass 'canonicalise'; passes: ssa, canonicalize, autodiff, scan-grad, "
+                                  "inline, fuse, place, liveness, print-liveness, memplan; did you mean "
+                                  "'canonicalize'?")
+    with pytest.raises(gir.GirPassError) as info:
+        parse_pipeline("scan-grad{max-extra-byte=10}")
+    assert info.value.message == ("pass 'scan-grad' has no option 'max-extra-byte' (options: max-extra-bytes, hoist, "
+                                  "merge, push-out); did you mean 'max-extra-bytes'?")
+    with pytest.raises(gir.GirPassError) as info:
+        PassManager("ssa,autodiff", print_ir_after=frozenset({"autodif"}))
+    assert info.value.message == ("--print-ir-after=autodif: no pass 'autodif' in the pipeline; its passes: ssa, "
+                                  "autodiff; did you mean 'autodiff'?")
+
+
+@pytest.mark.parametrize("argv,first_line", [
+    (["-p", "ssa,canonicalise"], "error: unknown pass 'canonicalise'; passes: "),
+    (["-p", "ssa", "--print-ir-after=sa"], "error: --print-ir-after=sa: no pass 'sa' in the pipeline; its passes: ssa; "
+     "did you mean 'ssa'?"),
+])
+def test_cli_prints_did_you_mean_for_passes_without_a_traceback(tmp_path, capsys, argv, first_line):
+    from gir.cli import main
+
+    path = tmp_path / "f.gir"
+    path.write_text(body())
+    assert main(["opt", str(path), *argv]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith(first_line), err
+
+
+def test_cli_prints_a_numpy_hint_with_its_caret_without_a_traceback(tmp_path, capsys):
+    from gir.cli import main
+
+    path = tmp_path / "f.gir"
+    path.write_text(body("%a = %x ** 2.0"))
+    assert main(["opt", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}:2:11: error: gir has no '**' operator; write pow(%x, 2.0) for %x ** 2.0",
+        "  %a = %x ** 2.0",
+        "          ^",
+    ]
+
+
+@pytest.mark.parametrize("example", ["rnn", "lstm"])
+def test_ops_only_a_pass_makes_name_that_pass(example: str) -> None:
+    """Kinds of op no user wrote in these programs (fused groups, transfers, the backward scans'
+    ops) all carry an origin naming a pass of the pipeline, with a location in the source file."""
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+
+    path = str(Path(gir.__file__).parent / "examples" / f"{example}.gir")
+    module = gir.load(path)
+    pipeline = f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE},place{{policy=aggressive}}"
+    PassManager(pipeline).run(module)
+    made = [op for op in module.walk() if op.name in ("fused", "transfer")]
+    assert {op.name for op in made} == {"fused", "transfer"}
+    for op in made:
+        assert op.loc.file == path and op.loc.origin is not None, (op.name, op.loc)
+        assert op.loc.origin.pass_name == {"fused": "fuse", "transfer": "place"}[op.name]
+    passes = {"ssa", "canonicalize", "scan-grad", "autodiff", "inline", "fuse", "memplan", "place"}
+    for op in module.walk():
+        origin = op.loc.origin
+        while origin is not None:
+            assert origin.pass_name in passes, origin
+            origin = origin.via

@@ -1,0 +1,249 @@
+"""Hints for syntax errors that are habits from NumPy and Python: gir's spelling, at the token.
+
+`parser.py` asks `numpy_hint` first when Lark rejects the text; a hint replaces the generic
+"unexpected ..." message with what to write instead, located where the habit starts:
+
+    x[:, 0:32]     slice(%x, starts=[0, 0], limits=[N0, 32]) (or index(%x, 3) for x[3])
+    a ** b         pow(a, b)
+    a > b, a <= b  gt(a, b), le(a, b), ... (the comparisons of the op registry)
+    np.tanh(x)     tanh(x): builtins have no module prefix
+    %x.sum()       sum(%x): values have no methods
+    True, False    true, false
+    y = ...        %y = ...: value names start with %
+    # comment      // comment
+    a; b           statements need no `;`
+
+`%w.T` lexes as one value name (names may contain `.`), so the emitter gives that hint when
+`%w` exists and `%w.T` does not (`value_attribute_hint`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from ..errors import GirSyntaxError, Location, did_you_mean
+from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY
+from ..ir.types import DTYPES
+
+_COMPARISONS = {">=": "ge", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", "<": "lt"}
+"""Python's comparison operators -> the op of the registry that computes them (Python's own
+`operator` module uses the same names)."""
+
+_MODULE_PREFIXES = ("np", "numpy", "jnp", "jax.numpy", "torch", "math")
+"""Module prefixes of array libraries that users write before a function name."""
+
+_IDENT = re.compile(r"(?<![%@\w.$])([A-Za-z_]\w*)\s*$")
+"""A bare identifier (not part of a %value or @function) ending the text before a position."""
+
+_VALUE_END = re.compile(r"(%[A-Za-z0-9_.$]+)\s*$")
+
+
+def function_names() -> list[str]:
+    """What `name(...)` may call: every op of the registry that is not structural."""
+    names = {n for n, s in REGISTRY.items() if s.category != "structural"}
+    return sorted(names | set(ONE_ARGUMENT_ALIASES))
+
+
+def dtype_hint(dtype: Any) -> str:
+    """`; gir spells it 'f32'` for a NumPy dtype name ("float32", "float64", "int32", "bool"), else ''."""
+    try:
+        wanted = np.dtype(dtype) if isinstance(dtype, str) and dtype not in DTYPES else None
+    except Exception:  # NumPy refuses names in several ways (TypeError, ValueError, SyntaxError)
+        return ""
+    names = [name for name, dt in DTYPES.items() if dt == wanted]
+    return f"; gir spells it '{names[0]}'" if names else ""
+
+
+def numpy_hint(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxError | None:
+    """A located hint if the text at the error is a NumPy or Python spelling, else None."""
+    if isinstance(e, UnexpectedToken):
+        if e.token.type == "$END" or e.token.start_pos is None:
+            return None
+        pos, expected = e.token.start_pos, set(e.expected)
+    elif isinstance(e, UnexpectedCharacters):
+        pos, expected = e.pos_in_stream, set(e.allowed or ())
+    else:
+        return None
+    for rule in (_power, _comparison, _subscript, _module_prefix, _method, _python_literal, _bare_name,
+                 _python_comment, _semicolon):
+        found = rule(text, pos, expected)
+        if found is not None:
+            message, start, *note = found
+            return GirSyntaxError(message, location_of(filename, text, start), note=note[0] if note else None)
+    return None
+
+
+def location_of(filename: str, text: str, pos: int) -> Location:
+    """The line and column of offset pos, counted as the lexer counts (lines end at '\\n')."""
+    line_start = text.rfind("\n", 0, pos) + 1
+    return Location(filename, text.count("\n", 0, pos) + 1, pos - line_start + 1)
+
+
+Found = tuple[str, int] | tuple[str, int, str] | None
+"""(message, offset where the caret goes[, note]), or None when the rule does not apply."""
+
+
+def functions_note() -> str:
+    return "gir's functions: " + ", ".join(function_names())
+
+
+_ATOM_BEFORE = re.compile(r"(%[A-Za-z0-9_.$]+|\d+(?:\.\d*)?)\s*$")
+_ATOM_AFTER = re.compile(r"\s*(%[A-Za-z0-9_.$]+|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
+
+
+def _operands(text: str, start: int, end: int) -> tuple[str, str]:
+    """The value names or numbers on either side of an operator at text[start:end], as written,
+    or `a` and `b` where an operand is more than that."""
+    left = _ATOM_BEFORE.search(text[:start])
+    right = _ATOM_AFTER.match(text, end)
+    return (left.group(1) if left else "a"), (right.group(1) if right else "b")
+
+
+def _power(text: str, pos: int, expected: set[str]) -> Found:
+    if text.startswith("*", pos) and pos > 0 and text[pos - 1] == "*":
+        a, b = _operands(text, pos - 1, pos + 1)
+        return f"gir has no '**' operator; write pow({a}, {b}) for {a} ** {b}", pos - 1
+    return None
+
+
+def _comparison(text: str, pos: int, expected: set[str]) -> Found:
+    start = pos - 1 if text.startswith("==", pos - 1) and pos > 0 else pos
+    before = text[:start].rstrip()
+    if not (_ATOM_BEFORE.search(before) or before.endswith(")")):
+        return None  # not after an operand: no comparison was meant (`tensor<` is a malformed type)
+    for symbol, name in _COMPARISONS.items():
+        if text.startswith(symbol, start) and name in REGISTRY:
+            a, b = _operands(text, start, start + len(symbol))
+            return (f"gir has no infix comparisons; write {name}({a}, {b}) for {a} {symbol} {b} (an i1 tensor, "
+                    "for select)"), start
+    return None
+
+
+def _subscript(text: str, pos: int, expected: set[str]) -> Found:
+    if not text.startswith("[", pos) or not expected & {"PLUS", "STAR", "AT"}:
+        return None  # not where an expression could go on (a parameter list, an attribute)
+    before = text[:pos].rstrip()
+    m = _VALUE_END.search(before)
+    if before.endswith(")"):
+        value = _parenthesized(before)
+    elif m is not None:
+        value = m.group(1)
+    else:
+        return None
+    close = text.find("]", pos)
+    items = [i.strip() for i in text[pos + 1 : close].split(",")] if close != -1 and "\n" not in text[pos:close] \
+        else None
+    return f"gir has no subscripts; write {_subscript_spelling(value, items)}", pos
+
+
+def _subscript_spelling(value: str, items: list[str] | None) -> str:
+    """`slice(%x, starts=[0, 0], limits=[N0, 32])` for `%x[:, 0:32]`, `index(%x, 3)` for `%x[3]`."""
+    generic = (f"slice({value}, starts=[...], limits=[...]) for {value}[a:b] (a start and a limit per axis) "
+               f"or index({value}, i) for {value}[i]")
+    if items is None:
+        return generic
+    if len(items) == 1 and re.fullmatch(r"-?\d+|%[A-Za-z0-9_.$]+", items[0]):
+        return f"index({value}, {items[0]}) for {value}[{items[0]}] (the leading axis)"
+    starts, limits = [], []
+    for axis, item in enumerate(items):
+        m = re.fullmatch(r"(\d*)\s*:\s*(\d*)", item)
+        if m is None:
+            return generic
+        starts.append(m.group(1) or "0")
+        limits.append(m.group(2) or f"N{axis}")
+    sizes = [f"N{a}" for a, limit in enumerate(limits) if limit == f"N{a}"]
+    where = f" ({', '.join(sizes)}: the size of {'that axis' if len(sizes) == 1 else 'those axes'})" if sizes else ""
+    return (f"slice({value}, starts=[{', '.join(starts)}], limits=[{', '.join(limits)}]) for "
+            f"{value}[{', '.join(items)}]{where}")
+
+
+def _parenthesized(before: str) -> str:
+    """The `( ... )` or `f( ... )` that `before` ends with, on its last line, else `(...)`."""
+    depth = 0
+    for i in range(len(before) - 1, -1, -1):
+        c = before[i]
+        if c == "\n":
+            break
+        depth += c == ")"
+        depth -= c == "("
+        if depth == 0:
+            m = re.search(r"[%@]?[A-Za-z_][\w.$]*$", before[:i])
+            return before[m.start() if m else i:]
+    return "(...)"
+
+
+def _module_prefix(text: str, pos: int, expected: set[str]) -> Found:
+    if not text.startswith(".", pos):
+        return None
+    for prefix in sorted(_MODULE_PREFIXES, key=len, reverse=True):
+        start = pos - len(prefix)
+        if start >= 0 and text.startswith(prefix, start) and (start == 0 or not _is_name_char(text[start - 1])):
+            m = re.match(r"\.([A-Za-z_]\w*)", text[pos:])
+            name = m.group(1) if m else "f"
+            known = function_names()
+            if name in known:
+                return f"gir's functions have no module prefix; write {name}(...) instead of {prefix}.{name}(...)", \
+                    start
+            return (f"gir's functions have no module prefix, and gir has no function '{name}'"
+                    + did_you_mean(name, known), start, functions_note())
+    return None
+
+
+def _is_name_char(c: str) -> bool:
+    return c.isalnum() or c in "_%@.$"
+
+
+def _method(text: str, pos: int, expected: set[str]) -> Found:
+    """`%x.sum(...)`: the value name took `.sum` in (names may contain dots), then `(` came."""
+    if not text.startswith("(", pos):
+        return None
+    m = re.search(r"(%[A-Za-z0-9_$]+(?:\.\d+)*)\.([A-Za-z_]\w*)\s*$", text[:pos])
+    if m is None:
+        return None
+    value, method = m.group(1), m.group(2)
+    if method in function_names():
+        return f"gir values have no methods; write {method}({value}, ...) instead of {value}.{method}(...)", m.end(1)
+    return (f"gir values have no methods ('.{method}')" + did_you_mean(method, function_names()), m.end(1),
+            functions_note())
+
+
+def _python_literal(text: str, pos: int, expected: set[str]) -> Found:
+    for word, gir in (("True", "true"), ("False", "false")):
+        if text.startswith(word, pos) and not _is_name_char(text[pos + len(word): pos + len(word) + 1] or " "):
+            return f"booleans are written {gir}, not {word}", pos
+    return None
+
+
+def _bare_name(text: str, pos: int, expected: set[str]) -> Found:
+    """`y = tanh(x)` or `tanh(x)`: a name without `%` where a value goes."""
+    m = _IDENT.search(text[:pos])
+    if m is None or m.group(1) in REGISTRY or m.group(1) in ONE_ARGUMENT_ALIASES:
+        return None
+    name = m.group(1)
+    line_start = text.rfind("\n", 0, m.start()) + 1
+    assigned = text.startswith("=", pos) and not text.startswith("==", pos) and not text[line_start:m.start()].strip()
+    ends_line = "\n" in text[m.end(1):pos]
+    used = "LPAR" in expected and (ends_line or _starts_any(text, pos, (")", ",", "+", "-", "*", "/", "@")))
+    if assigned or used:
+        return f"'{name}' is not a value name: value names start with '%' (write %{name})", m.start(1)
+    return None
+
+
+def _starts_any(text: str, pos: int, prefixes: tuple[str, ...]) -> bool:
+    return any(text.startswith(p, pos) for p in prefixes)
+
+
+def _python_comment(text: str, pos: int, expected: set[str]) -> Found:
+    if text.startswith("#", pos):
+        return "unexpected character '#': comments start with // in gir", pos
+    return None
+
+
+def _semicolon(text: str, pos: int, expected: set[str]) -> Found:
+    if text.startswith(";", pos):
+        return "unexpected character ';': gir statements end at the next statement, without ';'", pos
+    return None
