@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .calling import bind_arguments
 from .errors import GirArgumentError
 from .frontend.parser import load, parse
 from .ir.core import Module
@@ -24,9 +26,11 @@ from .ir.interpreter import check_arguments
 from .ir.printer import print_module
 from .ir.specialize import specialize
 from .ir.verifier import verify
+from .jitstats import CompileStats, CompileTimer
 from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+from .results import name_results, result_names
 
 DEVICES = ("cpu", "gpu", "interp")
 
@@ -39,6 +43,8 @@ class JitFunction:
         self.device = device
         self.pipeline = pipeline
         self.signature = module.functions[entry]
+        self.result_names = result_names(self.signature)
+        """The results' names (results.py), as `fn(...)._fields` gives them."""
         self._compiled: dict[tuple, Any] = {}
         self._compiling = threading.Lock()
         """Held while a specialisation compiles: threads that call with a new shape at once
@@ -60,13 +66,30 @@ class JitFunction:
         return found
 
     def _compile(self, shapes: tuple) -> Any:
+        timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
+        try:
+            with timer.stage("specialize"):
+                module = self._specialised_module(shapes)
+            with timer.stage("passes"):
+                report = PassManager(self.pipeline).run(module)
+            with timer.stage("backend"):
+                compiled = self._backend(module, report.analyses)
+        finally:
+            timer.cancel()
+        for r in report.records:  # a pass that runs twice (canonicalize) counts its total
+            timer.stats.passes[r.spec] = timer.stats.passes.get(r.spec, 0.0) + r.seconds
+        timer.stats.threads = _blas_threads() if self.device == "cpu" else None
+        compiled.compile_stats = timer.finish(compiled)
+        return compiled
+
+    def _specialised_module(self, shapes: tuple) -> Module:
         f = self.source.functions[self.entry]
         if shapes != tuple(tuple(t.shape) for t in f.arg_types):
             types = [t.with_shape(tuple(shape)) for t, shape in zip(f.arg_types, shapes)]
-            module = specialize(self.source, self.entry, types)
-        else:
-            module = self.source.clone()
-        analyses = PassManager(self.pipeline).run(module).analyses
+            return specialize(self.source, self.entry, types)
+        return self.source.clone()
+
+    def _backend(self, module: Module, analyses: Any) -> Any:
         f = module.functions[self.entry]
         plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
         if self.device == "interp":
@@ -83,11 +106,13 @@ class JitFunction:
             compiled.ir = print_module(module)
         return compiled
 
-    def __call__(self, *args: Any) -> list[np.ndarray]:
-        arrays = check_arguments(self.signature, args)
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
+        """Runs @entry: arguments by position or by parameter name (calling.py); returns its
+        results as a named tuple (results.py)."""
+        arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs))
         compiled = self._specialise(tuple(a.shape for a in arrays))
         self._last = self._thread.last = compiled
-        return compiled(*arrays)
+        return name_results(self.signature, compiled(*arrays), self.result_names)
 
     # -- inspection (of the specialisation this thread called last; else the last one any
     #    thread used or compiled) -------------------------------------------------------------
@@ -105,7 +130,12 @@ class JitFunction:
 
     @property
     def stats(self) -> Any:
-        return self._current().stats
+        """The calling thread's last call (backend counters, seconds) and, as `.compile`, how
+        its specialisation was compiled (jitstats.CompileStats: stages, cache, GEMM paths)."""
+        current = self._current()
+        stats = current.stats
+        stats.compile = getattr(current, "compile_stats", None)
+        return stats
 
     @property
     def ir(self) -> str:
@@ -120,6 +150,22 @@ class JitFunction:
         return self._current().asm
 
 
+@dataclass
+class InterpretedStats:
+    """`fn.stats` on the `interp` device: no backend counters, only how it was prepared."""
+
+    compile: Any = None
+
+
+def _blas_threads() -> int | None:
+    from .backend.cpu.blas import threads
+
+    try:
+        return threads()
+    except Exception:  # noqa: BLE001 - a report must not fail a compile
+        return None
+
+
 class _Interpreted:
     def __init__(self, module: Module, entry: str):
         from .ir.interpreter import Interpreter
@@ -127,7 +173,7 @@ class _Interpreted:
         self.interp = Interpreter(module)
         self.entry = entry
         self.ir = print_module(module)
-        self.stats = None
+        self.stats = InterpretedStats()
         self.llvm_ir = self.asm = ""
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
