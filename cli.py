@@ -158,7 +158,7 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .shapes import require_static, specialise_entry
+    from .shapes import specialise_entry
 
     check_seed("--random", args.random)
     module = load(args.file)
@@ -166,9 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     names = result_names(f)  # as written: passes rename values
     inputs = check_arguments(f, load_inputs(f, args.inputs)) if args.inputs else None
     # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
-    module, f = specialise_entry(module, f, args.shape, inputs)
+    module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
     if inputs is None:
-        require_static(f, "random inputs (--random)")
         inputs = random_inputs(f, args.random if args.random is not None else 0)
     run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     if args.verbose and args.device == "cpu":
@@ -228,11 +227,10 @@ def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..
 def cmd_compile(args: argparse.Namespace) -> int:
     from .backend.cpu.runtime import CPUFunction, target_machine
     from .passes.memory.plan import MemoryPlan
-    from .shapes import require_static, specialise_entry
+    from .shapes import specialise_entry
 
     module = load(args.file)
-    module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None)
-    require_static(f, "gir compile")
+    module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")
     report = run_pipeline(args, module, f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
     f = module.functions[f.name]
     compiled = CPUFunction.compile(f, report.analyses.get(MemoryPlan, f))

@@ -73,9 +73,10 @@ def refine(f: Function, index: int, t: TensorType, dims: tuple[int | None, ...])
 
 
 def specialise_entry(module: Module, f: Function, flags: Sequence[str] | None,
-                     inputs: Sequence[np.ndarray] | None) -> tuple[Module, Function]:
+                     inputs: Sequence[np.ndarray] | None, static_for: str | None = None) -> tuple[Module, Function]:
     """module with @f's `?` dims fixed by inputs (already checked against f) or by --shape;
-    the module itself when nothing changes."""
+    the module itself when nothing changes. With static_for (what needs them), a `?` left
+    is an error naming the parameter, before anything is specialised."""
     given = parse_shape_flags(f, flags)
     if inputs is not None and given:
         raise GirArgumentError("--shape is for --random: with --inputs the arrays give the shapes")
@@ -83,16 +84,18 @@ def specialise_entry(module: Module, f: Function, flags: Sequence[str] | None,
         types = [t.with_shape(tuple(a.shape)) for t, a in zip(f.arg_types, inputs)]
     else:
         types = [refine(f, i, t, given[i]) if i in given else t for i, t in enumerate(f.arg_types)]
+    if static_for is not None:
+        require_static(f, static_for, types)
     if types == list(f.arg_types):
         return module, f
     specialised = specialize(module, f.name, types)
     return specialised, specialised.functions[f.name]
 
 
-def require_static(f: Function, what: str) -> None:
-    """A GirArgumentError naming the first parameter with a `?` dim (what needs the shapes)."""
-    for i, p in enumerate(f.args):
-        t = p.tensor_type
+def require_static(f: Function, what: str, types: Sequence[TensorType] | None = None) -> None:
+    """A GirArgumentError naming the first parameter with a `?` dim (in types, else f's own),
+    saying that `what` needs the shapes."""
+    for i, (p, t) in enumerate(zip(f.args, types if types is not None else f.arg_types)):
         if not t.is_static:
             name = p.name_hint or str(i)
             example = "x".join("N" if d is None else str(d) for d in t.shape)
