@@ -4,9 +4,11 @@
     loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)
     fn.stats, fn.ir, fn.llvm_ir, fn.asm
 
-Arguments are checked (count, dtype, shape, contiguity) before any native code runs. A
-signature with `?` dims is specialised per distinct argument shape; every specialisation is
-compiled once and kept in memory.
+Arguments are bound and converted (calling.py) and checked (count, dtype, shape, contiguity)
+before any native code runs. A signature with `?` dims is specialised per distinct argument
+shape; every specialisation is compiled once and kept in memory. Results are named
+(results.py); how each specialisation was compiled is in `fn.stats.compile` (jitstats.py).
+See `help(gir.jit)`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ DEVICES = ("cpu", "gpu", "interp")
 
 
 class JitFunction:
+    """What `gir.jit` returns: call it like a Python function (see `help(gir.jit)`)."""
+
     def __init__(self, module: Module, entry: str, device: str, pipeline: str):
         self.source = module
         """The module as given; never changed: every specialisation clones it (locations included)."""
@@ -182,7 +186,61 @@ class _Interpreted:
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None) -> JitFunction:
-    """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
+    """Compiles function @entry of a gir program into a Python callable.
+
+    Args:
+        source_or_module: a `gir.Module` (copied and verified; never changed), gir source text,
+            or the path of a `.gir` file.
+        entry: the function to compile, with or without `@`; default: the last one.
+        device: where it runs.
+            "cpu"    -- LLVM code for this CPU (llvmlite, -O3, host features), GEMMs through
+                        MKL or OpenBLAS, whichever was measured faster (docs/backend.md).
+            "gpu"    -- Numba CUDA kernels and CuPy GEMMs (docs/gpu.md); the CUDA simulator
+                        under NUMBA_ENABLE_CUDASIM=1.
+            "interp" -- the NumPy reference interpreter on the same optimised IR.
+        pipeline: the passes to run; default: passes.pipeline.DEFAULT_PIPELINE (ssa,
+            canonicalize, scan-grad, autodiff, ...) then BACKEND_PIPELINE (inline,
+            canonicalize, fuse, memplan). docs/passes.md describes each pass.
+
+    Returns a `JitFunction`. Calling it:
+
+        fn = gir.jit("examples/rnn.gir", "rnn_grads")
+        loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)      # or fn(xs, h0, wx=wx, wh=wh, b=b)
+        out = fn(xs, h0, wx, wh, b); out.loss, out._fields, out._asdict()
+
+    Arguments bind by position or by parameter name (without `%`). NumPy arrays must have the
+    parameter's dtype (a lossless widening, f32 -> f64 or i32 -> i64, is done by a copy; a
+    narrowing or a change of kind is an error that says how to convert); Python numbers and
+    lists take the parameter's dtype, as weakly typed values do in JAX. Shapes must match
+    the signature, where `?` matches any size. Every error is a `gir.GirArgumentError` naming
+    the parameter (calling.py, docs/backend.md "Calling convention").
+
+    `?` dims: a signature such as `tensor<?x?x256xf32>` is compiled once per distinct
+    argument shape, on first use, and kept: the module is specialised on the shapes
+    (ir/specialize.py re-infers every type through loops, calls and `grad`), then the
+    pipeline runs on static shapes. A static signature is compiled here, at once.
+
+    Results: a tuple subclass (namedtuple) named after the `return` operands: `return %loss,
+    %dwx` gives `.loss` and `.dwx`; an unnamed, duplicate or unusable name is `out<i>`. It
+    unpacks, indexes, has `len`, and compares equal to a list or tuple of the same arrays
+    (results.py). Outputs are fresh arrays.
+
+    Inspecting (the specialisation the calling thread used last):
+        fn.stats     the last call: backend counters (gemm_calls, pack_calls, gemm_paths,
+                     seconds) and `.compile`, a jitstats.CompileStats: seconds per stage
+                     (specialize, passes, codegen, llvm-optimize, emit-object or cache-load,
+                     load), per pass, the code cache (hit/miss), BLAS threads and the GEMM path
+                     chosen for each product; `fn.stats.compile.describe()` prints it as
+                     `gir run -v` does.
+        fn.ir        the IR that was compiled, after all passes.
+        fn.llvm_ir   the LLVM module before optimisation (cpu); fn.asm: host assembly.
+        fn.compiled  the backend's object (CPUFunction / GPUFunction: layout, memory).
+
+    A compile that takes more than about a second prints a line to stderr when it starts
+    and when it ends (GIR_PROGRESS=0 turns it off). Compiled code is cached on disk
+    (GIR_CACHE_DIR, default ~/.cache/gir). The function may be called from several threads.
+    Errors in the program are `gir.GirError`s with file:line:col.
+    """
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's

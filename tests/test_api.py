@@ -244,6 +244,13 @@ def test_a_slow_compile_says_so_on_stderr(monkeypatch: pytest.MonkeyPatch, capsy
     assert capsys.readouterr().err == ""
 
 
+def test_jit_docstring_covers_what_a_user_asks() -> None:
+    doc = gir.jit.__doc__ or ""
+    for topic in ('"cpu"', '"gpu"', '"interp"', "DEFAULT_PIPELINE", "`?` dims", "Results:", "fn.stats", "fn.ir",
+                  "fn.llvm_ir", "fn.asm", "GirArgumentError", "by parameter name"):
+        assert topic in doc, topic
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         gir.cli.main(["--version"])
