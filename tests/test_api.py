@@ -212,7 +212,7 @@ def test_stats_report_the_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     c = fn.stats.compile
     assert c.entry == "rnn_grads" and c.device == "cpu" and c.cache == "miss"
     assert c.shapes == ((3, 2, 8), (2, 8), (8, 8), (8, 8), (8,))
-    assert list(c.stages) == ["specialize", "passes", "codegen", "llvm-optimize", "emit-object", "load"]
+    assert list(c.stages)[:6] == ["specialize", "passes", "codegen", "llvm-optimize", "emit-object", "load"]
     assert all(v >= 0 for v in c.stages.values()) and c.seconds >= sum(c.stages.values()) * 0.99
     assert {"ssa", "autodiff", "memplan"} <= set(c.passes)
     assert c.threads and c.threads >= 1
