@@ -237,9 +237,9 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         fn.compiled  the backend's object (CPUFunction / GPUFunction: layout, memory).
 
     A compile that takes more than about a second prints a line to stderr when it starts
-    and when it ends (GIR_PROGRESS=0 turns it off). Compiled code is cached on disk
-    (GIR_CACHE_DIR, default ~/.cache/gir). The function may be called from several threads.
-    Errors in the program are `gir.GirError`s with file:line:col.
+    and when it ends, if stderr is a terminal (GIR_PROGRESS=1: always; 0: never). Compiled
+    code is cached on disk (GIR_CACHE_DIR, default ~/.cache/gir). The function may be called
+    from several threads. Errors in the program are `gir.GirError`s with file:line:col.
     """
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()

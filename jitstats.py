@@ -14,8 +14,8 @@ object came from the disk cache — and `load` (linking it into this process); o
 there is no such cache (interp, gpu).
 
 A compile that takes longer than `PROGRESS_AFTER` seconds says so on stderr (one line when it
-has taken that long, one when it ends), so a cold LSTM compile is not seconds of silence;
-`GIR_PROGRESS=0` turns it off.
+has taken that long, one when it ends), so a cold LSTM compile is not seconds of silence: when
+stderr is a terminal, or always with `GIR_PROGRESS=1` (never with `GIR_PROGRESS=0`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class CompileTimer:
         self.start = time.perf_counter()
         self.announced = False
         if progress is None:
-            progress = os.environ.get("GIR_PROGRESS", "1") != "0"
+            progress = progress_wanted()
         self._timer: threading.Timer | None = None
         if progress:
             self._timer = threading.Timer(PROGRESS_AFTER, self._announce)
@@ -136,6 +136,18 @@ class CompileTimer:
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+def progress_wanted() -> bool:
+    """GIR_PROGRESS=1: always; GIR_PROGRESS=0: never; unset: when stderr is a terminal (a
+    person is waiting; a log or a test capturing stderr gets no unasked-for lines)."""
+    setting = os.environ.get("GIR_PROGRESS", "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _say(line: str) -> None:

@@ -234,6 +234,9 @@ def test_interp_stats_have_the_compile_too() -> None:
 def test_a_slow_compile_says_so_on_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(gir.jitstats, "PROGRESS_AFTER", 0.0)
     monkeypatch.delenv("GIR_PROGRESS", raising=False)
+    gir.jit(SOURCE, "f", device="interp")  # stderr is not a terminal here: no progress unless asked
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("GIR_PROGRESS", "1")
     fn = gir.jit(SOURCE, "f", device="interp")
     fn(*args())
     err = capsys.readouterr().err
