@@ -99,7 +99,8 @@ def test_gru_sgd_with_variable_batch_and_length(device: str) -> None:
     assert len(set(losses)) == len(losses)
 
 
-def test_gru_sgd_on_the_gpu_simulator() -> None:
+def need_gpu() -> None:
+    """Skips unless the GPU backend can run: a GPU, or numba's CUDA simulator (set above)."""
     pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda")
     from gir.backend.gpu.device import get_device
 
@@ -107,6 +108,10 @@ def test_gru_sgd_on_the_gpu_simulator() -> None:
         get_device()
     except gir.GirError as e:
         pytest.skip(f"no GPU backend here: {e.message}")
+
+
+def test_gru_sgd_on_the_gpu_simulator() -> None:
+    need_gpu()
     fn, _ = train("gpu", steps=3)
     assert len(fn._compiled) == 3
 
@@ -154,8 +159,10 @@ def numpy_nested(xss: np.ndarray, h0: np.ndarray, w: np.ndarray) -> float:
     return loss
 
 
-@pytest.mark.parametrize("device", ["interp", "cpu"])
+@pytest.mark.parametrize("device", ["interp", "cpu", "gpu"])
 def test_grad_through_nested_loops_with_unknown_dims(device: str) -> None:
+    if device == "gpu":
+        need_gpu()
     rng = np.random.default_rng(2)
     module = gir.parse(NESTED_GRAD)
     fn = gir.jit(module, "g", device=device)
@@ -188,9 +195,11 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("device", ["interp", "cpu"])
+@pytest.mark.parametrize("device", ["interp", "cpu", "gpu"])
 def test_run_inputs_specialises_a_grad_over_unknown_dims(gru_file: Path, tmp_path: Path, device: str,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    if device == "gpu":
+        need_gpu()
     xs, h0 = batches(3)[1]
     params = init_params(np.random.default_rng(3))
     np.savez(tmp_path / "in.npz", xs=xs, h0=h0, **params)
