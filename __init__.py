@@ -8,9 +8,9 @@
 from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError
 from .frontend.parser import load, parse
 from .ir.core import Module
-from .ir.interpreter import interpret
 from .ir.verifier import verify
 from .jit import jit
+from .reference import interpret
 
 __version__ = "0.1.0"
 __all__ = ["GirArgumentError", "GirError", "GirPassError", "GirSyntaxError", "GirTypeError", "GirVerifyError",

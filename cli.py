@@ -13,16 +13,18 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .errors import GirArgumentError, GirError, Location
 from .frontend.parser import load
 from .ir.core import Function, Module
-from .ir.interpreter import interpret, random_inputs
+from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+from .results import result_names
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -69,11 +71,11 @@ def check_seed(flag: str, seed: int | None) -> None:
         raise GirArgumentError(f"{flag}: a seed must be >= 0, got {seed}")
 
 
-def summarize(i: int, a: np.ndarray) -> str:
+def summarize(name: str, a: np.ndarray) -> str:
     flat = a.reshape(-1)[:4]
     values = ", ".join(f"{v:.6g}" if a.dtype.kind == "f" else str(v) for v in flat)
     more = ", ..." if a.size > 4 else ""
-    return f"out{i}: shape {tuple(a.shape)} {a.dtype} [{values}{more}]"
+    return f"{name}: shape {tuple(a.shape)} {a.dtype} [{values}{more}]"
 
 
 def entry_of(module: Module, name: str | None) -> Function:
@@ -156,14 +158,18 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .shapes import specialise_entry
+
     check_seed("--random", args.random)
     module = load(args.file)
-    run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     f = entry_of(module, args.entry)
-    if args.inputs:
-        inputs = load_inputs(f, args.inputs)
-    else:
+    names = result_names(f)  # as written: passes rename values
+    inputs = check_arguments(f, load_inputs(f, args.inputs)) if args.inputs else None
+    # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
+    module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
+    if inputs is None:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
+    run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
     if args.verbose and args.device == "cpu":
         from .backend.cpu.blas import providers
 
@@ -171,28 +177,47 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(prov.notice or "BLAS: MKL (cblas, packed GEMM) and OpenBLAS (SciPy)", file=sys.stderr)
     run = _runner(args, module, f.name)
     results = run(*inputs)
+    if args.verbose:
+        _print_compile_stats(run)
     times = []
     for _ in range(max(0, args.repeat - 1)):
         start = time.perf_counter()
         run(*inputs)
         times.append(time.perf_counter() - start)
-    for i, a in enumerate(results):
-        print(summarize(i, a))
+    print(f"@{f.name} on {args.device}:")
+    for name, a in zip(names, results):
+        print(summarize(name, a))
     if times:
         print(f"median of {len(times)} repeated runs: {sorted(times)[len(times) // 2] * 1e3:.3f} ms ({args.device})")
     if args.outputs:
-        try:
-            np.savez(args.outputs, **{f"out{i}": a for i, a in enumerate(results)})
-        except OSError as e:
-            raise cannot_write(args.outputs, e) from None
+        save_outputs(args.outputs, names, results)
     return 0
+
+
+def save_outputs(path: str, names: Sequence[str], results: Sequence[np.ndarray]) -> None:
+    """An .npz with out0, out1, ... and, beside them, each result under its name where it has one."""
+    arrays = {f"out{i}": a for i, a in enumerate(results)}
+    arrays.update({name: a for name, a in zip(names, results) if name not in arrays})
+    try:
+        np.savez(path, **arrays)
+    except OSError as e:
+        raise cannot_write(path, e) from None
+
+
+def _print_compile_stats(run: Callable[..., Any]) -> None:
+    stats = getattr(run, "stats", None)
+    compiled = getattr(stats, "compile", None)
+    if compiled is not None:
+        print(compiled.describe(), file=sys.stderr)
 
 
 def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..., list[np.ndarray]]:
     """The interpreter, or the entry compiled for the CPU or the GPU (after the backend pipeline)."""
-    if args.device == "interp":
-        return lambda *a: interpret(module, entry, *a)
     from .jit import JitFunction
+
+    if args.device == "interp":
+        # The interpreter through gir.jit's `interp` device: the same run, with `-v` stats.
+        return JitFunction(module, entry, "interp", "")
 
     # The default pipeline has run (with the debugging flags); what is left is the backend's.
     # JitFunction specialises `?` dims on the actual inputs.
@@ -202,10 +227,12 @@ def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..
 def cmd_compile(args: argparse.Namespace) -> int:
     from .backend.cpu.runtime import CPUFunction, target_machine
     from .passes.memory.plan import MemoryPlan
+    from .shapes import specialise_entry
 
     module = load(args.file)
+    module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")
     report = run_pipeline(args, module, f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
-    f = entry_of(module, args.entry)
+    f = module.functions[f.name]
     compiled = CPUFunction.compile(f, report.analyses.get(MemoryPlan, f))
     if args.emit == "llvm":
         data: str | bytes = compiled.optimized_ir
@@ -242,8 +269,17 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
                    help="where a failing pass writes its reproducer (default: the dump dir or the temp dir)")
 
 
+def add_shape_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", action="append", metavar="NAME=DIMS",
+                   help="the shape of parameter NAME, e.g. xs=50x32x256 (fixes its `?` dims; a `?` written here "
+                        "stays unknown); repeat it or separate with commas: xs=5x2x3,h0=2x3")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="gir", description="gir: a compiler for tensor programs with loops")
+    p.add_argument("--version", action="version", version=f"gir {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     opt = sub.add_parser("opt", help="parse, verify, transform and print a .gir file")
@@ -266,12 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     src = run.add_mutually_exclusive_group()
     src.add_argument("--inputs", help=".npz with one array per parameter name (without %%)")
     src.add_argument("--random", type=int, metavar="SEED", help="seeded random inputs (the default, seed 0)")
-    run.add_argument("--outputs", help="save results as out0, out1, ... in this .npz")
+    run.add_argument("--outputs", help="save results as out0, out1, ... in this .npz (and by name beside them)")
+    add_shape_flag(run)
     run.add_argument("--device", choices=["cpu", "gpu", "interp"], default="cpu",
                      help="cpu: compiled with llvmlite (default); gpu: numba.cuda kernels and CuPy (the CUDA "
                           "simulator under NUMBA_ENABLE_CUDASIM=1); interp: the NumPy reference interpreter")
     run.add_argument("--repeat", type=int, default=1, metavar="N", help="run N times and print the median time")
-    run.add_argument("-v", "--verbose", action="store_true", help="say which BLAS providers the CPU backend uses")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="say how the entry was compiled (time per stage, code cache hit or miss, BLAS threads, "
+                          "the GEMM path of each product) and which BLAS providers the CPU backend uses")
     run.add_argument("-p", "--pipeline", help=f"passes to run first (default: {DEFAULT_PIPELINE})")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
     run.set_defaults(func=cmd_run)
@@ -280,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("-e", "--entry", help="function to compile (default: the last one)")
     comp.add_argument("--emit", choices=["llvm", "asm", "obj"], required=True)
     comp.add_argument("-o", "--output", required=True)
+    add_shape_flag(comp)
     comp.set_defaults(func=cmd_compile)
     return p
 

@@ -4,19 +4,23 @@
     loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)
     fn.stats, fn.ir, fn.llvm_ir, fn.asm
 
-Arguments are checked (count, dtype, shape, contiguity) before any native code runs. A
-signature with `?` dims is specialised per distinct argument shape; every specialisation is
-compiled once and kept in memory.
+Arguments are bound and converted (calling.py) and checked (count, dtype, shape, contiguity)
+before any native code runs. A signature with `?` dims is specialised per distinct argument
+shape; every specialisation is compiled once and kept in memory. Results are named
+(results.py); how each specialisation was compiled is in `fn.stats.compile` (jitstats.py).
+See `help(gir.jit)`.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .calling import bind_arguments
 from .errors import GirArgumentError
 from .frontend.parser import load, parse
 from .ir.core import Module
@@ -24,14 +28,18 @@ from .ir.interpreter import check_arguments
 from .ir.printer import print_module
 from .ir.specialize import specialize
 from .ir.verifier import verify
+from .jitstats import CompileStats, CompileTimer
 from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
 from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+from .results import name_results, result_names
 
 DEVICES = ("cpu", "gpu", "interp")
 
 
 class JitFunction:
+    """What `gir.jit` returns: call it like a Python function (see `help(gir.jit)`)."""
+
     def __init__(self, module: Module, entry: str, device: str, pipeline: str):
         self.source = module
         """The module as given; never changed: every specialisation clones it (locations included)."""
@@ -39,6 +47,8 @@ class JitFunction:
         self.device = device
         self.pipeline = pipeline
         self.signature = module.functions[entry]
+        self.result_names = result_names(self.signature)
+        """The results' names (results.py), as `fn(...)._fields` gives them."""
         self._compiled: dict[tuple, Any] = {}
         self._compiling = threading.Lock()
         """Held while a specialisation compiles: threads that call with a new shape at once
@@ -60,13 +70,30 @@ class JitFunction:
         return found
 
     def _compile(self, shapes: tuple) -> Any:
+        timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
+        try:
+            with timer.stage("specialize"):
+                module = self._specialised_module(shapes)
+            with timer.stage("passes"):
+                report = PassManager(self.pipeline).run(module)
+            with timer.stage("backend"):
+                compiled = self._backend(module, report.analyses)
+        finally:
+            timer.cancel()
+        for r in report.records:  # a pass that runs twice (canonicalize) counts its total
+            timer.stats.passes[r.spec] = timer.stats.passes.get(r.spec, 0.0) + r.seconds
+        timer.stats.threads = _blas_threads() if self.device == "cpu" else None
+        compiled.compile_stats = timer.finish(compiled)
+        return compiled
+
+    def _specialised_module(self, shapes: tuple) -> Module:
         f = self.source.functions[self.entry]
         if shapes != tuple(tuple(t.shape) for t in f.arg_types):
             types = [t.with_shape(tuple(shape)) for t, shape in zip(f.arg_types, shapes)]
-            module = specialize(self.source, self.entry, types)
-        else:
-            module = self.source.clone()
-        analyses = PassManager(self.pipeline).run(module).analyses
+            return specialize(self.source, self.entry, types)
+        return self.source.clone()
+
+    def _backend(self, module: Module, analyses: Any) -> Any:
         f = module.functions[self.entry]
         plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
         if self.device == "interp":
@@ -83,11 +110,13 @@ class JitFunction:
             compiled.ir = print_module(module)
         return compiled
 
-    def __call__(self, *args: Any) -> list[np.ndarray]:
-        arrays = check_arguments(self.signature, args)
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
+        """Runs @entry: arguments by position or by parameter name (calling.py); returns its
+        results as a named tuple (results.py)."""
+        arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs))
         compiled = self._specialise(tuple(a.shape for a in arrays))
         self._last = self._thread.last = compiled
-        return compiled(*arrays)
+        return name_results(self.signature, compiled(*arrays), self.result_names)
 
     # -- inspection (of the specialisation this thread called last; else the last one any
     #    thread used or compiled) -------------------------------------------------------------
@@ -105,7 +134,12 @@ class JitFunction:
 
     @property
     def stats(self) -> Any:
-        return self._current().stats
+        """The calling thread's last call (backend counters, seconds) and, as `.compile`, how
+        its specialisation was compiled (jitstats.CompileStats: stages, cache, GEMM paths)."""
+        current = self._current()
+        stats = current.stats
+        stats.compile = getattr(current, "compile_stats", None)
+        return stats
 
     @property
     def ir(self) -> str:
@@ -120,6 +154,22 @@ class JitFunction:
         return self._current().asm
 
 
+@dataclass
+class InterpretedStats:
+    """`fn.stats` on the `interp` device: no backend counters, only how it was prepared."""
+
+    compile: Any = None
+
+
+def _blas_threads() -> int | None:
+    from .backend.cpu.blas import threads
+
+    try:
+        return threads()
+    except Exception:  # noqa: BLE001 - a report must not fail a compile
+        return None
+
+
 class _Interpreted:
     def __init__(self, module: Module, entry: str):
         from .ir.interpreter import Interpreter
@@ -127,7 +177,7 @@ class _Interpreted:
         self.interp = Interpreter(module)
         self.entry = entry
         self.ir = print_module(module)
-        self.stats = None
+        self.stats = InterpretedStats()
         self.llvm_ir = self.asm = ""
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
@@ -136,7 +186,61 @@ class _Interpreted:
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None) -> JitFunction:
-    """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
+    """Compiles function @entry of a gir program into a Python callable.
+
+    Args:
+        source_or_module: a `gir.Module` (copied and verified; never changed), gir source text,
+            or the path of a `.gir` file.
+        entry: the function to compile, with or without `@`; default: the last one.
+        device: where it runs.
+            "cpu"    -- LLVM code for this CPU (llvmlite, -O3, host features), GEMMs through
+                        MKL or OpenBLAS, whichever was measured faster (docs/backend.md).
+            "gpu"    -- Numba CUDA kernels and CuPy GEMMs (docs/gpu.md); the CUDA simulator
+                        under NUMBA_ENABLE_CUDASIM=1.
+            "interp" -- the NumPy reference interpreter on the same optimised IR.
+        pipeline: the passes to run; default: passes.pipeline.DEFAULT_PIPELINE (ssa,
+            canonicalize, scan-grad, autodiff, ...) then BACKEND_PIPELINE (inline,
+            canonicalize, fuse, memplan). docs/passes.md describes each pass.
+
+    Returns a `JitFunction`. Calling it:
+
+        fn = gir.jit("examples/rnn.gir", "rnn_grads")
+        loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)      # or fn(xs, h0, wx=wx, wh=wh, b=b)
+        out = fn(xs, h0, wx, wh, b); out.loss, out._fields, out._asdict()
+
+    Arguments bind by position or by parameter name (without `%`). NumPy arrays must have the
+    parameter's dtype (a lossless widening, f32 -> f64 or i32 -> i64, is done by a copy; a
+    narrowing or a change of kind is an error that says how to convert); Python numbers and
+    lists take the parameter's dtype, as weakly typed values do in JAX. Shapes must match
+    the signature, where `?` matches any size. Every error is a `gir.GirArgumentError` naming
+    the parameter (calling.py, docs/backend.md "Calling convention").
+
+    `?` dims: a signature such as `tensor<?x?x256xf32>` is compiled once per distinct
+    argument shape, on first use, and kept: the module is specialised on the shapes
+    (ir/specialize.py re-infers every type through loops, calls and `grad`), then the
+    pipeline runs on static shapes. A static signature is compiled here, at once.
+
+    Results: a tuple subclass (namedtuple) named after the `return` operands: `return %loss,
+    %dwx` gives `.loss` and `.dwx`; an unnamed, duplicate or unusable name is `out<i>`. It
+    unpacks, indexes, has `len`, and compares equal to a list or tuple of the same arrays
+    (results.py). Outputs are fresh arrays.
+
+    Inspecting (the specialisation the calling thread used last):
+        fn.stats     the last call: backend counters (gemm_calls, pack_calls, gemm_paths,
+                     seconds) and `.compile`, a jitstats.CompileStats: seconds per stage
+                     (specialize, passes, codegen, llvm-optimize, emit-object or cache-load,
+                     load), per pass, the code cache (hit/miss), BLAS threads and the GEMM path
+                     chosen for each product; `fn.stats.compile.describe()` prints it as
+                     `gir run -v` does.
+        fn.ir        the IR that was compiled, after all passes.
+        fn.llvm_ir   the LLVM module before optimisation (cpu); fn.asm: host assembly.
+        fn.compiled  the backend's object (CPUFunction / GPUFunction: layout, memory).
+
+    A compile that takes more than about a second prints a line to stderr when it starts
+    and when it ends, if stderr is a terminal (GIR_PROGRESS=1: always; 0: never). Compiled
+    code is cached on disk (GIR_CACHE_DIR, default ~/.cache/gir). The function may be called
+    from several threads. Errors in the program are `gir.GirError`s with file:line:col.
+    """
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's

@@ -70,6 +70,11 @@ class Emitter:
         return self.rw.create(name, operands, at_end=self.block, loc=loc, **kw)
 
     def zeros(self, t: TensorType, loc: Any = None) -> Value:
+        if not t.is_static:  # a zero cotangent is a constant, and a constant needs its shape
+            raise GirTypeError(f"autodiff needs a static shape here: a zero gradient of {t} (a loop carry or a "
+                               "value no gradient reaches) cannot be made with `?` dims. Fix the shapes first: "
+                               "gir.jit and gir.interpret do it on the arguments, `gir run` on --inputs or "
+                               "--shape NAME=DIMS", loc or self.loc)
         return self.op("constant", [], loc=loc, attrs={"value": 0.0}, declared=[t]).result
 
 

@@ -79,10 +79,11 @@ def test_run_random_uses_the_last_function_by_default(program, capsys):
     code, out, err = gir_main(capsys, "run", program, "--random", "0")
     assert code == 0, err
     lines = out.strip().splitlines()
-    assert len(lines) == 3
-    assert lines[0].startswith("out0: shape (3,) float64")
-    assert lines[1].startswith("out1: shape (2,) int32")
-    assert lines[2].startswith("out2: shape (2,) int32")
+    assert len(lines) == 4
+    assert lines[0] == "@second on cpu:"
+    assert lines[1].startswith("s: shape (3,) float64")
+    assert lines[2].startswith("m: shape (2,) int32")
+    assert lines[3].startswith("k: shape (2,) int32")
 
 
 def test_run_random_is_seeded(program, capsys, tmp_path):
@@ -107,13 +108,14 @@ def test_run_inputs_and_outputs_round_trip(program, capsys, tmp_path):
     code, out, err = gir_main(capsys, "run", program, "--inputs", inputs, "--outputs", outputs)
     assert code == 0, err
     with np.load(outputs) as data:
-        assert sorted(data.keys()) == ["out0", "out1", "out2"]
+        assert sorted(data.keys()) == ["k", "m", "out0", "out1", "out2", "s"]  # by position and by name
+        np.testing.assert_array_equal(data["m"], data["out1"])
         expected_m = arrays["n"] * 2 + 1
         np.testing.assert_array_equal(data["out0"], arrays["x"].sum(axis=0))
         np.testing.assert_array_equal(data["out1"], expected_m)
         np.testing.assert_array_equal(data["out2"], np.where(arrays["c"], arrays["n"], expected_m))
         assert data["out1"].dtype == np.int32
-    assert "out1: shape (2,) int32 [7, -7]" in out
+    assert "m: shape (2,) int32 [7, -7]" in out
     expected = gir.interpret(gir.load(str(program)), "second", arrays["x"], arrays["n"], arrays["c"])
     with np.load(outputs) as data:
         for i, want in enumerate(expected):
@@ -125,20 +127,21 @@ def test_run_summary_shows_the_first_values(program, capsys, tmp_path):
     np.savez(inputs, x=np.array([0.0, 1.0, -1.0], np.float32))
     code, out, err = gir_main(capsys, "run", program, "-e", "first", "--inputs", inputs)
     assert code == 0, err
-    assert out.strip() == "out0: shape (3,) float32 [0, 0.761594, -0.761594]"
+    assert out.strip().splitlines()[1:] == ["y: shape (3,) float32 [0, 0.761594, -0.761594]"]
 
 
 @pytest.mark.parametrize("entry", ["first", "@first"])
 def test_run_entry_option_selects_the_function(program, capsys, entry):
     code, out, err = gir_main(capsys, "run", program, "-e", entry, "--random", "3")
     assert code == 0, err
-    assert out.strip().splitlines() == [out.strip().splitlines()[0]]
-    assert out.startswith("out0: shape (3,) float32")
+    assert out.strip().splitlines()[0] == "@first on cpu:"
+    assert len(out.strip().splitlines()) == 2
+    assert out.splitlines()[1].startswith("y: shape (3,) float32")
 
 
 def test_run_entry_long_option(program, capsys):
     code, out, _ = gir_main(capsys, "run", program, "--entry", "first")
-    assert code == 0 and out.startswith("out0: shape (3,) float32")
+    assert code == 0 and out.splitlines()[1].startswith("y: shape (3,) float32")
 
 
 def test_run_missing_input_key(program, capsys, tmp_path):
@@ -212,8 +215,8 @@ def test_run_default_entry_of_an_example(capsys):
     assert code == 0, err
     lines = out.strip().splitlines()
     assert [line.split(" [")[0] for line in lines] == [
-        "out0: shape () float32", "out1: shape (256, 256) float32", "out2: shape (256, 256) float32",
-        "out3: shape (256,) float32"]
+        "@rnn_grads on cpu:", "loss: shape () float32", "dwx: shape (256, 256) float32",
+        "dwh: shape (256, 256) float32", "db: shape (256,) float32"]
 
 
 def test_run_unknown_dims_need_inputs(tmp_path, capsys):
@@ -227,7 +230,7 @@ def test_run_unknown_dims_need_inputs(tmp_path, capsys):
     np.savez(inputs, a=np.ones((4, 2), np.float32))
     code, out, err = gir_main(capsys, "run", path, "--inputs", inputs)
     assert code == 0, err
-    assert out.startswith("out0: shape (4, 2) float32 [-1, -1, -1, -1, ...]")
+    assert out.splitlines()[1] == "b: shape (4, 2) float32 [-1, -1, -1, -1, ...]"
 
 
 def test_run_missing_inputs_file(program, capsys, tmp_path):
@@ -350,7 +353,7 @@ def test_console_script_quick_start():
     proc = subprocess.run([*gir_command(), "run", "examples/rnn.gir", "-e", "rnn_loss", "--random", "0"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("out0: shape () float32 [")
+    assert proc.stdout.startswith("@rnn_loss on cpu:\nloss: shape () float32 [")
 
 
 def test_console_script_error_has_no_traceback(tmp_path):

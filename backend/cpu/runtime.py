@@ -70,6 +70,8 @@ class Stats:
     pack_calls: int = 0
     seconds: float = 0.0
     gemm_paths: dict[str, int] = field(default_factory=dict)
+    compile: Any = None
+    """How the function was compiled (gir.jit sets it: a `jitstats.CompileStats`)."""
 
 
 class CPUFunction:
@@ -77,20 +79,27 @@ class CPUFunction:
 
     def __init__(self, function: Function, plan: MemoryPlan | None = None):
         self.function = function
+        clock = time.perf_counter()
+        self.compile_seconds: dict[str, float] = {}
+        """Seconds per compile stage (`fn.stats.compile`, `gir run -v`)."""
         key = cache_key(function, plan)
         cached = _load_cached(key)
         if cached is not None:
             obj, self.layout, self.optimized_ir, self.llvm_ir = cached
             self.from_cache = True
+            clock = self._lap("cache-load", clock)
         else:
             module, self.layout = lower_function(function, plan)
             self.llvm_ir = str(module)
             mod = llvm.parse_assembly(self.llvm_ir)
             mod.verify()
+            clock = self._lap("codegen", clock)
             optimize(mod)
             self.optimized_ir = str(mod)
+            clock = self._lap("llvm-optimize", clock)
             obj = target_machine().emit_object(mod)
             _store_cached(key, obj, self.layout, self.optimized_ir, self.llvm_ir)
+            clock = self._lap("emit-object", clock)
             self.from_cache = False
         check_fits(function, self.layout.arena_bytes + self.layout.pinned_bytes, host_memory_bytes(), "this machine")
         blas.bind_symbols()
@@ -106,6 +115,12 @@ class CPUFunction:
         self._last_stats = Stats()
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self._asm: str | None = None
+        self._lap("load", clock)
+
+    def _lap(self, stage: str, since: float) -> float:
+        now = time.perf_counter()
+        self.compile_seconds[stage] = now - since
+        return now
 
     @property
     def asm(self) -> str:

@@ -47,6 +47,8 @@ class Stats:
     memory: str = ""
     """How values are stored: the arena and its size, or a buffer per value and why."""
     device: str = ""
+    compile: Any = None
+    """How the function was compiled (gir.jit sets it: a `jitstats.CompileStats`)."""
 
 
 class GPUFunction:

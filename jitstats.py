@@ -1,0 +1,157 @@
+"""What a `gir.jit` compile did, for `fn.stats.compile` and `gir run -v`.
+
+    CompileStats(entry="rnn_grads", device="cpu", shapes=((50, 32, 256), ...),
+                 stages={"specialize": 0.0, "passes": 0.41, "codegen": 0.12, "llvm-optimize": 1.9,
+                         "emit-object": 0.8, "load": 0.02},
+                 passes={"ssa": 0.01, ...}, cache="miss", threads=2,
+                 gemms=[GemmChoice("examples/rnn.gir:9:18", "mkl-packed", "f32", 32, 256, 256, ...), ...])
+
+Stages: `specialize` (retyping `?` dims, ir/specialize.py), `passes` (the default and backend
+pipelines; `passes` has the time of each), then the backend's: on the CPU `codegen` (IR ->
+LLVM IR), `llvm-optimize` (-O3), `emit-object` (machine code) — or `cache-load` when the
+object came from the disk cache — and `load` (linking it into this process); on the GPU
+`codegen`. `cache` is "hit" or "miss" for the CPU's disk cache of object code, "none" where
+there is no such cache (interp, gpu).
+
+A compile that takes longer than `PROGRESS_AFTER` seconds says so on stderr (one line when it
+has taken that long, one when it ends), so a cold LSTM compile is not seconds of silence: when
+stderr is a terminal, or always with `GIR_PROGRESS=1` (never with `GIR_PROGRESS=0`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+PROGRESS_AFTER = 1.0
+"""Seconds a compile may take before it prints a progress line."""
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    """One matrix product of the compiled code and the BLAS path chosen for it."""
+
+    where: str
+    """The product's source location (file:line:col)."""
+    path: str
+    """'mkl', 'mkl-packed' or 'openblas' (backend/cpu/blas.py measures and chooses)."""
+    dtype: str
+    m: int
+    n: int
+    k: int
+    transposed: str
+    """Which operands the GEMM reads transposed: '', 'a', 'b' or 'ab'."""
+
+
+@dataclass
+class CompileStats:
+    entry: str
+    device: str
+    shapes: tuple[tuple[int, ...], ...]
+    seconds: float = 0.0
+    """The whole compile, wall clock."""
+    stages: dict[str, float] = field(default_factory=dict)
+    passes: dict[str, float] = field(default_factory=dict)
+    cache: str = "none"
+    threads: int | None = None
+    """The BLAS threads the code runs GEMMs with (CPU)."""
+    gemms: list[GemmChoice] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """Several lines for `gir run -v` (stderr)."""
+        shapes = ", ".join("x".join(map(str, s)) or "scalar" for s in self.shapes)
+        lines = [f"compiled @{self.entry} for {self.device} ({shapes}) in {self.seconds:.3f} s; "
+                 f"code cache: {self.cache}" + (f"; BLAS threads: {self.threads}" if self.threads else "")]
+        lines.append("  stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in self.stages.items()))
+        if self.passes:
+            top = sorted(self.passes.items(), key=lambda kv: -kv[1])[:5]
+            lines.append("  slowest passes: " + ", ".join(f"{k} {v:.3f} s" for k, v in top))
+        for g in self.gemms:
+            t = f" transposed {g.transposed}" if g.transposed else ""
+            lines.append(f"  GEMM {g.where}: {g.dtype} {g.m}x{g.k} @ {g.k}x{g.n}{t} -> {g.path}")
+        if self.device == "cpu" and not self.gemms:
+            lines.append("  GEMM: none (no matrix product reaches BLAS)")
+        return "\n".join(lines)
+
+
+class CompileTimer:
+    """Times the stages of one compile and prints the progress line of a slow one."""
+
+    def __init__(self, stats: CompileStats, progress: bool | None = None):
+        self.stats = stats
+        self.start = time.perf_counter()
+        self.announced = False
+        if progress is None:
+            progress = progress_wanted()
+        self._timer: threading.Timer | None = None
+        if progress:
+            self._timer = threading.Timer(PROGRESS_AFTER, self._announce)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _announce(self) -> None:
+        self.announced = True
+        s = self.stats
+        shapes = ", ".join("x".join(map(str, sh)) or "scalar" for sh in s.shapes)
+        _say(f"gir: compiling @{s.entry} for {s.device} ({shapes}) ...")
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.stages[name] = self.stats.stages.get(name, 0.0) + time.perf_counter() - start
+
+    def finish(self, compiled: Any = None) -> CompileStats:
+        """Stops the clock, takes what the backend recorded from `compiled`, ends the progress line."""
+        if self._timer is not None:
+            self._timer.cancel()
+        s = self.stats
+        s.seconds = time.perf_counter() - self.start
+        backend_stages = getattr(compiled, "compile_seconds", None) or {}
+        if backend_stages:  # the backend's own split of the `backend` stage
+            total = s.stages.pop("backend", 0.0)
+            s.stages.update(backend_stages)
+            rest = total - sum(backend_stages.values())
+            if rest > 0.0005:  # printing the IR for fn.ir, binding BLAS: what the backend did not time
+                s.stages["other"] = rest
+        from_cache = getattr(compiled, "from_cache", None)
+        if from_cache is not None:
+            s.cache = "hit" if from_cache else "miss"
+        layout = getattr(compiled, "layout", None)
+        for g in getattr(layout, "gemms", None) or []:
+            transposed = ("a" if g.ta else "") + ("b" if g.tb else "")
+            s.gemms.append(GemmChoice(g.key, g.path, g.dtype, g.m, g.n, g.k, transposed))
+        if self.announced:
+            _say(f"gir: compiled @{s.entry} in {s.seconds:.1f} s (code cache: {s.cache})")
+        return s
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def progress_wanted() -> bool:
+    """GIR_PROGRESS=1: always; GIR_PROGRESS=0: never; unset: when stderr is a terminal (a
+    person is waiting; a log or a test capturing stderr gets no unasked-for lines)."""
+    setting = os.environ.get("GIR_PROGRESS", "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed: progress is not worth failing for
+        pass

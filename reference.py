@@ -1,0 +1,59 @@
+"""`gir.interpret`: the reference semantics of a module as written, whatever it needs first.
+
+    gir.interpret(module, "rnn_grads", xs, h0, wx, wh, b)      # `grad` and all
+
+The interpreter (ir/interpreter.py) runs every op but `grad`, which only the `autodiff` pass
+gives a meaning. So when the entry reaches a `grad`, this runs `ssa,autodiff` (nothing else:
+no rewrite that the reference should not depend on) on a copy of the module, specialised on
+the arguments' shapes first where the signature has `?` dims (autodiff makes zero
+cotangents, which need static shapes). The module given is never changed. Arguments follow
+the JIT's calling convention (calling.py); results are named as the JIT's (results.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .calling import bind_arguments
+from .errors import GirArgumentError
+from .ir.core import Module
+from .ir.interpreter import check_arguments
+from .ir.interpreter import interpret as run_interpreter
+from .ir.specialize import specialize
+from .passes.pass_manager import PassManager
+from .results import name_results
+
+AUTODIFF_PIPELINE = "ssa,autodiff"
+"""What a module with `grad` needs before the interpreter can run it."""
+
+
+def needs_autodiff(module: Module) -> bool:
+    return any(op.name == "grad" for op in module.walk())
+
+
+def prepare(module: Module, entry: str, shapes: list[tuple[int, ...]]) -> Module:
+    """module itself when the interpreter can run it; else a specialised copy after autodiff."""
+    if not needs_autodiff(module):
+        return module
+    f = module.functions[entry]
+    if any(tuple(t.shape) != shape for t, shape in zip(f.arg_types, shapes)):
+        copy = specialize(module, entry, [t.with_shape(shape) for t, shape in zip(f.arg_types, shapes)])
+    else:
+        copy = module.clone()
+    PassManager(AUTODIFF_PIPELINE).run(copy)
+    return copy
+
+
+def interpret(module: Module, entry: str, *args: Any, **kwargs: Any) -> tuple:
+    """Runs @entry of module on arguments (NumPy arrays, Python numbers or lists; by position
+    or by parameter name) with the reference semantics; returns its named results. A module
+    with `grad` is differentiated first (on a copy), as gir.jit does."""
+    if not isinstance(module, Module):
+        raise GirArgumentError(f"gir.interpret takes a Module (gir.parse / gir.load), not {type(module).__name__}")
+    name = entry.lstrip("@")
+    f = module.functions.get(name)
+    if f is None:
+        raise GirArgumentError(f"no function @{name}; the module has " + ", ".join("@" + n for n in module.functions))
+    arrays = check_arguments(f, bind_arguments(f, args, kwargs))
+    runnable = prepare(module, name, [a.shape for a in arrays])
+    return name_results(f, run_interpreter(runnable, name, *arrays))
