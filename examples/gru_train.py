@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 import gir
+import numpy as np
 
 T, BATCH, HIDDEN = 50, 32, 256  # the sizes of examples/gru.gir
 WEIGHTS = ["w_z", "w_r", "w_n", "u_z", "u_r", "u_n"]

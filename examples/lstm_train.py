@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 import gir
+import numpy as np
 
 T, BATCH, HIDDEN = 50, 32, 256  # the sizes of examples/lstm.gir
 GATES = ["i", "f", "g", "o"]

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 import gir
+import numpy as np
 
 T, BATCH, HIDDEN = 50, 32, 256  # the sizes of examples/rnn.gir
 

@@ -282,7 +282,7 @@ def test_value_and_grad_of_a_pytree_matches_finite_differences() -> None:
     assert set(grads) == set(params)
     np.testing.assert_allclose(loss, _np_rnn_loss(params, xs, h0), rtol=1e-12)
     for k in params:
-        num = _numeric_grad(lambda p: _np_rnn_loss({**params, k: p}, xs, h0), params[k])
+        num = _numeric_grad(lambda p, k=k: _np_rnn_loss({**params, k: p}, xs, h0), params[k])
         assert grads[k].shape == params[k].shape and grads[k].dtype == np.float64
         np.testing.assert_allclose(grads[k], num, rtol=1e-6, atol=1e-8)
 
@@ -506,7 +506,8 @@ def test_examples_match_the_gir_examples(name, n_states) -> None:
     loss_fn = getattr(example, f"{name}_loss")
     gir_path = str(example.__file__).replace("_train.py", ".gir")
     rng = np.random.default_rng(0)
-    full = (example.init_params(rng), np.zeros((50, 32, 256), np.float32)) + (np.zeros((32, 256), np.float32),) * n_states
+    states = (np.zeros((32, 256), np.float32),) * n_states
+    full = (example.init_params(rng), np.zeros((50, 32, 256), np.float32), *states)
     traced = trace_entry(gir.value_and_grad(loss_fn), full)
     gemms = _gemms_in_scans(traced.module, traced.entry)
     assert gemms == _gemms_in_scans(gir.load(gir_path), f"{name}_grads")
