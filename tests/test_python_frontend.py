@@ -540,3 +540,26 @@ def _flat_params(params) -> dict[str, np.ndarray]:
         else:
             out[k] = v
     return out
+
+
+# -- docs/python.md -------------------------------------------------------------------------------
+
+
+def test_the_python_blocks_of_docs_python_md_run(capsys) -> None:
+    """Every ```python block of docs/python.md runs (```py blocks are JAX, not run here); the
+    printed trace shown in the page is what gir.trace prints."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "python.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "docs/python.md", "exec"), {})
+    shown = re.search(r"^```\n(func @rnn_loss\(%params_b.*?)^```", text, re.S | re.M)
+    assert shown is not None
+    example = _example("rnn")
+    rng = np.random.default_rng(0)
+    traced = gir.trace(gir.value_and_grad(example.rnn_loss), example.init_params(rng, 8, 16),
+                       np.zeros((5, 4, 8), np.float32), np.zeros((4, 16), np.float32))
+    assert str(traced).strip() == shown.group(1).strip()
