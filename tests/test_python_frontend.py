@@ -563,3 +563,29 @@ def test_the_python_blocks_of_docs_python_md_run(capsys) -> None:
     traced = gir.trace(gir.value_and_grad(example.rnn_loss), example.init_params(rng, 8, 16),
                        np.zeros((5, 4, 8), np.float32), np.zeros((4, 16), np.float32))
     assert str(traced).strip() == shown.group(1).strip()
+
+
+# -- pytrees --------------------------------------------------------------------------------------
+
+
+def test_pytrees_round_trip_with_named_arguments_and_keywords() -> None:
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", ["left", "right"])
+    tree = {"layers": [{"w": arr(2, 2), "b": arr(2)}, {"w": arr(2, 2), "b": arr(2)}],
+            "pair": Pair(arr(3), (arr(1), None)), "scale": np.float32(2.0)}
+
+    def double(t, bias):
+        return {"out": [d["w"] * t["scale"] + bias for d in t["layers"]], "pair": t["pair"], "none": None}
+
+    fn = gir.jit(double, device="interp")
+    got = fn(tree, bias=np.float32(1.0))
+    assert isinstance(got["pair"], Pair) and got["none"] is None and got["pair"].right[1] is None
+    close(got["out"], [d["w"] * 2 + 1 for d in tree["layers"]])
+    close([got["pair"].left, got["pair"].right[0]], [tree["pair"].left, tree["pair"].right[0]])
+    text = str(gir.trace(double, tree, 1.0))
+    for name in ["%t_layers_0_b", "%t_layers_1_w", "%t_pair_left", "%t_pair_right_0", "%t_scale: tensor<f32>",
+                 "%bias: tensor<f32>"]:
+        assert name in text, name
+    with pytest.raises(gir.GirError, match="structure"):
+        gir.trace(lambda c, xs: gir.scan(lambda c, x: ((c, c), x), c, xs), np.float32(0), arr(3))
