@@ -240,7 +240,14 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     and when it ends, if stderr is a terminal (GIR_PROGRESS=1: always; 0: never). Compiled
     code is cached on disk (GIR_CACHE_DIR, default ~/.cache/gir). The function may be called
     from several threads. Errors in the program are `gir.GirError`s with file:line:col.
+
+    A Python function (DESIGN.md §7, docs/python.md) is traced per argument structure, shapes
+    and dtypes and compiled the same way (pyjit.py): `gir.jit(gir.value_and_grad(loss))`.
     """
+    if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
+        from .pyjit import jit_python
+
+        return jit_python(source_or_module, entry, device=device, pipeline=pipeline)  # type: ignore[return-value]
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
