@@ -1,6 +1,6 @@
 """`gir.jit`: the default pipeline, specialisation on argument shapes, and a compiled callable.
 
-    fn = gir.jit(module_or_source, "rnn_grads")        # device="cpu"
+    fn = gir.jit(module_or_source, "rnn_grads")        # device="cpu", mode="fast-run"
     loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)
     fn.stats, fn.ir, fn.llvm_ir, fn.asm
 
@@ -26,9 +26,10 @@ from .ir.specialize import specialize
 from .ir.verifier import verify
 from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
-from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+from .passes.pipeline import DEFAULT_MODE, get_mode
 
-DEVICES = ("cpu", "gpu", "interp")
+DEVICES = ("cpu", "gpu", "auto", "interp")
+"""auto: the `place` pass decides, per op, CPU or GPU, and the function runs split (backend/split.py)."""
 
 
 class JitFunction:
@@ -71,6 +72,13 @@ class JitFunction:
         plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
         if self.device == "interp":
             compiled: Any = _Interpreted(module, self.entry)
+        elif self.device == "auto":
+            from .backend.split import SplitFunction
+            from .passes.placement import PlacementReport
+
+            compiled = SplitFunction.compile(f, plan)
+            compiled.ir = print_module(module)
+            compiled.placement = analyses.get(PlacementReport, f)  # None without a `place` pass
         elif self.device == "gpu":
             from .backend.gpu.runtime import GPUFunction
 
@@ -135,8 +143,12 @@ class _Interpreted:
 
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
-        pipeline: str | None = None) -> JitFunction:
-    """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
+        pipeline: str | None = None, mode: str | None = None) -> JitFunction:
+    """Compiles @entry of a module (or of gir source text, or of a .gir file path).
+
+    device: cpu, gpu (the whole function on the GPU), auto (placed by the `place` pass and run
+    split between the two: backend/split.py) or interp. mode: `fast-run` (the default) or
+    `fast-compile` (passes/pipeline.py MODES); pipeline: a pipeline string instead of a mode's."""
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
@@ -155,5 +167,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     entry = entry.lstrip("@")
     if entry not in module.functions:
         raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions))
-    full = pipeline if pipeline is not None else f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}"
+    if pipeline is not None and mode is not None:
+        raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
+    full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)
     return JitFunction(module, entry, device, full)
