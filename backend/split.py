@@ -58,7 +58,7 @@ from ..errors import GirError
 from ..ir.core import Function, Module, Operation, Value
 from ..ir.interpreter import check_arguments
 from ..ir.ops import make_op
-from ..ir.printer import print_function
+from ..ir.printer import Printer, print_function
 from ..ir.types import TensorType
 from ..passes.memory.plan import MemoryPlan
 from ..passes.memory.planner import plan_memory
@@ -323,19 +323,22 @@ class SplitFunction:
 
     def describe(self) -> str:
         """The schedule, one line per crossing or segment, in the order a call runs them."""
+        printer = Printer()
+        printer.function(self.function)
+        names = printer.names  # the placed IR's names (fn.ir)
         lines = [f"split of @{self.function.name}: {len(self.segments)} segment(s), "
                  f"{sum(c.direction == 'h2d' for c in self.crossings)} h2d and "
                  f"{sum(c.direction == 'd2h' for c in self.crossings)} d2h transfer(s) per call"]
         for item in self.schedule:
             if isinstance(item, Crossing):
                 src = item.op.operands[0]
-                lines.append(f"  {item.direction:<5} %{src.name_hint or '?'} -> %{item.op.result.name_hint or '?'}")
+                lines.append(f"  {item.direction:<5} {names[src]} -> {names[item.op.result]}")
             else:
                 g = item.function
                 assert g is not None
                 ops = sum(1 for _ in g.walk()) - 1
-                ins = ", ".join("%" + (v.name_hint or "?") for v in item.inputs)
-                outs = ", ".join("%" + (v.name_hint or "?") for v in item.outputs)
+                ins = ", ".join(names[v] for v in item.inputs)
+                outs = ", ".join(names[v] for v in item.outputs)
                 lines.append(f"  {item.device:<5} @{g.name}({ins}) -> ({outs})  [{ops} ops]")
         return "\n".join(lines) + "\n"
 
@@ -357,7 +360,8 @@ class SplitFunction:
 
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> list[np.ndarray]:
-        arrays = [np.ascontiguousarray(a) for a in check_arguments(self.function, args)]
+        # A view is as good as an array (as on the GPU): copied where the CPU needs contiguity.
+        arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in check_arguments(self.function, args)]
         with self._lock:
             return self._run(arrays)
 
