@@ -336,7 +336,7 @@ class SplitFunction:
             else:
                 g = item.function
                 assert g is not None
-                ops = sum(1 for _ in g.walk()) - 1
+                ops = sum(1 for op in g.walk() if not op.spec.terminator)  # nested ops too
                 ins = ", ".join(names[v] for v in item.inputs)
                 outs = ", ".join(names[v] for v in item.outputs)
                 lines.append(f"  {item.device:<5} @{g.name}({ins}) -> ({outs})  [{ops} ops]")
