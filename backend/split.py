@@ -404,6 +404,8 @@ class SplitFunction:
             stats.h2d_bytes += src.nbytes
         else:
             host = self.dev.download(src)
+            if not host.flags.c_contiguous:  # a strided view's copy, as CuPy may return it: the CPU needs C order
+                host = host.copy(order="C")
             env[c.op.result] = host
             stats.d2h += 1
             stats.d2h_bytes += host.nbytes

@@ -141,6 +141,26 @@ def test_alternating_segments_in_asap_order() -> None:
     assert "  gpu   @f.gpu3(%b_gpu, %w_gpu, %a) -> (%d)" in text, text
 
 
+def test_unknown_dims_and_views() -> None:
+    """A `?` dim is specialised per shape, each split and compiled; a non-contiguous argument
+    is as good as an array (copied where the CPU needs it)."""
+    source = """\
+func @f(%x: tensor<?x4xf32>, %w: tensor<4x4xf32>) -> (tensor<?x4xf32>, tensor<?x4xf32>) {
+  %m = matmul %x, %w : tensor<?x4xf32>
+  return tanh(%m), exp(%x)
+}
+"""
+    fn = gir.jit(source, "f", device="auto", pipeline=pipeline("lift"))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    for rows in (2, 3):
+        x = rng.standard_normal((4, rows)).astype(np.float32).T
+        assert not x.flags.c_contiguous
+        assert_all_close(fn(x, w), gir.jit(source, "f", device="interp")(x, w), rtol=1e-5)
+        assert fn.stats.transfers == {"h2d": 2, "d2h": 1}
+        assert devices(fn.compiled) == ["cpu0", "gpu1"]  # exp(%x) is an island: lift leaves it
+
+
 def test_a_value_on_the_wrong_device_without_a_transfer_is_an_error() -> None:
     """device="auto" runs what `place` decided: a pipeline without it, on IR whose device
     attributes disagree, is an error at the op, not a wrong answer."""
