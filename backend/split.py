@@ -127,6 +127,8 @@ class _Scheduler:
         """Every op -> its top-level ancestor."""
         self.stage: dict[Operation, int] = {}
         self.device: dict[Operation, str] = {}
+        self.inputs: dict[Operation, list[Value]] = {}
+        """Top-level op -> the values it (or its body) reads from outside it."""
         for op in f.body:
             for inner in op.walk():
                 self.top[inner] = op
@@ -155,7 +157,8 @@ class _Scheduler:
         return list(seen)
 
     def place(self, op: Operation) -> None:
-        inputs = self.external_inputs(op)
+        """Sets op's device and stage (its inputs are placed: program order is a topological one)."""
+        inputs = self.inputs[op] = self.external_inputs(op)
         if op.spec.moves_device:
             to = op.attrs["device"]
             have, at = self.home(op.operands[0])
@@ -206,18 +209,22 @@ def split_function(f: Function) -> list[Segment | Crossing]:
     for seg in by_stage.values():
         inputs: dict[Value, None] = {}
         for op in seg.ops:
-            for v in sched.external_inputs(op):
-                if segment_of.get(sched.owner(v)) is not seg:  # type: ignore[arg-type]
+            for v in sched.inputs[op]:
+                owner = sched.owner(v)
+                if owner is None or segment_of.get(owner) is not seg:
                     inputs[v] = None
         seg.inputs = list(inputs)
         seg.outputs = [r for op in seg.ops for r in op.results
-                       if any(segment_of.get(sched.top.get(user, user)) is not seg for user, _ in r.uses)]
+                       if any(segment_of.get(sched.top[user]) is not seg for user, _ in r.uses)]
+    crossings_at: dict[int, list[Crossing]] = {}
+    for c in crossings:
+        crossings_at.setdefault(c.stage, []).append(c)
     schedule: list[Segment | Crossing] = []
-    for stage in sorted({c.stage for c in crossings} | set(by_stage)):
-        schedule.extend(c for c in crossings if c.stage == stage)
-        seg = by_stage.get(stage)
-        if seg is not None and seg.outputs:  # a segment nobody reads from computes nothing observable
-            schedule.append(seg)
+    for stage in sorted(set(crossings_at) | set(by_stage)):
+        schedule.extend(crossings_at.get(stage, []))
+        last = by_stage.get(stage)
+        if last is not None and last.outputs:  # a segment nobody reads from computes nothing observable
+            schedule.append(last)
     _set_targets(schedule)
     return schedule
 
