@@ -23,7 +23,7 @@ from .ir.core import Function, Module
 from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
-from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode
 from .results import result_names
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -124,9 +124,18 @@ def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> Rep
     return report
 
 
+def opt_pipeline(args: argparse.Namespace) -> str:
+    """-p, else --mode's whole pipeline as device="auto" compiles it (placed), else the default."""
+    if args.mode is not None:
+        if args.pipeline is not None:
+            raise GirArgumentError("give -p or --mode, not both")
+        return get_mode(args.mode).pipeline("auto")
+    return args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE
+
+
 def cmd_opt(args: argparse.Namespace) -> int:
     module = load(args.file)
-    report = run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+    report = run_pipeline(args, module, opt_pipeline(args))
     if args.placement_report:
         from .passes.placement import placement_reports
 
@@ -161,6 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .shapes import specialise_entry
 
     check_seed("--random", args.random)
+    mode = get_mode(args.mode or DEFAULT_MODE)
     module = load(args.file)
     f = entry_of(module, args.entry)
     names = result_names(f)  # as written: passes rename values
@@ -169,16 +179,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
     if inputs is None:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
-    run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+    run_pipeline(args, module, args.pipeline if args.pipeline is not None else mode.front)
     if args.verbose and args.device == "cpu":
         from .backend.cpu.blas import providers
 
         prov = providers()
         print(prov.notice or "BLAS: MKL (cblas, packed GEMM) and OpenBLAS (SciPy)", file=sys.stderr)
-    run = _runner(args, module, f.name)
+    run = _runner(args, module, f.name, mode.backend_pipeline(args.device))
     results = run(*inputs)
     if args.verbose:
         _print_compile_stats(run)
+    if args.verbose and args.device == "auto":
+        compiled = run.compiled  # type: ignore[attr-defined]
+        stats = compiled.stats
+        sys.stderr.write(compiled.describe())
+        print(f"transfers executed: {stats.h2d} h2d ({stats.h2d_bytes} bytes), {stats.d2h} d2h "
+              f"({stats.d2h_bytes} bytes)", file=sys.stderr)
     times = []
     for _ in range(max(0, args.repeat - 1)):
         start = time.perf_counter()
@@ -211,8 +227,9 @@ def _print_compile_stats(run: Callable[..., Any]) -> None:
         print(compiled.describe(), file=sys.stderr)
 
 
-def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..., list[np.ndarray]]:
-    """The interpreter, or the entry compiled for the CPU or the GPU (after the backend pipeline)."""
+def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) -> Callable[..., list[np.ndarray]]:
+    """The interpreter, or the entry compiled for the CPU, the GPU or both (after the backend
+    pipeline: the mode's, with `place` for --device auto)."""
     from .jit import JitFunction
 
     if args.device == "interp":
@@ -221,7 +238,7 @@ def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..
 
     # The default pipeline has run (with the debugging flags); what is left is the backend's.
     # JitFunction specialises `?` dims on the actual inputs.
-    return JitFunction(module, entry, args.device, BACKEND_PIPELINE)
+    return JitFunction(module, entry, args.device, backend)
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -231,7 +248,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     module = load(args.file)
     module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")
-    report = run_pipeline(args, module, f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
+    report = run_pipeline(args, module, get_mode(args.mode or DEFAULT_MODE).pipeline("cpu"))
     f = module.functions[f.name]
     compiled = CPUFunction.compile(f, report.analyses.get(MemoryPlan, f))
     if args.emit == "llvm":
@@ -273,6 +290,10 @@ def add_shape_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", metavar="NAME=DIMS",
                    help="the shape of parameter NAME, e.g. xs=50x32x256 (fixes its `?` dims; a `?` written here "
                         "stays unknown); repeat it or separate with commas: xs=5x2x3,h0=2x3")
+def add_mode_flag(p: argparse.ArgumentParser, what: str) -> None:
+    modes = "; ".join(f"{m.name} gives up {m.gives_up}" for m in MODES.values())
+    p.add_argument("--mode", metavar="MODE", help=f"compile mode ({', '.join(MODES)}; default {DEFAULT_MODE}): "
+                   f"{what}. {modes}".replace("%", "%%"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="after the passes, print where the place pass put each op and why, and the transfers, "
                           "to stderr")
     add_pipeline_flags(opt)
+    add_mode_flag(opt, "run the mode's whole pipeline, placed as --device auto compiles it, instead of the "
+                       "default pipeline; not with -p")
     opt.set_defaults(func=cmd_opt)
 
     run = sub.add_parser("run", help="run a function of a .gir file")
@@ -304,14 +327,19 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--random", type=int, metavar="SEED", help="seeded random inputs (the default, seed 0)")
     run.add_argument("--outputs", help="save results as out0, out1, ... in this .npz (and by name beside them)")
     add_shape_flag(run)
-    run.add_argument("--device", choices=["cpu", "gpu", "interp"], default="cpu",
+    run.add_argument("--device", choices=["cpu", "gpu", "auto", "interp"], default="cpu",
                      help="cpu: compiled with llvmlite (default); gpu: numba.cuda kernels and CuPy (the CUDA "
-                          "simulator under NUMBA_ENABLE_CUDASIM=1); interp: the NumPy reference interpreter")
+                          "simulator under NUMBA_ENABLE_CUDASIM=1); auto: placed by the place pass and run split "
+                          "between the two (-v prints the split and the transfers); interp: the NumPy reference "
+                          "interpreter")
     run.add_argument("--repeat", type=int, default=1, metavar="N", help="run N times and print the median time")
     run.add_argument("-v", "--verbose", action="store_true",
                      help="say how the entry was compiled (time per stage, code cache hit or miss, BLAS threads, "
                           "the GEMM path of each product) and which BLAS providers the CPU backend uses")
-    run.add_argument("-p", "--pipeline", help=f"passes to run first (default: {DEFAULT_PIPELINE})")
+    run.add_argument("-p", "--pipeline", help="passes to run first, instead of the mode's (fast-run: "
+                     f"{DEFAULT_PIPELINE})")
+    add_mode_flag(run, "the passes before the backend's and the backend's own (with --device auto, the place "
+                       "policy)")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compile", help="compile a function for the CPU and write LLVM IR, assembly or an object")
@@ -320,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--emit", choices=["llvm", "asm", "obj"], required=True)
     comp.add_argument("-o", "--output", required=True)
     add_shape_flag(comp)
+    add_mode_flag(comp, "the pipeline run before compiling")
     comp.set_defaults(func=cmd_compile)
     return p
 

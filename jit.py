@@ -1,6 +1,6 @@
 """`gir.jit`: the default pipeline, specialisation on argument shapes, and a compiled callable.
 
-    fn = gir.jit(module_or_source, "rnn_grads")        # device="cpu"
+    fn = gir.jit(module_or_source, "rnn_grads")        # device="cpu", mode="fast-run"
     loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)
     fn.stats, fn.ir, fn.llvm_ir, fn.asm
 
@@ -31,10 +31,11 @@ from .ir.verifier import verify
 from .jitstats import CompileStats, CompileTimer
 from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
-from .passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
+from .passes.pipeline import DEFAULT_MODE, get_mode
 from .results import name_results, result_names
 
-DEVICES = ("cpu", "gpu", "interp")
+DEVICES = ("cpu", "gpu", "auto", "interp")
+"""auto: the `place` pass decides, per op, CPU or GPU, and the function runs split (backend/split.py)."""
 
 
 class JitFunction:
@@ -98,6 +99,13 @@ class JitFunction:
         plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
         if self.device == "interp":
             compiled: Any = _Interpreted(module, self.entry)
+        elif self.device == "auto":
+            from .backend.split import SplitFunction
+            from .passes.placement import PlacementReport
+
+            compiled = SplitFunction.compile(f, plan)
+            compiled.ir = print_module(module)
+            compiled.placement = analyses.get(PlacementReport, f)  # None without a `place` pass
         elif self.device == "gpu":
             from .backend.gpu.runtime import GPUFunction
 
@@ -185,7 +193,7 @@ class _Interpreted:
 
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
-        pipeline: str | None = None) -> JitFunction:
+        pipeline: str | None = None, mode: str | None = None) -> JitFunction:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -197,10 +205,12 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
                         MKL or OpenBLAS, whichever was measured faster (docs/backend.md).
             "gpu"    -- Numba CUDA kernels and CuPy GEMMs (docs/gpu.md); the CUDA simulator
                         under NUMBA_ENABLE_CUDASIM=1.
+            "auto"   -- placed per op by the `place` pass and run split between the two,
+                        `transfer` ops the only crossings (backend/split.py, docs/placement.md).
             "interp" -- the NumPy reference interpreter on the same optimised IR.
-        pipeline: the passes to run; default: passes.pipeline.DEFAULT_PIPELINE (ssa,
-            canonicalize, scan-grad, autodiff, ...) then BACKEND_PIPELINE (inline,
-            canonicalize, fuse, memplan). docs/passes.md describes each pass.
+        pipeline: the passes to run instead of the mode's (docs/passes.md describes each pass).
+        mode: "fast-run" (the default: the whole pipeline, `lift` placement) or "fast-compile"
+            (fewer passes, `aggressive` placement): passes/pipeline.py MODES, docs/passes.md.
 
     Returns a `JitFunction`. Calling it:
 
@@ -247,7 +257,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
         from .pyjit import jit_python
 
-        return jit_python(source_or_module, entry, device=device, pipeline=pipeline)  # type: ignore[return-value]
+        return jit_python(source_or_module, entry, device=device, pipeline=pipeline, mode=mode)  # type: ignore[return-value]
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
@@ -266,5 +276,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     entry = entry.lstrip("@")
     if entry not in module.functions:
         raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions))
-    full = pipeline if pipeline is not None else f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}"
+    if pipeline is not None and mode is not None:
+        raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
+    full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)
     return JitFunction(module, entry, device, full)

@@ -19,7 +19,8 @@ stood (every outside reader comes later; every input was defined earlier). Splat
 read by a group are copied into it, so backends see literals. Values read after the group
 become its results; the rest live only in registers.
 
-Loop bodies are fused in turn; an existing `fused` op (a structural region op, not
+Ops placed on different devices (`device` attributes, as `place` or a user writes them) never
+share a group. Loop bodies are fused in turn; an existing `fused` op (a structural region op, not
 elementwise) is left as it is, neither joined nor entered, so the pass is idempotent:
 `fuse,fuse` gives what `fuse` gives.
 """
@@ -40,6 +41,8 @@ class _Group:
     def __init__(self, first: Operation):
         self.ops = [first]
         self.shape = first.result.tensor_type.shape
+        self.device = first.attrs.get("device")
+        """Placed IR: a group never mixes devices (its ops all carry this `device`, or none)."""
         self.open = True
 
 
@@ -62,7 +65,8 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
             # yet, so their union can still stand here.
             for v in op.operands:
                 g = group_of_value(v)
-                if g is None or not g.open or g.shape != op.result.tensor_type.shape or g is joined:
+                if g is None or not g.open or g.shape != op.result.tensor_type.shape or g is joined \
+                        or g.device != op.attrs.get("device"):
                     continue
                 if joined is None:
                     joined = g

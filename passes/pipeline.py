@@ -6,7 +6,9 @@ in braces: `ssa,canonicalize,scan-grad{max-extra-bytes=1000000}`.
 
 from __future__ import annotations
 
-from ..errors import GirPassError, did_you_mean
+from dataclasses import dataclass
+
+from ..errors import GirArgumentError, GirPassError, did_you_mean
 from .autodiff import Autodiff
 from .base import Pass
 from .canonicalize import Canonicalize
@@ -38,8 +40,58 @@ gradients inherit one GEMM per step), after it it pushes weight-gradient accumul
 
 BACKEND_PIPELINE = "inline,canonicalize,fuse,memplan"
 """What gir.jit runs after the default pipeline, before handing the IR to a backend: the last
-pass plans memory, and the backend lays its arena out by that plan (passes/analysis.py)."""
-"""What `gir opt` runs without -p, and what `gir run` and `gir.jit` run before executing."""
+pass plans memory, and the backend lays its arena out by that plan (passes/analysis.py).
+`DEFAULT_PIPELINE` is what `gir opt` runs without -p, and what `gir run` and `gir.jit` run
+before this."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A compile mode: a named pipeline (DESIGN.md §4, Theano's FAST_COMPILE / FAST_RUN).
+
+    `front` is what `gir opt --mode` and `gir run --mode` run with the debugging flags; `backend`
+    what gir.jit runs after it for the CPU and GPU backends; for `device="auto"` the `place`
+    pass with this mode's policy runs right before the backend's last pass (`memplan`), after
+    `fuse`, so a fused group is placed as one op (docs/placement.md)."""
+
+    name: str
+    front: str
+    backend: str
+    policy: str
+    """The `place` policy for device="auto": aggressive or lift."""
+    gives_up: str
+    """One line for `--help` and docs: what this mode trades away."""
+
+    def backend_pipeline(self, device: str) -> str:
+        """The passes after `front`, for a backend (`cpu`, `gpu`, `interp`, or `auto`: placed)."""
+        if device != "auto":
+            return self.backend
+        *before, last = split_pipeline(self.backend)
+        return ",".join([*before, f"place{{policy={self.policy}}}", last])
+
+    def pipeline(self, device: str) -> str:
+        """The whole pipeline gir.jit runs for device."""
+        return f"{self.front},{self.backend_pipeline(device)}"
+
+
+MODES: dict[str, Mode] = {m.name: m for m in [
+    Mode("fast-run", DEFAULT_PIPELINE, BACKEND_PIPELINE, "lift",
+         "nothing: every pass runs; compiling takes longest"),
+    Mode("fast-compile", "ssa,canonicalize,autodiff,canonicalize", "inline,fuse,memplan", "aggressive",
+         "scan-grad (no GEMM hoisting or merging, weight gradients accumulated per step) and the "
+         "canonicalize runs between and after them; aggressive placement (more transfers)"),
+]}
+"""The compile modes by name; `fast-run` is the default."""
+
+DEFAULT_MODE = "fast-run"
+
+
+def get_mode(name: str) -> Mode:
+    """The mode called name; a GirArgumentError listing the modes otherwise."""
+    mode = MODES.get(name)
+    if mode is None:
+        raise GirArgumentError(f"unknown mode {name!r}; modes: " + ", ".join(MODES))
+    return mode
 
 
 def split_pipeline(text: str) -> list[str]:

@@ -400,6 +400,15 @@ class PlacementReport:
     created: int
     removed: int
 
+    def transfer_counts(self) -> dict[str, int]:
+        """{"h2d": transfers to the gpu, "d2h": to the cpu} in the function: what a split call
+        (device="auto", backend/split.py) executes, each once per call."""
+        to = {CPU: 0, GPU: 0}
+        for op in self.function.walk():
+            if op.spec.moves_device:
+                to[op.attrs["device"]] += 1
+        return {"h2d": to[GPU], "d2h": to[CPU]}
+
     def render(self) -> str:
         printer = Printer()
         printer.function(self.function)

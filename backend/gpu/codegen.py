@@ -60,6 +60,8 @@ class Counters:
     kernel_launches: int = 0
     gemm_calls: int = 0
     copies: int = 0
+    read_backs: int = 0
+    """Scalars read back to the host (`index` by a computed index)."""
 
 
 @dataclass(eq=False)
@@ -363,11 +365,15 @@ def lower_index(low: Lowering, op: Operation) -> Run:
     r = op.result
     rows = _shape(x)[0]
     known = low.host_scalars.get(i)
-    dev = low.dev
+    dev, counters = low.dev, low.counters
     out = None if low.memory.is_view(r, op) else low.storage(r)
 
     def run(env: Env) -> None:
-        k = known if known is not None else int(dev.download(env[i]))  # a computed index: one read-back
+        if known is not None:
+            k = known
+        else:  # a computed index: one read-back
+            k = int(dev.download(env[i]))
+            counters.read_backs += 1
         if not 0 <= k < rows:
             raise GirError(f"'index' out of range at run time: index {k} for a leading dim of {rows}", op.loc)
         if out is None:

@@ -49,6 +49,10 @@ class Stats:
     device: str = ""
     compile: Any = None
     """How the function was compiled (gir.jit sets it: a `jitstats.CompileStats`)."""
+    h2d: int = 0
+    """Host-to-device transfers: one per argument."""
+    d2h: int = 0
+    """Device-to-host transfers: one per result, and one per `index` by a computed index."""
 
 
 class GPUFunction:
@@ -111,13 +115,33 @@ class GPUFunction:
             return self._run(arrays)
 
     def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        f, low, dev = self.function, self.lowering, self.dev
+        dev = self.dev
         start = time.perf_counter()
-        for arg, a in zip(f.args, arrays):
-            dev.upload(low.static[arg], a)
+        for buffer, a in zip(self.arg_buffers, arrays):
+            dev.upload(buffer, a)
+        outs = [dev.download(r) for r in self.run_on_device()]
+        counters = self.lowering.counters
+        self._local.stats = self._last_stats = Stats(counters.kernel_launches, counters.gemm_calls, counters.copies,
+                                                     time.perf_counter() - start, self.memory.describe(), dev.name,
+                                                     h2d=len(arrays), d2h=len(outs) + counters.read_backs)
+        return outs
+
+    # -- for an executor that keeps values on the device between functions (backend/split.py) --
+    @property
+    def arg_buffers(self) -> list[Any]:
+        """The device arrays the arguments are read from, one per argument, allocated once:
+        a caller of `run_on_device` fills them (an upload or a device-to-device copy)."""
+        return [self.lowering.static[a] for a in self.function.args]
+
+    def run_on_device(self) -> list[Any]:
+        """Runs the steps on what is in `arg_buffers` and returns the results as device arrays:
+        this function's own memory (arena, constants, argument buffers), valid until its next
+        call. Moves nothing between host and device but the error flag and `index` by a
+        computed index. The caller serialises calls (`__call__` holds the lock)."""
+        low, dev = self.lowering, self.dev
         low.err[...] = 0
         counters = low.counters
-        counters.kernel_launches = counters.gemm_calls = counters.copies = 0
+        counters.kernel_launches = counters.gemm_calls = counters.copies = counters.read_backs = 0
         env = dict(low.static)
         if dev.simulated:
             with np.errstate(all="ignore"):  # inf and nan as on a GPU (this thread's xp work)
@@ -128,10 +152,7 @@ class GPUFunction:
         if code:
             message, loc = low.errors[code - 1]
             raise GirError(f"{message} at run time", loc)
-        outs = [dev.download(env[v]) for v in self.results]
-        self._local.stats = self._last_stats = Stats(counters.kernel_launches, counters.gemm_calls, counters.copies,
-                                                     time.perf_counter() - start, self.memory.describe(), dev.name)
-        return outs
+        return [env[v] for v in self.results]
 
 
 def _device_memory_bytes(dev: Any) -> int | None:
