@@ -51,8 +51,8 @@ from .frontend.python import (
 from .ir.core import Module
 from .ir.verifier import verify
 from .jit import jit
-from .reference import interpret
 from .pyjit import PythonJit  # also installs the eager runner of gir's functions (gir.tanh(array))
+from .reference import interpret
 
 __version__ = "0.1.0"
 __all__ = ["GirArgumentError", "GirError", "GirPassError", "GirSyntaxError", "GirTypeError", "GirVerifyError",

@@ -208,7 +208,9 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
             "auto"   -- placed per op by the `place` pass and run split between the two,
                         `transfer` ops the only crossings (backend/split.py, docs/placement.md).
             "interp" -- the NumPy reference interpreter on the same optimised IR.
-        pipeline: the passes to run instead of the mode's (docs/passes.md describes each pass).
+        pipeline: the passes to run instead of the mode's; fast-run's is
+            passes.pipeline.DEFAULT_PIPELINE (ssa, canonicalize, scan-grad, autodiff, ...) then
+            BACKEND_PIPELINE (inline, canonicalize, fuse, memplan); docs/passes.md describes each.
         mode: "fast-run" (the default: the whole pipeline, `lift` placement) or "fast-compile"
             (fewer passes, `aggressive` placement): passes/pipeline.py MODES, docs/passes.md.
 

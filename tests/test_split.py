@@ -313,7 +313,7 @@ def test_cli_run_device_auto_shows_the_split(tmp_path: Path, capsys: pytest.Capt
     path.write_text(linear_rnn(3, 8))
     code, out, err = gir_main(capsys, "run", str(path), "--device", "interp")
     assert code == 0
-    want = out
+    want = out.replace("on interp:", "on auto:")  # `gir run` names the entry and the device
     code, out, err = gir_main(capsys, "run", str(path), "--device", "auto", "-v")
     assert code == 0, err
     assert out == want
