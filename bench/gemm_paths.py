@@ -10,6 +10,11 @@ whether MKL ever pays on this machine (the question behind the `gir[mkl]` extra)
 
     python bench/gemm_paths.py                   # S and M, 1 and 2 threads
     python bench/gemm_paths.py --sizes S --threads 1
+    python bench/gemm_paths.py --sizes S --threads 1 --steps 15    # + whole steps, default vs OpenBLAS only
+
+`--steps N` also times N whole training steps of the function as compiled by default and as
+compiled with `GIR_GEMM_PATH=openblas` (what an install without MKL runs), interleaved in this
+one process (A, B, A, B, ...), and prints the medians and their ratio.
 
 Uses a fresh GIR_CACHE_DIR unless one is set, so the measurements are made now, on this machine.
 """
@@ -31,7 +36,7 @@ from gir.backend.cpu import blas  # noqa: E402
 from gir.backend.cpu.codegen import _gemm_sites  # noqa: E402
 from gir.passes.pass_manager import PassManager  # noqa: E402
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE  # noqa: E402
-from rnn import MODELS, SIZES, gir_source  # noqa: E402
+from rnn import MODELS, SIZES, gir_source, make_inputs, param_names  # noqa: E402
 
 
 def sites_of(model: str, size: str) -> list[tuple[tuple, int]]:
@@ -63,11 +68,41 @@ def report(model: str, size: str, threads: int) -> dict[str, float]:
     return totals
 
 
+def end_to_end(model: str, size: str, steps: int) -> None:
+    """Medians of whole steps: the default choice against OpenBLAS only, interleaved."""
+    import statistics
+    import time
+
+    T, B, I, H = SIZES[size]  # noqa: E741
+    p = make_inputs(model, T, B, I, H, seed=0)
+    args = [p["xs"]] + [p[n] for n in param_names(model)]
+    source = gir_source(model, T, B, I, H)
+    fns = {}
+    for name, forced in (("default", None), ("openblas", "openblas")):
+        if forced:
+            os.environ["GIR_GEMM_PATH"] = forced
+        fns[name] = gir.jit(source, f"{model}_grads")
+        fns[name](*args)  # compiles now, under this GIR_GEMM_PATH
+        os.environ.pop("GIR_GEMM_PATH", None)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(steps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn(*args)
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    paths = {name: dict(fn.stats.gemm_paths) for name, fn in fns.items()}
+    print(f"  whole step, median of {steps}: default {med['default'] * 1e3:.1f} ms {paths['default']}, "
+          f"OpenBLAS only {med['openblas'] * 1e3:.1f} ms; OpenBLAS only / default = "
+          f"{med['openblas'] / med['default']:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--sizes", default="S,M")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--steps", type=int, default=0, help="also time N whole steps, default vs OpenBLAS only")
     args = ap.parse_args(argv)
     prov = blas.providers()
     if not prov.has_mkl:
@@ -85,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         for size in args.sizes.split(","):
             for model in args.models.split(","):
                 report(model, size, threads)
+                if args.steps:
+                    end_to_end(model, size, args.steps)
         del limit
     return 0
 
