@@ -136,7 +136,12 @@ class _Interpreted:
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None) -> JitFunction:
-    """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
+    """Compiles @entry of a module (or of gir source text, or of a .gir file path), or a Python
+    function (traced per argument structure, shapes and dtypes: pyjit.py)."""
+    if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
+        from .pyjit import jit_python
+
+        return jit_python(source_or_module, entry, device=device, pipeline=pipeline)  # type: ignore[return-value]
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's

@@ -1,0 +1,504 @@
+"""NumPy's spelling on traced values: operators and methods of `Tracer`, and the functions that
+`gir` exports (`gir.tanh`, `gir.sum`, `gir.where`, ...). Each emits the registry's op (ops.py
+says what it computes and how its type follows); nothing here restates an op's semantics
+except where NumPy's surface differs from the op's (1-D `@`, integer indexing, `.T` of a
+vector, `logsumexp`, composed from existing ops).
+
+Outside a trace, the functions run eagerly on NumPy arrays (pyjit.py installs the runner:
+the same ops, run by the interpreter).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import Location
+from ...ir.ops import ONE_ARGUMENT_ALIASES
+from ...ir.types import DTYPES, INT_DTYPES, TensorType
+from .tracer import (
+    GirTraceAttributeError,
+    GirTraceError,
+    Tracer,
+    current_frame,
+    dtype_of,
+    emit1,
+    is_weak,
+    to_value,
+    user_location,
+    values_of,
+)
+
+EAGER: list[Callable[..., Any]] = []
+"""The runner of a gir function called outside a trace on arrays (set by pyjit.py)."""
+
+
+def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs fn traced inside a trace; outside one, eagerly on arrays (through EAGER)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if current_frame() is not None or not EAGER:
+            return fn(*args, **kwargs)
+        return EAGER[0](fn, args, kwargs)
+    return wrapper
+
+
+def _operand_like(x: Any) -> bool:
+    return isinstance(x, (Tracer, np.ndarray)) or is_weak(x)
+
+
+def _binary(name: str, a: Any, b: Any, loc: Location) -> Any:
+    if not (_operand_like(a) and _operand_like(b)):
+        return NotImplemented
+    return emit1(name, values_of([a, b], loc), loc=loc)
+
+
+def _tracer(x: Any, loc: Location) -> Tracer:
+    """x as a traced value of the current function (an array or a scalar becomes a constant)."""
+    if isinstance(x, Tracer):
+        return x
+    frame = current_frame()
+    if frame is None:
+        raise GirTraceError("expected a traced value", loc)
+    return Tracer(to_value(x, loc=loc), frame, frame.block)
+
+
+# -- elementwise --------------------------------------------------------------------------------
+
+
+def _unary_fn(name: str, doc: str) -> Callable[[Any], Any]:
+    def f(x: Any) -> Any:
+        loc = user_location()
+        return emit1(name, [to_value(x, loc=loc)], loc=loc)
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = doc
+    return traceable(f)
+
+
+tanh = _unary_fn("tanh", "Hyperbolic tangent, elementwise.")
+sigmoid = _unary_fn("sigmoid", "1 / (1 + exp(-x)), elementwise.")
+exp = _unary_fn("exp", "e ** x, elementwise.")
+log = _unary_fn("log", "Natural logarithm, elementwise.")
+relu = _unary_fn("relu", "max(x, 0), elementwise.")
+sqrt = _unary_fn("sqrt", "Square root, elementwise.")
+abs = _unary_fn("abs", "|x|, elementwise.")  # noqa: A001 - NumPy's name
+negative = _unary_fn("neg", "-x, elementwise.")
+
+
+def _binary_fn(name: str, public: str, doc: str) -> Callable[[Any, Any], Any]:
+    def f(a: Any, b: Any) -> Any:
+        loc = user_location()
+        return emit1(name, values_of([a, b], loc), loc=loc)
+    f.__name__ = f.__qualname__ = public
+    f.__doc__ = doc
+    return traceable(f)
+
+
+maximum = _binary_fn("max", "maximum", "Elementwise maximum (NumPy broadcasting).")
+minimum = _binary_fn("min", "minimum", "Elementwise minimum (NumPy broadcasting).")
+add = _binary_fn("add", "add", "a + b")
+subtract = _binary_fn("sub", "subtract", "a - b")
+multiply = _binary_fn("mul", "multiply", "a * b")
+divide = _binary_fn("div", "divide", "a / b")
+power = _binary_fn("pow", "power", "a ** b")
+
+
+@traceable
+def where(cond: Any, a: Any, b: Any) -> Any:
+    """a where cond else b, elementwise; cond is a comparison's (bool) result."""
+    loc = user_location()
+    c = to_value(cond, "i1", loc=loc)
+    if c.tensor_type.dtype != "i1":
+        raise GirTraceError(f"gir.where needs a bool condition (a comparison such as x > 0), got {c.type}", loc)
+    va, vb = values_of([a, b], loc)
+    return emit1("select", [c, va, vb], loc=loc)
+
+
+@traceable
+def matmul(a: Any, b: Any) -> Any:
+    """a @ b: 2-D and batched as NumPy; a 1-D operand is a row (left) or a column (right)."""
+    return _matmul(a, b, user_location())
+
+
+def _matmul(a: Any, b: Any, loc: Location) -> Any:
+    if not (_operand_like(a) and _operand_like(b)):
+        return NotImplemented
+    va, vb = values_of([a, b], loc)
+    ta, tb = va.tensor_type, vb.tensor_type
+    if ta.rank == 0 or tb.rank == 0:
+        raise GirTraceError(f"'@' needs operands of rank >= 1, got {ta} @ {tb}", loc)
+    frame = current_frame()
+    assert frame is not None
+    x, y = Tracer(va, frame, frame.block), Tracer(vb, frame, frame.block)
+    if ta.rank == 1:
+        x = _reshape(x, (1, _dim(ta.shape[0])), loc)
+    if tb.rank == 1:
+        y = _reshape(y, (_dim(tb.shape[0]), 1), loc)
+    out = emit1("matmul", [x.value, y.value], loc=loc)
+    if ta.rank == 1 or tb.rank == 1:
+        shape = list(out.type.shape)
+        if tb.rank == 1:
+            del shape[-1]
+        if ta.rank == 1:
+            del shape[-2 if tb.rank != 1 else -1]
+        out = _reshape(out, tuple(_dim(d) for d in shape), loc)
+    return out
+
+
+def _dim(d: int | None) -> int:
+    return -1 if d is None else d
+
+
+# -- reductions ---------------------------------------------------------------------------------
+
+
+def _axes(axis: Any, loc: Location) -> list[int] | None:
+    if axis is None:
+        return None
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
+        return [int(axis)]
+    if isinstance(axis, (tuple, list)) and all(isinstance(a, (int, np.integer)) for a in axis):
+        return [int(a) for a in axis]
+    raise GirTraceError(f"axis must be None, an int or a tuple of ints, got {axis!r}", loc)
+
+
+def _reduce(kind: str, x: Any, axis: Any, keepdims: bool, loc: Location) -> Tracer:
+    name = ONE_ARGUMENT_ALIASES.get(kind, kind)
+    return emit1(name, [to_value(x, loc=loc)], attrs={"axes": _axes(axis, loc), "keepdims": bool(keepdims)},
+                 loc=loc)
+
+
+def _reduction_fn(kind: str, doc: str) -> Callable[..., Any]:
+    def f(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        return _reduce(kind, x, axis, keepdims, user_location())
+    f.__name__ = f.__qualname__ = kind
+    f.__doc__ = doc
+    return traceable(f)
+
+
+sum = _reduction_fn("sum", "Sum over axis (all axes when None).")  # noqa: A001
+mean = _reduction_fn("mean", "Mean over axis (all axes when None).")
+max = _reduction_fn("max", "Maximum over axis (all axes when None); gir.maximum is elementwise.")  # noqa: A001
+min = _reduction_fn("min", "Minimum over axis (all axes when None); gir.minimum is elementwise.")  # noqa: A001
+
+
+@traceable
+def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """log(sum(exp(x))) over axis, computed stably: m + log(sum(exp(x - m))), m the maximum.
+    The gradient is softmax(x): the terms through m cancel."""
+    loc = user_location()
+    t = _tracer(x, loc)
+    shift = _reduce("max", t, axis, True, loc)
+    shifted = emit1("exp", [emit1("sub", [t.value, shift.value], loc=loc).value], loc=loc)
+    total = emit1("log", [_reduce("sum", shifted, axis, keepdims, loc).value], loc=loc)
+    m = shift if keepdims else _reduce("max", t, axis, False, loc)
+    return emit1("add", [total.value, m.value], loc=loc)
+
+
+# -- layout -------------------------------------------------------------------------------------
+
+
+def _reshape(x: Any, shape: Sequence[Any], loc: Location) -> Tracer:
+    dims = []
+    for d in shape:
+        if d is None:
+            d = -1  # a `?` dim read from x.shape: the one inferred dim
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+            raise GirTraceError(f"reshape needs integer dims, got {d!r}", loc)
+        dims.append(int(d))
+    return emit1("reshape", [to_value(x, loc=loc)], attrs={"shape": dims}, loc=loc)
+
+
+@traceable
+def reshape(x: Any, shape: Any) -> Any:
+    """Same elements, new shape; one dim may be -1."""
+    loc = user_location()
+    return _reshape(x, (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape), loc)
+
+
+def _transpose(x: Any, axes: Any, loc: Location) -> Tracer:
+    v = to_value(x, loc=loc)
+    perm = None if axes is None else [int(a) % builtins.max(v.tensor_type.rank, 1) for a in axes]
+    frame = current_frame()
+    assert frame is not None
+    if v.tensor_type.rank < 2 and perm is None:
+        return Tracer(v, frame, frame.block)  # NumPy: .T of a vector is the vector
+    return emit1("transpose", [v], attrs={"perm": perm}, loc=loc)
+
+
+@traceable
+def transpose(x: Any, axes: Any = None) -> Any:
+    """Permutes axes (reverses them when axes is None)."""
+    return _transpose(x, axes, user_location())
+
+
+@traceable
+def concatenate(arrays: Sequence[Any], axis: int = 0) -> Any:
+    """Joins tensors along an existing axis."""
+    loc = user_location()
+    return emit1("concat", values_of(list(arrays), loc), attrs={"axis": int(axis)}, loc=loc)
+
+
+@traceable
+def stack(arrays: Sequence[Any], axis: int = 0) -> Any:
+    """Joins tensors of one shape along a new axis."""
+    loc = user_location()
+    return emit1("stack", values_of(list(arrays), loc), attrs={"axis": int(axis)}, loc=loc)
+
+
+def _static_shape(shape: Any, loc: Location) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise GirTraceError(f"the shape must be non-negative integers, got {shape!r}", loc)
+    return tuple(int(d) for d in dims)
+
+
+def _filled(kind: str, shape: Any, dtype: Any, loc: Location) -> Tracer:
+    t = TensorType(_static_shape(shape, loc), dtype_of(dtype, loc))
+    return emit1(kind, [], declared=[t], loc=loc)
+
+
+def zeros(shape: Any, dtype: Any = "f32") -> Any:
+    """A tensor of zeros of a static shape."""
+    return _filled("zeros", shape, dtype, user_location())
+
+
+def ones(shape: Any, dtype: Any = "f32") -> Any:
+    """A tensor of ones of a static shape."""
+    return _filled("ones", shape, dtype, user_location())
+
+
+def _like(kind: str, x: Any, dtype: Any) -> Any:
+    loc = user_location(2)
+    t = to_value(x, loc=loc).tensor_type
+    dt = dtype_of(dtype, loc) if dtype is not None else t.dtype
+    if t.is_static:
+        return _filled(kind, t.shape, dt, loc)
+    # A `?` dim: no op makes a tensor of a run-time shape yet, so select(x == x, 0, 0) takes
+    # x's shape (both branches are the value, so a NaN in x does not matter).
+    xv = to_value(x, loc=loc)
+    same = emit1("eq", [xv, xv], loc=loc)
+    fill = 0 if kind == "zeros" else 1
+    return emit1("select", [same.value, to_value(fill, dt, loc), to_value(fill, dt, loc)], loc=loc)
+
+
+def zeros_like(x: Any, dtype: Any = None) -> Any:
+    """Zeros of x's shape (and dtype unless given)."""
+    return _like("zeros", x, dtype)
+
+
+def ones_like(x: Any, dtype: Any = None) -> Any:
+    """Ones of x's shape (and dtype unless given)."""
+    return _like("ones", x, dtype)
+
+
+def astype(x: Any, dtype: Any) -> Any:
+    """x converted to dtype."""
+    loc = user_location()
+    v = to_value(x, loc=loc)
+    return emit1("cast", [v], declared=[v.tensor_type.with_dtype(dtype_of(dtype, loc))], loc=loc)
+
+
+# -- indexing -----------------------------------------------------------------------------------
+
+
+def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
+    """x[i], x[a:b, c:d], x[..., i], x[t] (t a traced integer): a slice op for the ranges (and
+    static integers, as ranges of one then reshaped away: differentiable), an index op for a
+    traced integer or an integer on a `?` dim."""
+    t = x.type
+    key = _expand_key(key if isinstance(key, tuple) else (key,), t.rank, loc)
+    bounds, drop, dynamic = [], [], []
+    for axis, (k, d) in enumerate(zip(key, t.shape)):
+        if isinstance(k, slice):
+            if k == slice(None):
+                bounds.append(None)
+                continue
+            if d is None:
+                raise GirTraceError(f"slicing axis {axis} of {t}: its size is `?` (unknown until gir.jit "
+                                    "specialises); slice after specialising, or trace with a concrete size", loc)
+            start, stop, step = k.indices(d)
+            if step < 1:
+                raise GirTraceError("negative or zero slice steps are not supported", loc)
+            bounds.append((start, builtins.max(start, stop), step))
+        elif isinstance(k, Tracer) or d is None:
+            bounds.append(None)
+            dynamic.append((axis, k))
+        else:
+            i = int(k)
+            if not -d <= i < d:
+                raise GirTraceError(f"index {i} is out of range for axis {axis} of size {d}", loc)
+            bounds.append((i % d, i % d + 1, 1))
+            drop.append(axis)
+    out = x
+    if any(b is not None for b in bounds):
+        if not t.is_static:
+            raise GirTraceError(f"slicing {t}: every dim must be known (no `?`) to slice some of them", loc)
+        full = [b or (0, d, 1) for b, d in zip(bounds, t.shape)]
+        steps = [s for _, _, s in full]
+        out = emit1("slice", [out.value], attrs={"starts": [s for s, _, _ in full], "limits": [e for _, e, _ in full],
+                                                 "steps": None if all(s == 1 for s in steps) else steps}, loc=loc)
+    if drop:
+        out = _reshape(out, tuple(d for i, d in enumerate(out.type.shape) if i not in drop), loc)
+    for axis, k in reversed(dynamic):
+        axis -= builtins.sum(1 for a in drop if a < axis)
+        out = _index(out, axis, k, loc)
+    return out
+
+
+def _expand_key(key: tuple[Any, ...], rank: int, loc: Location) -> tuple[Any, ...]:
+    for k in key:
+        ok = (k is Ellipsis or isinstance(k, (slice, Tracer))
+              or (isinstance(k, (int, np.integer)) and not isinstance(k, bool)))
+        if not ok:
+            raise GirTraceError(f"unsupported index {k!r}: use integers, slices, ... or a traced integer", loc)
+        if isinstance(k, slice) and not all(isinstance(s, (int, np.integer, type(None))) for s in
+                                            (k.start, k.stop, k.step)):
+            raise GirTraceError("slice bounds must be Python integers (a traced bound has no static size)", loc)
+    if builtins.sum(k is Ellipsis for k in key) > 1:
+        raise GirTraceError("an index can have only one ...", loc)
+    if Ellipsis in [k for k in key if not isinstance(k, Tracer)]:
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        key = key[:i] + (slice(None),) * (rank - len(key) + 1) + key[i + 1:]
+    if len(key) > rank:
+        raise GirTraceError(f"too many indices ({len(key)}) for a tensor of rank {rank}", loc)
+    return key + (slice(None),) * (rank - len(key))
+
+
+def _index(x: Tracer, axis: int, k: Any, loc: Location) -> Tracer:
+    """x indexed at k on axis: the axis is moved to the front first (index works on axis 0)."""
+    if axis:
+        perm = [axis] + [a for a in range(x.type.rank) if a != axis]
+        x = emit1("transpose", [x.value], attrs={"perm": perm}, loc=loc)
+    if isinstance(k, Tracer):
+        if k.type.shape != () or k.type.dtype not in INT_DTYPES:
+            raise GirTraceError(f"a traced index must be an integer scalar, got {k.type}", loc)
+        kv = to_value(k, loc=loc)
+    else:
+        if int(k) < 0:
+            raise GirTraceError(f"a negative index on a `?` dim ({x.type}) has no static position", loc)
+        kv = to_value(int(k), "i64", loc)
+    return emit1("index", [x.value, kv], loc=loc)
+
+
+# -- the Tracer's operators and methods ---------------------------------------------------------
+
+
+def _traced_bool(self: Tracer) -> bool:
+    raise GirTraceError("a traced value has no Python truth value (an `if`, `while`, `and`, `or` or `bool()` on "
+                        "it): choose per element with gir.where(cond, a, b), loop with gir.scan", user_location())
+
+
+def _concrete(what: str) -> Callable[..., Any]:
+    def f(self: Tracer, *args: Any) -> Any:
+        raise GirTraceError(f"{what} of a traced value: its value is not known while tracing (use it as a tensor; "
+                            "loop with gir.scan, choose with gir.where)", user_location())
+    return f
+
+
+def _iter(self: Tracer) -> Any:
+    raise GirTraceError("iterating over a traced value: loop over its leading axis with gir.scan(step, init, xs)",
+                        user_location())
+
+
+_UFUNCS: dict[Any, Callable[..., Any]] = {
+    np.add: add, np.subtract: subtract, np.multiply: multiply, np.divide: divide, np.true_divide: divide,
+    np.power: power, np.maximum: maximum, np.minimum: minimum, np.negative: negative, np.tanh: tanh,
+    np.exp: exp, np.log: log, np.sqrt: sqrt, np.absolute: abs, np.matmul: matmul,
+}
+
+
+def _array_ufunc(self: Tracer, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    fn = _UFUNCS.get(ufunc)
+    if fn is None or method != "__call__" or kwargs:
+        raise GirTraceError(f"NumPy's {ufunc.__name__} cannot run on a traced value; use the gir function of that "
+                            "name (gir.tanh, gir.maximum, ...)", user_location())
+    return fn(*inputs)
+
+
+def _reduction_method(kind: str) -> Callable[..., Any]:
+    def method(self: Tracer, axis: Any = None, keepdims: bool = False) -> Tracer:
+        return _reduce(kind, self, axis, keepdims, user_location())
+    method.__name__ = kind
+    return method
+
+
+def _reshape_method(self: Tracer, *shape: Any) -> Tracer:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return _reshape(self, shape, user_location())
+
+
+def _transpose_method(self: Tracer, *axes: Any) -> Tracer:
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    return _transpose(self, axes or None, user_location())
+
+
+def _getattr(self: Tracer, name: str) -> Any:
+    raise GirTraceAttributeError(f"a traced value has no attribute {name!r}", user_location())
+
+
+def _bin(name: str, reflected: bool = False) -> Callable[[Tracer, Any], Any]:
+    if reflected:
+        return lambda self, other: _binary(name, other, self, user_location())
+    return lambda self, other: _binary(name, self, other, user_location())
+
+
+def _install() -> None:
+    T = Tracer
+    for dunder, name in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("pow", "pow")]:
+        setattr(T, f"__{dunder}__", _bin(name))
+        setattr(T, f"__r{dunder}__", _bin(name, reflected=True))
+    for dunder, name in [("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"),
+                         ("and", "and"), ("or", "or")]:
+        setattr(T, f"__{dunder}__", _bin(name))
+    T.__rand__, T.__ror__ = _bin("and", True), _bin("or", True)  # type: ignore[attr-defined]
+    T.__floordiv__ = _floordiv  # type: ignore[attr-defined]
+    T.__matmul__ = lambda self, o: _matmul(self, o, user_location())  # type: ignore[attr-defined]
+    T.__rmatmul__ = lambda self, o: _matmul(o, self, user_location())  # type: ignore[attr-defined]
+    T.__neg__ = lambda self: emit1("neg", [to_value(self)], loc=user_location())  # type: ignore[attr-defined]
+    T.__pos__ = lambda self: self  # type: ignore[attr-defined]
+    T.__abs__ = lambda self: emit1("abs", [to_value(self)], loc=user_location())  # type: ignore[attr-defined]
+    T.__bool__ = _traced_bool  # type: ignore[attr-defined]
+    T.__iter__ = _iter  # type: ignore[attr-defined]
+    for dunder, what in [("int", "int()"), ("float", "float()"), ("index", "using as a Python integer"),
+                         ("complex", "complex()"), ("array", "np.asarray()")]:
+        setattr(T, f"__{dunder}__", _concrete(what))
+    T.__array_ufunc__ = _array_ufunc  # type: ignore[attr-defined]
+    T.__getitem__ = lambda self, key: _getitem(self, key, user_location())  # type: ignore[attr-defined]
+    T.__len__ = _len  # type: ignore[attr-defined]
+    T.__getattr__ = _getattr  # type: ignore[attr-defined]
+    T.shape = property(lambda self: self.type.shape)  # type: ignore[attr-defined]
+    T.dtype = property(lambda self: DTYPES[self.type.dtype])  # type: ignore[attr-defined]
+    T.ndim = property(lambda self: self.type.rank)  # type: ignore[attr-defined]
+    T.size = property(lambda self: self.type.num_elements())  # type: ignore[attr-defined]
+    T.T = property(lambda self: _transpose(self, None, user_location()))  # type: ignore[attr-defined]
+    T.reshape = _reshape_method  # type: ignore[attr-defined]
+    T.transpose = _transpose_method  # type: ignore[attr-defined]
+    T.astype = lambda self, dtype: astype(self, dtype)  # type: ignore[attr-defined]
+    for kind in ("sum", "mean", "max", "min"):
+        setattr(T, kind, _reduction_method(kind))
+
+
+def _floordiv(self: Tracer, other: Any) -> Any:
+    loc = user_location()
+    if self.type.dtype not in INT_DTYPES:
+        raise GirTraceError("// on floats is not supported; write gir's / (and a floor, when there is one)", loc)
+    return _binary("div", self, other, loc)
+
+
+def _len(self: Tracer) -> int:
+    if self.type.rank == 0:
+        raise GirTraceError("len() of a scalar", user_location())
+    d = self.type.shape[0]
+    if d is None:
+        raise GirTraceError(f"len() of {self.type}: its leading dim is `?`", user_location())
+    return d
+
+
+_install()

@@ -1,0 +1,326 @@
+"""`gir.trace`, `gir.scan`, `gir.grad`, `gir.value_and_grad`, `gir.spec`: Python functions to IR.
+
+- `trace_entry(fn, args)` builds a module whose last function is fn traced on the arguments'
+  shapes and dtypes (arrays, `gir.spec`s, Python scalars; any nest of dicts, lists, tuples).
+  Each leaf is one named argument (`params["wx"]` -> `%params_wx`), each returned leaf one
+  result; `Traced` keeps the two tree structures to rebuild Python values around a call.
+- `scan(step, init, xs)` is `jax.lax.scan`: it traces `step` once into the body of a `scan` op
+  (carries = init's leaves, sequences = xs's leaves, stacks = the leaves of step's second
+  result). The text frontend's `for` loop becomes the same `scan` after the `ssa` pass.
+- `grad(f)(*args)` traces f into a function of its own and emits `grad @f(...) wrt (...)`, as
+  a `.gir` file spells it, so the autodiff pass (and scan-grad, and every other pass) sees the
+  same IR as from text. Values of the caller that f closes over become extra arguments of @f.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...errors import Location
+from ...ir.core import Block, Module, Region, Value
+from ...ir.ops import make_op
+from ...ir.types import FLOAT_DTYPES, Dim, TensorType, dtype_name
+from .numpy_api import EAGER, traceable
+from .pytree import TreeDef, flatten, func_name, unflatten, value_name
+from .tracer import (
+    Frame,
+    GirTraceError,
+    Tracer,
+    block_scope,
+    current_frame,
+    default_dtype,
+    dtype_of,
+    emit,
+    finish_function,
+    frame_scope,
+    function_location,
+    is_weak,
+    new_function,
+    resolve,
+    to_value,
+    user_location,
+    wrap,
+)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An abstract argument: a shape (None for `?`) and a dtype, as `gir.spec("?x256", "f32")`."""
+
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    def __repr__(self) -> str:
+        return f"gir.spec({'x'.join('?' if d is None else str(d) for d in self.shape)!r}, {self.dtype!r})"
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.shape, self.dtype)
+
+
+def spec(shape: str | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
+    """An abstract argument for gir.trace: `spec("?x32x256", "f32")`, `spec((None, 256))`."""
+    loc = user_location()
+    dims: list[Any] = ([] if shape == "" else shape.split("x")) if isinstance(shape, str) else list(shape)
+    out: list[Dim] = []
+    for d in dims:
+        if d is None or d == "?":
+            out.append(None)
+        elif isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0:
+            out.append(int(d))
+        elif isinstance(d, str) and d.isdigit():
+            out.append(int(d))
+        else:
+            raise GirTraceError(f"gir.spec: bad dim {d!r} in {shape!r} (use integers and ?)", loc)
+    return Spec(tuple(out), dtype_of(dtype, loc))
+
+
+def leaf_type(leaf: Any, loc: Location) -> TensorType:
+    """The type of an argument leaf: a Spec's, an array's, a Python scalar's (f32, i32, i1)."""
+    if isinstance(leaf, Spec):
+        return leaf.type
+    if isinstance(leaf, Tracer):
+        raise GirTraceError("a traced value is passed to gir.trace/gir.jit: call the function directly inside a "
+                            "trace", loc)
+    if is_weak(leaf) and not isinstance(leaf, np.generic):
+        return TensorType((), default_dtype(leaf))
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        raise GirTraceError(f"an argument leaf of type {type(leaf).__name__} is neither an array, a scalar nor "
+                            "a gir.spec", loc)
+    try:
+        return TensorType(tuple(int(d) for d in shape), dtype_name(np.dtype(dtype)))
+    except (KeyError, TypeError):
+        raise GirTraceError(f"unsupported dtype {dtype}; use float32, float64, int32, int64 or bool", loc) from None
+
+
+def arg_names(fn: Callable[..., Any], n: int) -> list[str]:
+    """Names of fn's first n positional parameters (`*args` -> args0, args1, ...)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names: list[str] = []
+    for p in params:
+        if p.kind == p.VAR_POSITIONAL:
+            names.extend(f"{p.name}{i}" for i in range(n - len(names)))
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        if len(names) >= n:
+            break
+    return (names + [f"arg{i}" for i in range(len(names), n)])[:n]
+
+
+def flatten_args(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[list[Any], list[str], list[TreeDef]]:
+    """Leaves of all arguments, their value names (`params_wx`), and each argument's structure."""
+    leaves: list[Any] = []
+    names: list[str] = []
+    trees: list[TreeDef] = []
+    for name, arg in zip(arg_names(fn, len(args)), args):
+        arg_leaves, paths, tree = flatten(arg, path=(name,))
+        leaves += arg_leaves
+        names += [value_name(p) for p in paths]
+        trees.append(tree)
+    return leaves, names, trees
+
+
+def unflatten_args(trees: Sequence[TreeDef], leaves: Sequence[Any]) -> list[Any]:
+    out, start = [], 0
+    for tree in trees:
+        n = tree.num_leaves
+        out.append(unflatten(tree, leaves[start:start + n]))
+        start += n
+    return out
+
+
+@dataclass
+class Traced:
+    """A traced entry: the module, its entry's name, and the structures around a call."""
+
+    module: Module
+    entry: str
+    arg_trees: list[TreeDef]
+    out_tree: TreeDef
+
+
+def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
+    if not callable(fn):
+        raise GirTraceError(f"gir.trace takes a Python function, not {type(fn).__name__}", user_location())
+    floc = function_location(fn)
+    leaves, names, trees = flatten_args(fn, args)
+    types = [leaf_type(leaf, floc) for leaf in leaves]
+    module = Module(filename=floc.file)
+    function = new_function(func_name(getattr(fn, "__name__", "f")), module, types, names, floc)
+    frame = Frame(function, module, None)
+    with frame_scope(frame):
+        tracers = [Tracer(a, frame, function.body) for a in function.args]
+        out = fn(*unflatten_args(trees, tracers))
+        out_leaves, _, out_tree = flatten(out)
+        finish_function(function, module, [to_value(leaf, loc=floc) for leaf in out_leaves], floc)
+    return Traced(module, function.name, trees, out_tree)
+
+
+def trace(fn: Callable[..., Any], *example_args: Any) -> Module:
+    """fn traced on the example arguments' shapes and dtypes (arrays, gir.spec(...), scalars,
+    nested in dicts/lists/tuples): a Module whose last function is fn; print it for `.gir` text."""
+    return trace_entry(fn, example_args).module
+
+
+# -- scan -----------------------------------------------------------------------------------------
+
+
+@traceable
+def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | None = None,
+         reverse: bool = False, unroll: int = 1) -> tuple[Any, Any]:
+    """As jax.lax.scan: `carry, ys = scan(f, init, xs)` with `carry, y = f(carry, x)` per step
+    over the leading axis of xs (any pytree); ys stacks the y's. `reverse` runs the steps from
+    the last; `length` gives the step count when xs is None. (`unroll` is accepted and ignored:
+    the backends run the loop natively.)"""
+    loc = user_location()
+    frame = current_frame()
+    assert frame is not None
+    init_leaves, _, init_tree = flatten(init)
+    xs_leaves, _, xs_tree = flatten(xs)
+    inits = [to_value(leaf, loc=loc) for leaf in init_leaves]
+    seqs = [to_value(leaf, loc=loc) for leaf in xs_leaves]
+    for v in seqs:
+        if v.tensor_type.rank == 0:
+            raise GirTraceError(f"gir.scan: xs has a scalar leaf ({v.type}); every leaf needs a leading axis", loc)
+    if not seqs and length is None:
+        raise GirTraceError("gir.scan needs xs or length=", loc)
+    if length is not None and (not isinstance(length, int) or length < 0):
+        raise GirTraceError(f"gir.scan: length must be a non-negative int, got {length!r}", loc)
+    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits])
+    args = list(body.args)
+    elements, carries = args[:len(seqs)], args[len(seqs):]  # the block's groups, as the scan spec orders them
+    with block_scope(frame, body):
+        carry_in = unflatten(init_tree, [Tracer(a, frame, body) for a in carries])
+        x_in = unflatten(xs_tree, [Tracer(a, frame, body) for a in elements]) if xs is not None else None
+        out = f(carry_in, x_in)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise GirTraceError("the gir.scan step must return a pair (new carry, value to stack)", loc)
+        new_carries = _carry_values(out[0], init_tree, inits, loc)
+        y_leaves, _, y_tree = flatten(out[1])
+        stacks = [to_value(leaf, loc=loc) for leaf in y_leaves]
+        body.append(make_op("yield", new_carries + stacks, loc=loc, segments=(len(new_carries), len(stacks))))
+    op = emit("scan", seqs + inits, attrs={"reverse": bool(reverse), "length": length}, regions=[Region(body)],
+              segments=(len(seqs), len(inits)), loc=loc)
+    finals = [Tracer(r, frame, frame.block) for r in op.result_group("finals")]
+    stacked = [Tracer(r, frame, frame.block) for r in op.result_group("stacks")]
+    return unflatten(init_tree, finals), unflatten(y_tree, stacked)
+
+
+def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Location) -> list[Value]:
+    leaves, paths, tree = flatten(carry, path=("carry",))
+    if tree != init_tree:
+        raise GirTraceError(f"the gir.scan step returns a carry of structure {tree}, but init has {init_tree}", loc)
+    out = []
+    for leaf, path, init in zip(leaves, paths, inits):
+        v = to_value(leaf, init.tensor_type.dtype, loc)
+        if v.type != init.type:
+            where = value_name(path)
+            raise GirTraceError(f"the gir.scan step changes the carry {where} from {init.type} to {v.type}; a "
+                                "carry keeps its shape and dtype", loc)
+        out.append(v)
+    return out
+
+
+# -- grad -----------------------------------------------------------------------------------------
+
+
+def grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, *, wrt: int | Sequence[int] | None = None,
+         has_aux: bool = False) -> Callable[..., Any]:
+    """As jax.grad: the gradient of fun (returning a float scalar) with respect to argument
+    `argnums` (an int, or a tuple: a tuple of gradients), shaped like that argument's pytree.
+    `wrt=` is another name for argnums."""
+    return _differentiate(fun, argnums if wrt is None else wrt, has_aux, with_value=False)
+
+
+def value_and_grad(fun: Callable[..., Any], argnums: int | Sequence[int] = 0, *,
+                   wrt: int | Sequence[int] | None = None, has_aux: bool = False) -> Callable[..., Any]:
+    """As jax.value_and_grad: `(fun(*args), grad(fun, argnums)(*args))`."""
+    return _differentiate(fun, argnums if wrt is None else wrt, has_aux, with_value=True)
+
+
+def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_value: bool) -> Callable[..., Any]:
+    loc = user_location(2)
+    if not callable(fun):
+        raise GirTraceError(f"gir.grad takes a Python function, not {type(fun).__name__}", loc)
+    if has_aux:
+        raise GirTraceError("has_aux=True is not supported yet: return the auxiliary values from a second "
+                            "function", loc)
+    ok = isinstance(argnums, int) or (isinstance(argnums, (tuple, list)) and argnums
+                                      and all(isinstance(a, int) for a in argnums))
+    if not ok or isinstance(argnums, bool):
+        raise GirTraceError(f"argnums must be an int or a tuple of ints, got {argnums!r}", loc)
+
+    @functools.wraps(fun)
+    def differentiated(*args: Any) -> Any:
+        frame = current_frame()
+        if frame is None and EAGER:
+            return EAGER[0](differentiated, args, {})
+        if frame is None:
+            raise GirTraceError("gir.grad needs a trace", user_location())
+        return _grad_call(fun, argnums, with_value, args, frame, user_location())
+
+    base = func_name(getattr(fun, "__name__", "f"))
+    differentiated.__name__ = f"{base}_value_and_grad" if with_value else f"{base}_grad"
+    differentiated.__qualname__ = differentiated.__name__
+    return differentiated
+
+
+def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Sequence[Any], frame: Frame,
+               loc: Location) -> Any:
+    nums = [argnums] if isinstance(argnums, int) else list(argnums)
+    for a in nums:
+        if not -len(args) <= a < len(args):
+            raise GirTraceError(f"argnums {a} is out of range for {len(args)} argument(s)", loc)
+    nums = [a % len(args) for a in nums]
+    leaves, names, trees = flatten_args(fun, args)
+    values = [to_value(leaf, loc=loc) for leaf in leaves]
+    callee, out = _trace_callee(fun, values, names, trees, frame, loc)
+    starts = [sum(t.num_leaves for t in trees[:i]) for i in range(len(trees))]
+    wrt = [p for a in nums for p in range(starts[a], starts[a] + trees[a].num_leaves)]
+    for p in wrt:
+        if values[p].tensor_type.dtype not in FLOAT_DTYPES:
+            raise GirTraceError(f"gir.grad with respect to %{names[p]} of type {values[p].type}: gradients need "
+                                "float arguments", loc)
+    declared = [out] + [values[p].tensor_type for p in wrt]
+    extra = list(callee.captures)  # caller values fun closes over: passed after its own arguments
+    op = emit("grad", values + extra, attrs={"callee": callee.function.name, "wrt": wrt}, declared=declared, loc=loc)
+    value, *grads = wrap(op, frame)
+    grad_trees, start = [], 0
+    for a in nums:
+        n = trees[a].num_leaves
+        grad_trees.append(unflatten(trees[a], grads[start:start + n]))
+        start += n
+    result = grad_trees[0] if isinstance(argnums, int) else tuple(grad_trees)
+    return (value, result) if with_value else result
+
+
+def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str], trees: list[TreeDef],
+                  frame: Frame, loc: Location) -> tuple[Frame, TensorType]:
+    """fun traced into a function of the caller's module; (its frame, its scalar result type)."""
+    floc = function_location(fun)
+    function = new_function(func_name(getattr(fun, "__name__", "f")), frame.module, [v.tensor_type for v in values],
+                            names, floc)
+    callee = Frame(function, frame.module, frame)
+    with frame_scope(callee):
+        tracers = [Tracer(a, callee, function.body) for a in function.args]
+        out = fun(*unflatten_args(trees, tracers))
+        if not isinstance(out, Tracer):
+            raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar tensor, it returns a "
+                                f"{type(out).__name__}", loc)
+        result = resolve(out, callee)
+        t = result.tensor_type
+        if t.shape != () or t.dtype not in FLOAT_DTYPES:
+            raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar, it returns {t}", loc)
+        finish_function(function, frame.module, [result], floc)
+    return callee, t
+

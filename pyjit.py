@@ -1,0 +1,140 @@
+"""`gir.jit(fn)` for a Python function, and gir's functions run eagerly outside a trace.
+
+    step = gir.jit(gir.value_and_grad(loss))      # device="cpu" | "gpu" | "interp"
+    value, grads = step(params, xs, h0)           # grads shaped like params
+
+Each call flattens the arguments (pytrees) to arrays; the first call with a new structure,
+shapes or dtypes traces fn (frontend/python) and compiles the module with `gir.jit`; later
+calls with the same key reuse that compiled specialisation. Results are rebuilt into the
+structure fn returned.
+
+Like jit.py and cli.py, this module wires stages together (frontend -> jit), which no stage may.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import GirArgumentError
+from .frontend.python import numpy_api
+from .frontend.python.pytree import TreeDef, flatten, unflatten
+from .frontend.python.tracer import default_dtype, is_weak, register_internal_file
+from .frontend.python.transforms import Spec, Traced, trace_entry
+from .ir.types import DTYPES
+
+register_internal_file(__file__)
+
+
+class PythonJit:
+    """A Python function compiled once per distinct (argument structure, shapes, dtypes)."""
+
+    def __init__(self, fn: Callable[..., Any], device: str, pipeline: str | None, **options: Any):
+        self.fn = fn
+        self.device = device
+        self.pipeline = pipeline
+        self.options = options
+        self._compiled: dict[tuple[TreeDef, tuple[Any, ...]], tuple[Traced, Any]] = {}
+        self._lock = threading.Lock()
+        self._last: tuple[Traced, Any] | None = None
+        self.__name__ = getattr(fn, "__name__", "jitted")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, _, tree = flatten(args)
+        arrays = [_as_array(leaf, i) for i, leaf in enumerate(leaves)]
+        key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays))
+        found = self._compiled.get(key)
+        if found is None:
+            with self._lock:
+                found = self._compiled.get(key)
+                if found is None:
+                    found = self._compiled[key] = self._compile(unflatten(tree, arrays))
+        self._last = found
+        traced, compiled = found
+        return unflatten(traced.out_tree, compiled(*arrays))
+
+    def _compile(self, args: tuple[Any, ...]) -> tuple[Traced, Any]:
+        from .jit import jit
+
+        traced = trace_entry(self.fn, args)
+        return traced, jit(traced.module, traced.entry, device=self.device, pipeline=self.pipeline, **self.options)
+
+    def trace(self, *args: Any) -> Traced:
+        """The traced module for these arguments (not compiled)."""
+        return trace_entry(self.fn, args)
+
+    @property
+    def specialisations(self) -> int:
+        return len(self._compiled)
+
+    def _current(self) -> Any:
+        if self._last is None:
+            raise GirArgumentError(f"{self.__name__} has not been called yet: it is compiled on its first call")
+        return self._last[1]
+
+    @property
+    def module(self) -> Any:
+        """The traced module (before the pipeline) of the last call."""
+        self._current()
+        assert self._last is not None
+        return self._last[0].module
+
+    @property
+    def ir(self) -> str:
+        return self._current().ir
+
+    @property
+    def stats(self) -> Any:
+        return self._current().stats
+
+    @property
+    def compiled(self) -> Any:
+        return self._current().compiled
+
+
+def _as_array(leaf: Any, i: int) -> Any:
+    if isinstance(leaf, np.ndarray):
+        return leaf
+    if is_weak(leaf):
+        return np.asarray(leaf, dtype=DTYPES[default_dtype(leaf)] if not isinstance(leaf, np.generic) else None)
+    if isinstance(leaf, Spec):
+        raise GirArgumentError("gir.spec describes an argument for gir.trace; a jitted function needs arrays")
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        return leaf  # a device array (CuPy); the backend checks it
+    raise GirArgumentError(f"argument leaf #{i} is a {type(leaf).__name__}, not an array or a number")
+
+
+def jit_python(fn: Callable[..., Any], entry: str | None = None, device: str = "cpu", pipeline: str | None = None,
+               **options: Any) -> PythonJit:
+    if entry is not None:
+        raise GirArgumentError("gir.jit of a Python function takes no entry name")
+    return PythonJit(fn, device, pipeline, **options)
+
+
+def run_eager(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A gir function called outside a trace: traced with its array arguments as parameters
+    (everything else stays a Python value) and run by the interpreter."""
+    from .jit import jit
+
+    leaves, _, tree = flatten((args, kwargs))
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, np.ndarray)]
+
+    def eager(*arrays: Any) -> Any:
+        filled = list(leaves)
+        for i, a in zip(where, arrays):
+            filled[i] = a
+        a, k = unflatten(tree, filled)
+        return fn(*a, **k)
+
+    eager.__name__ = getattr(fn, "__name__", "eager")
+    arrays = [leaves[i] for i in where]
+    traced = trace_entry(eager, arrays)
+    out = jit(traced.module, traced.entry, device="interp")(*arrays)
+    return unflatten(traced.out_tree, out)
+
+
+numpy_api.EAGER[:] = [run_eager]
