@@ -7,7 +7,7 @@ vocabulary and a softmax cross-entropy (`gir.logsumexp`); one training step is
 `gir.jit(gir.value_and_grad(loss))`, so the forward pass, back-propagation through time and
 every gradient are one compiled function. Adam runs in NumPy.
 
-    python examples/train_charlm.py                   # 600 steps (about 2 minutes on 2 cores)
+    python examples/train_charlm.py                   # 500 steps, hidden 128 (see docs/performance.md)
     python examples/train_charlm.py --steps 20        # a smoke run: prints `loss 4.123` lines
 
 Prints the loss as it goes (a tqdm bar when tqdm is installed, plain lines otherwise), the
@@ -201,10 +201,10 @@ def plot(path: str, steps: list[int], losses: list[float], val: list[tuple[int, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--seq", type=int, default=64, help="characters per sequence (T)")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--embed", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-every", type=int, default=100)
