@@ -255,7 +255,9 @@ class Lowering:
         code = len(self.layout.errors)
         with self.b.if_then(cond, likely=False):
             p = self.b.gep(self.counters, [ir.Constant(I64, 2)], source_etype=I64)
-            self.b.store(ir.Constant(I64, code), p)
+            first = self.b.icmp_signed("==", self.b.load(p, typ=I64), ir.Constant(I64, 0))
+            # The first error raised, as the interpreter stops at it (a gather's gradient would flag again).
+            self.b.store(self.b.select(first, ir.Constant(I64, code), self.b.load(p, typ=I64)), p)
 
     def count(self, slot: int) -> None:
         p = self.b.gep(self.counters, [ir.Constant(I64, slot)], source_etype=I64)
