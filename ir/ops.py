@@ -572,20 +572,59 @@ def _infer_index(ctx: InferContext) -> list[Type]:
     t, i = ctx.tensor(0), ctx.tensor(1)
     if t.rank == 0:
         raise ShapeError("cannot index a scalar")
-    if i.shape != () or i.dtype not in INT_DTYPES:
-        raise ShapeError(f"the index must be an integer scalar, got {i}")
-    return [t.with_shape(t.shape[1:])]
+    if i.dtype not in INT_DTYPES:
+        raise ShapeError(f"the index must be an integer scalar or tensor, got {i}")
+    return [t.with_shape(i.shape + t.shape[1:])]
+
+
+def _checked_rows(i: np.ndarray, rows: int, what: str) -> np.ndarray:
+    """The indices as an int64 array; any outside [0, rows) is an error (no wrap-around)."""
+    k = np.asarray(i, dtype=np.int64)
+    bad = k[(k < 0) | (k >= rows)]
+    if bad.size:
+        raise IndexError(f"{what} {int(bad.flat[0])} is out of range for a leading dim of {rows}")
+    return k
 
 
 def _index_kernel(op: Operation, x: np.ndarray, i: np.ndarray) -> np.ndarray:
-    k = int(i)
-    if not 0 <= k < x.shape[0]:
-        raise IndexError(f"index {k} is out of range for a leading dim of {x.shape[0]}")
-    return x[k].copy()
+    return x[_checked_rows(i, x.shape[0], "index")].copy()
 
 
-register(OpSpec("index", "x[i] on the leading axis, i an integer scalar", ("x", "index"), _infer_index,
-                kernel=_index_kernel, category="layout", gpu=True, integer_operands=("index",), view=lambda op: 0,
+def _index_view(op: Operation) -> int | None:
+    """One row (a scalar index) lies where it is in x; a gather of many rows is a copy."""
+    return 0 if op.operands[1].tensor_type.rank == 0 else None
+
+
+register(OpSpec("index", "x[i] on the leading axis: i an integer scalar (one row) or tensor (a gather of rows)",
+                ("x", "index"), _infer_index, kernel=_index_kernel, category="layout", gpu=True,
+                integer_operands=("index",), view=_index_view, may_fail=lambda op: True))  # an index out of range
+
+
+def _infer_scatter_add(ctx: InferContext) -> list[Type]:
+    base, i, updates = ctx.tensor(0), ctx.tensor(1), ctx.tensor(2)
+    if base.rank == 0:
+        raise ShapeError("cannot scatter into a scalar")
+    if i.dtype not in INT_DTYPES:
+        raise ShapeError(f"the index must be an integer scalar or tensor, got {i}")
+    same_dtype(ctx, 0, 2)
+    want = i.shape + base.shape[1:]
+    if len(updates.shape) != len(want) or any(
+            a is not None and b is not None and a != b for a, b in zip(updates.shape, want)):
+        raise ShapeError(f"the updates must have the index's shape then the base's rows, "
+                         f"{base.with_shape(want)}, got {updates}")
+    return [base]
+
+
+def _scatter_add_kernel(op: Operation, base: np.ndarray, i: np.ndarray, updates: np.ndarray) -> np.ndarray:
+    out = base.copy()
+    np.add.at(out, _checked_rows(i, base.shape[0], "scatter_add index"), updates)  # repeated rows accumulate
+    return out
+
+
+register(OpSpec("scatter_add", "base with updates[j] added to row i[j] (repeated rows accumulate): "
+                "the transpose of `index`", ("base", "index", "updates"), _infer_scatter_add,
+                kernel=_scatter_add_kernel, category="layout", gpu=True, integer_operands=("index",),
+                inplace=0, flops=lambda op: op.operands[2].tensor_type.num_elements() or 0,
                 may_fail=lambda op: True))  # an index out of range
 
 
@@ -655,6 +694,29 @@ _reduction("reduce_max", "maximum over axes (surface: max(%x))", np.max,
            Reduction("max", -math.inf, empty_is_error=True), alias="max")
 _reduction("reduce_min", "minimum over axes (surface: min(%x))", np.min,
            Reduction("min", math.inf, empty_is_error=True), alias="min")
+
+
+def _logsumexp(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """log(sum(exp(x))) with the maximum shifted out, so no exp overflows or underflows to an
+    all-zero sum; an all -inf slice (or an empty one) gives -inf, a +inf element +inf."""
+    m = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
+    shift = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.log(np.sum(np.exp(x - shift), axis=axes, keepdims=True)) + shift
+    return out if keepdims else np.squeeze(out, axis=axes)
+
+
+def _infer_logsumexp(ctx: InferContext) -> list[Type]:
+    if not ctx.tensor(0).is_float:
+        raise ShapeError(f"needs a float operand, got {ctx.tensor(0)}")
+    return _infer_reduce(ctx)
+
+
+register(OpSpec("logsumexp", "log(sum(exp(x))) over axes (all by default), computed without overflow",
+                ("x",), _infer_logsumexp, attrs={"axes": None, "keepdims": False}, category="reduction", gpu=True,
+                kernel=lambda op, x: np.asarray(
+                    _logsumexp(x, tuple(reduction_axes(op.attrs, x.ndim)), op.attrs["keepdims"]), dtype=x.dtype),
+                flops=lambda op: 3 * (op.operands[0].tensor_type.num_elements() or 0)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,19 +79,23 @@ VJP_RULES: dict[str, Rule] = {
     "broadcast": lambda c, g: [c.ub(g, 0)],
     "concat": _concat,
     "slice": lambda c, g: [c.pad_slice(g)],
+    "index": lambda c, g: [c.scatter_add(c.zeros_of(0), c.x(1), g), None],
+    "scatter_add": lambda c, g: [g, None, c.index(g, c.x(1))],
     "stack": _stack,
     "sum": lambda c, g: [c.expand(g, 0)],
     "mean": lambda c, g: [c.div(c.expand(g, 0), c.const(float(c.reduced_count())))],
     "reduce_max": _reduce_extreme,
     "reduce_min": _reduce_extreme,
+    "logsumexp": lambda c, g: [c.mul(c.expand(g, 0), c.exp(c.sub(c.x(0), c.expand(c.y, 0))))],
     "transfer": lambda c, g: [g],
     "constant": lambda c, g: [],
     "zeros": lambda c, g: [],
     "ones": lambda c, g: [],
 }
 """Ops without an entry: comparisons and logical ops (their i1 results never carry a
-cotangent, so they stop gradients, which is right) and `index` (no rule yet: autodiff reports
-an error naming the op if a gradient must flow through it)."""
+cotangent, so they stop gradients, which is right). `index` and `scatter_add` are each other's
+transposes: a gather's cotangent is scattered back with repeated rows summed. The cotangent of
+`logsumexp` is g times the softmax, exp(x - y)."""
 
 
 def install(registry: dict[str, Any]) -> None:

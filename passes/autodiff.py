@@ -201,13 +201,24 @@ class VJPContext:
         starts[axis], limits[axis] = start, stop
         return self._v("slice", v, attrs={"starts": starts, "limits": limits})
 
+    def zeros_of(self, i: int) -> Value:
+        """Zeros of operand i's type."""
+        return self.emit.zeros(self.type(i), self.loc)
+
+    def index(self, v: Value, i: Value) -> Value:
+        return self._v("index", v, i)
+
+    def scatter_add(self, base: Value, i: Value, updates: Value) -> Value:
+        return self._v("scatter_add", base, i, updates)
+
     def pad_slice(self, g: Value) -> Value:
-        """The cotangent of `slice`: g with zeros around it, built axis by axis from concats."""
-        if self.op.attrs["steps"] is not None and any(s != 1 for s in self.op.attrs["steps"]):
-            raise GirTypeError("autodiff: 'slice' with steps other than 1 has no VJP yet", self.loc)
+        """The cotangent of `slice`: g spread out by the steps and padded with zeros, axis by axis
+        (`_unstride`, then concats)."""
         t = self.type(0)
+        steps = self.op.attrs["steps"] or [1] * t.rank
         out = g
         for axis, (start, limit) in enumerate(zip(self.op.attrs["starts"], self.op.attrs["limits"])):
+            out = self._unstride(out, axis, steps[axis], limit - start)
             pieces = []
             shape = list(out.tensor_type.shape)
             if start:
@@ -220,6 +231,20 @@ class VJPContext:
             if len(pieces) > 1:
                 out = self._v("concat", *pieces, attrs={"axis": axis})
         return out
+
+    def _unstride(self, g: Value, axis: int, step: int, length: int) -> Value:
+        """g's n elements on `axis` placed every `step` positions, zeros between, cut to `length`:
+        [a, b] with step 3 -> [a, 0, 0, b, 0, 0] -> its first `length` (4..6) elements."""
+        if step == 1:
+            return g
+        shape = list(g.tensor_type.shape)
+        n = shape[axis]
+        column = self.reshape(g, tuple(shape[:axis + 1] + [1] + shape[axis + 1:]))
+        gap = self.emit.zeros(column.tensor_type.with_shape(tuple(shape[:axis + 1] + [step - 1] + shape[axis + 1:])),
+                              self.loc)
+        spread = self.reshape(self._v("concat", column, gap, attrs={"axis": axis + 1}),
+                              tuple(shape[:axis] + [n * step] + shape[axis + 1:]))
+        return self.slice_axis(spread, axis, 0, length) if length != n * step else spread
 
 
 class Backprop:

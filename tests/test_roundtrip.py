@@ -132,6 +132,18 @@ OP_CASES["slice"] = [
 ]
 OP_CASES["index"] = [
     func("%x: tensor<5x7xf32>, %i: tensor<i64>", "tensor<7xf32>", "%r = index %x, %i : tensor<7xf32>\nreturn %r"),
+    func("%x: tensor<5x7xf32>, %i: tensor<2x3xi32>", "tensor<2x3x7xf32>", "%r = index(%x, %i)\nreturn %r"),
+]
+OP_CASES["scatter_add"] = [
+    func("%x: tensor<5x7xf32>, %i: tensor<3xi32>, %u: tensor<3x7xf32>", "tensor<5x7xf32>",
+         "%r = scatter_add %x, %i, %u : tensor<5x7xf32>\nreturn %r"),
+    func("%x: tensor<5xf64>, %i: tensor<i64>, %u: tensor<f64>", "tensor<5xf64>",
+         "%r = scatter_add(%x, %i, %u)\nreturn %r"),
+]
+OP_CASES["logsumexp"] = [
+    func("%x: tensor<2x3x4xf32>", "tensor<2x3x1xf32>",
+         "%r = logsumexp %x {axes = [-1], keepdims = true} : tensor<2x3x1xf32>\nreturn %r"),
+    func("%x: tensor<2x3xf64>", "tensor<f64>", "%r = logsumexp(%x)\nreturn %r"),
 ]
 OP_CASES["stack"] = [
     func("%a: tensor<2x3xf32>", "tensor<2x2x3xf32>", "%r = stack %a, %a {axis = 1} : tensor<2x2x3xf32>\nreturn %r"),

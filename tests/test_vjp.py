@@ -435,20 +435,124 @@ def test_concat(case: tuple[list[Shape], int], seed: int) -> None:
 
 
 @st.composite
-def slice_case(draw: st.DrawFn) -> tuple[Shape, list[int], list[int], bool]:
-    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5))
+def slice_case(draw: st.DrawFn) -> tuple[Shape, list[int], list[int], list[int] | None]:
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=7))
     starts = [draw(st.integers(0, d - 1)) for d in shape]
     limits = [draw(st.integers(s + 1, d)) for s, d in zip(starts, shape)]
-    return shape, starts, limits, draw(st.booleans())
+    steps = draw(st.none() | st.just([1] * len(shape)) | st.lists(st.integers(1, 4), min_size=len(shape),
+                                                                      max_size=len(shape)))
+    return shape, starts, limits, steps
 
 
 @SETTINGS
 @given(case=slice_case(), seed=SEEDS)
-def test_slice(case: tuple[Shape, list[int], list[int], bool], seed: int) -> None:
-    shape, starts, limits, unit_steps = case
-    steps = f", steps={[1] * len(shape)}" if unit_steps else ""
-    check_vjp("slice", [("a", shape, "f64")], f"slice(%a, starts={starts}, limits={limits}{steps})", ["a"],
+def test_slice(case: tuple[Shape, list[int], list[int], list[int] | None], seed: int) -> None:
+    """Unit and strided steps: a strided slice's cotangent is spread out with zeros between."""
+    shape, starts, limits, steps = case
+    written = f", steps={steps}" if steps is not None else ""
+    check_vjp("slice", [("a", shape, "f64")], f"slice(%a, starts={starts}, limits={limits}{written})", ["a"],
               {"a": normal(np.random.default_rng(seed), shape)}, seed)
+
+
+@pytest.mark.parametrize("size,start,limit,step", [(6, 0, 6, 2), (7, 1, 7, 3), (5, 2, 3, 4), (9, 0, 9, 9),
+                                                   (8, 3, 8, 1)])
+def test_strided_slice_1d(size: int, start: int, limit: int, step: int) -> None:
+    """Steps that divide the length and steps that do not, a step longer than the box."""
+    a = normal(np.random.default_rng(size + step), (size,))
+    check_vjp("slice", [("a", (size,), "f64")], f"slice(%a, starts=[{start}], limits=[{limit}], steps=[{step}])",
+              ["a"], {"a": a}, size)
+
+
+# ---------------------------------------------------------------------------------------------
+# index (a row or a gather of rows) and its transpose, scatter_add
+
+
+@st.composite
+def gather_case(draw: st.DrawFn) -> tuple[Shape, Shape, np.ndarray]:
+    """A table and an integer index of rank 0-2 whose entries repeat (rows drawn from few)."""
+    table = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
+    index_shape = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=5))
+    rows = draw(hnp.arrays(np.int64, index_shape, elements=st.integers(0, table[0] - 1)))
+    return table, index_shape, rows
+
+
+@SETTINGS
+@given(case=gather_case(), seed=SEEDS, dtype=st.sampled_from(["i32", "i64"]))
+def test_index(case: tuple[Shape, Shape, np.ndarray], seed: int, dtype: str) -> None:
+    """d table: the cotangent rows scattered back, a row picked k times getting the sum of k."""
+    table, index_shape, rows = case
+    values = {"a": normal(np.random.default_rng(seed), table), "i": rows.astype(np.dtype(f"int{dtype[1:]}"))}
+    check_vjp("index", [("a", table, "f64"), ("i", index_shape, dtype)], "index(%a, %i)", ["a"], values, seed)
+
+
+def test_index_repeated_rows_accumulate() -> None:
+    """Pinned: row 1 picked three times gets three cotangent rows, row 2 none (zeros)."""
+    text = """
+    func @f(%e: tensor<3x2xf64>, %i: tensor<4xi32>) -> tensor<f64> {
+      return sum(index(%e, %i) * constant(value=[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]], shape=[4, 2],
+                                          dtype="f64"))
+    }
+    func @g(%e: tensor<3x2xf64>, %i: tensor<4xi32>) -> (tensor<f64>, tensor<3x2xf64>) {
+      %l, %de = grad @f(%e, %i) wrt (%e)
+      return %l, %de
+    }
+    """
+    i = np.array([1, 0, 1, 1], np.int32)
+    for pipeline in PIPELINES:
+        _, de = gir.interpret(compile_grad(text, pipeline), "g", np.ones((3, 2)), i)
+        np.testing.assert_array_equal(de, [[3.0, 4.0], [1.0 + 5.0 + 7.0, 2.0 + 6.0 + 8.0], [0.0, 0.0]])
+
+
+@SETTINGS
+@given(case=gather_case(), seed=SEEDS)
+def test_scatter_add(case: tuple[Shape, Shape, np.ndarray], seed: int) -> None:
+    table, index_shape, rows = case
+    rng = np.random.default_rng(seed)
+    updates = index_shape + table[1:]
+    values = {"a": normal(rng, table), "i": rows, "u": normal(rng, updates)}
+    check_vjp("scatter_add", [("a", table, "f64"), ("i", index_shape, "i64"), ("u", updates, "f64")],
+              "scatter_add(%a, %i, %u)", ["a", "u"], values, seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# logsumexp: its cotangent is g times the softmax
+
+
+@pytest.mark.parametrize("axes,keepdims", [(None, False), ([1], False), ([-1], True), ([0, 2], False),
+                                           ([0, 1, 2], True)])
+def test_logsumexp(axes: list[int] | None, keepdims: bool) -> None:
+    a = normal(np.random.default_rng(23), (2, 3, 4)) * 3.0
+    kw = ([f"axes={axes}"] if axes is not None else []) + (["keepdims=true"] if keepdims else [])
+    check_vjp("logsumexp", [("a", (2, 3, 4), "f64")], f"logsumexp({', '.join(['%a'] + kw)})", ["a"], {"a": a}, 23)
+
+
+@SETTINGS
+@given(case=reduction_case(), seed=SEEDS)
+def test_logsumexp_random_axes(case: tuple[Shape, list[int] | None, bool], seed: int) -> None:
+    shape, axes, keepdims = case
+    kw = ([f"axes={axes}"] if axes is not None else []) + (["keepdims=true"] if keepdims else [])
+    check_vjp("logsumexp", [("a", shape, "f64")], f"logsumexp({', '.join(['%a'] + kw)})", ["a"],
+              {"a": normal(np.random.default_rng(seed), shape)}, seed)
+
+
+def test_logsumexp_gradient_of_huge_logits_is_the_softmax() -> None:
+    """Logits of 1e4 would overflow exp: the gradient is still the softmax, not nan."""
+    text = """
+    func @f(%a: tensor<2x3xf64>) -> tensor<f64> {
+      return sum(logsumexp(%a, axes=[1]))
+    }
+    func @g(%a: tensor<2x3xf64>) -> (tensor<f64>, tensor<2x3xf64>) {
+      %l, %da = grad @f(%a) wrt (%a)
+      return %l, %da
+    }
+    """
+    a = np.array([[1e4, 1e4 - 1.0, -1e4], [-1e4, -1e4 - 2.0, -1e4]])
+    shifted = np.exp(a - a.max(axis=1, keepdims=True))
+    want = shifted / shifted.sum(axis=1, keepdims=True)
+    for pipeline in PIPELINES:
+        loss, da = gir.interpret(compile_grad(text, pipeline), "g", a)
+        np.testing.assert_allclose(loss, np.log(shifted.sum(axis=1)).sum() + a.max(axis=1).sum(), atol=1e-9)
+        np.testing.assert_allclose(da, want, rtol=1e-12)
 
 
 @st.composite
@@ -540,7 +644,6 @@ NON_DIFFERENTIABLE: dict[str, str] = {
     **{op: "comparison: its i1 result carries no cotangent" for op in ("lt", "le", "gt", "ge", "eq", "ne")},
     "and": "logical op on i1",
     "or": "logical op on i1",
-    "index": "no rule yet: a gradient through it is an error (test_gradient_through_index_is_an_error)",
     "scan": "structural: differentiated by autodiff's scan_vjp (tests/test_autodiff_rnn.py)",
     "call": "structural: inlined before differentiation (tests/test_autodiff_rnn.py)",
     "grad": "structural: expanded by autodiff",
@@ -556,7 +659,7 @@ NON_DIFFERENTIABLE: dict[str, str] = {
 
 TESTED: set[str] = (set(UNARY) | set(BINARY) | set(REDUCTIONS)
                     | {"select", "matmul", "transpose", "reshape", "broadcast", "concat", "slice", "stack",
-                       "fill", "constant", "zeros", "ones"})
+                       "index", "scatter_add", "logsumexp", "fill", "constant", "zeros", "ones"})
 """Op kinds with a VJP test in this file (the keys of the case tables and the single-op tests)."""
 
 
@@ -644,21 +747,23 @@ func @g(%xs: tensor<4x3xf64>, %i: tensor<i32>) -> (tensor<f64>, tensor<4x3xf64>)
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-def test_gradient_through_index_is_an_error(pipeline: str) -> None:
-    err = expect_error(INDEX, pipeline)
-    assert "'index'" in err.message, err.message
-    line, col = location_of(INDEX, "index(")
-    assert (err.loc.line, err.loc.col) == (line, col), str(err)
-    assert str(err).startswith(f"err.gir:{line}:{col}: error:"), str(err)
+def test_gradient_through_index_by_a_scalar(pipeline: str) -> None:
+    """One row picked: its cotangent is 2 * row there, zeros elsewhere."""
+    xs = np.arange(12.0).reshape(4, 3)
+    _, d = gir.interpret(compile_grad(INDEX, pipeline), "g", xs, np.array(2, np.int32))
+    want = np.zeros_like(xs)
+    want[2] = 2 * xs[2]
+    np.testing.assert_array_equal(d, want)
 
 
-def test_index_without_a_gradient_through_it_is_fine() -> None:
-    """`index` stops differentiation only where a cotangent must flow through it."""
+def test_index_whose_row_is_unused_adds_nothing() -> None:
+    """An `index` whose result reaches no loss gives no cotangent (and no scatter)."""
     text = INDEX.replace("sum(%row * %row)", "sum(%xs * %xs) + cast(sum(%i * %i), dtype=\"f64\") * 0.0")
     text = text.replace("  %row = index(%xs, %i)\n", "  %row = index(%xs, %i)\n  %unused = sum(%row)\n")
     module = gir.parse(text, filename="ok.gir")
     assert any(o.name == "index" for o in module["f"].walk())
     PassManager("ssa,autodiff", check_numerics=None, verify_each=True).run(module)
+    assert not any(o.name == "scatter_add" for o in module["g"].walk())
     xs = np.arange(12.0).reshape(4, 3)
     _, d = gir.interpret(module, "g", xs, np.array(1, np.int32))
     np.testing.assert_allclose(d, 2 * xs)
@@ -683,29 +788,12 @@ func @g(%ms: tensor<4x2x3xf64>, %i: tensor<i32>) -> (tensor<f64>, tensor<4x2x3xf
 """
 
 
-def test_gradient_through_index_in_a_called_function_in_a_loop_is_an_error() -> None:
-    """The error points at the `index` in the callee's source, not at the call or the grad."""
-    err = expect_error(INDEX_IN_LOOP)
-    assert "'index'" in err.message, err.message
-    line, col = location_of(INDEX_IN_LOOP, "index(")
-    assert (err.loc.line, err.loc.col) == (line, col), str(err)
-
-
-STRIDED = """func @f(%a: tensor<6xf64>) -> tensor<f64> {
-  %s = slice(%a, starts=[0], limits=[6], steps=[2])
-  return sum(%s * %s)
-}
-
-func @g(%a: tensor<6xf64>) -> (tensor<f64>, tensor<6xf64>) {
-  %l, %d = grad @f(%a) wrt (%a)
-  return %l, %d
-}
-"""
-
-
-def test_strided_slice_gradient_is_an_error() -> None:
-    """A known gap (docs/autodiff.md): a slice with steps other than 1 has no VJP yet."""
-    err = expect_error(STRIDED)
-    assert "'slice'" in err.message, err.message
-    line, col = location_of(STRIDED, "slice(")
-    assert (err.loc.line, err.loc.col) == (line, col), str(err)
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_gradient_through_index_in_a_called_function_in_a_loop(pipeline: str) -> None:
+    """`index` in a callee inside a scan body: checked against finite differences."""
+    rng = np.random.default_rng(29)
+    ms, i = rng.standard_normal((4, 2, 3)), np.array(1, np.int32)
+    reference = gir.parse(INDEX_IN_LOOP, filename="loop.gir")
+    want = numeric_gradient(reference, "f", [ms, i], 0)
+    _, d = gir.interpret(compile_grad(INDEX_IN_LOOP, pipeline), "g", ms, i)
+    assert relative_error(d, want) < TOLERANCE

@@ -255,7 +255,9 @@ class Lowering:
         code = len(self.layout.errors)
         with self.b.if_then(cond, likely=False):
             p = self.b.gep(self.counters, [ir.Constant(I64, 2)], source_etype=I64)
-            self.b.store(ir.Constant(I64, code), p)
+            first = self.b.icmp_signed("==", self.b.load(p, typ=I64), ir.Constant(I64, 0))
+            # The first error raised, as the interpreter stops at it (a gather's gradient would flag again).
+            self.b.store(self.b.select(first, ir.Constant(I64, code), self.b.load(p, typ=I64)), p)
 
     def count(self, slot: int) -> None:
         p = self.b.gep(self.counters, [ir.Constant(I64, slot)], source_etype=I64)
@@ -557,7 +559,12 @@ def lower_stack(low: Lowering, op: Operation) -> None:
 
 
 def lower_index(low: Lowering, op: Operation) -> None:
+    """By a scalar: a view of one row. By a tensor: a gather (gather.py)."""
     x, i = op.operands
+    if i.tensor_type.rank:
+        from .gather import lower_gather
+        lower_gather(low, op)
+        return
     t = x.tensor_type
     shape = _static(t, op)
     k = low.load(low.ptr[i], i.tensor_type.dtype, ir.Constant(I64, 0))
@@ -833,6 +840,11 @@ def lower_scan(low: Lowering, op: Operation) -> None:
         low.ptr[c.result] = low.ptr[c.arg]
 
 
+def _row_and_softmax_lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
+    from .gather import lower_logsumexp, lower_scatter_add  # a module of its own; it imports this one
+    return {"scatter_add": lower_scatter_add, "logsumexp": lower_logsumexp}
+
+
 def _lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
     """Op kind -> lowering function: the kinds with a family of their own by name, every other
     kind by its spec's facts (elementwise, constant, reduction, GEMM, device move)."""
@@ -846,6 +858,7 @@ def _lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
         "concat": lower_concat,
         "stack": lower_stack,
         "index": lower_index,
+        **_row_and_softmax_lowerings(),
     }
     by_fact: list[tuple[Callable[[OpSpec], bool], Callable[[Lowering, Operation], None]]] = [
         (lambda spec: spec.is_elementwise, lower_elementwise),

@@ -58,6 +58,7 @@ def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
         return b.bitcast(b.shl(b.add(k, ir.Constant(i32, 127)), ir.Constant(i32, 23)), F32)
 
     out = b.fmul(b.fmul(y, pow2(half)), pow2(rest))
+    out = b.select(b.fcmp_ordered("<", x, lo), _c(F32, 0.0), out)  # the clamp at lo leaves 1.4e-45, not 0
     return b.select(b.fcmp_ordered(">", x, hi), _c(F32, float("inf")), out)
 
 

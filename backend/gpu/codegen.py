@@ -361,7 +361,11 @@ def lower_stack(low: Lowering, op: Operation) -> Run:
 
 
 def lower_index(low: Lowering, op: Operation) -> Run:
+    """By a scalar: one row, a view where memplan has one. By a tensor: a gather (gather.py)."""
     x, i = op.operands
+    if i.tensor_type.rank:
+        from .gather import lower_gather
+        return lower_gather(low, op)
     r = op.result
     rows = _shape(x)[0]
     known = low.host_scalars.get(i)
@@ -439,6 +443,11 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     return run
 
 
+def _row_and_softmax_lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:
+    from .gather import lower_logsumexp, lower_scatter_add  # a module of its own; it imports this one
+    return {"scatter_add": lower_scatter_add, "logsumexp": lower_logsumexp}
+
+
 def _lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:
     """Op kind -> lowering function: the kinds with a family of their own by name, every other
     kind by its spec's facts (elementwise, constant, reduction, matmul, device move)."""
@@ -453,6 +462,7 @@ def _lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:
         "concat": lower_concat,
         "stack": lower_stack,
         "index": lower_index,
+        **_row_and_softmax_lowerings(),
     }
     by_fact: list[tuple[Callable[[OpSpec], bool], Callable[[Lowering, Operation], Run | None]]] = [
         (lambda spec: spec.is_elementwise, lower_elementwise),

@@ -79,6 +79,15 @@ class Device:
             return np.array(a, copy=True, order="C")
         return a.get()
 
+    def add_at(self, a: Any, rows: Any, updates: Any) -> None:
+        """a[rows[j]] += updates[j] for every j, repeated rows accumulating (NumPy's add.at)."""
+        if self.simulated:
+            np.add.at(a, rows, updates)
+        else:
+            import cupyx
+
+            cupyx.scatter_add(a, rows, updates)
+
     def kernel_arg(self, a: Any) -> Any:
         """a, flat, as a kernel argument (no copy; a must be C-contiguous)."""
         flat = a.reshape(-1)

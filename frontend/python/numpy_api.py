@@ -188,15 +188,9 @@ min = _reduction_fn("min", "Minimum over axis (all axes when None); gir.minimum 
 
 @traceable
 def logsumexp(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
-    """log(sum(exp(x))) over axis, computed stably: m + log(sum(exp(x - m))), m the maximum.
-    The gradient is softmax(x): the terms through m cancel."""
-    loc = user_location()
-    t = _tracer(x, loc)
-    shift = _reduce("max", t, axis, True, loc)
-    shifted = emit1("exp", [emit1("sub", [t.value, shift.value], loc=loc).value], loc=loc)
-    total = emit1("log", [_reduce("sum", shifted, axis, keepdims, loc).value], loc=loc)
-    m = shift if keepdims else _reduce("max", t, axis, False, loc)
-    return emit1("add", [total.value, m.value], loc=loc)
+    """log(sum(exp(x))) over axis, computed stably (the `logsumexp` op: m + log(sum(exp(x - m))),
+    m the maximum). Its gradient is softmax(x)."""
+    return _reduce("logsumexp", x, axis, keepdims, user_location())
 
 
 # -- layout -------------------------------------------------------------------------------------
@@ -334,6 +328,10 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
                 raise GirTraceError(f"index {i} is out of range for axis {axis} of size {d}", loc)
             bounds.append((i % d, i % d + 1, 1))
             drop.append(axis)
+    gathers = [axis for axis, k in dynamic if isinstance(k, Tracer) and k.type.rank]
+    if gathers and (gathers != [0] or len(dynamic) > 1):
+        raise GirTraceError("an integer tensor index (a gather, x[ids]) works on the leading axis, as the only "
+                            "traced index", loc)
     out = x
     if any(b is not None for b in bounds):
         if not t.is_static:
@@ -375,8 +373,8 @@ def _index(x: Tracer, axis: int, k: Any, loc: Location) -> Tracer:
         perm = [axis] + [a for a in range(x.type.rank) if a != axis]
         x = emit1("transpose", [x.value], attrs={"perm": perm}, loc=loc)
     if isinstance(k, Tracer):
-        if k.type.shape != () or k.type.dtype not in INT_DTYPES:
-            raise GirTraceError(f"a traced index must be an integer scalar, got {k.type}", loc)
+        if k.type.dtype not in INT_DTYPES:
+            raise GirTraceError(f"a traced index must be an integer scalar or tensor, got {k.type}", loc)
         kv = to_value(k, loc=loc)
     else:
         if int(k) < 0:

@@ -1,0 +1,274 @@
+"""A character-level GRU language model, trained with gir on Python's own standard library.
+
+The text is the source of a few standard-library modules, read from the files of the Python
+running this script (nothing is downloaded); the last 10% is held out. The model: an embedding
+lookup (`emb[ids]`, a gather), a GRU over the sequence (`gir.scan`), a projection to the
+vocabulary and a softmax cross-entropy (`gir.logsumexp`); one training step is
+`gir.jit(gir.value_and_grad(loss))`, so the forward pass, back-propagation through time and
+every gradient are one compiled function. Adam runs in NumPy.
+
+    python examples/train_charlm.py                   # 500 steps, hidden 128 (see docs/performance.md)
+    python examples/train_charlm.py --steps 20        # a smoke run: prints `loss 4.123` lines
+
+Prints the loss as it goes (a tqdm bar when tqdm is installed, plain lines otherwise), the
+validation bits per character at the end, a few lines sampled from the model, and, when
+matplotlib is installed, writes the loss curve to --plot (default charlm_loss.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+import time
+from pathlib import Path
+
+import gir
+import numpy as np
+
+MODULES = ("textwrap", "string", "functools", "fractions", "argparse", "heapq")
+"""Standard-library modules whose source is the corpus (about 150k characters)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def corpus() -> str:
+    parts = []
+    for name in MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            parts.append(Path(spec.origin).read_text(encoding="utf-8"))
+    if not parts:
+        raise SystemExit("no standard-library source found (a Python without .py files?)")
+    return "\n".join(parts)
+
+
+def encode(text: str) -> tuple[np.ndarray, list[str]]:
+    """Character ids over printable ASCII plus newline; anything else becomes '?'."""
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    index = {c: i for i, c in enumerate(chars)}
+    unknown = index["?"]
+    return np.array([index.get(c, unknown) for c in text], np.int32), chars
+
+
+def batch(data: np.ndarray, T: int, B: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """B random windows of T + 1 characters: inputs (T, B) and targets (T, B), time-major."""
+    starts = rng.integers(0, len(data) - T - 1, B)
+    windows = np.stack([data[s:s + T + 1] for s in starts], axis=1)
+    return np.ascontiguousarray(windows[:-1]), np.ascontiguousarray(windows[1:])
+
+
+def flat_targets(targets: np.ndarray, V: int) -> np.ndarray:
+    """Positions of the target logits in the flattened (T * B, V) logits."""
+    rows = np.arange(targets.size, dtype=np.int32)
+    return rows * V + targets.reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def init(V: int, E: int, H: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    def uniform(*shape: int, fan_in: int) -> np.ndarray:
+        k = 1.0 / math.sqrt(fan_in)
+        return rng.uniform(-k, k, shape).astype(np.float32)
+
+    p = {"emb": (0.1 * rng.standard_normal((V, E))).astype(np.float32)}
+    for g in ("z", "r", "n"):
+        p[f"w{g}"] = uniform(E, H, fan_in=E)
+        p[f"u{g}"] = uniform(H, H, fan_in=H)
+        p[f"b{g}"] = np.zeros(H, np.float32)
+    p["bhn"] = np.zeros(H, np.float32)
+    p["out"] = uniform(H, V, fan_in=H)
+    p["bout"] = np.zeros(V, np.float32)
+    return p
+
+
+def gru_cell(p: dict, h, x):  # noqa: ANN001, ANN201  (traced values)
+    """The cuDNN / PyTorch GRU: the reset gate applies to h @ u_n + b_hn."""
+    z = gir.sigmoid(x @ p["wz"] + h @ p["uz"] + p["bz"])
+    r = gir.sigmoid(x @ p["wr"] + h @ p["ur"] + p["br"])
+    n = gir.tanh(x @ p["wn"] + p["bn"] + r * (h @ p["un"] + p["bhn"]))
+    return (1.0 - z) * n + z * h
+
+
+def loss(p: dict, inputs, targets, h0):  # noqa: ANN001, ANN201
+    """Mean cross-entropy (nats per character) of predicting targets from inputs."""
+    def step(h, x):  # noqa: ANN001, ANN202
+        h = gru_cell(p, h, x)
+        return h, h
+
+    _, hs = gir.scan(step, h0, p["emb"][inputs])  # hs: (T, B, H)
+    T, B, H = hs.shape
+    logits = hs.reshape(T * B, H) @ p["out"] + p["bout"]
+    return gir.mean(gir.logsumexp(logits, axis=-1) - logits.reshape(-1)[targets])
+
+
+def next_char(p: dict, h, ids):  # noqa: ANN001, ANN201
+    """One step of generation: the new state and the logits of the next character."""
+    h = gru_cell(p, h, p["emb"][ids])
+    return h, h @ p["out"] + p["bout"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+class Adam:
+    def __init__(self, params: dict[str, np.ndarray], lr: float, clip: float = 5.0):
+        self.lr, self.clip, self.t = lr, clip, 0
+        self.m = {k: np.zeros_like(v) for k, v in params.items()}
+        self.v = {k: np.zeros_like(v) for k, v in params.items()}
+
+    def update(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.t += 1
+        norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
+        scale = min(1.0, self.clip / (norm + 1e-12))  # clip the global norm: BPTT spikes
+        out = {}
+        for k, g in grads.items():
+            g = g * scale
+            self.m[k] = 0.9 * self.m[k] + 0.1 * g
+            self.v[k] = 0.999 * self.v[k] + 0.001 * g * g
+            m_hat = self.m[k] / (1 - 0.9 ** self.t)
+            v_hat = self.v[k] / (1 - 0.999 ** self.t)
+            out[k] = (params[k] - self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)).astype(np.float32)
+        return out
+
+
+def progress(total: int, quiet: bool):  # noqa: ANN201
+    """tqdm's bar when tqdm is installed (and not --quiet), else None (plain lines)."""
+    if quiet:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+def evaluate(eval_fn, params: dict, data: np.ndarray, T: int, B: int, H: int, batches: int) -> float:  # noqa: ANN001
+    """Mean loss in bits per character over fixed held-out windows."""
+    rng = np.random.default_rng(1234)
+    h0 = np.zeros((B, H), np.float32)
+    total = 0.0
+    for _ in range(batches):
+        inputs, targets = batch(data, T, B, rng)
+        total += float(eval_fn(params, inputs, flat_targets(targets, len(params["bout"])), h0))
+    return total / batches / math.log(2)
+
+
+def sample(step_fn, params: dict, chars: list[str], H: int, prompt: str, n: int,  # noqa: ANN001
+           temperature: float, rng: np.random.Generator) -> str:
+    index = {c: i for i, c in enumerate(chars)}
+    h = np.zeros((1, H), np.float32)
+    logits = None
+    for c in prompt:
+        h, logits = step_fn(params, h, np.array([index.get(c, index["?"])], np.int32))
+    out = []
+    for _ in range(n):
+        z = logits[0].astype(np.float64) / temperature
+        probs = np.exp(z - z.max())
+        k = int(rng.choice(len(chars), p=probs / probs.sum()))
+        out.append(chars[k])
+        h, logits = step_fn(params, h, np.array([k], np.int32))
+    return prompt + "".join(out)
+
+
+def plot(path: str, steps: list[int], losses: list[float], val: list[tuple[int, float]]) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [x / math.log(2) for x in losses], lw=0.8, label="training batch")
+    if val:
+        ax.plot([s for s, _ in val], [b for _, b in val], "o-", label="held-out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("bits per character")
+    ax.set_title("char-level GRU on stdlib source, trained with gir")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--seq", type=int, default=64, help="characters per sequence (T)")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--embed", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-batches", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plot", default="charlm_loss.png", help="loss-curve PNG ('' for none)")
+    ap.add_argument("--sample", type=int, default=240, help="characters to sample at the end (0: none)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar: plain `loss` lines only")
+    args = ap.parse_args(argv)
+
+    data, chars = encode(corpus())
+    split = int(0.9 * len(data))
+    train, held_out = data[:split], data[split:]
+    V, T, B, H = len(chars), args.seq, args.batch, args.hidden
+    print(f"corpus: {len(data)} characters of {', '.join(MODULES)}; vocabulary {V}; "
+          f"train {len(train)}, held out {len(held_out)}")
+    rng = np.random.default_rng(args.seed)
+    params = init(V, args.embed, H, rng)
+    train_step = gir.jit(gir.value_and_grad(loss))
+    eval_loss = gir.jit(loss)
+    opt = Adam(params, args.lr)
+    h0 = np.zeros((B, H), np.float32)
+
+    start = time.perf_counter()
+    inputs, targets = batch(train, T, B, rng)
+    train_step(params, inputs, flat_targets(targets, V), h0)
+    print(f"compiled the training step in {time.perf_counter() - start:.1f} s")
+
+    bar = progress(args.steps, args.quiet)
+    say = bar.write if bar is not None else print
+    every = max(1, min(10, args.steps // 20))
+    steps, losses, val = [], [], []
+    chars_seen, train_time = 0, 0.0
+    for step in range(1, args.steps + 1):
+        inputs, targets = batch(train, T, B, rng)
+        t0 = time.perf_counter()
+        value, grads = train_step(params, inputs, flat_targets(targets, V), h0)
+        train_time += time.perf_counter() - t0
+        params = opt.update(params, grads)
+        chars_seen += T * B
+        steps.append(step)
+        losses.append(float(value))
+        if bar is not None:
+            bar.set_postfix(loss=f"{float(value):.3f}", chars_per_s=f"{chars_seen / train_time:,.0f}")
+            bar.update(1)
+        if step % every == 0 or step == args.steps:
+            say(f"step {step:5d} loss {np.mean(losses[-every:]):.3f} ({chars_seen / train_time:,.0f} chars/s)")
+        if step % args.eval_every == 0 or step == args.steps:
+            bpc = evaluate(eval_loss, params, held_out, T, B, H, args.eval_batches)
+            val.append((step, bpc))
+            say(f"step {step:5d} held-out {bpc:.3f} bits/char")
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - start
+    print(f"trained {args.steps} steps in {wall:.1f} s ({train_time:.1f} s in the compiled step, "
+          f"{chars_seen / train_time:,.0f} chars/s); held-out {val[-1][1]:.3f} bits/char")
+    if args.sample:
+        step_fn = gir.jit(next_char)
+        text = sample(step_fn, params, chars, H, "def ", args.sample, 0.8, np.random.default_rng(args.seed))
+        print("sampled:\n" + "\n".join("    " + line for line in text.splitlines()[:8]))
+    if args.plot and plot(args.plot, steps, losses, val):
+        print(f"loss curve: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
