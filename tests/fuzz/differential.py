@@ -203,7 +203,8 @@ def _finite_differences(p: Program, module: gir.Module, results: list[np.ndarray
         if x.size == 0:
             continue
         tol = 1e-7 * (abs(loss) + 1.0) + 1e-6 * float(np.max(np.abs(g), initial=0.0))
-        for flat in rng.choice(x.size, size=min(FD_ELEMENTS, x.size), replace=False):
+        # A big program's loss takes seconds in the interpreter: two elements per argument.
+        for flat in rng.choice(x.size, size=min(FD_ELEMENTS if p.small else 2, x.size), replace=False):
             idx = np.unravel_index(flat, x.shape)
             plus, minus = [a.copy() for a in p.args], [a.copy() for a in p.args]
             plus[position][idx] += FD_STEP

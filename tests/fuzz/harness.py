@@ -60,13 +60,13 @@ def _worker(run_one: RunOne, seed: int, start: int, end: int, current: Any, queu
 
 
 def campaign(run_one: RunOne, seed: int, n: int, timeout: float, memory_gib: float, out_dir: Path,
-             progress: bool = True) -> tuple[Counters, list[dict[str, Any]]]:
-    """Runs inputs 0..n-1 of `seed`; returns the summed counters and the findings."""
+             progress: bool = True, first: int = 0) -> tuple[Counters, list[dict[str, Any]]]:
+    """Runs inputs first..n-1 of `seed`; returns the summed counters and the findings."""
     ctx = mp.get_context("fork")
     totals: Counters = {}
     findings: list[dict[str, Any]] = []
     out_dir.mkdir(parents=True, exist_ok=True)
-    start, began = 0, time.monotonic()
+    start, began = first, time.monotonic()
 
     def drain(queue: Any) -> None:
         while True:
@@ -91,6 +91,7 @@ def campaign(run_one: RunOne, seed: int, n: int, timeout: float, memory_gib: flo
         proc = ctx.Process(target=_worker, args=(run_one, seed, start, n, current, queue, memory_gib), daemon=True)
         proc.start()
         seen, since, last_report = current.value, time.monotonic(), time.monotonic()
+        killed = False
         while proc.is_alive():
             drain(queue)
             if current.value != seen:
@@ -98,6 +99,7 @@ def campaign(run_one: RunOne, seed: int, n: int, timeout: float, memory_gib: flo
             elif time.monotonic() - since > timeout:
                 proc.kill()
                 proc.join()
+                killed = True
                 record(seen, "hang", f"input {seen} ran past {timeout:g} s", "")
                 totals["hangs"] = totals.get("hangs", 0) + 1
                 break
@@ -108,7 +110,7 @@ def campaign(run_one: RunOne, seed: int, n: int, timeout: float, memory_gib: flo
                 last_report = time.monotonic()
         proc.join()
         drain(queue)
-        if proc.exitcode is not None and proc.exitcode < 0:
+        if proc.exitcode is not None and proc.exitcode < 0 and not killed:
             record(current.value, "signal", f"worker killed by signal {-proc.exitcode}", "")
             totals["signals"] = totals.get("signals", 0) + 1
         elif proc.exitcode not in (0, None, -9):
@@ -121,8 +123,9 @@ def campaign(run_one: RunOne, seed: int, n: int, timeout: float, memory_gib: flo
 def main(run_one: RunOne, description: str, defaults: dict[str, Any], argv: list[str] | None = None,
          show_one: Callable[[int, int], None] | None = None) -> int:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--n", type=int, default=defaults.get("n", 1000), help="number of inputs")
+    parser.add_argument("--n", type=int, default=defaults.get("n", 1000), help="inputs up to (not including) N")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=int, default=0, help="first input (to split one campaign over processes)")
     parser.add_argument("--timeout", type=float, default=defaults.get("timeout", 60.0),
                         help="seconds one input may run before it counts as a hang")
     parser.add_argument("--memory-gib", type=float, default=defaults.get("memory_gib", 6.0))
@@ -137,8 +140,10 @@ def main(run_one: RunOne, description: str, defaults: dict[str, Any], argv: list
         run_one(args.seed, args.only, counters)
         print(json.dumps(counters))
         return 0
-    totals, findings = campaign(run_one, args.seed, args.n, args.timeout, args.memory_gib, Path(args.out))
-    summary = {"seed": args.seed, "n": args.n, "counters": dict(sorted(totals.items())), "findings": findings}
+    totals, findings = campaign(run_one, args.seed, args.n, args.timeout, args.memory_gib, Path(args.out),
+                                first=args.start)
+    summary = {"seed": args.seed, "start": args.start, "n": args.n, "counters": dict(sorted(totals.items())),
+               "findings": findings}
     print(json.dumps(summary["counters"], indent=1))
     print(f"{len(findings)} finding(s)" + (f"; files in {args.out}" if findings else ""))
     if args.json:

@@ -270,7 +270,8 @@ def generate(rng: random.Random, want_grad: bool | None = None) -> Program:
         return f"tensor<{'x'.join(['?' if d in unknown else str(d) for d in shape] + [dtype])}>"
 
     if xs is not None and rng.random() < 0.7:
-        pool += g.loop(pool, xs, h, w, nest=1) if rng.random() < 0.7 else g.scan(pool, xs, h, w, type_of)
+        # No nested loop in a big program: the interpreter would run B x T steps of B x H ops.
+        pool += g.loop(pool, xs, h, w, nest=0 if big else 1) if rng.random() < 0.7 else g.scan(pool, xs, h, w, type_of)
         for _ in range(rng.randint(0, 3)):
             pool.append(g.step(pool, h, w))
     sig = ", ".join(f"%{n}: tensor<{'x'.join(written[n] + (dtype,))}>" for n in params)
