@@ -87,6 +87,24 @@ class Location:
         return self.origin.describe(what) + "; it is not in the source"
 
 
+    def to_json(self) -> list:
+        """[file, line, col] and, for an op a pass made, its origin: what a compile cache keeps."""
+        out: list = [self.file, self.line, self.col]
+        origin = self.origin
+        while origin is not None:
+            out.append([origin.pass_name, origin.action])
+            origin = origin.via
+        return out
+
+    @classmethod
+    def from_json(cls, data: list) -> Location:
+        file, line, col, *origins = data
+        origin = None
+        for pass_name, action in reversed(origins):
+            origin = Origin(pass_name, action, origin)
+        return cls(file, line, col, origin)
+
+
 UNKNOWN = Location("<unknown>", 0, 0)
 
 _CREATING: ContextVar[Origin | None] = ContextVar("gir_creating", default=None)

@@ -628,3 +628,17 @@ def test_ops_only_a_pass_makes_name_that_pass(example: str) -> None:
         while origin is not None:
             assert origin.pass_name in passes, origin
             origin = origin.via
+
+
+def test_the_cpu_compile_cache_keeps_the_origin_of_run_time_error_locations():
+    """A run-time error of a cached compile (a reduction of no element in a gradient op, say)
+    still has its note: the layout's JSON keeps the origin chain."""
+    from gir.backend.cpu.codegen import Layout
+    from gir.errors import Location, Origin
+
+    loc = Location("rnn.gir", 4, 3, Origin("scan-grad", "from", Origin("autodiff", "in the gradient of")))
+    layout = Layout(errors=[("'reduce_max' of no element has no value", loc), ("x", Location("f.gir", 1, 2))])
+    back = Layout.from_json(layout.to_json())
+    assert [(m, str(loc), loc.origin) for m, loc in back.errors] == [(m, str(loc), loc.origin)
+                                                                      for m, loc in layout.errors]
+    assert Layout.from_json({**layout.to_json(), "errors": [["x", ["f.gir", 1, 2]]]}).errors[0][1].origin is None

@@ -130,12 +130,12 @@ class Layout:
     def to_json(self) -> dict:
         return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
                 "gemms": [g.__dict__ for g in self.gemms],
-                "errors": [[m, [loc.file, loc.line, loc.col]] for m, loc in self.errors]}  # type: ignore[attr-defined]
+                "errors": [[m, loc.to_json()] for m, loc in self.errors]}  # type: ignore[attr-defined]
 
     @classmethod
     def from_json(cls, data: dict) -> Layout:
         return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
-                   data.get("planned_bytes", 0), [(m, Location(*loc)) for m, loc in data["errors"]])
+                   data.get("planned_bytes", 0), [(m, Location.from_json(loc)) for m, loc in data["errors"]])
 
 
 class Lowering:
