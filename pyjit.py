@@ -23,7 +23,7 @@ import numpy as np
 from .errors import GirArgumentError
 from .frontend.python import numpy_api
 from .frontend.python.pytree import TreeDef, flatten, unflatten
-from .frontend.python.tracer import default_dtype, is_weak, register_internal_file
+from .frontend.python.tracer import current_frame, default_dtype, is_weak, register_internal_file
 from .frontend.python.transforms import Spec, Traced, trace_entry
 from .ir.types import DTYPES
 
@@ -45,6 +45,8 @@ class PythonJit:
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_frame() is not None:
+            return self.fn(*args, **kwargs)  # called inside a trace (jit of a jitted function): inlined, as JAX does
         if kwargs:
             args = _bind(self.fn, args, kwargs)
         leaves, _, tree = flatten(args)

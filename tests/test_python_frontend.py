@@ -589,3 +589,10 @@ def test_pytrees_round_trip_with_named_arguments_and_keywords() -> None:
         assert name in text, name
     with pytest.raises(gir.GirError, match="structure"):
         gir.trace(lambda c, xs: gir.scan(lambda c, x: ((c, c), x), c, xs), np.float32(0), arr(3))
+
+
+def test_a_jitted_function_called_inside_a_trace_is_inlined() -> None:
+    inner = gir.jit(lambda x: x * 2)
+    outer = gir.jit(lambda x: inner(x) + 1.0, device="interp")
+    close(outer(A), A * 2 + 1)
+    assert inner.specialisations == 0 and "constant 2.0 : tensor<f32>" in str(gir.trace(outer.fn, A))

@@ -276,7 +276,7 @@ def constant(value: Any, dtype: str, loc: Location | None = None) -> Value:
             raise GirTraceError(f"the float {value} is combined with an {dtype} tensor; cast one of them "
                                 "(x.astype(...)) first", loc)
         value = int(value)
-    if dtype in FLOAT_DTYPES and isinstance(value, bool):
+    if dtype in FLOAT_DTYPES and isinstance(value, int):  # bools too: printed as 1.0, as a float is
         value = float(value)
     if dtype == "i1" and not isinstance(value, bool):
         raise GirTraceError(f"the number {value} is combined with an i1 (bool) tensor; compare or cast first", loc)

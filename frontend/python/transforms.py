@@ -185,8 +185,8 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
     loc = user_location()
     frame = current_frame()
     assert frame is not None
-    init_leaves, _, init_tree = flatten(init)
-    xs_leaves, _, xs_tree = flatten(xs)
+    init_leaves, init_paths, init_tree = flatten(init, path=("carry",))
+    xs_leaves, xs_paths, xs_tree = flatten(xs, path=("x",))
     inits = [to_value(leaf, loc=loc) for leaf in init_leaves]
     seqs = [to_value(leaf, loc=loc) for leaf in xs_leaves]
     for v in seqs:
@@ -196,7 +196,8 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
         raise GirTraceError("gir.scan needs xs or length=", loc)
     if length is not None and (not isinstance(length, int) or length < 0):
         raise GirTraceError(f"gir.scan: length must be a non-negative int, got {length!r}", loc)
-    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits])
+    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits],
+                 [value_name(p) for p in xs_paths + init_paths])
     args = list(body.args)
     elements, carries = args[:len(seqs)], args[len(seqs):]  # the block's groups, as the scan spec orders them
     with block_scope(frame, body):
