@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     limits = set_threads(args.threads)
     data, chars = ex.encode(ex.corpus())
-    split = int(0.9 * len(data))
-    train, held_out = data[:split], data[split:]
+    train, held_out = ex.split(data)
     V, T, B, H = len(chars), args.seq, args.batch, args.hidden
     rng = np.random.default_rng(0)
     params = ex.init(V, args.embed, H, rng)
