@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "gpu", "interp"], help="where gir runs the model")
     ap.add_argument("--plot", default="charlm_loss.png", help="loss-curve PNG ('' for none)")
     ap.add_argument("--sample", type=int, default=240, help="characters to sample at the end (0: none)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar: plain `loss` lines only")
@@ -231,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
           f"train {len(train)}, held out {len(held_out)}")
     rng = np.random.default_rng(args.seed)
     params = init(V, args.embed, H, rng)
-    train_step = gir.jit(gir.value_and_grad(loss))
-    eval_loss = gir.jit(loss)
+    train_step = gir.jit(gir.value_and_grad(loss), device=args.device)
+    eval_loss = gir.jit(loss, device=args.device)
     opt = Adam(params, args.lr)
     h0 = np.zeros((B, H), np.float32)
 
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trained {args.steps} steps in {wall:.1f} s ({train_time:.1f} s in the compiled step, "
           f"{chars_seen / train_time:,.0f} chars/s); held-out {val[-1][1]:.3f} bits/char")
     if args.sample:
-        step_fn = gir.jit(next_char)
+        step_fn = gir.jit(next_char, device=args.device)
         text = sample(step_fn, params, chars, H, "def ", args.sample, 0.8, np.random.default_rng(args.seed))
         print("sampled:\n" + "\n".join("    " + line for line in text.splitlines()[:8]))
     if args.plot and plot(args.plot, steps, losses, val):
