@@ -84,14 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "gpu", "interp"], help="where gir runs the model")
     args = ap.parse_args(argv)
 
     xs, ys, xt, yt = load(args.seed)
     print(f"digits: {xs.shape[1]} training and {xt.shape[1]} test images, each 8 rows of 8 pixels")
     rng = np.random.default_rng(args.seed)
     params = init(args.hidden, rng)
-    train_step = gir.jit(gir.value_and_grad(loss))
-    predict = gir.jit(logits_of)
+    train_step = gir.jit(gir.value_and_grad(loss), device=args.device)
+    predict = gir.jit(logits_of, device=args.device)
     state: dict = {}
     B = args.batch
     every = max(1, min(25, args.steps // 10))

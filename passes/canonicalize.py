@@ -236,6 +236,27 @@ class AddDisjointConcats(Pattern):
         return True
 
 
+class AddIntoScatter(Pattern):
+    """a + scatter_add(0, i, u) -> scatter_add(a, i, u)  (the scatter used only here)
+
+    The VJP of `index` scatters into zeros; where the cotangent is accumulated (a table read at
+    every step of a loop: a carry of the backward scan), this adds the rows to the accumulator
+    directly, O(rows read) per step instead of a full-size zeros and add."""
+
+    op_name = "add"
+
+    def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        for k in (0, 1):
+            other, scatter = op.operands[1 - k], op.operands[k].defining_op
+            if (scatter is None or scatter.name != "scatter_add" or len(op.operands[k].uses) != 1
+                    or not is_splat(scatter.operands[0], 0) or not _same(op, other) or not _same(op, scatter.result)):
+                continue
+            _, rows, updates = scatter.operands
+            rw.replace_op(op, [rw.value("scatter_add", [other, rows, updates], before=op)])
+            return True
+        return False
+
+
 def _segments(concat: Operation, axis: int) -> list[tuple[int, int, Value | None]]:
     """(start, end, value or None for a zero splat) for each piece along axis."""
     out, start = [], 0
@@ -532,10 +553,10 @@ def cse(function: Function, rw: Rewriter) -> bool:
 
 
 def canonicalization_patterns() -> list[Pattern]:
-    patterns: list[Pattern] = [AddDisjointConcats(), AddZero(), SubZero(), MulOne(), DivOne(), NegNeg(),
-                               TransposeTranspose(), ReshapeReshape(), SelectSame(), ScanForwardInvariantCarries(),
-                               ScanMergeDuplicateStacks(), ScanDropUnused(), ScanHoistInvariants(),
-                               ConcatOfStacks()]
+    patterns: list[Pattern] = [AddDisjointConcats(), AddIntoScatter(), AddZero(), SubZero(), MulOne(), DivOne(),
+                               NegNeg(), TransposeTranspose(), ReshapeReshape(), SelectSame(),
+                               ScanForwardInvariantCarries(), ScanMergeDuplicateStacks(), ScanDropUnused(),
+                               ScanHoistInvariants(), ConcatOfStacks()]
     patterns += [NoOp(name) for name, spec in REGISTRY.items() if spec.same_type_is_identity]
     for name, spec in REGISTRY.items():
         if spec.kernel is not None and spec.category != "constant" and not spec.moves_device:
