@@ -136,6 +136,8 @@ ERRORS = [
                                                                    "numbers, not bools"),
     ((), {"x": [[1.0], [2.0, 3.0]], "w": [1.0, 2.0, 3.0], "n": 1}, "a rectangular (nested) list of numbers, got "
                                                                    "a ragged list"),
+    ((), {"x": [np.float64(1.0), 2.0, 3.0], "w": [1.0, 2.0, 3.0], "n": 1}, "got a float64 array; gir does not "
+                                                                          "convert float64 to float32"),
     ((), {"x": "abc", "w": [1.0, 2.0, 3.0], "n": 1}, "argument %x of @f must be a NumPy array of tensor<3xf32> "
                                                      "(or a Python number or list), got str"),
     ((), {"x": [1.0, 2.0], "w": [1.0, 2.0, 3.0], "n": 1}, "argument %x of @f must be tensor<3xf32>, got an array "
