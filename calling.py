@@ -28,6 +28,8 @@ sizes against the signature (`?` matches any size).
 
 from __future__ import annotations
 
+import difflib
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,7 +57,9 @@ def bind_arguments(f: Function, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     for key, value in kwargs.items():
         name = key.removeprefix("%")
         if name not in names:
-            raise GirArgumentError(f"@{f.name} has no parameter %{name}; its parameters are {listed}", f.loc)
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean %{close[0]}? " if close else ""
+            raise GirArgumentError(f"@{f.name} has no parameter %{name}; {hint}its parameters are {listed}", f.loc)
         i = names.index(name)
         if bound[i] is not _MISSING:
             how = "by position and by name" if i < len(args) else "twice"

@@ -144,6 +144,8 @@ ERRORS = [
                                                           "of shape (2,)"),
     ((), {"x": [1.0, 2.0, 3.0], "w": [1.0, 2.0, 3.0], "n": 1, "m": 1}, "@f has no parameter %m; its parameters "
                                                                        "are %x, %w, %n"),
+    ((), {"xx": [1.0, 2.0, 3.0], "w": [1.0, 2.0, 3.0], "n": 1}, "@f has no parameter %xx; did you mean %x? its "
+                                                                "parameters are %x, %w, %n"),
     (([1.0, 2.0, 3.0],), {"x": [1.0, 2.0, 3.0]}, "argument %x of @f is given by position and by name"),
     ((), {"x": [1.0, 2.0, 3.0]}, "@f is missing argument(s) %w, %n; it takes %x, %w, %n"),
     (([1.0, 2.0, 3.0],) * 4, {}, "@f takes 3 argument(s) (%x, %w, %n), got 4"),
