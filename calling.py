@@ -29,7 +29,6 @@ sizes against the signature (`?` matches any size).
 from __future__ import annotations
 
 import difflib
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
