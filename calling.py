@@ -19,7 +19,8 @@ Converting (docs/backend.md, "Calling convention"):
   PyTorch: it takes the parameter's dtype. A Python float becomes the nearest float32 for an
   f32 parameter (`0.1` is not exactly representable in either: this is the rounding every
   f32 program does). An integer parameter takes only integral values in its range; an `i1`
-  parameter takes only bools; a float parameter takes no bools.
+  parameter takes only bools; a float parameter takes no bools. A list holding NumPy arrays
+  or scalars is an array of their dtype (the rules above apply).
 
 Shapes are not converted or broadcast: after conversion, `check_arguments` checks the rank and
 sizes against the signature (`?` matches any size).
@@ -27,6 +28,7 @@ sizes against the signature (`?` matches any size).
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,7 +56,9 @@ def bind_arguments(f: Function, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     for key, value in kwargs.items():
         name = key.removeprefix("%")
         if name not in names:
-            raise GirArgumentError(f"@{f.name} has no parameter %{name}; its parameters are {listed}", f.loc)
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean %{close[0]}? " if close else ""
+            raise GirArgumentError(f"@{f.name} has no parameter %{name}; {hint}its parameters are {listed}", f.loc)
         i = names.index(name)
         if bound[i] is not _MISSING:
             how = "by position and by name" if i < len(args) else "twice"
@@ -71,7 +75,9 @@ def convert_argument(f: Function, name: str, t: TensorType, value: Any) -> np.nd
     """value as an array of t's dtype, by the rules of the module docstring."""
     what = f"argument %{name} of @{f.name}"
     if isinstance(value, (bool, int, float, list, tuple)) and not isinstance(value, np.generic):
-        return _weak(f, what, t, value)
+        if not _holds_arrays(value):
+            return _weak(f, what, t, value)
+        value = np.asarray(value)  # a list of arrays keeps their dtype: the rules for arrays apply
     if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, "__array__"):
         try:
             array = np.asarray(value)
@@ -124,6 +130,12 @@ def _weak(f: Function, what: str, t: TensorType, value: Any) -> np.ndarray:
     if want.kind == "f" and not np.all(np.isfinite(out) | ~np.isfinite(raw)):
         raise GirArgumentError(f"{what} is {t}: a value is too large for {want} (it would be inf)", f.loc)
     return out
+
+
+def _holds_arrays(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_holds_arrays(v) for v in value)
+    return isinstance(value, (np.ndarray, np.generic))
 
 
 def _kind_name(raw: np.ndarray) -> str:

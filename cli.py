@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .calling import bind_arguments
 from .errors import GirArgumentError, GirError, Location
 from .frontend.parser import load
 from .ir.core import Function, Module
@@ -174,7 +175,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     module = load(args.file)
     f = entry_of(module, args.entry)
     names = result_names(f)  # as written: passes rename values
-    inputs = check_arguments(f, load_inputs(f, args.inputs)) if args.inputs else None
+    # The arrays follow gir.jit's calling convention (calling.py): exact widening only.
+    inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
     # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
     module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
     if inputs is None:

@@ -136,12 +136,16 @@ ERRORS = [
                                                                    "numbers, not bools"),
     ((), {"x": [[1.0], [2.0, 3.0]], "w": [1.0, 2.0, 3.0], "n": 1}, "a rectangular (nested) list of numbers, got "
                                                                    "a ragged list"),
+    ((), {"x": [np.float64(1.0), 2.0, 3.0], "w": [1.0, 2.0, 3.0], "n": 1}, "got a float64 array; gir does not "
+                                                                          "convert float64 to float32"),
     ((), {"x": "abc", "w": [1.0, 2.0, 3.0], "n": 1}, "argument %x of @f must be a NumPy array of tensor<3xf32> "
                                                      "(or a Python number or list), got str"),
     ((), {"x": [1.0, 2.0], "w": [1.0, 2.0, 3.0], "n": 1}, "argument %x of @f must be tensor<3xf32>, got an array "
                                                           "of shape (2,)"),
     ((), {"x": [1.0, 2.0, 3.0], "w": [1.0, 2.0, 3.0], "n": 1, "m": 1}, "@f has no parameter %m; its parameters "
                                                                        "are %x, %w, %n"),
+    ((), {"xx": [1.0, 2.0, 3.0], "w": [1.0, 2.0, 3.0], "n": 1}, "@f has no parameter %xx; did you mean %x? its "
+                                                                "parameters are %x, %w, %n"),
     (([1.0, 2.0, 3.0],), {"x": [1.0, 2.0, 3.0]}, "argument %x of @f is given by position and by name"),
     ((), {"x": [1.0, 2.0, 3.0]}, "@f is missing argument(s) %w, %n; it takes %x, %w, %n"),
     (([1.0, 2.0, 3.0],) * 4, {}, "@f takes 3 argument(s) (%x, %w, %n), got 4"),

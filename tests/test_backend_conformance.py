@@ -1172,13 +1172,13 @@ def bad_arguments() -> list[tuple[str, tuple, str]]:
     x = np.ones((3, 4), np.float32)
     n = np.arange(4, dtype=np.int32)
     return [
-        ("too few", (x,), "takes 2 argument"),
+        ("too few", (x,), "missing argument(s) %n"),
         ("too many", (x, n, n), "takes 2 argument"),
         ("dtype", (x.astype(np.float64), n), "%x"),
         ("int dtype", (x, n.astype(np.int64)), "%n"),
         ("shape", (np.ones((4, 3), np.float32), n), "%x"),
         ("rank", (x, n.reshape(2, 2)), "%n"),
-        ("list", (x.tolist(), n), "%x"),
+        ("ragged list", ([[1.0], [2.0, 3.0]], n), "%x"),  # a rectangular list is converted (calling.py)
         ("object array", (x.astype(object), n), "%x"),
         ("None", (x, None), "%n"),
         ("python scalar", (x, 3), "%n"),

@@ -156,7 +156,7 @@ def test_run_missing_input_key(program, capsys, tmp_path):
     assert out == ""
 
 
-@pytest.mark.parametrize("bad", [np.zeros((3, 2)), np.zeros((2, 3), np.float32), np.zeros(6)])
+@pytest.mark.parametrize("bad", [np.zeros((3, 2)), np.zeros((2, 3), np.int32), np.zeros(6)])
 def test_run_input_of_the_wrong_shape_or_dtype(program, capsys, tmp_path, bad):
     inputs = tmp_path / "bad.npz"
     np.savez(inputs, x=bad, n=np.zeros(2, np.int32), c=np.zeros(2, bool))
@@ -165,6 +165,18 @@ def test_run_input_of_the_wrong_shape_or_dtype(program, capsys, tmp_path, bad):
     assert_clean_error(err, f"{program}:{SECOND_AT}")
     assert "%x" in err and "tensor<2x3xf64>" in err
     assert out == ""
+
+
+def test_run_inputs_follow_the_calling_convention(program, capsys, tmp_path):
+    """float32 for an f64 parameter is widened exactly; float64 for f32 is refused, saying why."""
+    inputs = tmp_path / "f32.npz"
+    np.savez(inputs, x=np.ones((2, 3), np.float32), n=np.zeros(2, np.int32), c=np.zeros(2, bool))
+    code, out, err = gir_main(capsys, "run", program, "--inputs", inputs)
+    assert code == 0, err
+    assert out.splitlines()[1] == "s: shape (3,) float64 [2, 2, 2]"
+    np.savez(inputs, x=np.ones(3))
+    code, out, err = gir_main(capsys, "run", program, "-e", "first", "--inputs", inputs)
+    assert code == 1 and "gir does not convert float64 to float32 implicitly (loses precision)" in err
 
 
 def test_run_unknown_entry(program, capsys):
