@@ -451,6 +451,18 @@ def test_errors_are_gir_errors_at_the_user_line(case) -> None:
     assert isinstance(err, gir.GirError)
 
 
+def test_a_bad_argument_dtype_names_the_argument() -> None:
+    def f(params):
+        return params["w"] * 2.0
+
+    with pytest.raises(gir.GirError, match="argument %params_w: unsupported dtype float16") as info:
+        gir.trace(f, {"w": np.zeros(3, np.float16)})
+    assert info.value.loc.line == line_of(f, "def f")
+    with pytest.raises(gir.GirError, match="unsupported dtype 'f16'") as info:
+        gir.trace(lambda x: x.astype("f16"), A)
+    assert info.value.loc.file == __file__
+
+
 def test_attribute_errors_are_also_attribute_errors() -> None:
     seen = []
     gir.trace(lambda x: seen.append(hasattr(x, "no_such_thing")) or x, gir.spec("2"))

@@ -81,8 +81,15 @@ def spec(shape: str | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
     return Spec(tuple(out), dtype_of(dtype, loc))
 
 
-def leaf_type(leaf: Any, loc: Location) -> TensorType:
+def leaf_type(leaf: Any, loc: Location, name: str = "") -> TensorType:
     """The type of an argument leaf: a Spec's, an array's, a Python scalar's (f32, i32, i1)."""
+    try:
+        return _leaf_type(leaf, loc)
+    except GirTraceError as e:
+        raise GirTraceError(f"argument %{name}: {e.message}" if name else e.message, e.loc) from None
+
+
+def _leaf_type(leaf: Any, loc: Location) -> TensorType:
     if isinstance(leaf, Spec):
         return leaf.type
     if isinstance(leaf, Tracer):
@@ -154,7 +161,7 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
         raise GirTraceError(f"gir.trace takes a Python function, not {type(fn).__name__}", user_location())
     floc = function_location(fn)
     leaves, names, trees = flatten_args(fn, args)
-    types = [leaf_type(leaf, floc) for leaf in leaves]
+    types = [leaf_type(leaf, floc, name) for leaf, name in zip(leaves, names)]
     module = Module(filename=floc.file)
     function = new_function(func_name(getattr(fn, "__name__", "f")), module, types, names, floc)
     frame = Frame(function, module, None)
