@@ -317,6 +317,20 @@ def test_grad_of_a_closure_over_traced_values_and_eager_grad() -> None:
     np.testing.assert_allclose(gir.tanh(x), np.tanh(x))
 
 
+def test_grad_passes_keyword_arguments_undifferentiated() -> None:
+    def loss(w, x, *, scale):
+        return gir.sum(gir.tanh(x @ w) * scale)
+
+    w, x, scale = np.random.default_rng(6).standard_normal((3, 2)), np.ones((4, 3)), np.full(2, 3.0)
+
+    def step(w, x, scale):
+        return gir.grad(loss)(w, x, scale=scale)
+
+    want = _numeric_grad(lambda w: float((np.tanh(x @ w) * scale).sum()), w)
+    np.testing.assert_allclose(gir.jit(step, device="interp")(w, x, scale), want, rtol=1e-6)
+    assert "grad @loss(%w, %x, %scale) wrt (%w)" in str(gir.trace(step, w, x, scale))
+
+
 def test_training_step_in_one_jit_updates_a_pytree() -> None:
     params = {k: v.astype(np.float32) for k, v in _params64().items()}
     xs, h0 = arr(3, 2, 3), np.zeros((2, 4), np.float32)

@@ -269,13 +269,16 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
         raise GirTraceError(f"argnums must be an int or a tuple of ints, got {argnums!r}", loc)
 
     @functools.wraps(fun)
-    def differentiated(*args: Any) -> Any:
+    def differentiated(*args: Any, **kwargs: Any) -> Any:
         frame = current_frame()
         if frame is None and EAGER:
-            return EAGER[0](differentiated, args, {})
+            return EAGER[0](differentiated, args, kwargs)
         if frame is None:
             raise GirTraceError("gir.grad needs a trace", user_location())
-        return _grad_call(fun, argnums, with_value, args, frame, user_location())
+        # Keyword arguments are not differentiated (as in JAX); traced values among them reach
+        # the callee as captured values of the caller.
+        bound = functools.partial(fun, **kwargs) if kwargs else fun
+        return _grad_call(bound, argnums, with_value, args, frame, user_location())
 
     base = func_name(getattr(fun, "__name__", "f"))
     differentiated.__name__ = f"{base}_value_and_grad" if with_value else f"{base}_grad"
@@ -315,9 +318,10 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
 def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str], trees: list[TreeDef],
                   frame: Frame, loc: Location) -> tuple[Frame, TensorType]:
     """fun traced into a function of the caller's module; (its frame, its scalar result type)."""
-    floc = function_location(fun)
-    function = new_function(func_name(getattr(fun, "__name__", "f")), frame.module, [v.tensor_type for v in values],
-                            names, floc)
+    named = fun.func if isinstance(fun, functools.partial) else fun  # keyword arguments bound by gir.grad
+    floc = function_location(named)
+    function = new_function(func_name(getattr(named, "__name__", "f")), frame.module,
+                            [v.tensor_type for v in values], names, floc)
     callee = Frame(function, frame.module, frame)
     with frame_scope(callee):
         tracers = [Tracer(a, callee, function.body) for a in function.args]
