@@ -155,6 +155,7 @@ def test_every_operation_matches_numpy_on_the_cpu_and_round_trips() -> None:
     want = [np.asarray(_reference(fn, ref, a)) for _, fn, ref, a in CASES]
     close(gir.jit(everything)(*flat), tuple(want), rtol=2e-5, atol=1e-5)
     traced = trace_entry(everything, flat)
+    gir.verify(traced.module)
     reparsed = gir.parse(str(traced.module))
     assert str(reparsed) == str(traced.module)
     close(tuple(gir.jit(reparsed, traced.entry, device="interp")(*flat)), tuple(want), rtol=2e-5, atol=1e-5)
@@ -310,8 +311,10 @@ def test_grad_of_a_closure_over_traced_values_and_eager_grad() -> None:
 
     want = _numeric_grad(lambda x: float((np.tanh(x * w) ** 2).sum()), x)
     np.testing.assert_allclose(gir.jit(outer, device="interp")(x, w), want, rtol=1e-6)
-    text = str(gir.trace(outer, x, w))
-    assert "grad @f(%x, %w) wrt (%x)" in text
+    module = gir.trace(outer, x, w)
+    gir.verify(module)
+    assert "grad @f(%x, %w) wrt (%x)" in str(module)
+    assert str(gir.parse(str(module))) == str(module)
     # Outside a trace, gir.grad and gir's functions run eagerly (the interpreter).
     np.testing.assert_allclose(gir.grad(lambda x: gir.sum(x * x * x))(x), 3 * x * x, rtol=1e-12)
     np.testing.assert_allclose(gir.tanh(x), np.tanh(x))
