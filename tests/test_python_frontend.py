@@ -625,3 +625,22 @@ def test_a_jitted_function_called_inside_a_trace_is_inlined() -> None:
     outer = gir.jit(lambda x: inner(x) + 1.0, device="interp")
     close(outer(A), A * 2 + 1)
     assert inner.specialisations == 0 and "constant 2.0 : tensor<f32>" in str(gir.trace(outer.fn, A))
+
+
+@pytest.mark.parametrize("name,n_states", [("rnn", 1), ("gru", 1), ("lstm", 2)])
+def test_example_sgd_steps_update_every_parameter(name, n_states) -> None:
+    """examples/*_train.py's sgd_step (what their main() jits): params - lr * grads, same structure."""
+    example = _example(name)
+    rng = np.random.default_rng(1)
+    params = example.init_params(rng, 3, 4)
+    xs = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    states = [(0.5 * rng.standard_normal((2, 4))).astype(np.float32) for _ in range(n_states)]
+    loss_fn = getattr(example, f"{name}_loss")
+    want_loss, grads = gir.jit(gir.value_and_grad(loss_fn), device="interp")(params, xs, *states)
+    loss, new = gir.jit(example.sgd_step, device="interp")(params, xs, *states, np.float32(0.1))
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    flat_new, flat_old, flat_grads = _flat_params(new), _flat_params(params), _flat_params(grads)
+    assert set(flat_new) == set(flat_old)
+    for k in flat_old:
+        np.testing.assert_allclose(flat_new[k], flat_old[k] - np.float32(0.1) * flat_grads[k], rtol=1e-5, atol=1e-7)
+        assert np.abs(flat_grads[k]).max() > 0, k
