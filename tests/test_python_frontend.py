@@ -644,3 +644,58 @@ def test_example_sgd_steps_update_every_parameter(name, n_states) -> None:
     for k in flat_old:
         np.testing.assert_allclose(flat_new[k], flat_old[k] - np.float32(0.1) * flat_grads[k], rtol=1e-5, atol=1e-7)
         assert np.abs(flat_grads[k]).max() > 0, k
+
+
+# -- random programs ------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SHAPES = [(), (4,), (3, 1), (3, 4), (1, 4)]
+_UNARY = [(gir.tanh, np.tanh), (gir.sigmoid, lambda x: 1 / (1 + np.exp(-x))), (lambda x: -x, lambda x: -x),
+          (gir.relu, lambda x: np.maximum(x, 0)), (gir.abs, np.abs), (lambda x: x * 0.5, lambda x: x * 0.5),
+          (lambda x: x.sum(axis=-1, keepdims=True) if x.ndim else x,
+           lambda x: x.sum(axis=-1, keepdims=True) if x.ndim else x)]
+_BINARY = [(lambda a, b: a + b, None), (lambda a, b: a - b, None), (lambda a, b: a * b, None),
+           (gir.maximum, np.maximum), (gir.minimum, np.minimum),
+           (lambda a, b: gir.where(a > b, a, b * 2.0), lambda a, b: np.where(a > b, a, b * 2.0))]
+
+
+@st.composite
+def _programs(draw):
+    """A random expression over three inputs of broadcast-compatible shapes: a list of steps,
+    each (unary index, operand) or (binary index, operand, operand); operands index earlier values."""
+    shapes = [draw(st.sampled_from(_SHAPES)) for _ in range(3)]
+    steps = []
+    for i in range(draw(st.integers(1, 8))):
+        n = 3 + i
+        if draw(st.booleans()):
+            steps.append((0, draw(st.integers(0, len(_UNARY) - 1)), draw(st.integers(0, n - 1))))
+        else:
+            steps.append((1, draw(st.integers(0, len(_BINARY) - 1)), draw(st.integers(0, n - 1)),
+                          draw(st.integers(0, n - 1))))
+    return shapes, steps
+
+
+def _evaluate(steps, args, numpy: bool):
+    values = list(args)
+    for step in steps:
+        if step[0] == 0:
+            fn, ref = _UNARY[step[1]]
+            values.append((ref if numpy else fn)(values[step[2]]))
+        else:
+            fn, ref = _BINARY[step[1]]
+            values.append(((ref or fn) if numpy else fn)(values[step[2]], values[step[3]]))
+    return values[-1]
+
+
+@settings(derandomize=True, deadline=None, max_examples=25, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_programs())
+def test_random_programs_match_numpy(program) -> None:
+    shapes, steps = program
+    rng = np.random.default_rng(len(steps))
+    args = [np.asarray(rng.standard_normal(s), np.float32) for s in shapes]
+    want = np.asarray(_evaluate(steps, args, numpy=True), np.float32)
+    got = gir.jit(lambda *a: _evaluate(steps, a, numpy=False), device="interp")(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
