@@ -480,6 +480,13 @@ def test_a_bad_argument_dtype_names_the_argument() -> None:
     assert info.value.loc.file == __file__
 
 
+def test_a_wrong_number_of_arguments_is_a_gir_error() -> None:
+    with pytest.raises(gir.GirError, match="rnn_loss_value_and_grad cannot take 2 argument.*h0"):
+        gir.jit(gir.value_and_grad(rnn_loss))(_params64(), np.zeros((2, 1, 3)))
+    with pytest.raises(gir.GirError, match="cannot take 4 argument"):
+        gir.trace(rnn_loss, 1, 2, 3, 4)
+
+
 def test_attribute_errors_are_also_attribute_errors() -> None:
     seen = []
     gir.trace(lambda x: seen.append(hasattr(x, "no_such_thing")) or x, gir.spec("2"))

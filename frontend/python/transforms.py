@@ -160,6 +160,7 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
     if not callable(fn):
         raise GirTraceError(f"gir.trace takes a Python function, not {type(fn).__name__}", user_location())
     floc = function_location(fn)
+    _check_arity(fn, args)
     leaves, names, trees = flatten_args(fn, args)
     types = [leaf_type(leaf, floc, name) for leaf, name in zip(leaves, names)]
     module = Module(filename=floc.file)
@@ -171,6 +172,19 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
         out_leaves, _, out_tree = flatten(out)
         finish_function(function, module, [to_value(leaf, loc=floc) for leaf in out_leaves], floc)
     return Traced(module, function.name, trees, out_tree)
+
+
+def _check_arity(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """Calling fn with these arguments is possible (else a GirError, not the TypeError of the call)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as e:
+        raise GirTraceError(f"{getattr(fn, '__name__', 'the function')} cannot take {len(args)} argument(s): {e}",
+                            user_location()) from None
 
 
 def trace(fn: Callable[..., Any], *example_args: Any) -> Module:
