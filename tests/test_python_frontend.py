@@ -485,6 +485,9 @@ def test_a_wrong_number_of_arguments_is_a_gir_error() -> None:
         gir.jit(gir.value_and_grad(rnn_loss))(_params64(), np.zeros((2, 1, 3)))
     with pytest.raises(gir.GirError, match="cannot take 4 argument"):
         gir.trace(rnn_loss, 1, 2, 3, 4)
+    with pytest.raises(gir.GirError, match="rnn_loss cannot take 1 argument") as info:
+        gir.trace(lambda p: gir.grad(rnn_loss)(p), _params64())
+    assert info.value.loc.file == __file__
 
 
 def test_attribute_errors_are_also_attribute_errors() -> None:

@@ -302,6 +302,7 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
 
 def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Sequence[Any], frame: Frame,
                loc: Location) -> Any:
+    _check_arity(fun, args)
     nums = [argnums] if isinstance(argnums, int) else list(argnums)
     for a in nums:
         if not -len(args) <= a < len(args):
