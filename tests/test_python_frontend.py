@@ -478,6 +478,9 @@ def test_a_bad_argument_dtype_names_the_argument() -> None:
     with pytest.raises(gir.GirError, match="unsupported dtype 'f16'") as info:
         gir.trace(lambda x: x.astype("f16"), A)
     assert info.value.loc.file == __file__
+    with pytest.raises(gir.GirError, match="cannot take 2 argument") as info:
+        gir.trace(lambda xs: gir.scan(lambda c: (c, c), 0.0, xs), A)
+    assert info.value.loc.file == __file__
 
 
 def test_a_wrong_number_of_arguments_is_a_gir_error() -> None:

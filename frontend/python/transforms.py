@@ -206,6 +206,9 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
     loc = user_location()
     frame = current_frame()
     assert frame is not None
+    if not callable(f):
+        raise GirTraceError(f"gir.scan takes a step function, not {type(f).__name__}", loc)
+    _check_arity(f, (init, xs))  # step(carry, x)
     init_leaves, init_paths, init_tree = flatten(init, path=("carry",))
     xs_leaves, xs_paths, xs_tree = flatten(xs, path=("x",))
     inits = [to_value(leaf, loc=loc) for leaf in init_leaves]
