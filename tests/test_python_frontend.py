@@ -149,12 +149,13 @@ def test_every_operation_matches_numpy_on_the_cpu_and_round_trips() -> None:
     """All cases in one traced function (one compilation); the printed module re-parses and
     the interpreter gives the same results on it."""
     def everything(*args):
-        return tuple(fn(*a) for (_, fn, _, a_proto), a in zip(CASES, _split(args)))
+        return tuple(case[1](*a) for case, a in zip(CASES, _split(args)))
 
     flat = [x for _, _, _, a in CASES for x in a]
     want = [np.asarray(_reference(fn, ref, a)) for _, fn, ref, a in CASES]
     close(gir.jit(everything)(*flat), tuple(want), rtol=2e-5, atol=1e-5)
     traced = trace_entry(everything, flat)
+    gir.verify(traced.module)
     reparsed = gir.parse(str(traced.module))
     assert str(reparsed) == str(traced.module)
     close(tuple(gir.jit(reparsed, traced.entry, device="interp")(*flat)), tuple(want), rtol=2e-5, atol=1e-5)
@@ -175,7 +176,7 @@ def test_python_control_flow_over_python_values_unrolls() -> None:
         return x
 
     x = arr(2, 3)
-    want = np.tanh(np.tanh(x) + 1.0 + 0) if False else np.tanh(3 * (np.tanh(x) + 1))
+    want = np.tanh(3 * (np.tanh(x) + 1))  # i = 0: tanh(x * 1); i = 1: + 1; i = 2: tanh(x * 3)
     close(run_interp(f, x), want.astype(np.float32))
     assert str(gir.trace(f, x)).count("tanh") == 2
 
@@ -310,11 +311,27 @@ def test_grad_of_a_closure_over_traced_values_and_eager_grad() -> None:
 
     want = _numeric_grad(lambda x: float((np.tanh(x * w) ** 2).sum()), x)
     np.testing.assert_allclose(gir.jit(outer, device="interp")(x, w), want, rtol=1e-6)
-    text = str(gir.trace(outer, x, w))
-    assert "grad @f(%x, %w) wrt (%x)" in text
+    module = gir.trace(outer, x, w)
+    gir.verify(module)
+    assert "grad @f(%x, %w) wrt (%x)" in str(module)
+    assert str(gir.parse(str(module))) == str(module)
     # Outside a trace, gir.grad and gir's functions run eagerly (the interpreter).
     np.testing.assert_allclose(gir.grad(lambda x: gir.sum(x * x * x))(x), 3 * x * x, rtol=1e-12)
     np.testing.assert_allclose(gir.tanh(x), np.tanh(x))
+
+
+def test_grad_passes_keyword_arguments_undifferentiated() -> None:
+    def loss(w, x, *, scale):
+        return gir.sum(gir.tanh(x @ w) * scale)
+
+    w, x, scale = np.random.default_rng(6).standard_normal((3, 2)), np.ones((4, 3)), np.full(2, 3.0)
+
+    def step(w, x, scale):
+        return gir.grad(loss)(w, x, scale=scale)
+
+    want = _numeric_grad(lambda w: float((np.tanh(x @ w) * scale).sum()), w)
+    np.testing.assert_allclose(gir.jit(step, device="interp")(w, x, scale), want, rtol=1e-6)
+    assert "grad @loss(%w, %x, %scale) wrt (%w)" in str(gir.trace(step, w, x, scale))
 
 
 def test_training_step_in_one_jit_updates_a_pytree() -> None:
@@ -449,6 +466,31 @@ def test_errors_are_gir_errors_at_the_user_line(case) -> None:
     marked = [start + k for k, line in enumerate(lines) if line.rstrip().endswith(f"# MARK {case}")]
     assert [err.loc.line] == marked, str(err)
     assert isinstance(err, gir.GirError)
+
+
+def test_a_bad_argument_dtype_names_the_argument() -> None:
+    def f(params):
+        return params["w"] * 2.0
+
+    with pytest.raises(gir.GirError, match="argument %params_w: unsupported dtype float16") as info:
+        gir.trace(f, {"w": np.zeros(3, np.float16)})
+    assert info.value.loc.line == line_of(f, "def f")
+    with pytest.raises(gir.GirError, match="unsupported dtype 'f16'") as info:
+        gir.trace(lambda x: x.astype("f16"), A)
+    assert info.value.loc.file == __file__
+    with pytest.raises(gir.GirError, match="cannot take 2 argument") as info:
+        gir.trace(lambda xs: gir.scan(lambda c: (c, c), 0.0, xs), A)
+    assert info.value.loc.file == __file__
+
+
+def test_a_wrong_number_of_arguments_is_a_gir_error() -> None:
+    with pytest.raises(gir.GirError, match="rnn_loss_value_and_grad cannot take 2 argument.*h0"):
+        gir.jit(gir.value_and_grad(rnn_loss))(_params64(), np.zeros((2, 1, 3)))
+    with pytest.raises(gir.GirError, match="cannot take 4 argument"):
+        gir.trace(rnn_loss, 1, 2, 3, 4)
+    with pytest.raises(gir.GirError, match="rnn_loss cannot take 1 argument") as info:
+        gir.trace(lambda p: gir.grad(rnn_loss)(p), _params64())
+    assert info.value.loc.file == __file__
 
 
 def test_attribute_errors_are_also_attribute_errors() -> None:
@@ -596,3 +638,77 @@ def test_a_jitted_function_called_inside_a_trace_is_inlined() -> None:
     outer = gir.jit(lambda x: inner(x) + 1.0, device="interp")
     close(outer(A), A * 2 + 1)
     assert inner.specialisations == 0 and "constant 2.0 : tensor<f32>" in str(gir.trace(outer.fn, A))
+
+
+@pytest.mark.parametrize("name,n_states", [("rnn", 1), ("gru", 1), ("lstm", 2)])
+def test_example_sgd_steps_update_every_parameter(name, n_states) -> None:
+    """examples/*_train.py's sgd_step (what their main() jits): params - lr * grads, same structure."""
+    example = _example(name)
+    rng = np.random.default_rng(1)
+    params = example.init_params(rng, 3, 4)
+    xs = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    states = [(0.5 * rng.standard_normal((2, 4))).astype(np.float32) for _ in range(n_states)]
+    loss_fn = getattr(example, f"{name}_loss")
+    want_loss, grads = gir.jit(gir.value_and_grad(loss_fn), device="interp")(params, xs, *states)
+    loss, new = gir.jit(example.sgd_step, device="interp")(params, xs, *states, np.float32(0.1))
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    flat_new, flat_old, flat_grads = _flat_params(new), _flat_params(params), _flat_params(grads)
+    assert set(flat_new) == set(flat_old)
+    for k in flat_old:
+        np.testing.assert_allclose(flat_new[k], flat_old[k] - np.float32(0.1) * flat_grads[k], rtol=1e-5, atol=1e-7)
+        assert np.abs(flat_grads[k]).max() > 0, k
+
+
+# -- random programs ------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_SHAPES = [(), (4,), (3, 1), (3, 4), (1, 4)]
+_UNARY = [(gir.tanh, np.tanh), (gir.sigmoid, lambda x: 1 / (1 + np.exp(-x))), (lambda x: -x, lambda x: -x),
+          (gir.relu, lambda x: np.maximum(x, 0)), (gir.abs, np.abs), (lambda x: x * 0.5, lambda x: x * 0.5),
+          (lambda x: x.sum(axis=-1, keepdims=True) if x.ndim else x,
+           lambda x: x.sum(axis=-1, keepdims=True) if x.ndim else x)]
+_BINARY = [(lambda a, b: a + b, None), (lambda a, b: a - b, None), (lambda a, b: a * b, None),
+           (gir.maximum, np.maximum), (gir.minimum, np.minimum),
+           (lambda a, b: gir.where(a > b, a, b * 2.0), lambda a, b: np.where(a > b, a, b * 2.0))]
+
+
+@st.composite
+def _programs(draw):
+    """A random expression over three inputs of broadcast-compatible shapes: a list of steps,
+    each (unary index, operand) or (binary index, operand, operand); operands index earlier values."""
+    shapes = [draw(st.sampled_from(_SHAPES)) for _ in range(3)]
+    steps = []
+    for i in range(draw(st.integers(1, 8))):
+        n = 3 + i
+        if draw(st.booleans()):
+            steps.append((0, draw(st.integers(0, len(_UNARY) - 1)), draw(st.integers(0, n - 1))))
+        else:
+            steps.append((1, draw(st.integers(0, len(_BINARY) - 1)), draw(st.integers(0, n - 1)),
+                          draw(st.integers(0, n - 1))))
+    return shapes, steps
+
+
+def _evaluate(steps, args, numpy: bool):
+    values = list(args)
+    for step in steps:
+        if step[0] == 0:
+            fn, ref = _UNARY[step[1]]
+            values.append((ref if numpy else fn)(values[step[2]]))
+        else:
+            fn, ref = _BINARY[step[1]]
+            values.append(((ref or fn) if numpy else fn)(values[step[2]], values[step[3]]))
+    return values[-1]
+
+
+@settings(derandomize=True, deadline=None, max_examples=25, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_programs())
+def test_random_programs_match_numpy(program) -> None:
+    shapes, steps = program
+    rng = np.random.default_rng(len(steps))
+    args = [np.asarray(rng.standard_normal(s), np.float32) for s in shapes]
+    want = np.asarray(_evaluate(steps, args, numpy=True), np.float32)
+    got = gir.jit(lambda *a: _evaluate(steps, a, numpy=False), device="interp")(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
