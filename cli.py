@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import GirArgumentError, GirError, Location
+from .errors import GirArgumentError, GirError, Location, did_you_mean
 from .frontend.parser import load
 from .ir.core import Function, Module
 from .ir.interpreter import interpret, random_inputs
@@ -84,7 +84,8 @@ def entry_of(module: Module, name: str | None) -> Function:
     name = name.lstrip("@")
     if name not in module.functions:
         raise GirArgumentError(f"no function @{name} in {module.filename}; it has "
-                               + ", ".join("@" + n for n in module.functions), Location(module.filename, 1, 1))
+                               + ", ".join("@" + n for n in module.functions)
+                               + did_you_mean(name, module.functions, prefix="@"), Location(module.filename, 1, 1))
     return module.functions[name]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GirArgumentError
+from .errors import GirArgumentError, did_you_mean
 from .frontend.parser import load, parse
 from .ir.core import Module
 from .ir.interpreter import check_arguments
@@ -154,6 +154,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         entry = list(module.functions)[-1]
     entry = entry.lstrip("@")
     if entry not in module.functions:
-        raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions))
+        raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions)
+                               + did_you_mean(entry, module.functions, prefix="@"))
     full = pipeline if pipeline is not None else f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}"
     return JitFunction(module, entry, device, full)

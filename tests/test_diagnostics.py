@@ -642,3 +642,21 @@ def test_the_cpu_compile_cache_keeps_the_origin_of_run_time_error_locations():
     assert [(m, str(loc), loc.origin) for m, loc in back.errors] == [(m, str(loc), loc.origin)
                                                                       for m, loc in layout.errors]
     assert Layout.from_json({**layout.to_json(), "errors": [["x", ["f.gir", 1, 2]]]}).errors[0][1].origin is None
+
+
+def test_misspelled_entry_function_says_did_you_mean(tmp_path, capsys):
+    from gir.cli import main
+
+    text = STEP + "func @rnn_loss(%h: tensor<3xf32>) -> tensor<f32> {\n  return sum(@rnn_step(%h))\n}\n"
+    module = gir.parse(text, filename=FILE)
+    hint = "did you mean '@rnn_step'?"
+    with pytest.raises(gir.GirArgumentError, match=hint):
+        gir.jit(module, entry="rnn_stp")
+    with pytest.raises(gir.GirArgumentError, match=hint):
+        gir.interpret(module, "rnn_stp", [1.0, 2.0, 3.0])
+    path = tmp_path / "f.gir"
+    path.write_text(text)
+    assert main(["run", str(path), "-e", "rnn_stp", "--random", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith(f"{path}:1:1: error: no function @rnn_stp in {path}; it has @rnn_step, @rnn_loss; {hint}\n")
