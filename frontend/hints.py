@@ -8,13 +8,16 @@
     a > b, a <= b  gt(a, b), le(a, b), ... (the comparisons of the op registry)
     np.tanh(x)     tanh(x): builtins have no module prefix
     %x.sum()       sum(%x): values have no methods
+    (2, 3)         shape=[2, 3]: lists, as keyword arguments
+    where(...)     select(...): NumPy's names of gir's ops (ir/numpy_names.py)
     True, False    true, false
     y = ...        %y = ...: value names start with %
     # comment      // comment
     a; b           statements need no `;`
 
 `%w.T` lexes as one value name (names may contain `.`), so the emitter gives that hint when
-`%w` exists and `%w.T` does not (`value_attribute_hint`).
+`%w` exists and `%w.T` does not (`_FunctionEmitter.undefined`). The rules look at the text
+around the error only; each gives up (None) unless the habit is plain there.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ _COMPARISONS = {">=": "ge", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", "<": 
 """Python's comparison operators -> the op of the registry that computes them (Python's own
 `operator` module uses the same names)."""
 
-_MODULE_PREFIXES = ("np", "numpy", "jnp", "jax.numpy", "torch", "math")
+_MODULE_PREFIXES = ("np", "numpy", "jnp", "torch", "math")
 """Module prefixes of array libraries that users write before a function name."""
 
 _IDENT = re.compile(r"(?<![%@\w.$])([A-Za-z_]\w*)\s*$")
