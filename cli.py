@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .calling import bind_arguments
-from .errors import GirArgumentError, GirError, Location
+from .errors import GirArgumentError, GirError, Location, did_you_mean
 from .frontend.parser import load
 from .ir.core import Function, Module
 from .ir.interpreter import check_arguments, random_inputs
@@ -87,7 +87,8 @@ def entry_of(module: Module, name: str | None) -> Function:
     name = name.lstrip("@")
     if name not in module.functions:
         raise GirArgumentError(f"no function @{name} in {module.filename}; it has "
-                               + ", ".join("@" + n for n in module.functions), Location(module.filename, 1, 1))
+                               + ", ".join("@" + n for n in module.functions)
+                               + did_you_mean(name, module.functions, prefix="@"), Location(module.filename, 1, 1))
     return module.functions[name]
 
 

@@ -153,7 +153,7 @@ def created_at(loc: Location) -> Location:
 def did_you_mean(word: str, candidates: Iterable[str], prefix: str = "") -> str:
     """`; did you mean 'sigmoid'?` when a candidate is close to `word` (difflib's ratio), else
     ''. `prefix` is put before each name shown (`%`, `@`)."""
-    close = difflib.get_close_matches(word, sorted(set(candidates)), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(word, sorted(set(candidates)), n=3, cutoff=0.7)
     if not close:
         return ""
     shown = " or ".join(f"'{prefix}{c}'" for c in close)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .calling import bind_arguments
-from .errors import GirArgumentError
+from .errors import GirArgumentError, did_you_mean
 from .frontend.parser import load, parse
 from .ir.core import Module
 from .ir.interpreter import check_arguments
@@ -277,7 +277,8 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         entry = list(module.functions)[-1]
     entry = entry.lstrip("@")
     if entry not in module.functions:
-        raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions))
+        raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions)
+                               + did_you_mean(entry, module.functions, prefix="@"))
     if pipeline is not None and mode is not None:
         raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
     full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)

@@ -26,7 +26,7 @@ from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY, declared_matches, make_op
 from ..ir.printer import format_attr
 from ..ir.types import FLOAT_DTYPES, TensorType, Type, VarType, type_problem
 from . import ast
-from .hints import dtype_hint, function_names, functions_note
+from .hints import dtype_hint, function_names, functions_note, numpy_name_hint
 
 
 def emit_module(funcs: list[ast.Func], filename: str) -> Module:
@@ -479,7 +479,8 @@ class _FunctionEmitter:
             if name in self.signatures:
                 raise GirTypeError(f"unknown function '{name}'; the function @{name} of this module is called as "
                                    f"@{name}(...)", self.loc(e.name))
-            hint = did_you_mean(name, function_names()) or did_you_mean(name, self.signatures, prefix="@")
+            hint = (numpy_name_hint(name) or did_you_mean(name, function_names())
+                    or did_you_mean(name, self.signatures, prefix="@"))
             raise GirTypeError(f"unknown function '{name}'" + hint, self.loc(e.name), note=functions_note())
         kwargs = dict(e.kwargs)  # declared_type takes dtype= and shape= out
         integer = frozenset(spec.operands.index(o) for o in spec.integer_operands)

@@ -8,13 +8,16 @@
     a > b, a <= b  gt(a, b), le(a, b), ... (the comparisons of the op registry)
     np.tanh(x)     tanh(x): builtins have no module prefix
     %x.sum()       sum(%x): values have no methods
+    (2, 3)         shape=[2, 3]: lists, as keyword arguments
+    where(...)     select(...): NumPy's names of gir's ops (ir/numpy_names.py)
     True, False    true, false
     y = ...        %y = ...: value names start with %
     # comment      // comment
     a; b           statements need no `;`
 
 `%w.T` lexes as one value name (names may contain `.`), so the emitter gives that hint when
-`%w` exists and `%w.T` does not (`value_attribute_hint`).
+`%w` exists and `%w.T` does not (`_FunctionEmitter.undefined`). The rules look at the text
+around the error only; each gives up (None) unless the habit is plain there.
 """
 
 from __future__ import annotations
@@ -26,20 +29,28 @@ import numpy as np
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from ..errors import GirSyntaxError, Location, did_you_mean
+from ..ir.numpy_names import NUMPY_NAMES
 from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY
+from ..ir.spec import REQUIRED
 from ..ir.types import DTYPES
 
 _COMPARISONS = {">=": "ge", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", "<": "lt"}
 """Python's comparison operators -> the op of the registry that computes them (Python's own
 `operator` module uses the same names)."""
 
-_MODULE_PREFIXES = ("np", "numpy", "jnp", "jax.numpy", "torch", "math")
+_MODULE_PREFIXES = ("np", "numpy", "jnp", "torch", "math")
 """Module prefixes of array libraries that users write before a function name."""
 
 _IDENT = re.compile(r"(?<![%@\w.$])([A-Za-z_]\w*)\s*$")
 """A bare identifier (not part of a %value or @function) ending the text before a position."""
 
 _VALUE_END = re.compile(r"(%[A-Za-z0-9_.$]+)\s*$")
+
+
+def numpy_name_hint(name: str) -> str:
+    """`; NumPy's where is select(...) in gir` for a NumPy name of a gir op, else ''."""
+    gir = NUMPY_NAMES.get(name)
+    return f"; NumPy's {name} is {gir}(...) in gir" if gir is not None else ""
 
 
 def function_names() -> list[str]:
@@ -68,8 +79,8 @@ def numpy_hint(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxError |
         pos, expected = e.pos_in_stream, set(e.allowed or ())
     else:
         return None
-    for rule in (_power, _comparison, _subscript, _module_prefix, _method, _python_literal, _bare_name,
-                 _python_comment, _semicolon):
+    for rule in (_power, _comparison, _subscript, _module_prefix, _method, _python_literal, _tuple_keyword,
+                 _tuple_argument, _bare_name, _python_comment, _semicolon):
         found = rule(text, pos, expected)
         if found is not None:
             message, start, *note = found
@@ -188,6 +199,9 @@ def _module_prefix(text: str, pos: int, expected: set[str]) -> Found:
             if name in known:
                 return f"gir's functions have no module prefix; write {name}(...) instead of {prefix}.{name}(...)", \
                     start
+            if name in NUMPY_NAMES:
+                return (f"gir's functions have no module prefix; write {NUMPY_NAMES[name]}(...) instead of "
+                        f"{prefix}.{name}(...)"), start
             return (f"gir's functions have no module prefix, and gir has no function '{name}'"
                     + did_you_mean(name, known), start, functions_note())
     return None
@@ -205,8 +219,10 @@ def _method(text: str, pos: int, expected: set[str]) -> Found:
     if m is None:
         return None
     value, method = m.group(1), m.group(2)
-    if method in function_names():
-        return f"gir values have no methods; write {method}({value}, ...) instead of {value}.{method}(...)", m.end(1)
+    method_op = method if method in function_names() else NUMPY_NAMES.get(method)
+    if method_op is not None:
+        return (f"gir values have no methods; write {method_op}({value}, ...) instead of {value}.{method}(...)",
+                m.end(1))
     return (f"gir values have no methods ('.{method}')" + did_you_mean(method, function_names()), m.end(1),
             functions_note())
 
@@ -235,6 +251,35 @@ def _bare_name(text: str, pos: int, expected: set[str]) -> Found:
 
 def _starts_any(text: str, pos: int, prefixes: tuple[str, ...]) -> bool:
     return any(text.startswith(p, pos) for p in prefixes)
+
+
+def _tuple_keyword(text: str, pos: int, expected: set[str]) -> Found:
+    """`sum(%x, axes=(0, 1))`: an attribute written as a tuple."""
+    m = re.search(r"([A-Za-z_]\w*)\s*=\s*$", text[:pos])
+    if not text.startswith("(", pos) or m is None:
+        return None
+    close = text.find(")", pos)
+    items = text[pos + 1 : close] if close != -1 and "\n" not in text[pos:close] else "..."
+    return f"attribute values are lists, not tuples; write {m.group(1)}=[{items.strip().rstrip(',')}]", pos
+
+
+def _tuple_argument(text: str, pos: int, expected: set[str]) -> Found:
+    """`reshape(%x, (2, 12))`, `zeros((2, 3))`: a shape passed as a tuple, by position."""
+    if not text.startswith(",", pos):
+        return None
+    m = re.search(r"([A-Za-z_]\w*)\s*\((?:[^()]*,)?\s*(\()\s*-?\d+\s*$", text[:pos])
+    if m is None:
+        return None
+    start = m.start(2)
+    close = text.find(")", pos)
+    items = text[start + 1 : close] if close != -1 and "\n" not in text[start:close] else "..."
+    spec = REGISTRY.get(ONE_ARGUMENT_ALIASES.get(m.group(1), m.group(1)))
+    lists = [k for k, v in spec.attrs.items() if v is None or v is REQUIRED] if spec is not None else []
+    keyword = lists[0] if lists else "shape" if spec is not None and spec.written_type else None
+    shown = f"[{items.strip().rstrip(',')}]"
+    if keyword is None:
+        return f"gir has no tuples; write the list {shown} as a keyword argument (name={shown})", start
+    return f"gir has no tuples; write {keyword}={shown} (a list, as a keyword argument)", start
 
 
 def _python_comment(text: str, pos: int, expected: set[str]) -> Found:

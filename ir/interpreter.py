@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import GirArgumentError, GirError
+from ..errors import GirArgumentError, GirError, did_you_mean
 from .core import Block, Function, Module, Operation, Value
 from .loops import LoopView
 from .ops import REGISTRY, reduction_axes
@@ -88,7 +88,8 @@ class Interpreter:
         f = self.module.functions.get(name)
         if f is None:
             raise GirArgumentError(f"no function @{name}; the module has "
-                                   + ", ".join("@" + n for n in self.module.functions))
+                                   + ", ".join("@" + n for n in self.module.functions)
+                                   + did_you_mean(name, self.module.functions, prefix="@"))
         arrays = check_arguments(f, args)
         if self._has_unknown_dims():
             return self._specialised(name, f, arrays)

@@ -474,8 +474,10 @@ HINTS = [
      "gir values have no attributes ('.shape'); a value's shape is in its type", 2, ".shape", 0),
     ("numpy-prefix", body("%a = np.tanh(%x)"), Syn,
      "gir's functions have no module prefix; write tanh(...) instead of np.tanh(...)", 2, "np", 0),
-    ("numpy-prefix-unknown-function", body("%a = numpy.dot(%m, %m)"), Syn,
-     "gir's functions have no module prefix, and gir has no function 'dot'", 2, "numpy", 0),
+    ("numpy-prefix-unknown-function", body('%a = numpy.einsum("ij->i", %m)'), Syn,
+     "gir's functions have no module prefix, and gir has no function 'einsum'", 2, "numpy", 0),
+    ("numpy-prefix-numpy-name", body("%a = numpy.dot(%m, %m)"), Syn,
+     "gir's functions have no module prefix; write matmul(...) instead of numpy.dot(...)", 2, "numpy", 0),
     ("numpy-method", body("%a = %m.sum(axis=0)"), Syn,
      "gir values have no methods; write sum(%m, ...) instead of %m.sum(...)", 2, ".sum", 0),
     ("python-true", body("%a = sum(%m, axes=[1], keepdims=True)"), Syn, "booleans are written true, not True", 2,
@@ -490,8 +492,10 @@ HINTS = [
      "unexpected character ';': gir statements end at the next statement, without ';'", 2, ";", 0),
     ("did-you-mean-function", body("%a = sigmiod(%x)"), Typ, "unknown function 'sigmiod'; did you mean 'sigmoid'?",
      2, "sigmiod", 0),
-    ("did-you-mean-numpy-function", body("%a = power(%x, 2.0)"), Typ, "unknown function 'power'; did you mean 'pow'?",
-     2, "power", 0),
+    ("did-you-mean-close-function", body("%a = sqr(%x)"), Typ, "unknown function 'sqr'; did you mean 'sqrt'?",
+     2, "sqr", 0),
+    ("numpy-power-function", body("%a = power(%x, 2.0)"), Typ,
+     "unknown function 'power'; NumPy's power is pow(...) in gir", 2, "power", 0),
     ("module-function-called-without-at", STEP + body("%a = rnn_step(%x)"), Typ,
      "unknown function 'rnn_step'; the function @rnn_step of this module is called as @rnn_step(...)", 5,
      "rnn_step", 0),
@@ -512,7 +516,27 @@ HINTS = [
      "'sum' has no attribute 'axis' (known: axes, keepdims); did you mean 'axes'?", 2, "sum", 0),
     ("numpy-dtype-name", body('%a = cast(%x, dtype="float64")'), Typ,
      "unknown dtype 'float64'; gir spells it 'f64'; use one of f32, f64, i32, i64, i1", 2, "cast", 0),
+    ("numpy-tuple-shape", body("%a = reshape(%m, (2, 6))"), Syn,
+     "gir has no tuples; write shape=[2, 6] (a list, as a keyword argument)", 2, "(2", 0),
+    ("numpy-tuple-zeros", body("%a = zeros((2, 3))"), Syn,
+     "gir has no tuples; write shape=[2, 3] (a list, as a keyword argument)", 2, "(2", 0),
+    ("numpy-tuple-attribute", body("%a = sum(%m, axes=(0, 1))"), Syn,
+     "attribute values are lists, not tuples; write axes=[0, 1]", 2, "(0", 0),
+    ("numpy-function-name", body("%a = where(%x, %x, %x)"), Typ,
+     "unknown function 'where'; NumPy's where is select(...) in gir", 2, "where", 0),
+    ("numpy-prefixed-function-name", body("%a = np.maximum(%x, 0.0)"), Syn,
+     "gir's functions have no module prefix; write max(...) instead of np.maximum(...)", 2, "np", 0),
+    ("numpy-method-name", body('%a = %x.astype("f64")'), Syn,
+     "gir values have no methods; write cast(%x, ...) instead of %x.astype(...)", 2, ".astype", 0),
 ]
+
+
+def test_numpy_names_name_functions_of_the_registry():
+    from gir.frontend.hints import function_names
+    from gir.ir.numpy_names import NUMPY_NAMES
+
+    assert set(NUMPY_NAMES.values()) <= set(function_names())
+    assert not set(NUMPY_NAMES) & set(function_names()), "a name gir already has needs no hint"
 
 
 @pytest.mark.parametrize("case", [pytest.param(h, id=h[0]) for h in HINTS])
@@ -642,3 +666,21 @@ def test_the_cpu_compile_cache_keeps_the_origin_of_run_time_error_locations():
     assert [(m, str(loc), loc.origin) for m, loc in back.errors] == [(m, str(loc), loc.origin)
                                                                       for m, loc in layout.errors]
     assert Layout.from_json({**layout.to_json(), "errors": [["x", ["f.gir", 1, 2]]]}).errors[0][1].origin is None
+
+
+def test_misspelled_entry_function_says_did_you_mean(tmp_path, capsys):
+    from gir.cli import main
+
+    text = STEP + "func @rnn_loss(%h: tensor<3xf32>) -> tensor<f32> {\n  return sum(@rnn_step(%h))\n}\n"
+    module = gir.parse(text, filename=FILE)
+    hint = "did you mean '@rnn_step'?"
+    with pytest.raises(gir.GirArgumentError, match=hint):
+        gir.jit(module, entry="rnn_stp")
+    with pytest.raises(gir.GirArgumentError, match=hint):
+        gir.interpret(module, "rnn_stp", [1.0, 2.0, 3.0])
+    path = tmp_path / "f.gir"
+    path.write_text(text)
+    assert main(["run", str(path), "-e", "rnn_stp", "--random", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith(f"{path}:1:1: error: no function @rnn_stp in {path}; it has @rnn_step, @rnn_loss; {hint}\n")
