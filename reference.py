@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .calling import bind_arguments
-from .errors import GirArgumentError
+from .errors import GirArgumentError, did_you_mean
 from .ir.core import Module
 from .ir.interpreter import check_arguments
 from .ir.interpreter import interpret as run_interpreter
@@ -53,7 +53,8 @@ def interpret(module: Module, entry: str, *args: Any, **kwargs: Any) -> tuple:
     name = entry.lstrip("@")
     f = module.functions.get(name)
     if f is None:
-        raise GirArgumentError(f"no function @{name}; the module has " + ", ".join("@" + n for n in module.functions))
+        raise GirArgumentError(f"no function @{name}; the module has " + ", ".join("@" + n for n in module.functions)
+                               + did_you_mean(name, module.functions, prefix="@"))
     arrays = check_arguments(f, bind_arguments(f, args, kwargs))
     runnable = prepare(module, name, [a.shape for a in arrays])
     return name_results(f, run_interpreter(runnable, name, *arrays))
