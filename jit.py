@@ -32,7 +32,7 @@ from .jitstats import CompileStats, CompileTimer
 from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
 from .passes.pipeline import DEFAULT_MODE, get_mode
-from .results import name_results, result_names
+from .results import result_names, results_class
 
 DEVICES = ("cpu", "gpu", "auto", "interp")
 """auto: the `place` pass decides, per op, CPU or GPU, and the function runs split (backend/split.py)."""
@@ -50,6 +50,7 @@ class JitFunction:
         self.signature = module.functions[entry]
         self.result_names = result_names(self.signature)
         """The results' names (results.py), as `fn(...)._fields` gives them."""
+        self._results = results_class(entry, self.result_names)
         self._compiled: dict[tuple, Any] = {}
         self._compiling = threading.Lock()
         """Held while a specialisation compiles: threads that call with a new shape at once
@@ -124,7 +125,7 @@ class JitFunction:
         arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs))
         compiled = self._specialise(tuple(a.shape for a in arrays))
         self._last = self._thread.last = compiled
-        return name_results(self.signature, compiled(*arrays), self.result_names)
+        return self._results(*compiled(*arrays))
 
     # -- inspection (of the specialisation this thread called last; else the last one any
     #    thread used or compiled) -------------------------------------------------------------

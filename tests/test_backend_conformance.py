@@ -1231,12 +1231,13 @@ def test_jit_from_a_path(device: str, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # The command line
 
-SUMMARY = re.compile(r"^out(\d+): shape (\([\d, ]*\)) (\w+) \[(.*)\]$")
+SUMMARY = re.compile(r"^(\w+): shape (\([\d, ]*\)) (\w+) \[(.*)\]$")
+"""A result line of `gir run`: its name (results.py), shape, dtype and first values."""
 
 
 def test_cli_run_device(device: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`gir run --device D --outputs OUT.npz` equals `--device interp`; a summary line per
-    result."""
+    result, named (`loss`, `dwx`, ...)."""
     path = tmp_path / "rnn.gir"
     path.write_text(example("rnn", "small"))
     outs, shapes = {}, {}
@@ -1248,6 +1249,7 @@ def test_cli_run_device(device: str, tmp_path: Path, capsys: pytest.CaptureFixtu
         with np.load(out) as data:
             outs[d] = [data[k] for k in sorted(data.files)]
     assert len(shapes[device]) == 4 and shapes[device] == shapes["interp"], shapes
+    assert [s[0] for s in shapes[device]] == ["loss", "dwx", "dwh", "db"]
     assert_all_close(outs[device], outs["interp"], what="gir run outputs")
 
 
