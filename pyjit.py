@@ -13,6 +13,7 @@ Like jit.py and cli.py, this module wires stages together (frontend -> jit), whi
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 from .errors import GirArgumentError
 from .frontend.python import numpy_api
 from .frontend.python.pytree import TreeDef, flatten, unflatten
-from .frontend.python.tracer import default_dtype, is_weak, register_internal_file
+from .frontend.python.tracer import current_frame, default_dtype, is_weak, register_internal_file
 from .frontend.python.transforms import Spec, Traced, trace_entry
 from .ir.types import DTYPES
 
@@ -43,7 +44,11 @@ class PythonJit:
         self.__name__ = getattr(fn, "__name__", "jitted")
         self.__doc__ = getattr(fn, "__doc__", None)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_frame() is not None:
+            return self.fn(*args, **kwargs)  # called inside a trace (jit of a jitted function): inlined, as JAX does
+        if kwargs:
+            args = _bind(self.fn, args, kwargs)
         leaves, _, tree = flatten(args)
         arrays = [_as_array(leaf, i) for i, leaf in enumerate(leaves)]
         key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays))
@@ -94,6 +99,18 @@ class PythonJit:
     @property
     def compiled(self) -> Any:
         return self._current().compiled
+
+
+def _bind(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Keyword arguments as positional ones (fn's parameters in order), as jax.jit takes them."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise GirArgumentError(f"{getattr(fn, '__name__', 'the function')}: {e}") from None
+    if bound.kwargs:
+        raise GirArgumentError("keyword-only arguments of a jitted function are not supported: "
+                               + ", ".join(bound.kwargs))
+    return tuple(bound.args)
 
 
 def _as_array(leaf: Any, i: int) -> Any:

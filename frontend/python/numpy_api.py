@@ -448,39 +448,42 @@ def _bin(name: str, reflected: bool = False) -> Callable[[Tracer, Any], Any]:
 
 
 def _install() -> None:
-    T = Tracer
+    methods: dict[str, Any] = {
+        "__floordiv__": _floordiv,
+        "__rand__": _bin("and", True),
+        "__ror__": _bin("or", True),
+        "__matmul__": lambda self, o: _matmul(self, o, user_location()),
+        "__rmatmul__": lambda self, o: _matmul(o, self, user_location()),
+        "__neg__": lambda self: emit1("neg", [to_value(self)], loc=user_location()),
+        "__pos__": lambda self: self,
+        "__abs__": lambda self: emit1("abs", [to_value(self)], loc=user_location()),
+        "__bool__": _traced_bool,
+        "__iter__": _iter,
+        "__array_ufunc__": _array_ufunc,
+        "__getitem__": lambda self, key: _getitem(self, key, user_location()),
+        "__len__": _len,
+        "__getattr__": _getattr,
+        "shape": property(lambda self: self.type.shape),
+        "dtype": property(lambda self: DTYPES[self.type.dtype]),
+        "ndim": property(lambda self: self.type.rank),
+        "size": property(lambda self: self.type.num_elements()),
+        "T": property(lambda self: _transpose(self, None, user_location())),
+        "reshape": _reshape_method,
+        "transpose": _transpose_method,
+        "astype": lambda self, dtype: astype(self, dtype),
+    }
     for dunder, name in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("pow", "pow")]:
-        setattr(T, f"__{dunder}__", _bin(name))
-        setattr(T, f"__r{dunder}__", _bin(name, reflected=True))
-    for dunder, name in [("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"),
-                         ("and", "and"), ("or", "or")]:
-        setattr(T, f"__{dunder}__", _bin(name))
-    T.__rand__, T.__ror__ = _bin("and", True), _bin("or", True)  # type: ignore[attr-defined]
-    T.__floordiv__ = _floordiv  # type: ignore[attr-defined]
-    T.__matmul__ = lambda self, o: _matmul(self, o, user_location())  # type: ignore[attr-defined]
-    T.__rmatmul__ = lambda self, o: _matmul(o, self, user_location())  # type: ignore[attr-defined]
-    T.__neg__ = lambda self: emit1("neg", [to_value(self)], loc=user_location())  # type: ignore[attr-defined]
-    T.__pos__ = lambda self: self  # type: ignore[attr-defined]
-    T.__abs__ = lambda self: emit1("abs", [to_value(self)], loc=user_location())  # type: ignore[attr-defined]
-    T.__bool__ = _traced_bool  # type: ignore[attr-defined]
-    T.__iter__ = _iter  # type: ignore[attr-defined]
+        methods[f"__{dunder}__"] = _bin(name)
+        methods[f"__r{dunder}__"] = _bin(name, reflected=True)
+    for dunder in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or"):
+        methods[f"__{dunder}__"] = _bin(dunder)
     for dunder, what in [("int", "int()"), ("float", "float()"), ("index", "using as a Python integer"),
                          ("complex", "complex()"), ("array", "np.asarray()")]:
-        setattr(T, f"__{dunder}__", _concrete(what))
-    T.__array_ufunc__ = _array_ufunc  # type: ignore[attr-defined]
-    T.__getitem__ = lambda self, key: _getitem(self, key, user_location())  # type: ignore[attr-defined]
-    T.__len__ = _len  # type: ignore[attr-defined]
-    T.__getattr__ = _getattr  # type: ignore[attr-defined]
-    T.shape = property(lambda self: self.type.shape)  # type: ignore[attr-defined]
-    T.dtype = property(lambda self: DTYPES[self.type.dtype])  # type: ignore[attr-defined]
-    T.ndim = property(lambda self: self.type.rank)  # type: ignore[attr-defined]
-    T.size = property(lambda self: self.type.num_elements())  # type: ignore[attr-defined]
-    T.T = property(lambda self: _transpose(self, None, user_location()))  # type: ignore[attr-defined]
-    T.reshape = _reshape_method  # type: ignore[attr-defined]
-    T.transpose = _transpose_method  # type: ignore[attr-defined]
-    T.astype = lambda self, dtype: astype(self, dtype)  # type: ignore[attr-defined]
+        methods[f"__{dunder}__"] = _concrete(what)
     for kind in ("sum", "mean", "max", "min"):
-        setattr(T, kind, _reduction_method(kind))
+        methods[kind] = _reduction_method(kind)
+    for name, method in methods.items():
+        setattr(Tracer, name, method)
 
 
 def _floordiv(self: Tracer, other: Any) -> Any:

@@ -26,6 +26,10 @@ class TreeDef:
     children: tuple[TreeDef, ...] = ()
 
     @property
+    def keys(self) -> tuple[Any, ...]:
+        return self.meta if isinstance(self.meta, tuple) else ()
+
+    @property
     def num_leaves(self) -> int:
         if self.kind == "leaf":
             return 1
@@ -38,7 +42,7 @@ class TreeDef:
             return "None"
         inner = [str(c) for c in self.children]
         if self.kind == "dict":
-            return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.meta, inner)) + "}"  # type: ignore[call-overload]
+            return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.keys, inner)) + "}"
         if self.kind == "list":
             return "[" + ", ".join(inner) + "]"
         return "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
@@ -100,9 +104,10 @@ def _build(treedef: TreeDef, it: Any) -> Any:
         return None
     children = [_build(c, it) for c in treedef.children]
     if kind == "dict":
-        return dict(zip(treedef.meta, children))  # type: ignore[call-overload]
+        return dict(zip(treedef.keys, children))
     if kind == "namedtuple":
-        return treedef.meta(*children)  # type: ignore[misc,operator]
+        assert callable(treedef.meta)
+        return treedef.meta(*children)
     return children if kind == "list" else tuple(children)
 
 

@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 import numpy as np
@@ -65,9 +65,9 @@ def _is_internal(filename: str) -> bool:
 
 def user_location(depth: int = 1) -> Location:
     """file:line:col of the innermost caller outside the tracing code (the user's Python)."""
-    frame = sys._getframe(depth)
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None and _is_internal(os.path.abspath(frame.f_code.co_filename)):
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     if frame is None:
         return UNKNOWN
     code = frame.f_code
@@ -276,7 +276,7 @@ def constant(value: Any, dtype: str, loc: Location | None = None) -> Value:
             raise GirTraceError(f"the float {value} is combined with an {dtype} tensor; cast one of them "
                                 "(x.astype(...)) first", loc)
         value = int(value)
-    if dtype in FLOAT_DTYPES and isinstance(value, bool):
+    if dtype in FLOAT_DTYPES and isinstance(value, int):  # bools too: printed as 1.0, as a float is
         value = float(value)
     if dtype == "i1" and not isinstance(value, bool):
         raise GirTraceError(f"the number {value} is combined with an i1 (bool) tensor; compare or cast first", loc)

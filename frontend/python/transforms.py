@@ -81,8 +81,15 @@ def spec(shape: str | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
     return Spec(tuple(out), dtype_of(dtype, loc))
 
 
-def leaf_type(leaf: Any, loc: Location) -> TensorType:
+def leaf_type(leaf: Any, loc: Location, name: str = "") -> TensorType:
     """The type of an argument leaf: a Spec's, an array's, a Python scalar's (f32, i32, i1)."""
+    try:
+        return _leaf_type(leaf, loc)
+    except GirTraceError as e:
+        raise GirTraceError(f"argument %{name}: {e.message}" if name else e.message, e.loc) from None
+
+
+def _leaf_type(leaf: Any, loc: Location) -> TensorType:
     if isinstance(leaf, Spec):
         return leaf.type
     if isinstance(leaf, Tracer):
@@ -153,8 +160,9 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
     if not callable(fn):
         raise GirTraceError(f"gir.trace takes a Python function, not {type(fn).__name__}", user_location())
     floc = function_location(fn)
+    _check_arity(fn, args)
     leaves, names, trees = flatten_args(fn, args)
-    types = [leaf_type(leaf, floc) for leaf in leaves]
+    types = [leaf_type(leaf, floc, name) for leaf, name in zip(leaves, names)]
     module = Module(filename=floc.file)
     function = new_function(func_name(getattr(fn, "__name__", "f")), module, types, names, floc)
     frame = Frame(function, module, None)
@@ -164,6 +172,19 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
         out_leaves, _, out_tree = flatten(out)
         finish_function(function, module, [to_value(leaf, loc=floc) for leaf in out_leaves], floc)
     return Traced(module, function.name, trees, out_tree)
+
+
+def _check_arity(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """Calling fn with these arguments is possible (else a GirError, not the TypeError of the call)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as e:
+        raise GirTraceError(f"{getattr(fn, '__name__', 'the function')} cannot take {len(args)} argument(s): {e}",
+                            user_location()) from None
 
 
 def trace(fn: Callable[..., Any], *example_args: Any) -> Module:
@@ -185,8 +206,11 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
     loc = user_location()
     frame = current_frame()
     assert frame is not None
-    init_leaves, _, init_tree = flatten(init)
-    xs_leaves, _, xs_tree = flatten(xs)
+    if not callable(f):
+        raise GirTraceError(f"gir.scan takes a step function, not {type(f).__name__}", loc)
+    _check_arity(f, (init, xs))  # step(carry, x)
+    init_leaves, init_paths, init_tree = flatten(init, path=("carry",))
+    xs_leaves, xs_paths, xs_tree = flatten(xs, path=("x",))
     inits = [to_value(leaf, loc=loc) for leaf in init_leaves]
     seqs = [to_value(leaf, loc=loc) for leaf in xs_leaves]
     for v in seqs:
@@ -196,7 +220,8 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
         raise GirTraceError("gir.scan needs xs or length=", loc)
     if length is not None and (not isinstance(length, int) or length < 0):
         raise GirTraceError(f"gir.scan: length must be a non-negative int, got {length!r}", loc)
-    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits])
+    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits],
+                 [value_name(p) for p in xs_paths + init_paths])
     args = list(body.args)
     elements, carries = args[:len(seqs)], args[len(seqs):]  # the block's groups, as the scan spec orders them
     with block_scope(frame, body):
@@ -261,13 +286,16 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
         raise GirTraceError(f"argnums must be an int or a tuple of ints, got {argnums!r}", loc)
 
     @functools.wraps(fun)
-    def differentiated(*args: Any) -> Any:
+    def differentiated(*args: Any, **kwargs: Any) -> Any:
         frame = current_frame()
         if frame is None and EAGER:
-            return EAGER[0](differentiated, args, {})
+            return EAGER[0](differentiated, args, kwargs)
         if frame is None:
             raise GirTraceError("gir.grad needs a trace", user_location())
-        return _grad_call(fun, argnums, with_value, args, frame, user_location())
+        # Keyword arguments are not differentiated (as in JAX); traced values among them reach
+        # the callee as captured values of the caller.
+        bound = functools.partial(fun, **kwargs) if kwargs else fun
+        return _grad_call(bound, argnums, with_value, args, frame, user_location())
 
     base = func_name(getattr(fun, "__name__", "f"))
     differentiated.__name__ = f"{base}_value_and_grad" if with_value else f"{base}_grad"
@@ -277,6 +305,7 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
 
 def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Sequence[Any], frame: Frame,
                loc: Location) -> Any:
+    _check_arity(fun, args)
     nums = [argnums] if isinstance(argnums, int) else list(argnums)
     for a in nums:
         if not -len(args) <= a < len(args):
@@ -307,9 +336,10 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
 def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str], trees: list[TreeDef],
                   frame: Frame, loc: Location) -> tuple[Frame, TensorType]:
     """fun traced into a function of the caller's module; (its frame, its scalar result type)."""
-    floc = function_location(fun)
-    function = new_function(func_name(getattr(fun, "__name__", "f")), frame.module, [v.tensor_type for v in values],
-                            names, floc)
+    named = fun.func if isinstance(fun, functools.partial) else fun  # keyword arguments bound by gir.grad
+    floc = function_location(named)
+    function = new_function(func_name(getattr(named, "__name__", "f")), frame.module,
+                            [v.tensor_type for v in values], names, floc)
     callee = Frame(function, frame.module, frame)
     with frame_scope(callee):
         tracers = [Tracer(a, callee, function.body) for a in function.args]
