@@ -43,6 +43,9 @@ def test_two_processes_equal_one_on_the_concatenated_batch(tmp_path: Path, reduc
     losses, params = distributed_worker.train(reduce, parallel=False)
     got = run_mpi(2, tmp_path / "two.npz", reduce)
     assert int(got["size"]) == 2
+    assert float(got["tree_loss"]) == 3.0 and got["tree_loss"].dtype == np.float32  # nests of arrays
+    np.testing.assert_array_equal(got["tree_w"], [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(got["tree_n"], [1, 3])
     np.testing.assert_allclose(got["losses"], losses, rtol=1e-12)
     assert losses[-1] < losses[0], losses  # and it trains
     for i, p in enumerate(params):
