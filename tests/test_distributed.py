@@ -23,14 +23,16 @@ sys.path.insert(0, str(HERE))
 
 import distributed_worker  # noqa: E402
 
-MPIEXEC = shutil.which("mpiexec")
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+"""mpich's wheel puts mpiexec beside this Python's executable, which need not be on PATH."""
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
                                 reason="needs mpi4py and mpiexec: pip install 'gir[mpi]'")
 
 
 def run_mpi(n: int, out: Path, reduce: str) -> dict[str, np.ndarray]:
     cmd = [MPIEXEC, "-n", str(n), sys.executable, str(HERE / "distributed_worker.py"), str(out), reduce]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ),
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
     return dict(np.load(out))
 
@@ -62,7 +64,7 @@ def test_the_wrong_reduction_differs(tmp_path: Path) -> None:
     wrong.write_text(text.replace("distributed.data_parallel(step, reduce=reduce)",
                                   "distributed.data_parallel(step, reduce='sum')"))
     cmd = [MPIEXEC, "-n", "2", sys.executable, str(wrong), str(tmp_path / "w.npz"), "mean"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     got = np.load(tmp_path / "w.npz")["losses"]
     assert not np.allclose(got[1:], losses[1:], rtol=1e-6)
