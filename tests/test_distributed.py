@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,3 +85,16 @@ def test_shard_needs_equal_shares() -> None:
     np.testing.assert_array_equal(distributed.shard(np.arange(6), comm=Two()), [3, 4, 5])
     with pytest.raises(gir.GirError, match="equal shards"):
         distributed.shard(np.arange(5), comm=Two())
+
+
+@needs_mpi
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs scikit-learn (gir[examples])")
+def test_digits_example_trains_data_parallel() -> None:
+    """examples/train_digits.py --distributed under mpiexec -n 2: one output (rank 0's), and it learns."""
+    example = HERE.parent / "examples" / "train_digits.py"
+    cmd = [MPIEXEC, "-n", "2", sys.executable, str(example), "--distributed", "--steps", "20", "--hidden", "16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    losses = [float(x) for x in re.findall(r"\bloss (\d+\.\d+)", proc.stdout)]
+    assert len(losses) == 10, proc.stdout  # printed by rank 0 only
+    assert losses[-1] < losses[0] - 0.2, losses
