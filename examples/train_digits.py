@@ -7,6 +7,7 @@ and a softmax layer on its last state names the digit. The training step is
 
     python examples/train_digits.py                 # 300 steps
     python examples/train_digits.py --steps 20      # a smoke run: prints `loss 1.234` lines
+    mpiexec -n 2 python examples/train_digits.py --distributed   # data parallel (docs/distributed.md)
 
 Prints the loss as it goes and the test accuracy at the end.
 """
@@ -84,14 +85,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--distributed", action="store_true",
+                    help="data parallel over MPI (run under mpiexec): each process takes --batch images a step")
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu", "interp"], help="where gir runs the model")
     args = ap.parse_args(argv)
 
     xs, ys, xt, yt = load(args.seed)
-    print(f"digits: {xs.shape[1]} training and {xt.shape[1]} test images, each 8 rows of 8 pixels")
+    rank, say = 0, print
+    if args.distributed:
+        from gir import distributed
+
+        rank = distributed.world().Get_rank()
+        say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"digits: {xs.shape[1]} training and {xt.shape[1]} test images, each 8 rows of 8 pixels")
     rng = np.random.default_rng(args.seed)
     params = init(args.hidden, rng)
     train_step = gir.jit(gir.value_and_grad(loss), device=args.device)
+    if args.distributed:  # the same start everywhere; each step's loss and gradients averaged over processes
+        params = distributed.broadcast(params)
+        train_step = distributed.data_parallel(train_step)
+        rng = np.random.default_rng([args.seed, rank])  # each process draws its own images
     predict = gir.jit(logits_of, device=args.device)
     state: dict = {}
     B = args.batch
@@ -104,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         params = adam(params, grads, state, args.lr)
         running.append(float(value))
         if step % every == 0 or step == args.steps:
-            print(f"step {step:4d} loss {np.mean(running[-every:]):.3f}", flush=True)
+            say(f"step {step:4d} loss {np.mean(running[-every:]):.3f}", flush=True)
     accuracy = float(np.mean(np.argmax(predict(params, xt), axis=1) == yt))
-    print(f"trained {args.steps} steps in {time.perf_counter() - start:.1f} s; "
+    say(f"trained {args.steps} steps in {time.perf_counter() - start:.1f} s; "
           f"test accuracy {accuracy:.3f} ({int(round(accuracy * len(yt)))}/{len(yt)})")
     return 0
 

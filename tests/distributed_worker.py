@@ -62,8 +62,13 @@ def main() -> None:
 
     losses, params = train(reduce, parallel=True)
     comm = distributed.world()
-    if comm.Get_rank() == 0:
-        np.savez(out, losses=losses, size=comm.Get_size(), **{f"p{i}": p for i, p in enumerate(params)})
+    rank = comm.Get_rank()
+    # A nest as gir.value_and_grad returns it, with two dtypes: one Allreduce per dtype.
+    tree = distributed.allreduce((np.float32(rank + 1), {"w": [np.full(3, rank + 1.0)], "n": (np.arange(2) + rank,)}),
+                                 "sum")
+    if rank == 0:
+        np.savez(out, losses=losses, size=comm.Get_size(), tree_loss=tree[0], tree_w=tree[1]["w"][0],
+                 tree_n=tree[1]["n"][0], **{f"p{i}": p for i, p in enumerate(params)})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,14 +24,16 @@ sys.path.insert(0, str(HERE))
 
 import distributed_worker  # noqa: E402
 
-MPIEXEC = shutil.which("mpiexec")
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+"""mpich's wheel puts mpiexec beside this Python's executable, which need not be on PATH."""
 needs_mpi = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
                                 reason="needs mpi4py and mpiexec: pip install 'gir[mpi]'")
 
 
 def run_mpi(n: int, out: Path, reduce: str) -> dict[str, np.ndarray]:
     cmd = [MPIEXEC, "-n", str(n), sys.executable, str(HERE / "distributed_worker.py"), str(out), reduce]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ),
+                          stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
     return dict(np.load(out))
 
@@ -43,6 +46,9 @@ def test_two_processes_equal_one_on_the_concatenated_batch(tmp_path: Path, reduc
     losses, params = distributed_worker.train(reduce, parallel=False)
     got = run_mpi(2, tmp_path / "two.npz", reduce)
     assert int(got["size"]) == 2
+    assert float(got["tree_loss"]) == 3.0 and got["tree_loss"].dtype == np.float32  # nests of arrays
+    np.testing.assert_array_equal(got["tree_w"], [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(got["tree_n"], [1, 3])
     np.testing.assert_allclose(got["losses"], losses, rtol=1e-12)
     assert losses[-1] < losses[0], losses  # and it trains
     for i, p in enumerate(params):
@@ -59,7 +65,7 @@ def test_the_wrong_reduction_differs(tmp_path: Path) -> None:
     wrong.write_text(text.replace("distributed.data_parallel(step, reduce=reduce)",
                                   "distributed.data_parallel(step, reduce='sum')"))
     cmd = [MPIEXEC, "-n", "2", sys.executable, str(wrong), str(tmp_path / "w.npz"), "mean"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     got = np.load(tmp_path / "w.npz")["losses"]
     assert not np.allclose(got[1:], losses[1:], rtol=1e-6)
@@ -79,3 +85,16 @@ def test_shard_needs_equal_shares() -> None:
     np.testing.assert_array_equal(distributed.shard(np.arange(6), comm=Two()), [3, 4, 5])
     with pytest.raises(gir.GirError, match="equal shards"):
         distributed.shard(np.arange(5), comm=Two())
+
+
+@needs_mpi
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs scikit-learn (gir[examples])")
+def test_digits_example_trains_data_parallel() -> None:
+    """examples/train_digits.py --distributed under mpiexec -n 2: one output (rank 0's), and it learns."""
+    example = HERE.parent / "examples" / "train_digits.py"
+    cmd = [MPIEXEC, "-n", "2", sys.executable, str(example), "--distributed", "--steps", "20", "--hidden", "16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    losses = [float(x) for x in re.findall(r"\bloss (\d+\.\d+)", proc.stdout)]
+    assert len(losses) == 10, proc.stdout  # printed by rank 0 only
+    assert losses[-1] < losses[0] - 0.2, losses
