@@ -253,6 +253,9 @@ class AddIntoScatter(Pattern):
                 continue
             _, rows, updates = scatter.operands
             rw.replace_op(op, [rw.value("scatter_add", [other, rows, updates], before=op)])
+            # The old scatter is dead now. It may fail (an index out of range), so DCE would keep
+            # it; the new one checks the same rows against the same leading dim, so it goes.
+            rw.erase(scatter)
             return True
         return False
 
