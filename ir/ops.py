@@ -723,11 +723,19 @@ register(OpSpec("logsumexp", "log(sum(exp(x))) over axes (all by default), compu
 # Structure: functions, loops, variables. Their kernels need the interpreter (see interpreter.py).
 
 
+def _all_tensors(ctx: InferContext) -> None:
+    """Every operand is a tensor: a variable (pre-SSA `var`) is read with `load` first."""
+    for i in range(len(ctx.types)):
+        ctx.tensor(i)
+
+
 def _no_results(ctx: InferContext) -> list[Type]:
+    _all_tensors(ctx)  # `yield () stack (%v)` of a variable %v: a located error, not an assertion in the loop's rule
     return []
 
 
 def _infer_declared_any(ctx: InferContext) -> list[Type]:
+    _all_tensors(ctx)
     if ctx.declared is None:
         raise ShapeError("needs its result types written after ':'")
     return list(ctx.declared)

@@ -31,8 +31,8 @@ def _slice(run_one, seed: int, indices: range) -> dict[str, int]:
 
 def test_mutation_campaign_slice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mutate, "CLI_FRACTION", 0.0)  # test_fuzz.py runs the command in a subprocess
-    counters = _slice(mutate.run_one, 0, range(300))
-    assert counters["parsed"] >= 30 and counters["parse_errors"] >= 100, counters
+    counters = _slice(mutate.run_one, 0, range(150))
+    assert counters["parsed"] >= 10 and counters["parse_errors"] >= 50, counters
 
 
 def test_differential_campaign_slice() -> None:
