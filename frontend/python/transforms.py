@@ -167,7 +167,8 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
     function = new_function(func_name(getattr(fn, "__name__", "f")), module, types, names, floc)
     frame = Frame(function, module, None)
     with frame_scope(frame):
-        tracers = [Tracer(a, frame, function.body) for a in function.args]
+        tracers = [Tracer(a, frame, function.body, weak=is_weak(leaf) and not isinstance(leaf, np.generic))
+                   for a, leaf in zip(function.args, leaves)]
         out = fn(*unflatten_args(trees, tracers))
         out_leaves, _, out_tree = flatten(out)
         finish_function(function, module, [to_value(leaf, loc=floc) for leaf in out_leaves], floc)

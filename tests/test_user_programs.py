@@ -1,0 +1,93 @@
+"""Programs as outside users write them, from the docs only (README, docs/language.md,
+docs/python.md, docs/backend.md), against NumPy references: each test is a failure an
+acceptance pass found, kept as a regression test, or a documented promise checked end to end.
+"""
+
+from __future__ import annotations
+
+import gir
+import numpy as np
+import pytest
+
+RNG = np.random.default_rng(7)
+
+
+def arr(*shape: int, dtype: type = np.float32, scale: float = 0.3) -> np.ndarray:
+    return (scale * RNG.standard_normal(shape)).astype(dtype)
+
+
+# -- arguments as NumPy users pass them ---------------------------------------------------------
+
+MATMUL = """
+func @f(%x: tensor<3x4xf32>, %w: tensor<4x2xf32>) -> tensor<3x2xf32> {
+  return %x @ %w
+}
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp", "auto"])
+def test_strided_arguments_are_copied_not_refused(device: str) -> None:
+    fn = gir.jit(MATMUL, "f", device=device)
+    x = arr(4, 3).T                                  # a transposed view
+    w = np.asfortranarray(arr(4, 2))                 # Fortran order
+    (out,) = fn(x, w)
+    np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-6)
+    x2 = arr(3, 8)[:, ::2]                           # a slice with a step
+    np.testing.assert_allclose(fn(x2, w=w)[0], x2 @ w, rtol=1e-5, atol=1e-6)
+    big_endian = np.ascontiguousarray(x).astype(">f4")
+    np.testing.assert_allclose(fn(big_endian, w)[0], x @ w, rtol=1e-5, atol=1e-6)
+
+
+def test_strided_arguments_python_frontend_and_interpret() -> None:
+    x, w = arr(4, 3).T, np.asfortranarray(arr(4, 2))
+    out = gir.jit(lambda x, w: gir.tanh(x @ w))(x, w)
+    np.testing.assert_allclose(out, np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+    (ref,) = gir.interpret(gir.parse(MATMUL), "f", x, w)
+    np.testing.assert_allclose(ref, x @ w, rtol=1e-5, atol=1e-6)
+
+
+# -- SGD training with a Python float learning rate ---------------------------------------------
+
+
+def _rnn_loss(params, xs, h0):
+    def step(h, x):
+        h = gir.tanh(x @ params["wx"] + h @ params["wh"] + params["b"])
+        return h, gir.mean(h * h)
+    _, per_step = gir.scan(step, h0, xs)
+    return gir.sum(per_step)
+
+
+def _np_rnn_loss(params, xs, h0):
+    h, total = h0, 0.0
+    for x in xs:
+        h = np.tanh(x @ params["wx"] + h @ params["wh"] + params["b"])
+        total += np.mean(h * h)
+    return total
+
+
+def _sgd(params, xs, h0, lr):
+    loss, grads = gir.value_and_grad(_rnn_loss)(params, xs, h0)
+    return loss, {k: params[k] - lr * grads[k] for k in params}
+
+
+def test_python_float_learning_rate_meets_f64_params_as_f64() -> None:
+    """JAX's weak types: a Python float argument of a jitted function takes the dtype of the
+    f64 parameters it multiplies (it was traced as f32 and `f32 * f64` was refused)."""
+    params = {"wx": arr(3, 4, dtype=np.float64), "wh": arr(4, 4, dtype=np.float64), "b": np.zeros(4)}
+    xs, h0 = arr(5, 2, 3, dtype=np.float64), np.zeros((2, 4))
+    step = gir.jit(_sgd)
+    loss, new = step(params, xs, h0, 0.5)
+    assert loss.dtype == np.float64 and all(v.dtype == np.float64 for v in new.values())
+    np.testing.assert_allclose(loss, _np_rnn_loss(params, xs, h0), rtol=1e-12)
+    eps, k, idx = 1e-6, "wh", (1, 2)
+    plus, minus = {**params, k: params[k].copy()}, {**params, k: params[k].copy()}
+    plus[k][idx] += eps
+    minus[k][idx] -= eps
+    numeric = (_np_rnn_loss(plus, xs, h0) - _np_rnn_loss(minus, xs, h0)) / (2 * eps)
+    np.testing.assert_allclose(new[k][idx], params[k][idx] - 0.5 * numeric, rtol=1e-8)
+    # the same float with f32 params stays f32; a 0-d array keeps its own dtype (no weak typing)
+    p32 = {k: v.astype(np.float32) for k, v in params.items()}
+    loss32, new32 = step(p32, xs.astype(np.float32), h0.astype(np.float32), 0.5)
+    assert loss32.dtype == np.float32 and new32["wx"].dtype == np.float32
+    with pytest.raises(gir.GirError, match="dtypes differ"):
+        step(params, xs, h0, np.float32(0.5))
