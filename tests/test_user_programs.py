@@ -91,3 +91,42 @@ def test_python_float_learning_rate_meets_f64_params_as_f64() -> None:
     assert loss32.dtype == np.float32 and new32["wx"].dtype == np.float32
     with pytest.raises(gir.GirError, match="dtypes differ"):
         step(params, xs, h0, np.float32(0.5))
+
+
+# -- NumPy spellings on traced values -----------------------------------------------------------
+
+
+def test_numpy_functions_on_traced_values() -> None:
+    """np.sum/np.mean/np.dot/np.where/np.clip/... on a traced value run gir's function (they
+    were raw TypeErrors: NumPy passes out=/dtype= to .sum, copy= to __array__)."""
+    x, w = arr(5, 3), arr(3, 2)
+
+    def f(x, w):
+        return (np.sum(x, axis=0), np.mean(x), np.max(x, axis=1, keepdims=True), np.dot(x, w),
+                np.where(x > 0, x, 0.0), np.clip(x, -0.1, 0.1), np.square(x), np.concatenate([x, x], axis=1),
+                np.transpose(x), np.reshape(x, (15,)), x.sum(axis=1, dtype=np.float64))
+
+    want = (x.sum(0), x.mean(), x.max(1, keepdims=True), x @ w, np.where(x > 0, x, 0), np.clip(x, -0.1, 0.1),
+            x * x, np.concatenate([x, x], 1), x.T, x.reshape(15), x.astype(np.float64).sum(1))
+    for device in ("cpu", "interp"):
+        got = gir.jit(f, device=device)(x, w)
+        for g, r in zip(got, want):
+            assert g.shape == r.shape and g.dtype == r.dtype
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("call", ["np.log1p(x)", "np.sort(x)", "np.asarray(x)", "x.sum(out=x)"])
+def test_numpy_functions_gir_lacks_are_gir_errors(call: str) -> None:
+    fn = eval(f"lambda x: {call}")  # noqa: S307 - a fixed list of test expressions
+    with pytest.raises(gir.GirError, match="traced"):
+        gir.jit(fn)(arr(2, 3))
+
+
+def test_newaxis_index() -> None:
+    x = arr(4, 3)
+    got = gir.jit(lambda x: (x[None], x[:, None], x[..., None], x[1, None], x[None, 1:3, ::2]))(x)
+    for g, r in zip(got, (x[None], x[:, None], x[..., None], x[1, None], x[None, 1:3, ::2])):
+        np.testing.assert_array_equal(g, r)
+    # broadcasting with it, and its gradient
+    g = gir.jit(gir.grad(lambda x: gir.sum(x[:, None, :] * x[None, :, :])))(x.astype(np.float64))
+    np.testing.assert_allclose(g, 2 * x.sum(0, keepdims=True).repeat(4, 0), rtol=1e-6)
