@@ -130,3 +130,36 @@ def test_newaxis_index() -> None:
     # broadcasting with it, and its gradient
     g = gir.jit(gir.grad(lambda x: gir.sum(x[:, None, :] * x[None, :, :])))(x.astype(np.float64))
     np.testing.assert_allclose(g, 2 * x.sum(0, keepdims=True).repeat(4, 0), rtol=1e-6)
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def _cli(capsys, monkeypatch, argv: list[str], stdin: str | None = None) -> tuple[int, str, str]:
+    import io
+
+    import gir.cli
+
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+    code = gir.cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_reads_standard_input(capsys, monkeypatch) -> None:
+    """`gir opt -` / `gir run -` read the program from stdin, as mlir-opt does (it was 'cannot read -')."""
+    code, out, _ = _cli(capsys, monkeypatch, ["opt", "-", "-p", "ssa"], MATMUL)
+    assert code == 0 and "func @f" in out and "matmul" in out
+    code, out, _ = _cli(capsys, monkeypatch, ["run", "-", "--random", "0"], MATMUL)
+    assert code == 0 and "@f on cpu:" in out
+    code, _, err = _cli(capsys, monkeypatch, ["opt", "-"], MATMUL.replace("%x @ %w", "%x @ %v"))
+    assert code == 1 and err.startswith("<stdin>:3:15: error: use of undefined value %v") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_cli_repeat_must_run_once(capsys, monkeypatch, tmp_path, n: str) -> None:
+    path = tmp_path / "f.gir"
+    path.write_text(MATMUL)
+    code, out, err = _cli(capsys, monkeypatch, ["run", str(path), "--random", "0", f"--repeat={n}"])
+    assert code == 1 and "--repeat: run at least once" in err and out == ""
