@@ -163,3 +163,21 @@ def test_cli_repeat_must_run_once(capsys, monkeypatch, tmp_path, n: str) -> None
     path.write_text(MATMUL)
     code, out, err = _cli(capsys, monkeypatch, ["run", str(path), "--random", "0", f"--repeat={n}"])
     assert code == 1 and "--repeat: run at least once" in err and out == ""
+
+
+def test_zeros_of_unknown_batch_says_what_to_do() -> None:
+    """gir.zeros((B, 4)) with B = xs.shape[1] a `?` dim (the usual initial state) is a GirTraceError
+    that names the way out (it said only 'must be non-negative integers, got (None, 4)')."""
+    def loss(w, xs):
+        h0 = gir.zeros((xs.shape[1], 4))
+        h, _ = gir.scan(lambda h, x: (gir.tanh(x @ w + h), None), h0, xs)
+        return gir.sum(h)
+    with pytest.raises(gir.GirTraceError, match=r"`\?` dim .*zeros_like") as e:
+        gir.trace(loss, arr(3, 4), gir.spec("?x?x3"))
+    assert e.value.loc.line > 0 and "h0 = gir.zeros" in str(e.value)
+    # with concrete sizes (what gir.jit traces with) the same function runs
+    w, xs = arr(3, 4), arr(5, 2, 3)
+    h = np.zeros((2, 4), np.float32)
+    for x in xs:
+        h = np.tanh(x @ w + h)
+    np.testing.assert_allclose(gir.jit(loss)(w, xs), h.sum(), rtol=1e-5)

@@ -246,6 +246,10 @@ def stack(arrays: Sequence[Any], axis: int = 0) -> Any:
 
 def _static_shape(shape: Any, loc: Location) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(d is None for d in dims):
+        raise GirTraceError(f"the shape {shape!r} has a `?` dim (None: unknown while tracing), and zeros/ones need "
+                            "sizes; make the value from a tensor of that shape (gir.zeros_like(x)), pass it as an "
+                            "argument, or trace with concrete sizes (gir.jit specialises on the arguments)", loc)
     if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
         raise GirTraceError(f"the shape must be non-negative integers, got {shape!r}", loc)
     return tuple(int(d) for d in dims)
