@@ -181,3 +181,14 @@ def test_zeros_of_unknown_batch_says_what_to_do() -> None:
     for x in xs:
         h = np.tanh(x @ w + h)
     np.testing.assert_allclose(gir.jit(loss)(w, xs), h.sum(), rtol=1e-5)
+
+
+def test_parse_takes_bytes_and_refuses_other_types() -> None:
+    """gir.parse(b"...") parses (it raised a TypeError); gir.parse(123) is a GirArgumentError (it
+    raised an AttributeError)."""
+    assert str(gir.parse(MATMUL.encode())) == str(gir.parse(MATMUL))
+    with pytest.raises(gir.GirSyntaxError, match="UTF-8"):
+        gir.parse(b"\xff" + MATMUL.encode())
+    for bad in (123, None, ["func"]):
+        with pytest.raises(gir.GirArgumentError, match="gir.parse takes the text"):
+            gir.parse(bad)  # type: ignore[arg-type]
