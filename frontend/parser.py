@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import os
 import re
 from typing import Any
 
@@ -399,6 +400,8 @@ def parse(text: str | bytes, filename: str = "<string>") -> Module:
 
 
 def load(path: str) -> Module:
+    if not isinstance(path, (str, os.PathLike)):  # open(0) would read standard input
+        raise GirArgumentError(f"gir.load takes a path (a str or os.PathLike), not {type(path).__name__}")
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -192,3 +192,22 @@ def test_parse_takes_bytes_and_refuses_other_types() -> None:
     for bad in (123, None, ["func"]):
         with pytest.raises(gir.GirArgumentError, match="gir.parse takes the text"):
             gir.parse(bad)  # type: ignore[arg-type]
+
+
+def test_api_arguments_of_the_wrong_kind(tmp_path) -> None:
+    """gir.jit takes a pathlib.Path as gir.load does; a non-path to gir.load (open(0) would read
+    stdin), a non-str entry, gir.spec(3) were raw Python exceptions or wrong."""
+    import pathlib
+
+    path = tmp_path / "m.gir"
+    path.write_text(MATMUL)
+    x, w = arr(3, 4), arr(4, 2)
+    np.testing.assert_allclose(gir.jit(pathlib.Path(path), "f")(x, w)[0], x @ w, rtol=1e-5, atol=1e-6)
+    for bad in (0, None, 1.5):
+        with pytest.raises(gir.GirArgumentError, match="gir.load takes a path"):
+            gir.load(bad)  # type: ignore[arg-type]
+    with pytest.raises(gir.GirArgumentError, match="function's name"):
+        gir.jit(MATMUL, 0)  # type: ignore[arg-type]
+    assert gir.spec(3).type == gir.spec("3").type and gir.spec(None).type == gir.spec("?").type
+    with pytest.raises(gir.GirTraceError, match="gir.spec: the shape"):
+        gir.spec(2.5)  # type: ignore[arg-type]

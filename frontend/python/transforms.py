@@ -67,6 +67,11 @@ class Spec:
 def spec(shape: str | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
     """An abstract argument for gir.trace: `spec("?x32x256", "f32")`, `spec((None, 256))`."""
     loc = user_location()
+    if isinstance(shape, (int, np.integer)) or shape is None:
+        shape = (shape,)  # spec(3) is a vector of 3, spec(None) one of `?` elements, as NumPy's shape=3
+    elif not isinstance(shape, (str, Sequence)):
+        raise GirTraceError(f"gir.spec: the shape is a string ('?x32x256') or a sequence of ints/None, not "
+                            f"{type(shape).__name__}", loc)
     dims: list[Any] = ([] if shape == "" else shape.split("x")) if isinstance(shape, str) else list(shape)
     out: list[Dim] = []
     for d in dims:
