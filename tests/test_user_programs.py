@@ -211,3 +211,20 @@ def test_api_arguments_of_the_wrong_kind(tmp_path) -> None:
     assert gir.spec(3).type == gir.spec("3").type and gir.spec(None).type == gir.spec("?").type
     with pytest.raises(gir.GirTraceError, match="gir.spec: the shape"):
         gir.spec(2.5)  # type: ignore[arg-type]
+
+
+def test_gather_with_a_constant_index_array() -> None:
+    """emb[ids] with ids a NumPy array or list closed over (not an argument) gathers, and its
+    gradient scatter-adds (it was 'unsupported index array(...)')."""
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    ids = np.array([[1], [3]], np.int32)
+    got = gir.jit(lambda x: (x[[0, 2, 2]], x[ids], x[np.array([3, 0], np.uint8)]))(x)
+    for g, r in zip(got, (x[[0, 2, 2]], x[ids], x[[3, 0]])):
+        np.testing.assert_array_equal(g, r)
+    picked = np.array([2, 0, 2])
+    g = gir.jit(gir.grad(lambda x: gir.sum(x[picked] ** 2)))(x.astype(np.float64))
+    want = np.zeros((4, 3))
+    np.add.at(want, picked, 2 * x[picked])
+    np.testing.assert_allclose(g, want)
+    with pytest.raises(gir.GirTraceError, match="leading axis"):
+        gir.jit(lambda x: x[:, np.array([0, 2])])(x)

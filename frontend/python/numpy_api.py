@@ -309,6 +309,7 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
     static integers, as ranges of one then reshaped away: differentiable), an index op for a
     traced integer or an integer on a `?` dim. `None` (np.newaxis) adds an axis of size 1."""
     key = key if isinstance(key, tuple) else (key,)
+    key = tuple(_constant_index(k, loc) for k in key)
     if any(k is None for k in key):
         return _getitem_newaxis(x, key, loc)
     t = x.type
@@ -353,6 +354,19 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         axis -= builtins.sum(1 for a in drop if a < axis)
         out = _index(out, axis, k, loc)
     return out
+
+
+def _constant_index(k: Any, loc: Location) -> Any:
+    """An integer NumPy array or list used as an index (`emb[ids]` with ids a constant): a traced
+    constant, so it gathers as a traced integer tensor does."""
+    if isinstance(k, list) and k and all(isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in k):
+        k = np.asarray(k, dtype=np.int64)
+    if isinstance(k, np.ndarray) and k.dtype.kind in "iu" and k.ndim:
+        frame = current_frame()
+        if frame is None:
+            raise GirTraceError("expected a traced value", loc)
+        return Tracer(to_value(k.astype(np.int64) if k.dtype.kind == "u" else k, loc=loc), frame, frame.block)
+    return k
 
 
 def _getitem_newaxis(x: Tracer, key: tuple[Any, ...], loc: Location) -> Tracer:
