@@ -228,3 +228,16 @@ def test_gather_with_a_constant_index_array() -> None:
     np.testing.assert_allclose(g, want)
     with pytest.raises(gir.GirTraceError, match="leading axis"):
         gir.jit(lambda x: x[:, np.array([0, 2])])(x)
+
+
+def test_python_scalar_stays_weak_through_grad() -> None:
+    """A Python float passed to gir.grad(f) (eagerly or under gir.jit) meets f64 values as f64
+    inside f, as the weak scalar arguments of gir.jit do."""
+    x = np.arange(3.0)
+    f = lambda x, a: gir.sum(a * x * x)  # noqa: E731
+    np.testing.assert_allclose(gir.grad(f)(x, 2.0), 4 * x)
+    np.testing.assert_allclose(gir.jit(gir.grad(f))(x, 2.0), 4 * x)
+    np.testing.assert_allclose(gir.jit(lambda x, a: gir.grad(f)(x, a))(x, 2.0), 4 * x)
+    value, (dx, da) = gir.jit(gir.value_and_grad(f, argnums=(0, 1)))(x, 2.0)
+    np.testing.assert_allclose([value, da], [10.0, 5.0])
+    assert dx.dtype == np.float64 and da.dtype == np.float32  # a scalar standing alone is f32

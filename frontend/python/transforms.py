@@ -319,7 +319,10 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
     nums = [a % len(args) for a in nums]
     leaves, names, trees = flatten_args(fun, args)
     values = [to_value(leaf, loc=loc) for leaf in leaves]
-    callee, out = _trace_callee(fun, values, names, trees, frame, loc)
+    # a Python scalar (or a weak scalar argument of the caller) stays weakly typed in the callee
+    weak = [leaf.weak if isinstance(leaf, Tracer) else is_weak(leaf) and not isinstance(leaf, np.generic)
+            for leaf in leaves]
+    callee, out = _trace_callee(fun, values, names, trees, frame, loc, weak)
     starts = [sum(t.num_leaves for t in trees[:i]) for i in range(len(trees))]
     wrt = [p for a in nums for p in range(starts[a], starts[a] + trees[a].num_leaves)]
     for p in wrt:
@@ -340,7 +343,7 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
 
 
 def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str], trees: list[TreeDef],
-                  frame: Frame, loc: Location) -> tuple[Frame, TensorType]:
+                  frame: Frame, loc: Location, weak: Sequence[bool] = ()) -> tuple[Frame, TensorType]:
     """fun traced into a function of the caller's module; (its frame, its scalar result type)."""
     named = fun.func if isinstance(fun, functools.partial) else fun  # keyword arguments bound by gir.grad
     floc = function_location(named)
@@ -348,7 +351,8 @@ def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str]
                             [v.tensor_type for v in values], names, floc)
     callee = Frame(function, frame.module, frame)
     with frame_scope(callee):
-        tracers = [Tracer(a, callee, function.body) for a in function.args]
+        weak = list(weak) + [False] * (len(function.args) - len(weak))
+        tracers = [Tracer(a, callee, function.body, weak=w) for a, w in zip(function.args, weak)]
         out = fun(*unflatten_args(trees, tracers))
         if not isinstance(out, Tracer):
             raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar tensor, it returns a "
