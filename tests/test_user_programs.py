@@ -241,3 +241,11 @@ def test_python_scalar_stays_weak_through_grad() -> None:
     value, (dx, da) = gir.jit(gir.value_and_grad(f, argnums=(0, 1)))(x, 2.0)
     np.testing.assert_allclose([value, da], [10.0, 5.0])
     assert dx.dtype == np.float64 and da.dtype == np.float32  # a scalar standing alone is f32
+
+
+def test_scan_carry_that_changes_shape_is_named_once() -> None:
+    xs = np.ones((3, 2), np.float32)
+    with pytest.raises(gir.GirTraceError, match=r"changes the carry from tensor<f32> to tensor<2xf32>"):
+        gir.jit(lambda xs: gir.scan(lambda c, x: (c + x, None), 0.0, xs)[0])(xs)
+    with pytest.raises(gir.GirTraceError, match=r"changes the carry carry_1 from tensor<f32> to tensor<2xf32>"):
+        gir.jit(lambda xs: gir.scan(lambda c, x: ((c[0], c[1] + x), None), (0.0, 0.0), xs)[0])(xs)

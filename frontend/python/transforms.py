@@ -256,7 +256,8 @@ def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Locat
         v = to_value(leaf, init.tensor_type.dtype, loc)
         if v.type != init.type:
             where = value_name(path)
-            raise GirTraceError(f"the gir.scan step changes the carry {where} from {init.type} to {v.type}; a "
+            what = "the carry" if where == "carry" else f"the carry {where}"  # not "the carry carry"
+            raise GirTraceError(f"the gir.scan step changes {what} from {init.type} to {v.type}; a "
                                 "carry keeps its shape and dtype", loc)
         out.append(v)
     return out
