@@ -249,3 +249,18 @@ def test_scan_carry_that_changes_shape_is_named_once() -> None:
         gir.jit(lambda xs: gir.scan(lambda c, x: (c + x, None), 0.0, xs)[0])(xs)
     with pytest.raises(gir.GirTraceError, match=r"changes the carry carry_1 from tensor<f32> to tensor<2xf32>"):
         gir.jit(lambda xs: gir.scan(lambda c, x: ((c[0], c[1] + x), None), (0.0, 0.0), xs)[0])(xs)
+
+
+def test_arithmetic_on_weak_scalars_stays_weak() -> None:
+    """`lr * 2.0`, `lr / n`, `-lr`, `gir.exp(lr)` on weak scalar arguments are weak (JAX), so
+    `p - (lr * 2.0) * g` with f64 p is f64 (it was 'operand dtypes differ')."""
+    p, g = np.ones(3), np.arange(3.0)
+    cases = [(lambda p, g, lr: p - (lr * 2.0) * g, 1 - 1.0 * g),
+             (lambda p, g, lr: p - lr / 2 * g, 1 - 0.25 * g),
+             (lambda p, g, lr: p - (-lr) * g, 1 + 0.5 * g),
+             (lambda p, g, lr: p - gir.exp(lr) * abs(lr) * gir.maximum(lr, 0.1) * g, 1 - np.exp(0.5) * 0.25 * g)]
+    for fn, want in cases:
+        got = gir.jit(fn)(p, g, 0.5)
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert gir.jit(lambda lr: lr * 2.0)(0.5).dtype == np.float32  # standing alone: f32

@@ -54,7 +54,23 @@ def _operand_like(x: Any) -> bool:
 def _binary(name: str, a: Any, b: Any, loc: Location) -> Any:
     if not (_operand_like(a) and _operand_like(b)):
         return NotImplemented
-    return emit1(name, values_of([a, b], loc), loc=loc)
+    return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
+
+
+def _weak_unary(out: Tracer, x: Any) -> Tracer:
+    out.weak = isinstance(x, Tracer) and x.weak
+    return out
+
+
+def _weak_if(out: Tracer, a: Any, b: Any) -> Tracer:
+    """Arithmetic on weak scalars only (`lr * 2.0`, `lr / n`) is weak too, as in JAX, so it still
+    meets f64 tensors as f64."""
+    operands = (a, b)
+    if any(isinstance(v, Tracer) and v.weak for v in operands) and \
+            all((isinstance(v, Tracer) and v.weak) or (is_weak(v) and not isinstance(v, np.generic))
+                for v in operands):
+        out.weak = out.type.dtype not in ("i1",)
+    return out
 
 
 def _tracer(x: Any, loc: Location) -> Tracer:
@@ -73,7 +89,7 @@ def _tracer(x: Any, loc: Location) -> Tracer:
 def _unary_fn(name: str, doc: str) -> Callable[[Any], Any]:
     def f(x: Any) -> Any:
         loc = user_location()
-        return emit1(name, [to_value(x, loc=loc)], loc=loc)
+        return _weak_unary(emit1(name, [to_value(x, loc=loc)], loc=loc), x)
     f.__name__ = f.__qualname__ = name
     f.__doc__ = doc
     return traceable(f)
@@ -92,7 +108,7 @@ negative = _unary_fn("neg", "-x, elementwise.")
 def _binary_fn(name: str, public: str, doc: str) -> Callable[[Any, Any], Any]:
     def f(a: Any, b: Any) -> Any:
         loc = user_location()
-        return emit1(name, values_of([a, b], loc), loc=loc)
+        return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = doc
     return traceable(f)
@@ -525,9 +541,9 @@ def _install() -> None:
         "__ror__": _bin("or", True),
         "__matmul__": lambda self, o: _matmul(self, o, user_location()),
         "__rmatmul__": lambda self, o: _matmul(o, self, user_location()),
-        "__neg__": lambda self: emit1("neg", [to_value(self)], loc=user_location()),
+        "__neg__": lambda self: _weak_unary(emit1("neg", [to_value(self)], loc=user_location()), self),
         "__pos__": lambda self: self,
-        "__abs__": lambda self: emit1("abs", [to_value(self)], loc=user_location()),
+        "__abs__": lambda self: _weak_unary(emit1("abs", [to_value(self)], loc=user_location()), self),
         "__bool__": _traced_bool,
         "__iter__": _iter,
         "__array_ufunc__": _array_ufunc,
