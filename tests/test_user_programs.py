@@ -264,3 +264,116 @@ def test_arithmetic_on_weak_scalars_stays_weak() -> None:
         assert got.dtype == np.float64
         np.testing.assert_allclose(got, want, rtol=1e-6)
     assert gir.jit(lambda lr: lr * 2.0)(0.5).dtype == np.float32  # standing alone: f32
+
+
+# -- whole programs, end to end, against NumPy ---------------------------------------------------
+
+PEEPHOLE_LSTM = """
+func @lstm_loss(%xs: tensor<?x2x3xf64>, %h0: tensor<2x4xf64>, %c0: tensor<2x4xf64>,
+                %w: tensor<3x16xf64>, %u: tensor<4x16xf64>, %b: tensor<16xf64>, %p: tensor<4xf64>) -> tensor<f64> {
+  %h = %h0
+  %c = %c0
+  %loss = constant 0.0 : tensor<f64>
+  for %x in %xs {
+    %g = %x @ %w + %h @ %u + %b
+    %i = sigmoid(slice(%g, starts=[0, 0], limits=[2, 4]) + %p * %c)
+    %f = sigmoid(slice(%g, starts=[0, 4], limits=[2, 8]))
+    %o = sigmoid(slice(%g, starts=[0, 8], limits=[2, 12]))
+    %z = tanh(slice(%g, starts=[0, 12], limits=[2, 16]))
+    %c = %f * %c + %i * %z
+    %h = %o * tanh(%c)
+    %loss = %loss + mean(%h * %h)
+  }
+  return %loss
+}
+
+func @grads(%xs: tensor<?x2x3xf64>, %h0: tensor<2x4xf64>, %c0: tensor<2x4xf64>,
+            %w: tensor<3x16xf64>, %u: tensor<4x16xf64>, %b: tensor<16xf64>, %p: tensor<4xf64>)
+    -> (tensor<f64>, tensor<3x16xf64>, tensor<4xf64>, tensor<2x4xf64>) {
+  %loss, %dw, %dp, %dh0 = grad @lstm_loss(%xs, %h0, %c0, %w, %u, %b, %p) wrt (%w, %p, %h0)
+  return %loss, %dw, %dp, %dh0
+}
+"""
+
+
+def _np_peephole(xs, h0, c0, w, u, b, p):
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    h, c, loss = h0, c0, 0.0
+    for x in xs:
+        g = x @ w + h @ u + b
+        c = sig(g[:, 4:8]) * c + sig(g[:, :4] + p * c) * np.tanh(g[:, 12:])
+        h = sig(g[:, 8:12]) * np.tanh(c)
+        loss += np.mean(h * h)
+    return loss
+
+
+def _numeric_grad(f, args, i, eps=1e-6):
+    g = np.zeros_like(args[i])
+    for idx in np.ndindex(g.shape):
+        plus, minus = [a.copy() for a in args], [a.copy() for a in args]
+        plus[i][idx] += eps
+        minus[i][idx] -= eps
+        g[idx] = (f(*plus) - f(*minus)) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("device", ["cpu", "interp"])
+def test_peephole_lstm_gir_with_unknown_length_against_finite_differences(device: str) -> None:
+    fn = gir.jit(PEEPHOLE_LSTM, "grads", device=device)
+    for steps in (1, 4):
+        args = [arr(steps, 2, 3, dtype=np.float64)] + [arr(*s, dtype=np.float64) for s in
+                                                       ((2, 4), (2, 4), (3, 16), (4, 16), (16,), (4,))]
+        out = fn(*args)
+        np.testing.assert_allclose(out.loss, _np_peephole(*args), rtol=1e-12)
+        for got, i in ((out.dw, 3), (out.dp, 6), (out.dh0, 1)):
+            np.testing.assert_allclose(got, _numeric_grad(_np_peephole, args, i), atol=1e-8)
+
+
+def test_two_layer_gru_sgd_in_python_against_numpy() -> None:
+    """A JAX-style training loop: gir.jit(train_step) with value_and_grad over a list of dicts,
+    a Python float learning rate, a `?`-free batch, five steps, against NumPy."""
+    def cell(p, h, x):
+        z = gir.sigmoid(x @ p["wz"] + h @ p["uz"])
+        hh = gir.tanh(x @ p["wh"] + (z * h) @ p["uh"])
+        return (1 - z) * h + z * hh
+
+    def loss(layers, xs, ys):
+        def step(hs, x):
+            h1 = cell(layers[0], hs[0], x)
+            h2 = cell(layers[1], hs[1], h1)
+            return (h1, h2), h2
+        batch = xs.shape[1]
+        _, top = gir.scan(step, (gir.zeros((batch, 4)), gir.zeros((batch, 4))), xs)
+        return gir.mean((top - ys) ** 2)
+
+    def train_step(layers, xs, ys, lr):
+        value, grads = gir.value_and_grad(loss)(layers, xs, ys)
+        return value, [{k: p[k] - lr * g[k] for k in p} for p, g in zip(layers, grads)]
+
+    def np_loss(layers, xs, ys):
+        sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+
+        def np_cell(p, h, x):
+            z = sig(x @ p["wz"] + h @ p["uz"])
+            return (1 - z) * h + z * np.tanh(x @ p["wh"] + (z * h) @ p["uh"])
+        h1 = h2 = np.zeros((xs.shape[1], 4))
+        total = 0.0
+        for x, y in zip(xs, ys):
+            h1 = np_cell(layers[0], h1, x)
+            h2 = np_cell(layers[1], h2, h1)
+            total += np.mean((h2 - y) ** 2)
+        return total / len(xs)
+
+    layers = [{k: arr(3 if k[0] == "w" else 4, 4) for k in ("wz", "uz", "wh", "uh")},
+              {k: arr(4, 4) for k in ("wz", "uz", "wh", "uh")}]
+    xs, ys = arr(6, 2, 3, scale=1.0), arr(6, 2, 4, scale=1.0)
+    step = gir.jit(train_step)
+    losses = []
+    for _ in range(5):
+        value, layers = step(layers, xs, ys, 0.5)
+        losses.append(float(value))
+    assert losses == sorted(losses, reverse=True) and step.specialisations == 1
+    final = {k: v.astype(np.float64) for k, v in layers[0].items()}
+    np.testing.assert_allclose(float(step(layers, xs, ys, 0.5)[0]),
+                               np_loss([final, {k: v.astype(np.float64) for k, v in layers[1].items()}], xs, ys),
+                               rtol=1e-5)
