@@ -93,10 +93,14 @@ def convert_argument(f: Function, name: str, t: TensorType, value: Any) -> np.nd
 
 def _strong(f: Function, what: str, t: TensorType, a: np.ndarray) -> np.ndarray:
     want = t.numpy_dtype
+    if a.dtype.byteorder not in "=|" and a.dtype.isnative is False:
+        a = a.astype(a.dtype.newbyteorder("="))  # a big-endian array (from a file) is the same numbers
     if a.dtype == want:
-        return a
+        # A transposed, strided or Fortran-order view is copied to C order, as NumPy users expect
+        # (the CPU backend reads arguments in place); a 0-d array is always contiguous.
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
     if a.dtype.kind == want.kind and a.dtype.kind in "fi" and a.dtype.itemsize < want.itemsize:
-        return a.astype(want)  # exact: every f32 is an f64, every i32 an i64
+        return a.astype(want, order="C")  # exact: every f32 is an f64, every i32 an i64
     if a.dtype.kind == want.kind and a.dtype.itemsize > want.itemsize:
         why = "loses precision" if want.kind == "f" else "may overflow"
     elif a.dtype.kind in "fiub" and want.kind in "fib":

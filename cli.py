@@ -19,7 +19,8 @@ import numpy as np
 
 from .calling import bind_arguments
 from .errors import GirArgumentError, GirError, Location, did_you_mean
-from .frontend.parser import load
+from .frontend.parser import decode_source, parse
+from .frontend.parser import load as load_file
 from .ir.core import Function, Module
 from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
@@ -64,6 +65,13 @@ def load_inputs(f: Function, path: str) -> list[np.ndarray]:
 
 def cannot_write(path: str, e: OSError) -> GirArgumentError:
     return GirArgumentError(f"cannot write {path}: {e.strerror or e}")
+
+
+def load(path: str) -> Module:
+    """The module in FILE; `-` reads standard input, as mlir-opt does."""
+    if path == "-":
+        return parse(decode_source(sys.stdin.buffer.read(), "<stdin>"), filename="<stdin>")
+    return load_file(path)
 
 
 def check_seed(flag: str, seed: int | None) -> None:
@@ -172,6 +180,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .shapes import specialise_entry
 
     check_seed("--random", args.random)
+    if args.repeat < 1:
+        raise GirArgumentError(f"--repeat: run at least once, got {args.repeat}")
     mode = get_mode(args.mode or DEFAULT_MODE)
     module = load(args.file)
     f = entry_of(module, args.entry)
@@ -307,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     opt = sub.add_parser("opt", help="parse, verify, transform and print a .gir file")
-    opt.add_argument("file")
+    opt.add_argument("file", help="a .gir file, or - for standard input")
     opt.add_argument("-o", "--output", help="write the IR here instead of stdout")
     opt.add_argument("--print-locations", action="store_true", help="print loc(...) on every op")
     opt.add_argument("--memplan-report", action="store_true",
@@ -323,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.set_defaults(func=cmd_opt)
 
     run = sub.add_parser("run", help="run a function of a .gir file")
-    run.add_argument("file")
+    run.add_argument("file", help="a .gir file, or - for standard input")
     run.add_argument("-e", "--entry", help="function to run (default: the last one)")
     src = run.add_mutually_exclusive_group()
     src.add_argument("--inputs", help=".npz with one array per parameter name (without %%)")
@@ -346,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compile", help="compile a function for the CPU and write LLVM IR, assembly or an object")
-    comp.add_argument("file")
+    comp.add_argument("file", help="a .gir file, or - for standard input")
     comp.add_argument("-e", "--entry", help="function to compile (default: the last one)")
     comp.add_argument("--emit", choices=["llvm", "asm", "obj"], required=True)
     comp.add_argument("-o", "--output", required=True)

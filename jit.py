@@ -264,6 +264,8 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
+    elif isinstance(source_or_module, os.PathLike):  # a pathlib.Path is a path, as gir.load takes it
+        module = load(os.fspath(source_or_module))
     elif isinstance(source_or_module, str) and "\n" not in source_or_module and "{" not in source_or_module \
             and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
         module = load(source_or_module)
@@ -276,6 +278,8 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
     if entry is None:
         entry = list(module.functions)[-1]
+    if not isinstance(entry, str):
+        raise GirArgumentError(f"the entry is a function's name (a str), not {type(entry).__name__}")
     entry = entry.lstrip("@")
     if entry not in module.functions:
         raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions)

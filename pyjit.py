@@ -51,13 +51,17 @@ class PythonJit:
             args = _bind(self.fn, args, kwargs)
         leaves, _, tree = flatten(args)
         arrays = [_as_array(leaf, i) for i, leaf in enumerate(leaves)]
-        key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays))
+        # A Python scalar is traced weakly typed (as in JAX: a float `lr` meets f64 params as f64),
+        # so the key tells it from a 0-d array of the same dtype.
+        weak = tuple(_is_python_scalar(leaf) for leaf in leaves)
+        key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays), weak)
         found = self._compiled.get(key)
         if found is None:
             with self._lock:
                 found = self._compiled.get(key)
                 if found is None:
-                    found = self._compiled[key] = self._compile(unflatten(tree, arrays))
+                    examples = [leaf if w else a for leaf, a, w in zip(leaves, arrays, weak)]
+                    found = self._compiled[key] = self._compile(unflatten(tree, examples))
         self._last = found
         traced, compiled = found
         return unflatten(traced.out_tree, compiled(*arrays))
@@ -111,6 +115,10 @@ def _bind(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
         raise GirArgumentError("keyword-only arguments of a jitted function are not supported: "
                                + ", ".join(bound.kwargs))
     return tuple(bound.args)
+
+
+def _is_python_scalar(leaf: Any) -> bool:
+    return is_weak(leaf) and not isinstance(leaf, np.generic)
 
 
 def _as_array(leaf: Any, i: int) -> Any:

@@ -79,8 +79,8 @@ def numpy_hint(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxError |
         pos, expected = e.pos_in_stream, set(e.allowed or ())
     else:
         return None
-    for rule in (_power, _comparison, _subscript, _module_prefix, _method, _python_literal, _tuple_keyword,
-                 _tuple_argument, _bare_name, _python_comment, _semicolon):
+    for rule in (_mlir_spelling, _power, _comparison, _subscript, _module_prefix, _method, _python_literal,
+                 _tuple_keyword, _tuple_argument, _bare_name, _python_comment, _semicolon):
         found = rule(text, pos, expected)
         if found is not None:
             message, start, *note = found
@@ -291,4 +291,40 @@ def _python_comment(text: str, pos: int, expected: set[str]) -> Found:
 def _semicolon(text: str, pos: int, expected: set[str]) -> Found:
     if text.startswith(";", pos):
         return "unexpected character ';': gir statements end at the next statement, without ';'", pos
+    return None
+
+
+_MLIR_TYPE = re.compile(r":\s*(f16|bf16|f32|f64|i1|i8|i16|i32|i64|index|(?:vector|memref)<[^>]*>)")
+_MLIR_DIALECT = re.compile(r"(func|arith|math|tensor|linalg|scf)\.([A-Za-z_]\w*)")
+
+
+def _mlir_spelling(text: str, pos: int, expected: set[str]) -> Found:
+    """MLIR habits: `%x: f32` (a scalar is `tensor<f32>`), `vector<...>`, `func.func`, `arith.addf`,
+    `module { ... }`, `dense<[...]>`."""
+    m = _MLIR_TYPE.match(text, pos)
+    if m is None and "TYPE" in expected:  # `-> f32`: a bare type where a tensor type goes
+        m = _MLIR_TYPE.match(": " + text[pos:pos + 40])
+    if m is not None:
+        written = m.group(1)
+        if written.startswith(("vector", "memref")):
+            return f"gir has tensor types only: write tensor<{written.split('<', 1)[1]} instead of {written}", pos
+        if written in DTYPES:
+            return f"every gir value is a tensor: a scalar {written} is written tensor<{written}>", pos
+        return f"gir has no type {written}; its dtypes are " + ", ".join(DTYPES) + " (tensor<4xf32>)", pos
+    start = pos
+    if text.startswith(".", pos):  # `func.func`, `arith.addf`: the lexer stopped at the dot
+        back = re.search(r"[A-Za-z_]\w*$", text[:pos])
+        start = back.start() if back else pos
+    d = _MLIR_DIALECT.match(text, start)
+    if d is not None and (start == 0 or not _is_name_char(text[start - 1])):
+        dialect, name = d.groups()
+        plain = {"func": "func", "return": "return", "call": "call"}.get(name, name)
+        if plain in REGISTRY or plain == "func":
+            return f"gir has no dialect prefixes; write {plain} instead of {dialect}.{name}", start
+        return (f"gir has no dialect prefixes, and no op '{name}'" + did_you_mean(name, function_names()), start,
+                functions_note())
+    if text.startswith("module", pos) and not text[:pos].strip():
+        return "a .gir file is a list of func definitions, without a `module { ... }` around them", pos
+    if text.startswith("dense<", pos):
+        return "gir writes constants without dense<...>: constant [1.0, 2.0] : tensor<2xf32>", pos
     return None

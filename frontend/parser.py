@@ -13,13 +13,14 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import os
 import re
 from typing import Any
 
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from ..errors import GirSyntaxError, Location, remember_source
+from ..errors import GirArgumentError, GirSyntaxError, Location, remember_source
 from ..ir.core import Module
 from ..ir.types import parse_type
 from . import ast
@@ -374,11 +375,16 @@ def parse_ast(text: str, filename: str = "<string>") -> list[ast.Func]:
         raise GirSyntaxError(e.message, Location(filename, e.token.line or 0, e.token.column or 0)) from None
 
 
-def parse(text: str, filename: str = "<string>") -> Module:
+def parse(text: str | bytes, filename: str = "<string>") -> Module:
     """Parses gir text (surface or SSA form) into a verified Module."""
     from ..ir.verifier import verify
     from .emitter import emit_module
 
+    if isinstance(text, (bytes, bytearray)):
+        text = decode_source(bytes(text), filename)  # the bytes of a file, as gir.load reads them
+    elif not isinstance(text, str):
+        raise GirArgumentError(f"gir.parse takes the text of a module (a str), not {type(text).__name__}; "
+                               "gir.load takes a path")
     remember_source(filename, text)
     # The cyclic GC would scan the growing IR (ops and results point at each other) again and
     # again while it is built: a third of the parse time at 25k ops. Nothing built here is garbage.
@@ -394,6 +400,8 @@ def parse(text: str, filename: str = "<string>") -> Module:
 
 
 def load(path: str) -> Module:
+    if not isinstance(path, (str, os.PathLike)):  # open(0) would read standard input
+        raise GirArgumentError(f"gir.load takes a path (a str or os.PathLike), not {type(path).__name__}")
     try:
         with open(path, "rb") as f:
             data = f.read()

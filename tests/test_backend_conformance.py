@@ -1167,8 +1167,8 @@ func @f(%x: tensor<3x4xf32>, %n: tensor<4xi32>) -> tensor<3x4xf32> {
 
 
 def bad_arguments() -> list[tuple[str, tuple, str]]:
-    """What every backend rejects (a non-contiguous view is backend-specific: the CPU reads
-    arguments in place and rejects it, the GPU copies it to the device)."""
+    """What every backend rejects (a non-contiguous view is accepted by all: gir.jit copies it
+    to C order, tests/test_user_programs.py)."""
     x = np.ones((3, 4), np.float32)
     n = np.arange(4, dtype=np.int32)
     return [

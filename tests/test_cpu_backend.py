@@ -7,7 +7,8 @@ run on `cpu` and `gpu`.
   pack counts in a scan; a training loop (an outer scan over minibatches whose body
   differentiates an RNN with `grad` and updates the weights) packs each packed weight once per
   minibatch, however long the inner loop is (`fn.stats.pack_calls`).
-- Arguments: a non-contiguous view is rejected (the CPU reads arguments in place).
+- Arguments: a non-contiguous view is copied by gir.jit's calling convention; the bare
+  CPUFunction (which reads arguments in place) still rejects one.
 - The disk cache of compiled code (GIR_CACHE_DIR), a corrupt cached object recompiled.
 - Inspection (`fn.ir`, `fn.llvm_ir`, `fn.asm`: the RNN's fused tanh loop is vectorised) and the
   command line (`gir run --repeat`, `gir compile --emit llvm|asm|obj`).
@@ -165,14 +166,17 @@ func @f(%x: tensor<3x4xf32>, %n: tensor<4xi32>) -> tensor<3x4xf32> {
 
 
 @pytest.mark.parametrize("view", ["transposed", "strided"])
-def test_non_contiguous_view_is_rejected(view: str) -> None:
-    """The CPU backend reads arguments in place, so it needs C-contiguous arrays (the GPU
-    backend copies them to the device: tests/test_gpu_backend.py)."""
+def test_non_contiguous_view_is_copied_by_jit(view: str) -> None:
+    """gir.jit copies a view to C order, as NumPy users expect (calling.py); the CPUFunction
+    under it reads arguments in place and rejects a view it is handed directly."""
     fn = gir.jit(ARGS_PROGRAM, "f")
-    x = np.ones((4, 3), np.float32).T if view == "transposed" else np.ones((3, 8), np.float32)[:, ::2]
+    base = np.arange(24, dtype=np.float32)
+    x = base[:12].reshape(4, 3).T if view == "transposed" else base.reshape(3, 8)[:, ::2]
+    assert not x.flags.c_contiguous
     n = np.arange(4, dtype=np.int32)
+    np.testing.assert_array_equal(fn(x, n)[0], x * n)
     with pytest.raises(gir.GirArgumentError, match="%x"):
-        fn(x, n)
+        fn.compiled(x, n)
     np.testing.assert_array_equal(fn(np.ascontiguousarray(x), n)[0], x * n)
 
 

@@ -684,3 +684,24 @@ def test_misspelled_entry_function_says_did_you_mean(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.startswith(f"{path}:1:1: error: no function @rnn_stp in {path}; it has @rnn_step, @rnn_loss; {hint}\n")
+@pytest.mark.parametrize("source, message, column", [
+    ("func @f(%x: f32) -> tensor<f32> {\n  return %x\n}", "every gir value is a tensor: a scalar f32 is written "
+     "tensor<f32>", 11),
+    ("func @f(%x: tensor<f32>) -> f32 {\n  return %x\n}", "a scalar f32 is written tensor<f32>", 29),
+    ("func @f(%x: vector<3xf32>) -> tensor<3xf32> {\n  return %x\n}", "gir has tensor types only: write "
+     "tensor<3xf32> instead of vector<3xf32>", 11),
+    ("func @f(%x: f16) -> tensor<f32> {\n  return %x\n}", "gir has no type f16", 11),
+    ("func.func @f(%x: tensor<2xf32>) -> tensor<2xf32> {\n  return %x\n}", "write func instead of func.func", 1),
+    ("func @f(%x: tensor<2xf32>) -> tensor<2xf32> {\n  %y = math.tanh %x : tensor<2xf32>\n  return %y\n}",
+     "write tanh instead of math.tanh", 8),
+    ("func @f(%x: tensor<2xf32>) -> tensor<2xf32> {\n  %y = arith.addf %x, %x : tensor<2xf32>\n  return %y\n}",
+     "no op 'addf'; did you mean 'add'?", 8),
+    ("module {\n}", "without a `module { ... }` around them", 1),
+    ("func @f() -> tensor<2xf32> {\n  %c = constant dense<[1.0, 2.0]> : tensor<2xf32>\n  return %c\n}",
+     "without dense<...>", 17),
+])
+def test_mlir_spellings_get_hints(source: str, message: str, column: int) -> None:
+    """MLIR habits (a user of mlir-opt's syntax writes them first) say what gir writes instead."""
+    with pytest.raises(gir.GirSyntaxError) as info:
+        gir.parse(source)
+    assert message in info.value.message and info.value.loc.col == column, str(info.value)

@@ -8,7 +8,7 @@ GPU, `NUMBA_ENABLE_CUDASIM=0 python -m pytest -m gpu` runs the same tests on it.
 
 - Kernels: generated source (grid-stride loop, broadcasting by index arithmetic, math.tanh),
   compiled once per distinct source; without the fuse pass, a kernel per elementwise op.
-- Arguments: a non-contiguous view is copied to the device (the CPU backend rejects it).
+- Arguments: a non-contiguous view is copied to the device.
 - Without a GPU and without the simulator, device="gpu" and `gir run --device gpu` say so.
 """
 
@@ -100,7 +100,7 @@ def test_standalone_elementwise_ops_get_kernels() -> None:
 @pytest.mark.parametrize("view", ["transposed", "strided"])
 def test_non_contiguous_view_is_copied(view: str) -> None:
     """Arguments are copied to the device, so a view is as good as an array (the CPU backend,
-    which reads arguments in place, rejects it: tests/test_cpu_backend.py)."""
+    whose gir.jit copies it to C order first: tests/test_cpu_backend.py)."""
     source = "func @f(%x: tensor<3x4xf32>, %n: tensor<4xi32>) -> tensor<3x4xf32> {\n" \
              "  return %x * cast(%n, dtype=\"f32\")\n}\n"
     x = np.arange(12, dtype=np.float32).reshape(4, 3).T if view == "transposed" else \

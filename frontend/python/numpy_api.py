@@ -54,7 +54,23 @@ def _operand_like(x: Any) -> bool:
 def _binary(name: str, a: Any, b: Any, loc: Location) -> Any:
     if not (_operand_like(a) and _operand_like(b)):
         return NotImplemented
-    return emit1(name, values_of([a, b], loc), loc=loc)
+    return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
+
+
+def _weak_unary(out: Tracer, x: Any) -> Tracer:
+    out.weak = isinstance(x, Tracer) and x.weak
+    return out
+
+
+def _weak_if(out: Tracer, a: Any, b: Any) -> Tracer:
+    """Arithmetic on weak scalars only (`lr * 2.0`, `lr / n`) is weak too, as in JAX, so it still
+    meets f64 tensors as f64."""
+    operands = (a, b)
+    if any(isinstance(v, Tracer) and v.weak for v in operands) and \
+            all((isinstance(v, Tracer) and v.weak) or (is_weak(v) and not isinstance(v, np.generic))
+                for v in operands):
+        out.weak = out.type.dtype not in ("i1",)
+    return out
 
 
 def _tracer(x: Any, loc: Location) -> Tracer:
@@ -73,7 +89,7 @@ def _tracer(x: Any, loc: Location) -> Tracer:
 def _unary_fn(name: str, doc: str) -> Callable[[Any], Any]:
     def f(x: Any) -> Any:
         loc = user_location()
-        return emit1(name, [to_value(x, loc=loc)], loc=loc)
+        return _weak_unary(emit1(name, [to_value(x, loc=loc)], loc=loc), x)
     f.__name__ = f.__qualname__ = name
     f.__doc__ = doc
     return traceable(f)
@@ -92,7 +108,7 @@ negative = _unary_fn("neg", "-x, elementwise.")
 def _binary_fn(name: str, public: str, doc: str) -> Callable[[Any, Any], Any]:
     def f(a: Any, b: Any) -> Any:
         loc = user_location()
-        return emit1(name, values_of([a, b], loc), loc=loc)
+        return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = doc
     return traceable(f)
@@ -246,6 +262,10 @@ def stack(arrays: Sequence[Any], axis: int = 0) -> Any:
 
 def _static_shape(shape: Any, loc: Location) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(d is None for d in dims):
+        raise GirTraceError(f"the shape {shape!r} has a `?` dim (None: unknown while tracing), and zeros/ones need "
+                            "sizes; make the value from a tensor of that shape (gir.zeros_like(x)), pass it as an "
+                            "argument, or trace with concrete sizes (gir.jit specialises on the arguments)", loc)
     if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
         raise GirTraceError(f"the shape must be non-negative integers, got {shape!r}", loc)
     return tuple(int(d) for d in dims)
@@ -303,7 +323,11 @@ def astype(x: Any, dtype: Any) -> Any:
 def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
     """x[i], x[a:b, c:d], x[..., i], x[t] (t a traced integer): a slice op for the ranges (and
     static integers, as ranges of one then reshaped away: differentiable), an index op for a
-    traced integer or an integer on a `?` dim."""
+    traced integer or an integer on a `?` dim. `None` (np.newaxis) adds an axis of size 1."""
+    key = key if isinstance(key, tuple) else (key,)
+    key = tuple(_constant_index(k, loc) for k in key)
+    if any(k is None for k in key):
+        return _getitem_newaxis(x, key, loc)
     t = x.type
     key = _expand_key(key if isinstance(key, tuple) else (key,), t.rank, loc)
     bounds, drop, dynamic = [], [], []
@@ -346,6 +370,40 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         axis -= builtins.sum(1 for a in drop if a < axis)
         out = _index(out, axis, k, loc)
     return out
+
+
+def _constant_index(k: Any, loc: Location) -> Any:
+    """An integer NumPy array or list used as an index (`emb[ids]` with ids a constant): a traced
+    constant, so it gathers as a traced integer tensor does."""
+    if isinstance(k, list) and k and all(isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in k):
+        k = np.asarray(k, dtype=np.int64)
+    if isinstance(k, np.ndarray) and k.dtype.kind in "iu" and k.ndim:
+        frame = current_frame()
+        if frame is None:
+            raise GirTraceError("expected a traced value", loc)
+        return Tracer(to_value(k.astype(np.int64) if k.dtype.kind == "u" else k, loc=loc), frame, frame.block)
+    return k
+
+
+def _getitem_newaxis(x: Tracer, key: tuple[Any, ...], loc: Location) -> Tracer:
+    """x[key] with `None`s: indexed without them, then reshaped with a 1 where each `None` was."""
+    if any(isinstance(k, Tracer) for k in key):
+        raise GirTraceError("None (np.newaxis) together with a traced index is not supported; index first, then "
+                            "reshape", loc)
+    real = [k for k in key if k is not None]
+    if Ellipsis in real:
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        key = key[:i] + (slice(None),) * (x.type.rank - len(real) + 1) + key[i + 1:]
+    out = _getitem(x, tuple(k for k in key if k is not None), loc)
+    dims, j = [], 0
+    for k in key:
+        if k is None:
+            dims.append(1)
+        elif isinstance(k, slice):
+            dims.append(out.type.shape[j])
+            j += 1
+    dims.extend(out.type.shape[j:])
+    return _reshape(out, tuple(-1 if d is None else d for d in dims), loc)
 
 
 def _expand_key(key: tuple[Any, ...], rank: int, loc: Location) -> tuple[Any, ...]:
@@ -392,7 +450,7 @@ def _traced_bool(self: Tracer) -> bool:
 
 
 def _concrete(what: str) -> Callable[..., Any]:
-    def f(self: Tracer, *args: Any) -> Any:
+    def f(self: Tracer, *args: Any, **kwargs: Any) -> Any:  # NumPy calls __array__(dtype, copy=...)
         raise GirTraceError(f"{what} of a traced value: its value is not known while tracing (use it as a tensor; "
                             "loop with gir.scan, choose with gir.where)", user_location())
     return f
@@ -407,7 +465,31 @@ _UFUNCS: dict[Any, Callable[..., Any]] = {
     np.add: add, np.subtract: subtract, np.multiply: multiply, np.divide: divide, np.true_divide: divide,
     np.power: power, np.maximum: maximum, np.minimum: minimum, np.negative: negative, np.tanh: tanh,
     np.exp: exp, np.log: log, np.sqrt: sqrt, np.absolute: abs, np.matmul: matmul,
+    np.square: lambda x: multiply(x, x),
 }
+
+
+_FUNCTIONS: dict[Any, Callable[..., Any]] = {
+    np.where: where, np.dot: matmul, np.matmul: matmul, np.sum: sum, np.mean: mean, np.max: max, np.amax: max,
+    np.min: min, np.amin: min, np.concatenate: concatenate, np.stack: stack, np.transpose: transpose,
+    np.reshape: reshape, np.zeros_like: zeros_like, np.ones_like: ones_like,
+    np.clip: lambda x, lo, hi: minimum(maximum(x, lo), hi),
+}
+"""NumPy functions (not ufuncs) on a traced value, through NumPy's `__array_function__`: the gir
+function of the same meaning (`np.sum(x, axis=0)` is `gir.sum(x, axis=0)`)."""
+
+
+def _array_function(self: Tracer, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    fn = _FUNCTIONS.get(func)
+    name = getattr(func, "__name__", str(func))
+    if fn is None:
+        raise GirTraceError(f"NumPy's {name} cannot run on a traced value; use a gir function (docs/python.md "
+                            "lists them)", user_location())
+    kwargs = {k: v for k, v in kwargs.items() if not (k in ("out", "dtype", "where", "initial") and v is None)}
+    try:
+        return fn(*args, **kwargs)
+    except TypeError as e:
+        raise GirTraceError(f"np.{name} on a traced value: {e}", user_location()) from None
 
 
 def _array_ufunc(self: Tracer, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
@@ -419,8 +501,13 @@ def _array_ufunc(self: Tracer, ufunc: Any, method: str, *inputs: Any, **kwargs: 
 
 
 def _reduction_method(kind: str) -> Callable[..., Any]:
-    def method(self: Tracer, axis: Any = None, keepdims: bool = False) -> Tracer:
-        return _reduce(kind, self, axis, keepdims, user_location())
+    def method(self: Tracer, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False) -> Tracer:
+        # dtype and out: NumPy's order, as np.sum(x, axis=0) calls x.sum(axis=0, dtype=None, out=None)
+        loc = user_location()
+        if out is not None:
+            raise GirTraceError(f"{kind}(out=...): traced values are not written in place; use the result", loc)
+        x = self if dtype is None else astype(self, dtype)
+        return _reduce(kind, x, axis, keepdims, loc)
     method.__name__ = kind
     return method
 
@@ -454,12 +541,13 @@ def _install() -> None:
         "__ror__": _bin("or", True),
         "__matmul__": lambda self, o: _matmul(self, o, user_location()),
         "__rmatmul__": lambda self, o: _matmul(o, self, user_location()),
-        "__neg__": lambda self: emit1("neg", [to_value(self)], loc=user_location()),
+        "__neg__": lambda self: _weak_unary(emit1("neg", [to_value(self)], loc=user_location()), self),
         "__pos__": lambda self: self,
-        "__abs__": lambda self: emit1("abs", [to_value(self)], loc=user_location()),
+        "__abs__": lambda self: _weak_unary(emit1("abs", [to_value(self)], loc=user_location()), self),
         "__bool__": _traced_bool,
         "__iter__": _iter,
         "__array_ufunc__": _array_ufunc,
+        "__array_function__": _array_function,
         "__getitem__": lambda self, key: _getitem(self, key, user_location()),
         "__len__": _len,
         "__getattr__": _getattr,

@@ -181,13 +181,16 @@ def need_frame(what: str) -> Frame:
 class Tracer:
     """A traced tensor; NumPy's operators and methods are in numpy_api.py (installed there)."""
 
-    __slots__ = ("value", "frame", "block")
+    __slots__ = ("value", "frame", "block", "weak")
     __array_priority__ = 1000
 
-    def __init__(self, value: Value, frame: Frame, block: Block):
+    def __init__(self, value: Value, frame: Frame, block: Block, weak: bool = False):
         self.value = value
         self.frame = frame
         self.block = block
+        self.weak = weak
+        """A Python scalar argument of the traced function (`lr` in `gir.jit(step)(p, 0.1)`): as in
+        JAX, it takes the float dtype of a tensor it meets (`p - lr * g` with f64 `p` is f64)."""
 
     @property
     def type(self) -> TensorType:
@@ -310,11 +313,26 @@ def to_value(x: Any, dtype: str | None = None, loc: Location | None = None) -> V
 
 
 def values_of(xs: Sequence[Any], loc: Location) -> list[Value]:
-    """Operands of one op: weak scalars take the dtype of the first tensor among them."""
-    dtype = next((v.type.dtype for v in xs if isinstance(v, Tracer)), None)
+    """Operands of one op: weak scalars take the dtype of the first (strong) tensor among them."""
+    dtype = next((v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak), None)
     if dtype is None:
         dtype = next((dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN), None)
-    return [to_value(x, dtype, loc) for x in xs]
+    if dtype is None:
+        dtype = next((v.type.dtype for v in xs if isinstance(v, Tracer)), None)
+    return [_weak_as(x, dtype, loc) if isinstance(x, Tracer) and x.weak else to_value(x, dtype, loc) for x in xs]
+
+
+def _weak_as(x: Tracer, dtype: str | None, loc: Location) -> Value:
+    """A weak scalar argument cast to the dtype of the tensor it meets: a float to a wider or
+    narrower float, an int to any int or float (JAX's weak types); otherwise kept as it is
+    (the op's type rule then reports the mismatch)."""
+    have = x.type.dtype
+    if dtype is None or dtype == have or dtype == "i1":
+        return resolve(x)
+    if have in FLOAT_DTYPES and dtype not in FLOAT_DTYPES:
+        return resolve(x)
+    v = resolve(x)
+    return emit("cast", [v], declared=[v.tensor_type.with_dtype(dtype)], loc=loc).result
 
 
 _KNOWN = set(DTYPES.values())

@@ -67,6 +67,11 @@ class Spec:
 def spec(shape: str | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
     """An abstract argument for gir.trace: `spec("?x32x256", "f32")`, `spec((None, 256))`."""
     loc = user_location()
+    if isinstance(shape, (int, np.integer)) or shape is None:
+        shape = (shape,)  # spec(3) is a vector of 3, spec(None) one of `?` elements, as NumPy's shape=3
+    elif not isinstance(shape, (str, Sequence)):
+        raise GirTraceError(f"gir.spec: the shape is a string ('?x32x256') or a sequence of ints/None, not "
+                            f"{type(shape).__name__}", loc)
     dims: list[Any] = ([] if shape == "" else shape.split("x")) if isinstance(shape, str) else list(shape)
     out: list[Dim] = []
     for d in dims:
@@ -167,7 +172,8 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
     function = new_function(func_name(getattr(fn, "__name__", "f")), module, types, names, floc)
     frame = Frame(function, module, None)
     with frame_scope(frame):
-        tracers = [Tracer(a, frame, function.body) for a in function.args]
+        tracers = [Tracer(a, frame, function.body, weak=is_weak(leaf) and not isinstance(leaf, np.generic))
+                   for a, leaf in zip(function.args, leaves)]
         out = fn(*unflatten_args(trees, tracers))
         out_leaves, _, out_tree = flatten(out)
         finish_function(function, module, [to_value(leaf, loc=floc) for leaf in out_leaves], floc)
@@ -250,7 +256,8 @@ def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Locat
         v = to_value(leaf, init.tensor_type.dtype, loc)
         if v.type != init.type:
             where = value_name(path)
-            raise GirTraceError(f"the gir.scan step changes the carry {where} from {init.type} to {v.type}; a "
+            what = "the carry" if where == "carry" else f"the carry {where}"  # not "the carry carry"
+            raise GirTraceError(f"the gir.scan step changes {what} from {init.type} to {v.type}; a "
                                 "carry keeps its shape and dtype", loc)
         out.append(v)
     return out
@@ -313,7 +320,10 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
     nums = [a % len(args) for a in nums]
     leaves, names, trees = flatten_args(fun, args)
     values = [to_value(leaf, loc=loc) for leaf in leaves]
-    callee, out = _trace_callee(fun, values, names, trees, frame, loc)
+    # a Python scalar (or a weak scalar argument of the caller) stays weakly typed in the callee
+    weak = [leaf.weak if isinstance(leaf, Tracer) else is_weak(leaf) and not isinstance(leaf, np.generic)
+            for leaf in leaves]
+    callee, out = _trace_callee(fun, values, names, trees, frame, loc, weak)
     starts = [sum(t.num_leaves for t in trees[:i]) for i in range(len(trees))]
     wrt = [p for a in nums for p in range(starts[a], starts[a] + trees[a].num_leaves)]
     for p in wrt:
@@ -334,7 +344,7 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
 
 
 def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str], trees: list[TreeDef],
-                  frame: Frame, loc: Location) -> tuple[Frame, TensorType]:
+                  frame: Frame, loc: Location, weak: Sequence[bool] = ()) -> tuple[Frame, TensorType]:
     """fun traced into a function of the caller's module; (its frame, its scalar result type)."""
     named = fun.func if isinstance(fun, functools.partial) else fun  # keyword arguments bound by gir.grad
     floc = function_location(named)
@@ -342,7 +352,8 @@ def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str]
                             [v.tensor_type for v in values], names, floc)
     callee = Frame(function, frame.module, frame)
     with frame_scope(callee):
-        tracers = [Tracer(a, callee, function.body) for a in function.args]
+        weak = list(weak) + [False] * (len(function.args) - len(weak))
+        tracers = [Tracer(a, callee, function.body, weak=w) for a, w in zip(function.args, weak)]
         out = fun(*unflatten_args(trees, tracers))
         if not isinstance(out, Tracer):
             raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar tensor, it returns a "
