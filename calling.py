@@ -49,8 +49,9 @@ def parameter_names(f: Function) -> list[str]:
 def bind_arguments(f: Function, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
     """args and kwargs bound to f's parameters and converted to arrays of their dtypes."""
     if not kwargs and len(args) == len(f.args) and all(
-            type(a) is np.ndarray and a.dtype == p.tensor_type.numpy_dtype for a, p in zip(args, f.args)):
-        return list(args)  # the common call: every argument an array of its parameter's dtype
+            type(a) is np.ndarray and a.dtype == p.tensor_type.numpy_dtype and a.flags.c_contiguous
+            for a, p in zip(args, f.args)):
+        return list(args)  # the common call: every argument a C-ordered array of its parameter's dtype
     names = parameter_names(f)
     listed = ", ".join("%" + n for n in names) or "none"
     if len(args) > len(names):
