@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from . import compile_cache, timing
 from .errors import GirArgumentError
-from .frontend.parser import load, parse
-from .ir.core import Module
+from .frontend.parser import parse, read_source
+from .ir.core import Function, Module
 from .ir.interpreter import check_arguments
 from .ir.printer import print_module
 from .ir.specialize import specialize
@@ -32,13 +33,18 @@ DEVICES = ("cpu", "gpu", "interp")
 
 
 class JitFunction:
-    def __init__(self, module: Module, entry: str, device: str, pipeline: str):
-        self.source = module
-        """The module as given; never changed: every specialisation clones it (locations included)."""
+    def __init__(self, module: Module | None, entry: str, device: str, pipeline: str, *,
+                 cache_key: str | None = None, signature: Function | None = None,
+                 text: tuple[str, str] | None = None):
+        """module, or (on a compile-cache hit) the signature and the (text, file name) to parse
+        should a specialisation miss; cache_key: compile_cache's key of the source."""
+        self._source = module
+        self._text = text
+        self._cache_key = cache_key
         self.entry = entry
         self.device = device
         self.pipeline = pipeline
-        self.signature = module.functions[entry]
+        self.signature = module.functions[entry] if module is not None else signature
         self._compiled: dict[tuple, Any] = {}
         self._compiling = threading.Lock()
         """Held while a specialisation compiles: threads that call with a new shape at once
@@ -59,14 +65,35 @@ class JitFunction:
                 found = self._compiled[shapes] = self._compile(shapes)
         return found
 
+    @property
+    def source(self) -> Module:
+        """The module as given; never changed: every specialisation clones it (locations
+        included). After a compile-cache hit it is parsed when first needed."""
+        if self._source is None:
+            assert self._text is not None
+            self._source = parse(*self._text)
+        return self._source
+
     def _compile(self, shapes: tuple) -> Any:
+        key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
+        if key is not None:
+            found = compile_cache.load_compiled(key)
+            if found is not None:
+                return found
+        compiled = self._compile_now(shapes)
+        if key is not None:
+            compile_cache.store_compiled(key, compiled)
+        return compiled
+
+    def _compile_now(self, shapes: tuple) -> Any:
         f = self.source.functions[self.entry]
         if shapes != tuple(tuple(t.shape) for t in f.arg_types):
             types = [t.with_shape(tuple(shape)) for t, shape in zip(f.arg_types, shapes)]
             module = specialize(self.source, self.entry, types)
         else:
             module = self.source.clone()
-        analyses = PassManager(self.pipeline).run(module).analyses
+        with timing.phase("passes"):
+            analyses = PassManager(self.pipeline).run(module).analyses
         f = module.functions[self.entry]
         plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
         if self.device == "interp":
@@ -80,7 +107,8 @@ class JitFunction:
             from .backend.cpu.runtime import CPUFunction
 
             compiled = CPUFunction.compile(f, plan)
-            compiled.ir = print_module(module)
+            with timing.phase("print IR (fn.ir)"):
+                compiled.ir = print_module(module)
         return compiled
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
@@ -136,24 +164,41 @@ class _Interpreted:
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None) -> JitFunction:
-    """Compiles @entry of a module (or of gir source text, or of a .gir file path)."""
+    """Compiles @entry of a module (or of gir source text, or of a .gir file path). Compiled code
+    is cached on disk (compile_cache.py): a source compiled before is not parsed again."""
+    if device not in DEVICES:
+        raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
+    full = pipeline if pipeline is not None else f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}"
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
-    elif isinstance(source_or_module, str) and "\n" not in source_or_module and "{" not in source_or_module \
-            and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
-        module = load(source_or_module)
-    elif isinstance(source_or_module, str):
-        module = parse(source_or_module, filename="<jit>")
-    else:
+        entry = _entry(module, entry)
+        return JitFunction(module, entry, device, full, cache_key=compile_cache.module_key(module, entry, device, full))
+    if not isinstance(source_or_module, str):
         kind = type(source_or_module).__name__
         raise GirArgumentError(f"gir.jit takes a Module, gir source or a .gir path, not {kind}")
-    if device not in DEVICES:
-        raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
+    if "\n" not in source_or_module and "{" not in source_or_module \
+            and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
+        text, filename = read_source(source_or_module), source_or_module
+    else:
+        text, filename = source_or_module, "<jit>"
+    key = compile_cache.source_key(text, filename, entry, device, full)
+    signature = compile_cache.load_signature(key) if key else None
+    if signature is not None:  # compiled before: parsed only if a specialisation misses
+        return JitFunction(None, signature.name, device, full, cache_key=key, signature=signature,
+                           text=(text, filename))
+    with timing.phase("parse"):
+        module = parse(text, filename=filename)
+    entry = _entry(module, entry)
+    if key:
+        compile_cache.store_signature(key, module.functions[entry])
+    return JitFunction(module, entry, device, full, cache_key=key)
+
+
+def _entry(module: Module, entry: str | None) -> str:
     if entry is None:
         entry = list(module.functions)[-1]
     entry = entry.lstrip("@")
     if entry not in module.functions:
         raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions))
-    full = pipeline if pipeline is not None else f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}"
-    return JitFunction(module, entry, device, full)
+    return entry
