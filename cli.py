@@ -13,11 +13,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from . import timing
 from .errors import GirArgumentError, GirError, Location
-from .frontend.parser import load
+from .frontend.parser import load, parse
 from .ir.core import Function, Module
 from .ir.interpreter import interpret, random_inputs
 from .ir.printer import print_module
@@ -104,6 +106,7 @@ def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
         check_numerics=seed,
         reproducer=True,
         reproducer_dir=getattr(args, "reproducer_dir", None),
+        reparse=parse,
     )
 
 
@@ -143,7 +146,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
                 plot_plans(plans, args.memplan_plot)
             except OSError as e:
                 raise cannot_write(args.memplan_plot, e) from None
-    text = print_module(module, print_locations=args.print_locations)
+    with timing.phase("print IR (output)"):
+        text = print_module(module, print_locations=args.print_locations)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
@@ -157,9 +161,13 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     check_seed("--random", args.random)
-    module = load(args.file)
-    run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
-    f = entry_of(module, args.entry)
+    cached = _cached_runner(args)
+    if cached is not None:
+        f: Function = cached.signature
+    else:
+        module = load(args.file)
+        run_pipeline(args, module, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+        f = entry_of(module, args.entry)
     if args.inputs:
         inputs = load_inputs(f, args.inputs)
     else:
@@ -169,7 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         prov = providers()
         print(prov.notice or "BLAS: MKL (cblas, packed GEMM) and OpenBLAS (SciPy)", file=sys.stderr)
-    run = _runner(args, module, f.name)
+    run = cached if cached is not None else _runner(args, module, f.name)
     results = run(*inputs)
     times = []
     for _ in range(max(0, args.repeat - 1)):
@@ -186,6 +194,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise cannot_write(args.outputs, e) from None
     return 0
+
+
+def _cached_runner(args: argparse.Namespace) -> Any:
+    """`gir run` on the CPU without the pass manager's debugging flags is `gir.jit` of the
+    file (default pipeline + backend pipeline), so the compile cache can skip parsing, the
+    passes and LLVM; None when the flags ask for the pass manager's own run."""
+    if args.device != "cpu" or getattr(args, "stats_json", None):
+        return None
+    from .jit import jit
+
+    pipeline = args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE
+    return jit(args.file, args.entry, "cpu", ",".join(p for p in (pipeline, BACKEND_PIPELINE) if p))
 
 
 def _runner(args: argparse.Namespace, module: Module, entry: str) -> Callable[..., list[np.ndarray]]:
@@ -220,6 +240,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
             out.write(data)
     except OSError as e:
         raise GirArgumentError(f"cannot write {args.output}: {e.strerror or e}") from None
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from . import cache
+
+    if args.action == "clear":
+        print(f"removed {cache.clear()} files from {cache.cache_root()}")
+    else:
+        sys.stdout.write(cache.info().text())
     return 0
 
 
@@ -281,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--emit", choices=["llvm", "asm", "obj"], required=True)
     comp.add_argument("-o", "--output", required=True)
     comp.set_defaults(func=cmd_compile)
+    cache = sub.add_parser("cache", help="show or empty the compile cache (GIR_CACHE_DIR, default ~/.cache/gir)")
+    cache.add_argument("action", choices=["info", "clear"])
+    cache.set_defaults(func=cmd_cache)
     return p
 
 
@@ -288,6 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "timing", False):  # one tree: parse, passes, verify, print, backend, LLVM, cache
+            with timing.collect(f"gir {args.command}") as root:
+                code = args.func(args)
+            sys.stderr.write(root.tree())
+            return code
         return args.func(args)
     except GirError as e:
         if os.environ.get("GIR_TRACEBACK") and e.__cause__ is not None and not isinstance(e.__cause__, GirError):

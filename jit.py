@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import compile_cache, timing
-from .errors import GirArgumentError
+from .errors import GirArgumentError, Location
 from .frontend.parser import parse, read_source
 from .ir.core import Function, Module
 from .ir.interpreter import check_arguments
@@ -200,5 +200,6 @@ def _entry(module: Module, entry: str | None) -> str:
         entry = list(module.functions)[-1]
     entry = entry.lstrip("@")
     if entry not in module.functions:
-        raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions))
+        raise GirArgumentError(f"no function @{entry} in {module.filename}; the module has "
+                               + ", ".join("@" + n for n in module.functions), Location(module.filename, 1, 1))
     return entry

@@ -50,6 +50,10 @@ class Phase:
                  "===--------------------------------------------------------------===",
                  f"  {'seconds':>9}  {'share':>6}  phase"]
         self._lines(lines, total, 0)
+        rest = total - sum(c.seconds for c in self.children)
+        if self.children and rest > 0.0005:
+            lines.append(f"  {rest:9.4f}  {100 * rest / total:5.1f}%  (other: imports, reading files, running)")
+        lines.append(f"  {total:9.4f}  100.0%  {self.name}")
         return "\n".join(lines) + "\n"
 
     def _lines(self, lines: list[str], total: float, depth: int) -> None:
@@ -61,7 +65,8 @@ class Phase:
             if c.children:
                 rest = c.seconds - sum(g.seconds for g in c.children)
                 if rest > 0.0005:
-                    lines.append(f"  {rest:9.4f}  {100 * rest / total if total else 0:5.1f}%  {'  ' * (depth + 1)}(other)")
+                    share = f"{100 * rest / total:5.1f}%" if total else "     -"
+                    lines.append(f"  {rest:9.4f}  {share}  {'  ' * (depth + 1)}(other)")
 
 
 _current: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("gir_timing", default=None)

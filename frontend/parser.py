@@ -23,6 +23,7 @@ import lark
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from .. import timing
 from ..cache import cache_root, digest
 from ..errors import GirSyntaxError, Location, remember_source
 from ..ir.core import Module
@@ -406,16 +407,23 @@ def parse(text: str, filename: str = "<string>") -> Module:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        module = emit_module(parse_ast(text, filename), filename)
+        with timing.phase("parse: load parser tables"):
+            _parser()
+        with timing.phase("parse: text to AST"):
+            functions = parse_ast(text, filename)
+        with timing.phase("parse: emit IR"):
+            module = emit_module(functions, filename)
     finally:
         if gc_was_enabled:
             gc.enable()
-    verify(module)
+    with timing.phase("verify"):
+        verify(module)
     return module
 
 
 def load(path: str) -> Module:
-    return parse(read_source(path), filename=path)
+    with timing.phase("parse"):
+        return parse(read_source(path), filename=path)
 
 
 def read_source(path: str) -> str:
