@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 class Phase:
     name: str
     seconds: float = 0.0
+    """Wall-clock seconds."""
+    cpu: float = 0.0
+    """CPU seconds of the thread that ran the phase (on a shared machine, what others' work
+    disturbs least)."""
     count: int = 0
     children: list[Phase] = field(default_factory=list)
 
@@ -48,25 +52,28 @@ class Phase:
         lines = ["===--------------------------------------------------------------===",
                  "                    gir compile timing report",
                  "===--------------------------------------------------------------===",
-                 f"  {'seconds':>9}  {'share':>6}  phase"]
+                 f"  {'seconds':>9}  {'cpu s':>9}  {'share':>6}  phase"]
         self._lines(lines, total, 0)
         rest = total - sum(c.seconds for c in self.children)
         if self.children and rest > 0.0005:
-            lines.append(f"  {rest:9.4f}  {100 * rest / total:5.1f}%  (other: imports, reading files, running)")
-        lines.append(f"  {total:9.4f}  100.0%  {self.name}")
+            cpu = self.cpu - sum(c.cpu for c in self.children)
+            lines.append(f"  {rest:9.4f}  {cpu:9.4f}  {100 * rest / total:5.1f}%  (other: imports, reading files, "
+                         "running)")
+        lines.append(f"  {total:9.4f}  {self.cpu:9.4f}  100.0%  {self.name}")
         return "\n".join(lines) + "\n"
 
     def _lines(self, lines: list[str], total: float, depth: int) -> None:
         for c in self.children:
             times = f" (x{c.count})" if c.count > 1 else ""
             share = f"{100 * c.seconds / total:5.1f}%" if total else "     -"
-            lines.append(f"  {c.seconds:9.4f}  {share}  {'  ' * depth}{c.name}{times}")
+            lines.append(f"  {c.seconds:9.4f}  {c.cpu:9.4f}  {share}  {'  ' * depth}{c.name}{times}")
             c._lines(lines, total, depth + 1)
             if c.children:
                 rest = c.seconds - sum(g.seconds for g in c.children)
                 if rest > 0.0005:
                     share = f"{100 * rest / total:5.1f}%" if total else "     -"
-                    lines.append(f"  {rest:9.4f}  {share}  {'  ' * (depth + 1)}(other)")
+                    cpu = c.cpu - sum(g.cpu for g in c.children)
+                    lines.append(f"  {rest:9.4f}  {cpu:9.4f}  {share}  {'  ' * (depth + 1)}(other)")
 
 
 _current: contextvars.ContextVar[Phase | None] = contextvars.ContextVar("gir_timing", default=None)
@@ -81,11 +88,12 @@ def phase(name: str) -> Iterator[None]:
         return
     node = parent.child(name)
     token = _current.set(node)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     try:
         yield
     finally:
         node.seconds += time.perf_counter() - start
+        node.cpu += time.thread_time() - cpu
         node.count += 1
         _current.reset(token)
 
@@ -100,10 +108,11 @@ def collect(name: str = "total") -> Iterator[Phase]:
     parent = _current.get()
     root = parent.child(name) if parent is not None else Phase(name)
     token = _current.set(root)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     try:
         yield root
     finally:
         root.seconds += time.perf_counter() - start
+        root.cpu += time.thread_time() - cpu
         root.count += 1
         _current.reset(token)

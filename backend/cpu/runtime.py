@@ -55,11 +55,18 @@ run time of the bench/rnn.py training steps."""
 def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
     """The host CPU with all its features. An execution engine takes ownership of the target
     machine it is given, so every engine gets a machine of its own."""
+    cpu, features = host()
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(cpu=cpu, features=features, opt=opt_level() if opt is None else opt,
+                                        codemodel="jitdefault")
+
+
+@cache
+def host() -> tuple[str, str]:
+    """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    target = llvm.Target.from_default_triple()
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                        opt=opt_level() if opt is None else opt, codemodel="jitdefault")
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
 @cache
@@ -157,15 +164,16 @@ def compile_code(function: Function, plan: MemoryPlan | None = None) -> Code:
     with timing.phase("LLVM: parse and verify"):
         mod = llvm.parse_assembly(llvm_ir)
         mod.verify()
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.thread_time()
     with timing.phase(f"LLVM: optimise (-O{opt})"):
         optimize(mod, opt)
         optimized_ir = str(mod)
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.thread_time()
     with timing.phase("LLVM: emit object"):
         obj = _target_machine(opt).emit_object(mod)
-    t4 = time.perf_counter()
-    seconds = {"lower": t1 - t0, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3}
+    t4, c4 = time.perf_counter(), time.thread_time()
+    seconds = {"lower": t1 - t0, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3,
+               "llvm_opt_cpu": c3 - c2, "llvm_emit_cpu": c4 - c3}
     code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, not layout.provisional))
     if disk.enabled():
         with timing.phase("cache: store"):
@@ -287,8 +295,8 @@ def target_key() -> tuple:
     path, the arena switch)."""
     from ... import __version__
 
-    return (__version__, _CODEGEN_VERSION, llvm.llvm_version_info, llvm.get_process_triple(), llvm.get_host_cpu_name(),
-            llvm.get_host_cpu_features().flatten(), blas.providers().has_mkl, blas.threads(),
+    return (__version__, _CODEGEN_VERSION, llvm.llvm_version_info, llvm.get_process_triple(), *host(),
+            blas.providers().has_mkl, blas.threads(),
             os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""), opt_level())
 
 
