@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import timing
-from .errors import GirArgumentError, GirError, Location
+from .errors import GirArgumentError, GirError, Location, source_text
 from .frontend.parser import load, parse
 from .ir.core import Function, Module
 from .ir.interpreter import interpret, random_inputs
@@ -111,8 +111,11 @@ def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
 
 
 def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> Report:
-    """Runs pipeline with the debugging flags; the report carries the analyses it left."""
-    report = pass_manager(args, pipeline).run(module)
+    """Runs pipeline with the debugging flags on a module just loaded; the report carries the
+    analyses it left."""
+    pm = pass_manager(args, pipeline)
+    pm.debug.input_text = source_text(module.filename)  # its reproducers replay from the file's text
+    report = pm.run(module)
     if getattr(args, "timing", False):
         sys.stderr.write(report.timing_table())
     if getattr(args, "stats_json", None):

@@ -541,11 +541,14 @@ def canonicalization_patterns() -> list[Pattern]:
 
 class Canonicalize(Pass):
     name = "canonicalize"
+    idempotent = True
 
     def run(self, module: Module, stats: PassStatistics) -> bool:
         rw = Rewriter(stats)
         patterns = canonicalization_patterns()
         changed = False
+        self.converged = True
+        """Every function reached a round with nothing to do (so another run would do nothing)."""
         for f in module.functions.values():
             for _ in range(10):  # patterns and CSE expose work for each other; a few rounds suffice
                 again = apply_patterns_greedily(f, patterns, rw)
@@ -553,4 +556,6 @@ class Canonicalize(Pass):
                 changed |= again
                 if not again:
                     break
+            else:
+                self.converged = False
         return changed

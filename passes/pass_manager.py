@@ -107,6 +107,11 @@ class DebugOptions:
     reproducer_dir: str | None = None
     out: TextIO | None = None
     """Where IR dumps go (stderr by default, as in mlir-opt)."""
+    skip_fixpoints: bool = True
+    """Skip an idempotent pass (`Pass.idempotent`) when no pass changed the IR since its last
+    run reached a fixpoint: it would find nothing to do."""
+    input_text: str | None = None
+    """The text the module was parsed from, unchanged since (saves printing it for reproducers)."""
     reparse: Callable[[str], Module] | None = None
     """Text -> Module (the parser, which passes/ does not import): given, a reproducer is made
     by replaying the passes on the input printed once, instead of printing before every pass."""
@@ -161,8 +166,14 @@ class PassManager:
         self._input: str | None = None
         self._snapshots = bool(d.reproducer or d.reproducer_dir) and d.reparse is None
         if (d.reproducer or d.reproducer_dir) and d.reparse is not None:
-            with timing.phase("print IR (reproducer input)"):
-                self._input = print_module(module)
+            self._input = d.input_text
+            if self._input is None:
+                with timing.phase("print IR (reproducer input)"):
+                    self._input = print_module(module)
+        self._generation = 0
+        """Counts the passes that changed the IR so far."""
+        self._fixpoints: dict[str, int] = {}
+        """An idempotent pass (by spec) -> the generation its last run converged at."""
         for index, p in enumerate(self.passes, start=1):
             with timing.phase(f"pass {p.spec()}"):
                 self._run_one(index, p, module, report, numerics)
@@ -180,9 +191,14 @@ class PassManager:
         p.analyses = report.analyses
         report.analyses.begin_pass()
         start = time.perf_counter()
+        skip = d.skip_fixpoints and p.idempotent and self._fixpoints.get(p.spec()) == self._generation
         try:
-            with timing.phase("run"):
-                changed = bool(p.run(module, stats))
+            if skip:  # it would find nothing to do: the IR is the one its last run left
+                changed = False
+                stats.notes.append("skipped: the IR is unchanged since this pass last ran to a fixpoint")
+            else:
+                with timing.phase("run"):
+                    changed = bool(p.run(module, stats))
         except GirPassError as e:
             raise self._failed(p, module, index, e) from None
         except GirError:
@@ -196,6 +212,10 @@ class PassManager:
         ops_after = module.num_ops()
         if changed:
             report.analyses.invalidate()
+        if changed or ops_after != ops_before:
+            self._generation += 1
+        if p.idempotent and not skip and getattr(p, "converged", True):
+            self._fixpoints[p.spec()] = self._generation
         # An unchanged module is the one verified after the pass before (or by the parser); a
         # pass that says "unchanged" but changed the op count is verified anyway.
         if d.verify_each and (changed or ops_after != ops_before or index == 1):
