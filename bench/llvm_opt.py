@@ -4,9 +4,10 @@ For each model (rnn, gru, lstm) at size S (T=50, batch 32, 256/256, float32) and
 0-3 (GIR_LLVM_OPT), compiles `@<model>_grads` with the compile cache off and the GEMM paths
 fixed (GIR_GEMM_MEASURE=off: the same paths at every level), then times training steps. The
 levels are interleaved round by round in one process, so the machine's drift hits them alike.
-LLVM's time is CPU time of the compiling thread (median); a step's time is the minimum over
-all rounds (on a shared machine the minimum is the figure least disturbed by other work).
-BLAS runs on one thread.
+LLVM's time is CPU time of the compiling thread (median). BLAS runs on one thread, in the
+calling thread, so a step's time is the CPU time of that thread (`time.thread_time`), which
+leaves out the time other processes held the core; the minimum over all rounds is reported
+(the figure least disturbed by what others do to the caches).
 
     python bench/llvm_opt.py [--models rnn,gru,lstm] [--rounds 5] [--steps 10] [--size S]
 
@@ -72,9 +73,9 @@ def main() -> None:
                 for a, b in zip(want, out):
                     np.testing.assert_allclose(a, b, rtol=2e-3, atol=1e-4 * float(np.abs(a).max() + 1e-30))
                 for _ in range(args.steps):
-                    start = time.perf_counter()
+                    start = time.thread_time()
                     fn(*call_args)  # type: ignore[operator]
-                    step_s[lv].append(time.perf_counter() - start)
+                    step_s[lv].append(time.thread_time() - start)
         ref_c, ref_r = statistics.median(llvm_s[3]), min(step_s[3])
         for lv in levels:
             c, r = statistics.median(llvm_s[lv]), min(step_s[lv])
