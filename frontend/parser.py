@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import math
 import os
 import re
 import sys
-import threading
 from typing import Any
 
 import lark
@@ -24,7 +24,7 @@ from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from .. import timing
-from ..cache import cache_root, digest
+from ..cache import atomic_write, cache_root, digest
 from ..errors import GirSyntaxError, Location, remember_source
 from ..ir.core import Module
 from ..ir.types import parse_type
@@ -283,28 +283,28 @@ class _ToAst(Transformer):
 @functools.cache
 def _parser() -> Lark:
     """The parser, shared: it keeps no state between parses. Its LALR tables are built once per
-    grammar and Lark version and kept in the gir cache (`parser-<hash>.lark`, ~7 ms to load;
-    building them costs ~0.6 s, half of it interegular's regex-collision check). Two threads
-    parsing first at once may each load one; both are the same parser."""
+    grammar, Lark and Python version and kept in the gir cache (`parser-<hash>.lark`, ~10 ms to
+    load; building them costs ~0.6 s, half of it interegular's regex-collision check). Two
+    threads parsing first at once may each load one; both are the same parser."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grammar.lark")
     with open(path, encoding="utf-8") as f:
         grammar = f.read()
-    options: dict[str, Any] = dict(parser="lalr", lexer=GirLexer, strict=True, propagate_positions=True,
-                                   maybe_placeholders=False, transformer=_ToAst(), source_path=path)
     tables = os.path.join(cache_root(), f"parser-{digest(grammar, lark.__version__, sys.version_info[:2])}.lark")
-    if os.path.exists(tables):
-        return Lark(grammar, cache=tables, **options)  # Lark checks its own hash and rebuilds on a mismatch
-    # Built under a temporary name and renamed: another process never reads half the tables.
-    tmp = f"{tables}.tmp.{os.getpid()}.{threading.get_ident()}"
+    load_options = {"transformer": _ToAst(), "propagate_positions": True}
     try:
-        os.makedirs(os.path.dirname(tables), exist_ok=True)
-    except OSError:
-        return Lark(grammar, **options)  # no writable cache: build every time
-    parser = Lark(grammar, cache=tmp, **options)
-    try:
-        os.replace(tmp, tables)
-    except OSError:
+        with open(tables, "rb") as f:
+            # Lark's own cache format (Lark.save / Lark._load), written below; the transformer
+            # is not saved but given again.
+            return Lark.__new__(Lark)._load(f, **load_options)
+    except FileNotFoundError:
         pass
+    except Exception:  # noqa: BLE001 - damaged, or from another build of Lark: built again below
+        pass
+    parser = Lark(grammar, parser="lalr", lexer=GirLexer, strict=True, maybe_placeholders=False,
+                  source_path=path, **load_options)
+    buf = io.BytesIO()
+    parser.save(buf, exclude_options=list(load_options))
+    atomic_write(tables, buf.getvalue())  # renamed into place: another process never reads half of it
     return parser
 
 

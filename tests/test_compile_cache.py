@@ -217,6 +217,10 @@ def test_parser_tables_are_kept_on_disk(own_cache: Path) -> None:
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
     tables = list(own_cache.glob("parser-*.lark"))
     assert len(tables) == 1 and tables[0].stat().st_size > 10_000
+    tables[0].write_bytes(b"damaged")  # a damaged file is built again and replaced
+    proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    assert tables[0].stat().st_size > 10_000
 
 
 def test_timing_tree_nests_phases() -> None:
