@@ -13,7 +13,7 @@ Every file is written to a temporary name and renamed into place (atomic on POSI
 processes sharing the cache never read half a file. An entry carries the SHA-256 of its
 payload: a truncated or overwritten entry reads as a miss (and is deleted), so it is compiled
 again rather than crashing the process. Entries are bounded by `GIR_CACHE_MAX_MB` (default
-512 MB) in total: after a store, the least recently used (by mtime; a hit touches its entry)
+512 MiB) in total: after a store, the least recently used (by mtime; a hit touches its entry)
 are deleted until the cache is under 90% of the bound. `GIR_CACHE=0` turns the compile cache
 off (the parser tables and GEMM times are still kept).
 
@@ -183,7 +183,7 @@ class Info:
 
     def text(self) -> str:
         lines = [f"cache directory: {self.root}",
-                 f"compiled entries: {self.entries}, {self.bytes / 1e6:.2f} MB of {self.limit / 1e6:.0f} MB "
+                 f"compiled entries: {self.entries}, {self.bytes / 2**20:.2f} MiB of {self.limit / 2**20:.0f} MiB "
                  "(GIR_CACHE_MAX_MB)",
                  f"compile cache: {'on' if enabled() else 'off (GIR_CACHE=0)'}"]
         lines += [f"also: {name}" for name in self.other_files]
