@@ -200,19 +200,37 @@ def info() -> Info:
     return Info(root, len(entries), sum(s for _, s, _ in entries), max_bytes(), others)
 
 
+OWN_FILES = ("parser-", "gemm-times", "gemm-paths")
+"""Prefixes of gir's own files at the top of the cache directory (`clear` deletes only those,
+and the entry folders: GIR_CACHE_DIR may point at a folder shared with other files)."""
+
+
 def clear() -> int:
-    """Deletes every file of the cache (entries, parser tables, GEMM times); returns how many."""
+    """Deletes gir's files from the cache (entries, parser tables, GEMM times); returns how many."""
     root = cache_root()
     removed = 0
-    for folder, _, names in os.walk(root, topdown=False):
+    for kind in SUBDIRS:
+        folder = os.path.join(root, kind)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
         for name in names:
-            _remove(os.path.join(folder, name))
+            if name.endswith((".entry", ".sig")) or ".tmp." in name:
+                _remove(os.path.join(folder, name))
+                removed += 1
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # something else lives there: left alone
+    try:
+        names = os.listdir(root)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith(OWN_FILES) and os.path.isfile(os.path.join(root, name)):
+            _remove(os.path.join(root, name))
             removed += 1
-        if folder != root:
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass
     return removed
 
 
