@@ -478,7 +478,8 @@ def _cse_key(op: Operation) -> tuple | None:
     operands = [id(v) for v in op.operands]
     if op.spec.commutative:
         operands.sort()
-    return (op.name, tuple(operands), _freeze(op.attrs), tuple(r.type for r in op.results))
+    attrs = op.attrs
+    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), tuple(r.type for r in op.results))
 
 
 def _freeze(x: Any) -> Any:
