@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from . import timing
 from .calling import bind_arguments
-from .errors import GirArgumentError, GirError, Location, did_you_mean
+from .errors import GirArgumentError, GirError, Location, did_you_mean, source_text
 from .frontend.parser import decode_source, parse
 from .frontend.parser import load as load_file
 from .ir.core import Function, Module
@@ -116,12 +117,16 @@ def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
         check_numerics=seed,
         reproducer=True,
         reproducer_dir=getattr(args, "reproducer_dir", None),
+        reparse=parse,
     )
 
 
 def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> Report:
-    """Runs pipeline with the debugging flags; the report carries the analyses it left."""
-    report = pass_manager(args, pipeline).run(module)
+    """Runs pipeline with the debugging flags on a module just loaded; the report carries the
+    analyses it left."""
+    pm = pass_manager(args, pipeline)
+    pm.debug.input_text = source_text(module.filename)  # its reproducers replay from the file's text
+    report = pm.run(module)
     if getattr(args, "timing", False):
         sys.stderr.write(report.timing_table())
     if getattr(args, "stats_json", None):
@@ -164,7 +169,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
                 plot_plans(plans, args.memplan_plot)
             except OSError as e:
                 raise cannot_write(args.memplan_plot, e) from None
-    text = print_module(module, print_locations=args.print_locations)
+    with timing.phase("print IR (output)"):
+        text = print_module(module, print_locations=args.print_locations)
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
@@ -183,22 +189,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise GirArgumentError(f"--repeat: run at least once, got {args.repeat}")
     mode = get_mode(args.mode or DEFAULT_MODE)
-    module = load(args.file)
-    f = entry_of(module, args.entry)
-    names = result_names(f)  # as written: passes rename values
-    # The arrays follow gir.jit's calling convention (calling.py): exact widening only.
-    inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
-    # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
-    module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
+    cached = _cached_runner(args, mode)
+    if cached is not None:  # the compile cache may skip parsing, the passes and LLVM
+        f: Function = cached.signature
+        names = list(cached.result_names)
+        inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
+    else:
+        module = load_file(args.file)
+        f = entry_of(module, args.entry)
+        names = result_names(f)  # as written: passes rename values
+        # The arrays follow gir.jit's calling convention (calling.py): exact widening only.
+        inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
+        # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
+        module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
+        run_pipeline(args, module, args.pipeline if args.pipeline is not None else mode.front)
     if inputs is None:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
-    run_pipeline(args, module, args.pipeline if args.pipeline is not None else mode.front)
     if args.verbose and args.device == "cpu":
         from .backend.cpu.blas import providers
 
         prov = providers()
         print(prov.notice or "BLAS: MKL (cblas, packed GEMM) and OpenBLAS (SciPy)", file=sys.stderr)
-    run = _runner(args, module, f.name, mode.backend_pipeline(args.device))
+    run = cached if cached is not None else _runner(args, module, f.name, mode.backend_pipeline(args.device))
     results = run(*inputs)
     if args.verbose:
         _print_compile_stats(run)
@@ -240,6 +252,21 @@ def _print_compile_stats(run: Callable[..., Any]) -> None:
         print(compiled.describe(), file=sys.stderr)
 
 
+def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
+    """`gir run` on the CPU of a file with static shapes (or --inputs) and without the pass
+    manager's debugging flags is `gir.jit` of the file, so the compile cache can skip parsing,
+    the passes and LLVM; None when the run needs the pass manager's own run."""
+    if args.device != "cpu" or getattr(args, "stats_json", None) or args.shape:
+        return None
+    from .jit import jit
+
+    front = args.pipeline if args.pipeline is not None else mode.front
+    fn = jit(args.file, args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
+    if args.inputs is None and not all(t.is_static for t in fn.signature.arg_types):
+        return None  # --random needs --shape: the pass manager's path says which
+    return fn
+
+
 def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) -> Callable[..., list[np.ndarray]]:
     """The interpreter, or the entry compiled for the CPU, the GPU or both (after the backend
     pipeline: the mode's, with `place` for --device auto)."""
@@ -277,6 +304,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
             out.write(data)
     except OSError as e:
         raise GirArgumentError(f"cannot write {args.output}: {e.strerror or e}") from None
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from . import cache
+
+    if args.action == "clear":
+        print(f"removed {cache.clear()} files from {cache.cache_root()}")
+    else:
+        sys.stdout.write(cache.info().text())
     return 0
 
 
@@ -363,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_shape_flag(comp)
     add_mode_flag(comp, "the pipeline run before compiling")
     comp.set_defaults(func=cmd_compile)
+    cache = sub.add_parser("cache", help="show or empty the compile cache (GIR_CACHE_DIR, default ~/.cache/gir)")
+    cache.add_argument("action", choices=["info", "clear"])
+    cache.set_defaults(func=cmd_cache)
     return p
 
 
@@ -370,6 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "timing", False):  # one tree: parse, passes, verify, print, backend, LLVM, cache
+            with timing.collect(f"gir {args.command}") as root:
+                code = args.func(args)
+            sys.stderr.write(root.tree())
+            return code
         return args.func(args)
     except GirError as e:
         if os.environ.get("GIR_TRACEBACK") and e.__cause__ is not None and not isinstance(e.__cause__, GirError):

@@ -33,6 +33,12 @@ def remember_source(filename: str, text: str) -> None:
     _SOURCES[filename] = [line.removesuffix("\r") for line in text.split("\n")]
 
 
+def source_text(filename: str) -> str | None:
+    """The text last parsed under filename (lines joined by '\n'), or None."""
+    lines = _SOURCES.get(filename)
+    return None if lines is None else "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Origin:
     """Why an op that is not in the source exists: the pass that made it and how it relates to

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from . import compile_cache, timing
 from .calling import bind_arguments
-from .errors import GirArgumentError, did_you_mean
-from .frontend.parser import load, parse
-from .ir.core import Module
+from .errors import GirArgumentError, Location, did_you_mean
+from .frontend.parser import parse, read_source
+from .ir.core import Function, Module
 from .ir.interpreter import check_arguments
 from .ir.printer import print_module
 from .ir.specialize import specialize
@@ -41,14 +42,20 @@ DEVICES = ("cpu", "gpu", "auto", "interp")
 class JitFunction:
     """What `gir.jit` returns: call it like a Python function (see `help(gir.jit)`)."""
 
-    def __init__(self, module: Module, entry: str, device: str, pipeline: str):
-        self.source = module
-        """The module as given; never changed: every specialisation clones it (locations included)."""
+    def __init__(self, module: Module | None, entry: str, device: str, pipeline: str, *,
+                 cache_key: str | None = None, signature: Function | None = None,
+                 text: tuple[str, str] | None = None, names: tuple[str, ...] | None = None):
+        """module, or (on a compile-cache hit) the signature, its results' names and the (text,
+        file name) to parse should a specialisation miss; cache_key: compile_cache's key of the source."""
+        self._source = module
+        self._text = text
+        self._cache_key = cache_key
         self.entry = entry
         self.device = device
         self.pipeline = pipeline
-        self.signature = module.functions[entry]
-        self.result_names = result_names(self.signature)
+        self.signature = module.functions[entry] if module is not None else signature
+        assert self.signature is not None
+        self.result_names = names if names is not None else result_names(self.signature)
         """The results' names (results.py), as `fn(...)._fields` gives them."""
         self._results = results_class(entry, self.result_names)
         self._compiled: dict[tuple, Any] = {}
@@ -71,12 +78,39 @@ class JitFunction:
                 found = self._compiled[shapes] = self._compile(shapes)
         return found
 
+    @property
+    def source(self) -> Module:
+        """The module as given; never changed: every specialisation clones it (locations
+        included). After a compile-cache hit it is parsed when first needed."""
+        if self._source is None:
+            assert self._text is not None
+            self._source = parse(*self._text)
+        return self._source
+
     def _compile(self, shapes: tuple) -> Any:
+        """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
+        key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
+        if key is not None:
+            timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
+            with timer.stage("cache-load"):
+                found = compile_cache.load_compiled(key)
+            if found is not None:
+                found.compile_seconds = {}  # nothing was compiled: the time is the load's
+                timer.stats.threads = _blas_threads()
+                found.compile_stats = timer.finish(found)
+                return found
+            timer.cancel()
+        compiled = self._compile_now(shapes)
+        if key is not None:
+            compile_cache.store_compiled(key, compiled)
+        return compiled
+
+    def _compile_now(self, shapes: tuple) -> Any:
         timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
         try:
             with timer.stage("specialize"):
                 module = self._specialised_module(shapes)
-            with timer.stage("passes"):
+            with timer.stage("passes"), timing.phase("passes"):
                 report = PassManager(self.pipeline).run(module)
             with timer.stage("backend"):
                 compiled = self._backend(module, report.analyses)
@@ -116,7 +150,8 @@ class JitFunction:
             from .backend.cpu.runtime import CPUFunction
 
             compiled = CPUFunction.compile(f, plan)
-            compiled.ir = print_module(module)
+            with timing.phase("print IR (fn.ir)"):
+                compiled.ir = print_module(module)
         return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple:
@@ -251,7 +286,8 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
 
     A compile that takes more than about a second prints a line to stderr when it starts
     and when it ends, if stderr is a terminal (GIR_PROGRESS=1: always; 0: never). Compiled
-    code is cached on disk (GIR_CACHE_DIR, default ~/.cache/gir). The function may be called
+    code is cached on disk (GIR_CACHE_DIR, default ~/.cache/gir; compile_cache.py): a source
+    compiled before is not even parsed again. The function may be called
     from several threads. Errors in the program are `gir.GirError`s with file:line:col.
 
     A Python function (DESIGN.md §7, docs/python.md) is traced per argument structure, shapes
@@ -261,30 +297,48 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         from .pyjit import jit_python
 
         return jit_python(source_or_module, entry, device=device, pipeline=pipeline, mode=mode)  # type: ignore[return-value]
+    if device not in DEVICES:
+        raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
+    if pipeline is not None and mode is not None:
+        raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
+    full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
-    elif isinstance(source_or_module, os.PathLike):  # a pathlib.Path is a path, as gir.load takes it
-        module = load(os.fspath(source_or_module))
-    elif isinstance(source_or_module, str) and "\n" not in source_or_module and "{" not in source_or_module \
-            and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
-        module = load(source_or_module)
-    elif isinstance(source_or_module, str):
-        module = parse(source_or_module, filename="<jit>")
-    else:
+        entry = _entry(module, entry)
+        return JitFunction(module, entry, device, full, cache_key=compile_cache.module_key(module, entry, device, full))
+    if isinstance(source_or_module, os.PathLike):  # a pathlib.Path is a path, as gir.load takes it
+        source_or_module = os.fspath(source_or_module)
+    if not isinstance(source_or_module, str):
         kind = type(source_or_module).__name__
-        raise GirArgumentError(f"gir.jit takes a Module, gir source or a .gir path, not {kind}")
-    if device not in DEVICES:
-        raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
+        raise GirArgumentError(f"gir.jit takes a Module, gir source, a .gir path or a Python function, not {kind}")
+    if "\n" not in source_or_module and "{" not in source_or_module \
+            and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
+        text, filename = read_source(source_or_module), source_or_module
+    else:
+        text, filename = source_or_module, "<jit>"
+    key = compile_cache.source_key(text, filename, entry, device, full)
+    found = compile_cache.load_signature(key) if key else None
+    if found is not None:  # compiled before: parsed only if a specialisation misses
+        signature, names = found
+        return JitFunction(None, signature.name, device, full, cache_key=key, signature=signature,
+                           text=(text, filename), names=names)
+    with timing.phase("parse"):
+        module = parse(text, filename=filename)
+    entry = _entry(module, entry)
+    if key:
+        compile_cache.store_signature(key, module.functions[entry])
+    return JitFunction(module, entry, device, full, cache_key=key)
+
+
+def _entry(module: Module, entry: str | None) -> str:
     if entry is None:
         entry = list(module.functions)[-1]
     if not isinstance(entry, str):
         raise GirArgumentError(f"the entry is a function's name (a str), not {type(entry).__name__}")
     entry = entry.lstrip("@")
     if entry not in module.functions:
-        raise GirArgumentError(f"no function @{entry}; the module has " + ", ".join("@" + n for n in module.functions)
-                               + did_you_mean(entry, module.functions, prefix="@"))
-    if pipeline is not None and mode is not None:
-        raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
-    full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)
-    return JitFunction(module, entry, device, full)
+        raise GirArgumentError(f"no function @{entry} in {module.filename}; it has "
+                               + ", ".join("@" + n for n in module.functions)
+                               + did_you_mean(entry, module.functions, prefix="@"), Location(module.filename, 1, 1))
+    return entry

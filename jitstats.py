@@ -59,6 +59,12 @@ class CompileStats:
     stages: dict[str, float] = field(default_factory=dict)
     passes: dict[str, float] = field(default_factory=dict)
     cache: str = "none"
+    """'hit': the compile cache had the specialisation (nothing but loading ran); 'hit (object
+    code)': the passes ran, LLVM did not; 'miss'; 'none' where there is no cache (interp, gpu)."""
+    opt_level: int | None = None
+    """LLVM's optimisation level (CPU; GIR_LLVM_OPT, default 3: chosen by measurement)."""
+    gemm_measured: bool | None = None
+    """False when a GEMM path came from the model, not yet measured here (a later compile refines it)."""
     threads: int | None = None
     """The BLAS threads the code runs GEMMs with (CPU)."""
     gemms: list[GemmChoice] = field(default_factory=list)
@@ -67,7 +73,9 @@ class CompileStats:
         """Several lines for `gir run -v` (stderr)."""
         shapes = ", ".join("x".join(map(str, s)) or "scalar" for s in self.shapes)
         lines = [f"compiled @{self.entry} for {self.device} ({shapes}) in {self.seconds:.3f} s; "
-                 f"code cache: {self.cache}" + (f"; BLAS threads: {self.threads}" if self.threads else "")]
+                 f"code cache: {self.cache}" + (f"; BLAS threads: {self.threads}" if self.threads else "")
+                 + (f"; LLVM -O{self.opt_level}" if self.opt_level is not None else "")
+                 + ("; GEMM paths from the model (measuring)" if self.gemm_measured is False else "")]
         lines.append("  stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in self.stages.items()))
         if self.passes:
             top = sorted(self.passes.items(), key=lambda kv: -kv[1])[:5]
@@ -125,6 +133,10 @@ class CompileTimer:
         from_cache = getattr(compiled, "from_cache", None)
         if from_cache is not None:
             s.cache = "hit" if from_cache else "miss"
+        info = getattr(getattr(compiled, "code", None), "info", None)
+        if info is not None:  # the CPU backend's CompileInfo
+            s.cache = {"compiled": "hit", "objects": "hit (object code)"}.get(info.from_cache, "miss")
+            s.opt_level, s.gemm_measured = info.opt_level, info.gemm_measured
         layout = getattr(compiled, "layout", None)
         for g in getattr(layout, "gemms", None) or []:
             transposed = ("a" if g.ta else "") + ("b" if g.tb else "")

@@ -320,6 +320,8 @@ def setup_gir(model: str, p: dict[str, np.ndarray]):
 
     T, B, I = p["xs"].shape
     H = p["h0"].shape[1]
+    # GEMM paths measured before compiling, not in the background while steps are timed.
+    os.environ.setdefault("GIR_GEMM_MEASURE", "now")
     fn = gir.jit(gir_source(model, T, B, I, H), f"{model}_grads")
     args = [p["xs"]] + [p[n] for n in param_names(model)]
     names = param_names(model)

@@ -2,7 +2,7 @@
 as rules reduce (no parse tree is built, then walked again); `emitter.py` turns each function's
 AST into IR.
 
-The parser is built once per process (`_parser()`, ~0.3 s) and holds no state of one parse, so
+The parser is loaded once per process (`_parser()`, from tables cached on disk) and holds no state of one parse, so
 threads may parse at once: the transformer sees no file name (nodes keep tokens, and the
 emitter makes `Location`s with the file it emits), and the one error it raises, a parameter
 with several types, carries a token that `parse_ast()` turns into a location in its own file.
@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import math
 import os
 import re
+import sys
 from typing import Any
 
+import lark
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from .. import timing
+from ..cache import atomic_write, cache_root, digest
 from ..errors import GirArgumentError, GirSyntaxError, Location, remember_source
 from ..ir.core import Module
 from ..ir.types import parse_type
@@ -278,10 +283,30 @@ class _ToAst(Transformer):
 
 @functools.cache
 def _parser() -> Lark:
-    """The parser, built on first use (~0.3 s) and shared: it keeps no state between parses. Two
-    threads parsing first at once may each build one; both are the same parser."""
-    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer=GirLexer, strict=True,
-                     propagate_positions=True, maybe_placeholders=False, transformer=_ToAst())
+    """The parser, shared: it keeps no state between parses. Its LALR tables are built once per
+    grammar, Lark and Python version and kept in the gir cache (`parser-<hash>.lark`, ~10 ms to
+    load; building them costs ~0.6 s, half of it interegular's regex-collision check). Two
+    threads parsing first at once may each load one; both are the same parser."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grammar.lark")
+    with open(path, encoding="utf-8") as f:
+        grammar = f.read()
+    tables = os.path.join(cache_root(), f"parser-{digest(grammar, lark.__version__, sys.version_info[:2])}.lark")
+    load_options = {"transformer": _ToAst(), "propagate_positions": True}
+    try:
+        with open(tables, "rb") as f:
+            # Lark's own cache format (Lark.save / Lark._load), written below; the transformer
+            # is not saved but given again.
+            return Lark.__new__(Lark)._load(f, **load_options)
+    except FileNotFoundError:
+        pass
+    except Exception:  # noqa: BLE001 - damaged, or from another build of Lark: built again below
+        pass
+    parser = Lark(grammar, parser="lalr", lexer=GirLexer, strict=True, maybe_placeholders=False,
+                  source_path=path, **load_options)
+    buf = io.BytesIO()
+    parser.save(buf, exclude_options=list(load_options))
+    atomic_write(tables, buf.getvalue())  # renamed into place: another process never reads half of it
+    return parser
 
 
 _PRETTY = {
@@ -391,23 +416,35 @@ def parse(text: str | bytes, filename: str = "<string>") -> Module:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        module = emit_module(parse_ast(text, filename), filename)
+        with timing.phase("parse: load parser tables"):
+            _parser()
+        with timing.phase("parse: text to AST"):
+            functions = parse_ast(text, filename)
+        with timing.phase("parse: emit IR"):
+            module = emit_module(functions, filename)
     finally:
         if gc_was_enabled:
             gc.enable()
-    verify(module)
+    with timing.phase("verify"):
+        verify(module)
     return module
 
 
 def load(path: str) -> Module:
     if not isinstance(path, (str, os.PathLike)):  # open(0) would read standard input
         raise GirArgumentError(f"gir.load takes a path (a str or os.PathLike), not {type(path).__name__}")
+    with timing.phase("parse"):
+        return parse(read_source(path), filename=path)
+
+
+def read_source(path: str) -> str:
+    """The text of a .gir file (a located GirSyntaxError when it cannot be read or decoded)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise GirSyntaxError(f"cannot read {path}: {e.strerror or e}") from None
-    return parse(decode_source(data, path), filename=path)
+    return decode_source(data, path)
 
 
 def decode_source(data: bytes, path: str) -> str:

@@ -24,6 +24,9 @@ class NoOptions:
 class Pass:
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    idempotent: ClassVar[bool] = False
+    """Running it again on the IR it left changes nothing (when its last run set `converged`,
+    or has no such attribute): the pass manager then skips a run on unchanged IR."""
 
     def __init__(self, options: Any = None):
         self.options = options if options is not None else self.Options()

@@ -508,7 +508,8 @@ def _cse_key(op: Operation) -> tuple | None:
     operands = [id(v) for v in op.operands]
     if op.spec.commutative:
         operands.sort()
-    return (op.name, tuple(operands), _freeze(op.attrs), tuple(r.type for r in op.results))
+    attrs = op.attrs
+    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), tuple(r.type for r in op.results))
 
 
 def _freeze(x: Any) -> Any:
@@ -571,11 +572,14 @@ def canonicalization_patterns() -> list[Pattern]:
 
 class Canonicalize(Pass):
     name = "canonicalize"
+    idempotent = True
 
     def run(self, module: Module, stats: PassStatistics) -> bool:
         rw = Rewriter(stats)
         patterns = canonicalization_patterns()
         changed = False
+        self.converged = True
+        """Every function reached a round with nothing to do (so another run would do nothing)."""
         for f in module.functions.values():
             for _ in range(10):  # patterns and CSE expose work for each other; a few rounds suffice
                 again = apply_patterns_greedily(f, patterns, rw)
@@ -583,4 +587,6 @@ class Canonicalize(Pass):
                 changed |= again
                 if not again:
                     break
+            else:
+                self.converged = False
         return changed

@@ -10,11 +10,13 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 
+from .. import timing
 from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError, creating, did_you_mean
 from ..ir.core import Module
 from ..ir.interpreter import interpret, random_inputs
@@ -105,6 +107,14 @@ class DebugOptions:
     reproducer_dir: str | None = None
     out: TextIO | None = None
     """Where IR dumps go (stderr by default, as in mlir-opt)."""
+    skip_fixpoints: bool = True
+    """Skip an idempotent pass (`Pass.idempotent`) when no pass changed the IR since its last
+    run reached a fixpoint: it would find nothing to do."""
+    input_text: str | None = None
+    """The text the module was parsed from, unchanged since (saves printing it for reproducers)."""
+    reparse: Callable[[str], Module] | None = None
+    """Text -> Module (the parser, which passes/ does not import): given, a reproducer is made
+    by replaying the passes on the input printed once, instead of printing before every pass."""
 
 
 class PassManager:
@@ -153,52 +163,110 @@ class PassManager:
             verify(module)  # an invalid input is its own error (GirVerifyError), not the first pass's
         self._dump(0, "input", module)
         numerics = _Numerics(module, d.check_numerics) if d.check_numerics is not None else None
+        # A reproducer needs the IR given to the failing pass. With a `reparse` function the
+        # input is printed once (not before every pass: ~0.17 s a print at 25k ops) and a
+        # failure replays the passes before the failing one on it (`_snapshot_before`).
+        self._input: str | None = None
+        self._snapshots = bool(d.reproducer or d.reproducer_dir) and d.reparse is None
+        if (d.reproducer or d.reproducer_dir) and d.reparse is not None:
+            self._input = d.input_text
+            if self._input is None:
+                with timing.phase("print IR (reproducer input)"):
+                    self._input = print_module(module)
+        self._generation = 0
+        """Counts the passes that changed the IR so far."""
+        self._fixpoints: dict[str, int] = {}
+        """An idempotent pass (by spec) -> the generation its last run converged at."""
         for index, p in enumerate(self.passes, start=1):
-            if p.name in d.print_ir_before:
-                self._emit(f"Before {p.name}", module)
-            snapshot = print_module(module) if (d.reproducer or d.reproducer_dir) else None
-            ops_before = module.num_ops()
-            stats = PassStatistics()
-            p.analyses = report.analyses
-            report.analyses.begin_pass()
-            start = time.perf_counter()
-            try:
-                with creating(p.name):  # ops made now carry the pass's name (errors.Origin)
-                    changed = bool(p.run(module, stats))
-            except GirPassError as e:
-                raise self._failed(p, module, snapshot, e) from None
-            except GirError:
-                raise  # a diagnostic about the program itself (e.g. a name used before assignment)
-            except BrokenPipeError:
-                raise  # a print pass whose reader left (`gir opt ... | head`): the CLI exits quietly
-            except Exception as e:  # a crash inside the pass: a bug in gir
-                err = GirPassError(f"pass '{p.name}' crashed: {type(e).__name__}: {e}")
-                raise self._failed(p, module, snapshot, err) from e
-            seconds = time.perf_counter() - start
-            if changed:
-                report.analyses.invalidate()
-            if d.verify_each:
-                try:
-                    verify(module)
-                except GirVerifyError as e:
-                    err = GirPassError(f"pass '{p.name}' produced invalid IR: {e.message}", e.loc,
-                                       note=getattr(e, "note", None))
-                    raise self._failed(p, module, snapshot, err) from None
-            report.records.append(PassRecord(p.name, p.spec(), seconds, changed, ops_before, module.num_ops(), stats))
-            if d.print_ir_after_all or p.name in d.print_ir_after or (d.print_ir_after_change and changed):
-                self._emit(f"After {p.name}", module)
-            self._dump(index, p.name, module)
-            if numerics is not None:
-                try:
-                    numerics.check(module, p.name)
-                except GirPassError as e:
-                    raise self._failed(p, module, snapshot, e) from None
+            with timing.phase(f"pass {p.spec()}"):
+                self._run_one(index, p, module, report, numerics)
         return report
 
-    def _failed(self, p: Pass, module: Module, snapshot: str | None, err: GirPassError) -> GirPassError:
+    def _run_one(self, index: int, p: Pass, module: Module, report: Report, numerics: _Numerics | None) -> None:
+        d = self.debug
+        if p.name in d.print_ir_before:
+            self._emit(f"Before {p.name}", module)
+        if self._snapshots:
+            with timing.phase("print IR (reproducer snapshot)"):
+                self._snapshot = print_module(module)
+        ops_before = module.num_ops()
+        stats = PassStatistics()
+        p.analyses = report.analyses
+        report.analyses.begin_pass()
+        start = time.perf_counter()
+        skip = d.skip_fixpoints and p.idempotent and self._fixpoints.get(p.spec()) == self._generation
+        try:
+            if skip:  # it would find nothing to do: the IR is the one its last run left
+                changed = False
+                stats.notes.append("skipped: the IR is unchanged since this pass last ran to a fixpoint")
+            else:
+                with timing.phase("run"), creating(p.name):  # ops made now carry the pass's name (errors.Origin)
+                    changed = bool(p.run(module, stats))
+        except GirPassError as e:
+            raise self._failed(p, module, index, e) from None
+        except GirError:
+            raise  # a diagnostic about the program itself (e.g. a name used before assignment)
+        except BrokenPipeError:
+            raise  # a print pass whose reader left (`gir opt ... | head`): the CLI exits quietly
+        except Exception as e:  # a crash inside the pass: a bug in gir
+            err = GirPassError(f"pass '{p.name}' crashed: {type(e).__name__}: {e}")
+            raise self._failed(p, module, index, err) from e
+        seconds = time.perf_counter() - start
+        ops_after = module.num_ops()
+        if changed:
+            report.analyses.invalidate()
+        if changed or ops_after != ops_before:
+            self._generation += 1
+        if p.idempotent and not skip and getattr(p, "converged", True):
+            self._fixpoints[p.spec()] = self._generation
+        # An unchanged module is the one verified after the pass before (or by the parser); a
+        # pass that says "unchanged" but changed the op count is verified anyway.
+        if d.verify_each and (changed or ops_after != ops_before or index == 1):
+            try:
+                with timing.phase("verify"):
+                    verify(module)
+            except GirVerifyError as e:
+                err = GirPassError(f"pass '{p.name}' produced invalid IR: {e.message}", e.loc,
+                                   note=getattr(e, "note", None))
+                raise self._failed(p, module, index, err) from None
+        report.records.append(PassRecord(p.name, p.spec(), seconds, changed, ops_before, ops_after, stats))
+        if d.print_ir_after_all or p.name in d.print_ir_after or (d.print_ir_after_change and changed):
+            with timing.phase("print IR"):
+                self._emit(f"After {p.name}", module)
+        self._dump(index, p.name, module)
+        if numerics is not None:
+            try:
+                numerics.check(module, p.name)
+            except GirPassError as e:
+                raise self._failed(p, module, index, e) from None
+
+    def _snapshot_before(self, index: int) -> str | None:
+        """The IR given to pass number `index`: the printed input with the passes before it
+        run again (passes are deterministic); None when the input was not kept, or the replay
+        itself fails (then the input and the pipeline prefix stand for it)."""
+        if self._snapshots:
+            return self._snapshot
+        if self._input is None or self.debug.reparse is None:
+            return None
+        if index == 1:
+            return self._input
+        try:
+            module = self.debug.reparse(self._input)
+            analyses = Analyses()
+            for p in self.passes[: index - 1]:
+                p.analyses = analyses
+                analyses.begin_pass()
+                if p.run(module, PassStatistics()):
+                    analyses.invalidate()
+            return print_module(module)
+        except Exception:  # noqa: BLE001 - the replay is best effort; the failure being reported matters
+            return None
+
+    def _failed(self, p: Pass, module: Module, index: int, err: GirPassError) -> GirPassError:
         d = self.debug
         if d.print_ir_after_failure:
             self._emit(f"After {p.name} Failed", module)
+        snapshot = self._snapshot_before(index)
         if snapshot is not None:
             folder = d.reproducer_dir or d.dump_dir or tempfile.gettempdir()
             flags = f" --check-numerics={d.check_numerics}" if d.check_numerics is not None else ""

@@ -255,7 +255,7 @@ def test_compiled_code_is_cached_on_disk(tmp_path: Path, monkeypatch: pytest.Mon
     args = random_inputs(gir.parse(CACHED).functions["f"], 0)
     first = gir.jit(CACHED, "f")
     assert not first._current().from_cache
-    assert list((tmp_path / "objects").glob("*.o"))
+    assert list((tmp_path / "objects").glob("*.entry")) and list((tmp_path / "compiled").glob("*.entry"))
     second = gir.jit(CACHED, "f")
     assert second._current().from_cache
     assert second.llvm_ir == first.llvm_ir and second.asm
@@ -275,7 +275,7 @@ src = sys.argv[1]
 x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
 w = np.ones((4, 2), np.float32)
 want = gir.jit(src, "f")(x, w)[0]
-for obj in pathlib.Path(sys.argv[2], "objects").glob("*.o"):
+for obj in pathlib.Path(sys.argv[2]).glob("*/*.entry"):
     data = obj.read_bytes()
     obj.write_bytes(data[: len(data) // 2])  # a truncated object, as after a crash or a full disk
 got = gir.jit(src, "f")(x, w)[0]

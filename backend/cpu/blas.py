@@ -4,7 +4,9 @@ Providers: MKL (`libmkl_rt` from PyPI's `mkl`, x86-64 Linux): `cblas_?gemm`, and
 used at every step of a loop `cblas_?gemm_pack` once plus `cblas_?gemm_compute` per step;
 OpenBLAS (SciPy's, through `scipy.linalg.cython_blas`, Fortran ABI). Which one a GEMM shape
 takes is decided by measuring each candidate once per (shape, dtype, transposes, threads) and
-cached on disk: on an AMD EPYC OpenBLAS wins large GEMMs while MKL's packed path can win
+cached on disk per machine (`gemm-times-<machine>.json`); a shape not measured yet takes a
+model's guess and is measured in a background thread, so a first compile does not wait ~0.2 s
+a shape (GIR_GEMM_MEASURE): on an AMD EPYC OpenBLAS wins large GEMMs while MKL's packed path can win
 small ones; on Intel CPUs packing is known to pay. Where MKL cannot be loaded, OpenBLAS alone.
 
 Compiled code never holds a process address: it gets a table of function pointers
@@ -13,11 +15,14 @@ Compiled code never holds a process address: it gets a table of function pointer
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import glob
 import json
 import os
+import platform
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -87,11 +92,37 @@ def providers() -> Providers:
                     table[FN_TABLE.index(slot)] = ctypes.cast(getattr(mkl, sym), ctypes.c_void_p).value or 0
             except OSError as e:
                 mkl, notice = None, f"MKL could not be loaded ({e}); using OpenBLAS"
+    table[FN_TABLE.index("ob_sgemm")], table[FN_TABLE.index("ob_dgemm")] = _openblas_gemms()
+    return Providers(mkl, table, notice)
+
+
+def _openblas_gemms() -> tuple[int, int]:
+    """SciPy's OpenBLAS sgemm_ and dgemm_ (Fortran ABI). Straight from the library SciPy's wheel
+    bundles (scipy.libs/libscipy_openblas*.so: ~6 ms) when it is there: importing
+    scipy.linalg for its cython_blas table costs ~0.35 s, more than a whole compile. Both are
+    the same functions (cython_blas's entries only forward to them)."""
+    lib = _scipy_openblas()
+    if lib is not None:
+        try:
+            found = ctypes.CDLL(lib)
+            return (ctypes.cast(found.scipy_sgemm_, ctypes.c_void_p).value or 0,
+                    ctypes.cast(found.scipy_dgemm_, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            pass  # another build of SciPy: its cython_blas table below
     from scipy.linalg import cython_blas
 
-    table[FN_TABLE.index("ob_sgemm")] = _capsule_pointer(cython_blas.__pyx_capi__["sgemm"])
-    table[FN_TABLE.index("ob_dgemm")] = _capsule_pointer(cython_blas.__pyx_capi__["dgemm"])
-    return Providers(mkl, table, notice)
+    return (_capsule_pointer(cython_blas.__pyx_capi__["sgemm"]), _capsule_pointer(cython_blas.__pyx_capi__["dgemm"]))
+
+
+def _scipy_openblas() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = os.path.dirname(list(spec.submodule_search_locations)[0])
+    hits = sorted(glob.glob(os.path.join(site, "scipy.libs", "libscipy_openblas*.so*")))
+    return hits[0] if len(hits) == 1 else None
 
 
 def symbol(slot: str) -> str:
@@ -125,11 +156,38 @@ PATHS = ("mkl", "openblas", "mkl-packed")
 
 
 def _cache_file() -> str:
-    root = os.environ.get("GIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gir")
-    return os.path.join(root, "gemm-times.json")
+    """Measured times are per machine: a home directory copied to another CPU (or another BLAS)
+    starts afresh instead of carrying this one's choices."""
+    from ...cache import cache_root
+
+    return os.path.join(cache_root(), f"gemm-times-{machine_key()}.json")
+
+
+@cache
+def machine_key() -> str:
+    """The CPU model, the core count and the BLAS builds (MKL's version, SciPy's OpenBLAS)."""
+    from ...cache import digest
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    mkl = providers().mkl
+    mkl_version = ""
+    if mkl is not None:
+        buf = ctypes.create_string_buffer(256)
+        try:
+            mkl.mkl_get_version_string(buf, 256)
+            mkl_version = buf.value.decode(errors="replace")
+        except AttributeError:
+            mkl_version = "mkl"
+    return digest(model, os.cpu_count(), mkl_version, os.path.basename(_scipy_openblas() or "cython_blas"))[:16]
 
 
 _choices: dict[str, dict[str, float]] | None = None
+_choices_lock = threading.Lock()
 
 
 def _load_choices() -> dict[str, dict[str, float]]:
@@ -144,15 +202,16 @@ def _load_choices() -> dict[str, dict[str, float]]:
 
 
 def _save_choices() -> None:
-    path = _cache_file()
+    from ...cache import atomic_write
+
+    # Another process may have measured other shapes meanwhile: keep theirs too.
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + f".{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(_choices, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs re-measuring
+        with open(_cache_file(), encoding="utf-8") as f:
+            theirs = dict(json.load(f))
+    except (OSError, ValueError):
+        theirs = {}
+    merged = {**theirs, **(_choices or {})}
+    atomic_write(_cache_file(), json.dumps(merged, indent=1, sort_keys=True).encode())
 
 
 def threads() -> int:
@@ -162,19 +221,124 @@ def threads() -> int:
     return os.cpu_count() or 1
 
 
-def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> dict[str, float]:
+def measure_mode() -> str:
+    """GIR_GEMM_MEASURE: 'background' (default): a shape not measured yet takes the model's
+    path now and is measured in a background thread, for later compiles; 'now': measured
+    before compiling (slow the first time, ~0.2 s a shape); 'off': the model only."""
+    mode = os.environ.get("GIR_GEMM_MEASURE", "background")
+    return mode if mode in ("background", "now", "off") else "background"
+
+
+def _candidates(packable: bool) -> list[str]:
+    return ["openblas"] + (["mkl"] + (["mkl-packed"] if packable else []) if providers().has_mkl else [])
+
+
+def _key(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> str:
+    return f"{dtype} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} packable={int(packable)} threads={threads()}"
+
+
+def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> dict[str, float] | None:
     """Seconds of one GEMM of this shape through each available path, measured once per
-    machine and cached on disk."""
-    prov = providers()
-    candidates = ["openblas"] + (["mkl"] + (["mkl-packed"] if packable else []) if prov.has_mkl else [])
-    key = f"{dtype} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} packable={int(packable)} threads={threads()}"
-    choices = _load_choices()
-    found = choices.get(key)
-    if not isinstance(found, dict) or not all(c in found for c in candidates):
-        found = {c: _measure(c, dtype, m, n, k, ta, tb) for c in candidates}
-        choices[key] = found
+    machine and cached on disk; None when it is not measured yet (and, unless GIR_GEMM_MEASURE
+    says 'now', is not measured here: `measure_later` queues it)."""
+    candidates = _candidates(packable)
+    key = _key(dtype, m, n, k, ta, tb, packable)
+    with _choices_lock:
+        found = _load_choices().get(key)
+    if isinstance(found, dict) and all(c in found for c in candidates):
+        return {c: found[c] for c in candidates}
+    if measure_mode() != "now":
+        return None
+    times = {c: _measure(c, dtype, m, n, k, ta, tb) for c in candidates}
+    with _choices_lock:
+        _load_choices()[key] = times
         _save_choices()
-    return {c: found[c] for c in candidates}
+    return times
+
+
+def model_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> dict[str, float]:
+    """A guess of path_times before any measurement: 2mnk flops at a nominal rate, with the
+    provider that wins on this CPU vendor a little faster (MKL on Intel, OpenBLAS elsewhere;
+    MKL's packed path a little faster still for a weight packed once per loop)."""
+    flops = 2.0 * m * n * k
+    intel = "intel" in _vendor()
+    out = {}
+    for c in _candidates(packable):
+        rate = 1.0 if (c == "openblas") != intel else 0.8
+        if c == "mkl-packed":
+            rate *= 1.05
+        out[c] = flops / (rate * 1e11) + 2e-6
+    return out
+
+
+@cache
+def _vendor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return next((line.split(":", 1)[1].strip().lower() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return platform.processor().lower()
+
+
+_queue: list[tuple] = []
+_worker: threading.Thread | None = None
+_stop = threading.Event()
+
+
+def measure_later(params: tuple) -> None:
+    """Queues a shape (path_times' arguments) for the background measurer."""
+    global _worker
+    if measure_mode() != "background":
+        return
+    with _choices_lock:
+        if params not in _queue:
+            _queue.append(params)
+        if _worker is None or not _worker.is_alive():
+            _worker = threading.Thread(target=_measure_queue, name="gir-gemm-measure", daemon=True)
+            _worker.start()
+
+
+def _measure_queue() -> None:
+    """Measures the queued shapes one by one, saving after each (so a process that exits early
+    keeps what it measured). Runs while the program does: times are medians of 5."""
+    while not _stop.is_set():
+        with _choices_lock:
+            if not _queue:
+                return
+            params = _queue.pop(0)
+        dtype, m, n, k, ta, tb, packable = params
+        times = {c: _measure(c, dtype, m, n, k, ta, tb) for c in _candidates(packable) if not _stop.is_set()}
+        if _stop.is_set():
+            return
+        with _choices_lock:
+            _load_choices()[_key(*params)] = times
+            _save_choices()
+
+
+def wait_for_measurements(timeout: float | None = None) -> bool:
+    """Blocks until the background measurer is idle; True when it is (for benchmarks, tests)."""
+    worker = _worker
+    if worker is not None:
+        worker.join(timeout)
+        return not worker.is_alive()
+    return True
+
+
+@atexit.register
+def _stop_measuring() -> None:
+    _stop.set()
+    worker = _worker
+    if worker is not None:
+        worker.join(1.0)
+
+
+def times_or_model(params: tuple) -> tuple[dict[str, float], bool]:
+    """(times, measured): the measured times of a shape, or the model's (and the shape queued)."""
+    times = path_times(*params)
+    if times is not None:
+        return times, True
+    measure_later(params)
+    return model_times(*params), False
 
 
 FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas",)}
@@ -192,7 +356,7 @@ def choose_family(sites: list[tuple[tuple, int]]) -> str:
         return "openblas"
     totals = {family: 0.0 for family in FAMILIES}
     for params, count in sites:
-        times = path_times(*params)
+        times, _ = times_or_model(params)
         for family, paths in FAMILIES.items():
             totals[family] += count * min(times[p] for p in paths if p in times)
     return min(totals, key=totals.__getitem__)
@@ -201,13 +365,22 @@ def choose_family(sites: list[tuple[tuple, int]]) -> str:
 def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool,
                 family: str | None = None) -> str:
     """'mkl', 'openblas' or 'mkl-packed' for this GEMM (within `family` if given): the fastest
-    measured path. GIR_GEMM_PATH forces one (where it applies)."""
+    measured path (the model's guess while it is not measured). GIR_GEMM_PATH forces one
+    (where it applies)."""
     forced = os.environ.get("GIR_GEMM_PATH")
-    times = path_times(dtype, m, n, k, ta, tb, packable)
-    if forced in times:
+    if forced in _candidates(packable):
         return forced  # type: ignore[return-value]
+    times, _ = times_or_model((dtype, m, n, k, ta, tb, packable))
     allowed = [p for p in times if family is None or p in FAMILIES[family]]
     return min(allowed or list(times), key=times.__getitem__)
+
+
+def is_measured(sites: list[tuple]) -> bool:
+    """Whether every GEMM shape in sites (path_times' arguments) has measured times now (a
+    compiled function whose paths came from the model is compiled again once they do)."""
+    if os.environ.get("GIR_GEMM_PATH") or not providers().has_mkl or measure_mode() != "background":
+        return True  # nothing is chosen by measuring, or it is measured now, or never
+    return all(path_times(*p) is not None for p in sites)
 
 
 _GEMM_ARGS = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]

@@ -126,16 +126,21 @@ class Layout:
     """The part of the arena memplan placed (0 when every value has its own slot)."""
     errors: list[tuple[str, object]] = field(default_factory=list)
     """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
+    provisional: list[list] = field(default_factory=list)
+    """GEMM shapes (blas.path_times' arguments) whose path or family came from the model, not a
+    measurement (measured in the background: a later compile refines them)."""
 
     def to_json(self) -> dict:
         return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
                 "gemms": [g.__dict__ for g in self.gemms],
-                "errors": [[m, loc.to_json()] for m, loc in self.errors]}  # type: ignore[attr-defined]
+                "errors": [[m, loc.to_json()] for m, loc in self.errors],  # type: ignore[attr-defined]
+                "provisional": self.provisional}
 
     @classmethod
     def from_json(cls, data: dict) -> Layout:
         return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
-                   data.get("planned_bytes", 0), [(m, Location.from_json(loc)) for m, loc in data["errors"]])
+                   data.get("planned_bytes", 0), [(m, Location.from_json(loc)) for m, loc in data["errors"]],
+                   data.get("provisional", []))
 
 
 class Lowering:
@@ -153,7 +158,9 @@ class Lowering:
         """A view -> the value whose storage it lives in."""
         self.layout = Layout()
         self.pack_slots: dict[Operation, ir.Value] = {}
-        self.gemm_family = blas.choose_family(_gemm_sites(function))
+        sites = _gemm_sites(function)
+        self.layout.provisional += [list(p) for p, _ in sites if not blas.is_measured([p])]
+        self.gemm_family = blas.choose_family(sites)
         """One BLAS provider for the whole function (blas.FAMILIES)."""
         self.plan = _memory_plan(function, plan)
         """memplan's plan: values share arena memory when their lifetimes do not overlap."""
@@ -727,6 +734,8 @@ def _call_table(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Va
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
                pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool) -> None:
+    if not blas.is_measured([(dtype, m, n, k, ta, tb, packable)]):  # asked first: it may be measured meanwhile
+        low.layout.provisional.append([dtype, m, n, k, ta, tb, packable])
     path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
     low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
     fty = LLVM_TYPES[dtype]

@@ -16,8 +16,6 @@ size again, e.g. 5 MB for rnn_grads) while it and the function live.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
 import threading
 import time
@@ -28,6 +26,9 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 
+from ... import cache as disk
+from ... import timing
+from ...cache import build_fingerprint, digest
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
@@ -37,96 +38,190 @@ from . import blas
 from .codegen import Layout, lower_function
 
 
-def new_target_machine() -> llvm.TargetMachine:
-    """The host CPU with all its features, -O3. An execution engine takes ownership of the
-    target machine it is given, so every engine gets a machine of its own."""
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
+def opt_level() -> int:
+    """LLVM's optimisation level for compiled code: GIR_LLVM_OPT (0-3), default DEFAULT_OPT."""
+    try:
+        level = int(os.environ.get("GIR_LLVM_OPT", DEFAULT_OPT))
+    except ValueError:
+        return DEFAULT_OPT
+    return min(3, max(0, level))
+
+
+DEFAULT_OPT = 3
+"""Chosen by measurement (docs/performance.md, "Compile time"): compile seconds against the
+run time of the bench/rnn.py training steps."""
+
+
+def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
+    """The host CPU with all its features. An execution engine takes ownership of the target
+    machine it is given, so every engine gets a machine of its own."""
+    cpu, features = host()
     target = llvm.Target.from_default_triple()
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-                                        opt=3, codemodel="jitdefault")
+    return target.create_target_machine(cpu=cpu, features=features, opt=opt_level() if opt is None else opt,
+                                        codemodel="jitdefault")
 
 
 @cache
+def host() -> tuple[str, str]:
+    """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+@cache
+def _target_machine(opt: int) -> llvm.TargetMachine:
+    return new_target_machine(opt)
+
+
 def target_machine() -> llvm.TargetMachine:
     """A machine for optimising and printing assembly; never handed to an engine."""
-    return new_target_machine()
+    return _target_machine(opt_level())
 
 
-def optimize(mod: llvm.ModuleRef) -> None:
-    tm = target_machine()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pb = llvm.create_pass_builder(tm, pto)
+def optimize(mod: llvm.ModuleRef, opt: int | None = None) -> None:
+    opt = opt_level() if opt is None else opt
+    if opt == 0:
+        return
+    pto = llvm.create_pipeline_tuning_options(speed_level=opt)
+    pto.loop_vectorization = opt >= 2
+    pto.slp_vectorization = opt >= 2
+    pb = llvm.create_pass_builder(_target_machine(opt), pto)
     pb.getModulePassManager().run(mod, pb)
 
 
 @dataclass
 class Stats:
-    """What a call did (`fn.stats`: the calling thread's last call)."""
+    """What a call did (`fn.stats`: the calling thread's last call), and how the code was made."""
 
     gemm_calls: int = 0
     pack_calls: int = 0
     seconds: float = 0.0
     gemm_paths: dict[str, int] = field(default_factory=dict)
     compile: Any = None
-    """How the function was compiled (gir.jit sets it: a `jitstats.CompileStats`)."""
+    """How this code was compiled: `gir.jit` sets a `jitstats.CompileStats` (stages, cache, LLVM
+    level, GEMM paths); a CPUFunction compiled directly has its `CompileInfo`."""
+
+
+@dataclass
+class CompileInfo:
+    opt_level: int = DEFAULT_OPT
+    """LLVM's optimisation level (GIR_LLVM_OPT; the default is chosen by measurement)."""
+    from_cache: str = ""
+    """'' compiled here; 'compiled' a hit in the compile cache (nothing ran but loading);
+    'objects' a hit in the object cache (the passes ran, LLVM did not)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds of lowering, LLVM's passes and code emission when it was compiled; of loading now."""
+    gemm_measured: bool = True
+    """False when some GEMM path came from the model (it is refined by a later compile)."""
+
+
+@dataclass
+class Code:
+    """What compiling a function produced: everything a process needs to run it and show it."""
+
+    obj: bytes
+    layout: Layout
+    optimized_ir: str
+    llvm_ir: str
+    info: CompileInfo
+
+    def to_entry(self) -> tuple[dict, bytes]:
+        meta = {"layout": self.layout.to_json(), "optimized_ir": self.optimized_ir, "llvm_ir": self.llvm_ir,
+                "opt_level": self.info.opt_level, "seconds": self.info.seconds}
+        return meta, self.obj
+
+    @classmethod
+    def from_entry(cls, meta: dict, obj: bytes, source: str) -> Code:
+        layout = Layout.from_json(meta["layout"])
+        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), not layout.provisional)
+        return cls(obj, layout, meta["optimized_ir"], meta["llvm_ir"], info)
+
+    def stale(self) -> bool:
+        """Its GEMM paths came from the model and every such shape is measured now."""
+        return bool(self.layout.provisional) and blas.is_measured([tuple(p) for p in self.layout.provisional])
+
+
+def compile_code(function: Function, plan: MemoryPlan | None = None) -> Code:
+    """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
+    function (printed after the passes) from the object cache."""
+    key = cache_key(function, plan)
+    with timing.phase("cache: object lookup"):
+        found = disk.load("objects", key) if disk.enabled() else None
+    if found is not None:
+        try:
+            code = Code.from_entry(found[0], found[1], "objects")
+            if not code.stale():
+                return code
+        except (KeyError, TypeError, ValueError):
+            pass  # another format: compile again
+    opt = opt_level()
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with timing.phase("backend: lower to LLVM IR"):
+        module, layout = lower_function(function, plan)
+        llvm_ir = str(module)
+    t1 = time.perf_counter()
+    with timing.phase("LLVM: parse and verify"):
+        mod = llvm.parse_assembly(llvm_ir)
+        mod.verify()
+    t2, c2 = time.perf_counter(), time.thread_time()
+    with timing.phase(f"LLVM: optimise (-O{opt})"):
+        optimize(mod, opt)
+        optimized_ir = str(mod)
+    t3, c3 = time.perf_counter(), time.thread_time()
+    with timing.phase("LLVM: emit object"):
+        obj = _target_machine(opt).emit_object(mod)
+    t4, c4 = time.perf_counter(), time.thread_time()
+    seconds = {"lower": t1 - t0, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3,
+               "llvm_opt_cpu": c3 - c2, "llvm_emit_cpu": c4 - c3}
+    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, not layout.provisional))
+    if disk.enabled():
+        with timing.phase("cache: store"):
+            disk.store("objects", key, *code.to_entry())
+    return code
 
 
 class CPUFunction:
     """A function compiled for this CPU; cached on disk by content (see `cache_key`)."""
 
-    def __init__(self, function: Function, plan: MemoryPlan | None = None):
+    def __init__(self, function: Function, plan: MemoryPlan | None = None, code: Code | None = None):
+        """Compiles function (or takes `code` compiled before: then function may be a signature
+        without a body, as the compile cache rebuilds it)."""
         self.function = function
-        clock = time.perf_counter()
-        self.compile_seconds: dict[str, float] = {}
-        """Seconds per compile stage (`fn.stats.compile`, `gir run -v`)."""
-        key = cache_key(function, plan)
-        cached = _load_cached(key)
-        if cached is not None:
-            obj, self.layout, self.optimized_ir, self.llvm_ir = cached
-            self.from_cache = True
-            clock = self._lap("cache-load", clock)
-        else:
-            module, self.layout = lower_function(function, plan)
-            self.llvm_ir = str(module)
-            mod = llvm.parse_assembly(self.llvm_ir)
-            mod.verify()
-            clock = self._lap("codegen", clock)
-            optimize(mod)
-            self.optimized_ir = str(mod)
-            clock = self._lap("llvm-optimize", clock)
-            obj = target_machine().emit_object(mod)
-            _store_cached(key, obj, self.layout, self.optimized_ir, self.llvm_ir)
-            clock = self._lap("emit-object", clock)
-            self.from_cache = False
+        if code is None:
+            code = compile_code(function, plan)
+        self.code = code
+        self.layout, self.optimized_ir, self.llvm_ir = code.layout, code.optimized_ir, code.llvm_ir
+        self.from_cache = bool(code.info.from_cache)
+        s = {} if self.from_cache else code.info.seconds
+        self.compile_seconds: dict[str, float] = {} if not s else {
+            "codegen": s.get("lower", 0.0) + s.get("llvm_parse", 0.0), "llvm-optimize": s.get("llvm_opt", 0.0),
+            "emit-object": s.get("llvm_emit", 0.0)}
+        """Seconds per backend stage, as `fn.stats.compile` names them (jitstats.py)."""
         check_fits(function, self.layout.arena_bytes + self.layout.pinned_bytes, host_memory_bytes(), "this machine")
-        blas.bind_symbols()
-        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
-        self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
-        self.engine.finalize_object()
-        addr = self.engine.get_function_address("gir_main")
+        clock = time.perf_counter()
+        with timing.phase("backend: load object"):
+            blas.bind_symbols()
+            self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
+            self.engine.finalize_object()
+            addr = self.engine.get_function_address("gir_main")
         self._native = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(addr)
         self.fns = blas.providers().table_array()
         self._fns_ptr = ctypes.cast(self.fns, ctypes.c_void_p)
         self._local = threading.local()
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
-        self._last_stats = Stats()
+        self._last_stats = Stats(compile=code.info)
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self._asm: str | None = None
-        self._lap("load", clock)
-
-    def _lap(self, stage: str, since: float) -> float:
-        now = time.perf_counter()
-        self.compile_seconds[stage] = now - since
-        return now
+        self.compile_seconds["load"] = time.perf_counter() - clock
 
     @property
     def asm(self) -> str:
         """The host assembly (made on first access: printing it costs as much as compiling)."""
         if self._asm is None:
-            self._asm = target_machine().emit_assembly(llvm.parse_assembly(self.optimized_ir))
+            self._asm = _target_machine(self.code.info.opt_level).emit_assembly(llvm.parse_assembly(self.optimized_ir))
         return self._asm
 
     @classmethod
@@ -170,7 +265,8 @@ class CPUFunction:
         paths: dict[str, int] = {}
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self._local.stats = self._last_stats = Stats(int(counters[0]), int(counters[1]), seconds, paths)
+        self._local.stats = self._last_stats = Stats(int(counters[0]), int(counters[1]), seconds, paths,
+                                                     self.code.info)
         return outs
 
 
@@ -193,57 +289,27 @@ class Workspace:
 
 
 def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
-    """Content key: the printed function (after every pass), the memory plan's strategy, gir and
-    llvmlite versions, the host CPU and its features, and what decides GEMM paths (MKL present,
-    threads, forced path)."""
-    from ... import __version__
+    """Content key of the object cache: the printed function (after every pass), the memory
+    plan's strategy, the target (`target_key`) and gir's code."""
     from ...ir.printer import print_function
 
-    parts = [print_function(function, print_locations=True), __version__, llvm.llvm_version_info.__str__(),
-             llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
-             str(blas.providers().has_mkl), str(blas.threads()), os.environ.get("GIR_GEMM_PATH", ""),
-             os.environ.get("GIR_CPU_ARENA", ""), plan.strategy if plan is not None else "default",
-             _CODEGEN_VERSION]
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+    return digest(print_function(function, print_locations=True), plan.strategy if plan is not None else "default",
+                  target_key(), build_fingerprint())
 
 
-_CODEGEN_VERSION = "7"
+def target_key() -> tuple:
+    """What the same IR compiles differently for: gir and llvmlite versions, LLVM's level, the
+    host CPU and its features, and what decides GEMM paths (MKL present, threads, a forced
+    path, the arena switch)."""
+    from ... import __version__
+
+    return (__version__, _CODEGEN_VERSION, llvm.llvm_version_info, llvm.get_process_triple(), *host(),
+            blas.providers().has_mkl, blas.threads(),
+            os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""), opt_level())
+
+
+_CODEGEN_VERSION = "8"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
-
-
-def _cache_dir() -> str:
-    root = os.environ.get("GIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gir")
-    return os.path.join(root, "objects")
-
-
-def _store_cached(key: str, obj: bytes, layout: Layout, optimized_ir: str, llvm_ir: str) -> None:
-    folder = _cache_dir()
-    try:
-        os.makedirs(folder, exist_ok=True)
-        meta = {"layout": layout.to_json(), "optimized_ir": optimized_ir, "llvm_ir": llvm_ir,
-                "sha256": hashlib.sha256(obj).hexdigest()}
-        for suffix, data in ((".o", obj), (".json", json.dumps(meta).encode())):
-            # a temporary name per process and thread: two threads may compile the same function
-            tmp = os.path.join(folder, f"{key}{suffix}.{os.getpid()}.{threading.get_ident()}")
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, os.path.join(folder, key + suffix))
-    except OSError:
-        pass  # an unwritable cache only costs compiling again
-
-
-def _load_cached(key: str) -> tuple[bytes, Layout, str, str] | None:
-    folder = _cache_dir()
-    try:
-        with open(os.path.join(folder, key + ".json"), "rb") as f:
-            meta = json.loads(f.read())
-        with open(os.path.join(folder, key + ".o"), "rb") as f:
-            obj = f.read()
-        if hashlib.sha256(obj).hexdigest() != meta["sha256"]:
-            return None  # truncated or overwritten: loading it would crash the process; compile again
-        return obj, Layout.from_json(meta["layout"]), meta["optimized_ir"], meta["llvm_ir"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def host_memory_bytes() -> int | None:
@@ -286,4 +352,5 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[offset : offset + max(nbytes, 1)]
 
 
-__all__ = ["CPUFunction", "Layout", "Stats", "Workspace", "check_fits", "host_memory_bytes"]
+__all__ = ["CPUFunction", "Code", "CompileInfo", "Layout", "Stats", "Workspace", "check_fits", "compile_code",
+           "host_memory_bytes"]

@@ -1,0 +1,188 @@
+"""Compile time: first compiles, cache hits, `gir run` warm and `gir opt` at scale.
+
+Every figure is taken in fresh processes (one per run; `--runs` runs, the median reported),
+each with a cache directory prepared for the case:
+
+- first compile: `gir.jit(examples/<model>.gir, "<model>_grads")` with no compiled entry.
+  "tables only": the cache holds just the parser tables (what any earlier use of gir leaves;
+  `gir cache clear` removes them too), so GEMM paths come from the model and are measured in
+  the background; "GEMM measured": the GEMM times of this machine are there as well;
+  "nothing at all": an empty directory (the parser tables are built first).
+- cache hit: the same call after a compile, in a new process, and a second JitFunction of the
+  same source in the same process.
+- `gir run examples/lstm.gir` warm (compiled before), as a whole process.
+- `gir opt` of generated programs (bench/passes_scale.py's units) of about 25k, 50k and 100k
+  ops with the default pipeline, as a whole process.
+
+In-process figures exclude `import gir` and are given as wall-clock seconds and as the CPU
+seconds of the calling thread (`time.thread_time`); whole-process figures as wall-clock and
+user+sys CPU seconds of the child (`resource.getrusage`). On a shared machine the CPU seconds
+are the figure that other processes disturb least.
+
+    python bench/compile_time.py [--runs 5] [--skip-opt] [--sizes 25000,50000,100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+JIT_ONCE = """\
+import json, sys, time
+t0 = time.perf_counter()
+import gir
+from gir.backend.cpu import blas
+t1 = time.perf_counter()
+w, c = time.perf_counter(), time.thread_time()
+fn = gir.jit(sys.argv[1], sys.argv[2])
+w, c = time.perf_counter() - w, time.thread_time() - c
+w2, c2 = time.perf_counter(), time.thread_time()
+again = gir.jit(sys.argv[1], sys.argv[2])
+w2, c2 = time.perf_counter() - w2, time.thread_time() - c2
+info = fn.compiled.code.info
+if sys.argv[3] == "wait":
+    blas.wait_for_measurements()
+print(json.dumps({"import": t1 - t0, "wall": w, "cpu": c, "from_cache": info.from_cache,
+                  "again_wall": w2, "again_cpu": c2, "again_from_cache": again.compiled.code.info.from_cache,
+                  "seconds": info.seconds, "opt_level": info.opt_level}))
+"""
+
+
+def run_child(args: list[str], env: dict[str, str]) -> tuple[str, float, float]:
+    """(stdout, wall seconds, user+sys CPU seconds) of a child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{args} failed:\n{proc.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc.stdout, wall, cpu
+
+
+def environment(cache_dir: Path) -> dict[str, str]:
+    env = {**os.environ, "GIR_CACHE_DIR": str(cache_dir)}
+    env.pop("GIR_GEMM_MEASURE", None)
+    env["PYTHONPATH"] = str(ROOT.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def jit_case(model: str, seed_dir: Path | None, runs: int, wait: bool) -> list[dict]:
+    """Runs of JIT_ONCE, each in a copy of seed_dir (or an empty directory)."""
+    out = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            cache_dir = Path(tmp) / "cache"
+            if seed_dir is not None:
+                shutil.copytree(seed_dir, cache_dir)
+            text, _, _ = run_child([sys.executable, "-c", JIT_ONCE, str(EXAMPLES / f"{model}.gir"), f"{model}_grads",
+                                    "wait" if wait else "-"], environment(cache_dir))
+            out.append(json.loads(text))
+    return out
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def prepare(base: Path, model: str) -> dict[str, Path]:
+    """Cache directories: tables only; tables + GEMM times; tables + GEMM times + compiled."""
+    tables, measured, compiled = base / "tables", base / f"measured-{model}", base / f"compiled-{model}"
+    if not tables.exists():
+        run_child([sys.executable, "-c", "import gir; gir.parse('func @f(%x: tensor<f32>) -> tensor<f32> "
+                   "{ return %x }')"], environment(tables))
+    shutil.copytree(tables, measured)
+    run_child([sys.executable, "-c", JIT_ONCE, str(EXAMPLES / f"{model}.gir"), f"{model}_grads", "wait"],
+              environment(measured))
+    for sub in ("compiled", "objects"):
+        shutil.rmtree(measured / sub, ignore_errors=True)
+    shutil.copytree(measured, compiled)
+    run_child([sys.executable, "-c", JIT_ONCE, str(EXAMPLES / f"{model}.gir"), f"{model}_grads", "-"],
+              environment(compiled))
+    return {"tables": tables, "measured": measured, "compiled": compiled}
+
+
+def jit_table(base: Path, runs: int) -> list[str]:
+    rows = ["| case | model | wall s | CPU s | from cache | LLVM opt+emit s |",
+            "|---|---|---|---|---|---|"]
+    for model in ("gru", "lstm"):
+        dirs = prepare(base, model)
+        cases = [("first compile, nothing at all in the cache", None, False),
+                 ("first compile, parser tables only (GEMM model)", dirs["tables"], False),
+                 ("first compile, GEMM times measured", dirs["measured"], False),
+                 ("cache hit, new process", dirs["compiled"], False)]
+        for title, seed, wait in cases:
+            got = jit_case(model, seed, runs, wait)
+            llvm = statistics.median(r["seconds"].get("llvm_opt", 0) + r["seconds"].get("llvm_emit", 0)
+                                     for r in got) if not got[0]["from_cache"] else 0.0
+            rows.append(f"| {title} | {model} | {median(got, 'wall'):.3f} | {median(got, 'cpu'):.3f} | "
+                        f"{got[0]['from_cache'] or 'no'} | {llvm:.3f} |")
+            if title.startswith("cache hit"):
+                rows.append(f"| cache hit, same process (2nd JitFunction) | {model} | "
+                            f"{median(got, 'again_wall'):.4f} | {median(got, 'again_cpu'):.4f} | "
+                            f"{got[0]['again_from_cache']} | 0 |")
+    return rows
+
+
+def process_rows(title: str, args: list[str], env: dict[str, str], runs: int) -> str:
+    walls, cpus = [], []
+    run_child(args, env)  # warm-up (and, for gir run, the compile)
+    for _ in range(runs):
+        _, wall, cpu = run_child(args, env)
+        walls.append(wall)
+        cpus.append(cpu)
+    return f"| {title} | {statistics.median(walls):.2f} | {statistics.median(cpus):.2f} |"
+
+
+def process_table(base: Path, runs: int, sizes: list[int], skip_opt: bool) -> list[str]:
+    import passes_scale
+
+    rows = ["| whole process | wall s | user+sys CPU s |", "|---|---|---|"]
+    env = environment(base / "tables")
+    rows.append(process_rows("python -c 'import gir'", [sys.executable, "-c", "import gir"], env, runs))
+    rows.append(process_rows("gir run examples/lstm.gir (warm)",
+                             [sys.executable, "-m", "gir.cli", "run", str(EXAMPLES / "lstm.gir")], env, runs))
+    if skip_opt:
+        return rows
+    for n in sizes:
+        path = base / f"opt-{n}.gir"
+        path.write_text(passes_scale.program_of_about(n))
+        rows.append(process_rows(f"gir opt, about {n // 1000}k ops, default pipeline",
+                                 [sys.executable, "-m", "gir.cli", "opt", str(path), "-o", os.devnull], env, runs))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--sizes", default="25000,50000,100000")
+    ap.add_argument("--skip-opt", action="store_true")
+    ap.add_argument("--skip-jit", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        if not args.skip_jit:
+            print("\n".join(jit_table(base, args.runs)))
+            print()
+        else:
+            run_child([sys.executable, "-c", "import gir; gir.parse('func @f(%x: tensor<f32>) -> tensor<f32> "
+                       "{ return %x }')"], environment(base / "tables"))
+        print("\n".join(process_table(base, args.runs, [int(s) for s in args.sizes.split(",")], args.skip_opt)))
+
+
+if __name__ == "__main__":
+    main()

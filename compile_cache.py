@@ -1,0 +1,131 @@
+"""The compile cache of `gir.jit` and `gir run`: keys known before any work, so a hit skips
+parsing, the passes and LLVM (cache.py stores the entries).
+
+Two kinds of entry, both under `compiled/`:
+
+- `<source key>.sig`: the signature of the entry function of a source (its text and file
+  name, the entry asked for, the device, the pipeline, the target and gir's code). With it a
+  `JitFunction` checks arguments and, for a static signature, looks its code up at once.
+- `<source key + argument shapes>.entry`: one specialisation: the object code, its layout,
+  the LLVM IR before and after LLVM's passes, the gir IR after the passes (`fn.ir`) and the
+  specialised signature.
+
+A hit whose GEMM paths came from blas' model, once every such shape has been measured, counts
+as a miss: the function is compiled again with the measured paths (and replaces the entry).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import cache as disk
+from . import timing
+from .errors import Location
+from .ir.core import Function, Module
+from .ir.types import parse_type
+from .results import result_names
+
+CACHED_DEVICES = ("cpu",)
+
+
+def source_key(source: str, filename: str, entry: str | None, device: str, pipeline: str) -> str | None:
+    """The key of a source's compilation (None when the cache is off or the device has none)."""
+    if device not in CACHED_DEVICES or not disk.enabled():
+        return None
+    from .backend.cpu.runtime import target_key
+
+    with timing.phase("cache: key"):
+        return disk.digest("gir-source", source, filename, entry, device, pipeline, _environment(), target_key(),
+                           disk.build_fingerprint())
+
+
+def module_key(module: Module, entry: str, device: str, pipeline: str) -> str | None:
+    """The key of a Module built in Python: its printed form (locations included) stands for a text."""
+    if device not in CACHED_DEVICES or not disk.enabled():
+        return None
+    from .ir.printer import print_module
+
+    with timing.phase("cache: print module for its key"):
+        text = print_module(module, print_locations=True)
+    return source_key(text, module.filename or "", entry, device, pipeline)
+
+
+def _environment() -> tuple:
+    """Switches read while compiling that change the code (the GEMM ones are in target_key)."""
+    return tuple(os.environ.get(v, "") for v in ("GIR_CPU_ARENA",))
+
+
+def specialisation_key(key: str, shapes: tuple) -> str:
+    return disk.digest(key, shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Signatures: body-less Functions
+
+
+def signature_json(f: Function) -> dict[str, Any]:
+    return {"name": f.name, "args": [[a.name_hint, str(a.tensor_type)] for a in f.args],
+            "results": [str(t) for t in f.result_types], "loc": [f.loc.file, f.loc.line, f.loc.col],
+            "result_names": list(result_names(f))}
+
+
+def signature_from_json(data: dict[str, Any]) -> Function:
+    """A Function with the signature and location of the one compiled, and an empty body: what
+    checking arguments and making outputs need."""
+    return Function(data["name"], [parse_type(t) for _, t in data["args"]], [parse_type(t) for t in data["results"]],
+                    [n for n, _ in data["args"]], Location(*data["loc"]))
+
+
+def store_signature(key: str, f: Function) -> None:
+    with timing.phase("cache: store"):
+        disk.store("compiled", key, {"signature": signature_json(f)}, suffix=".sig")
+
+
+def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
+    """The entry's signature and its results' names (results.py: they come from the body, which
+    a signature does not keep)."""
+    with timing.phase("cache: lookup"):
+        found = disk.load("compiled", key, suffix=".sig")
+    if found is None:
+        return None
+    try:
+        data = found[0]["signature"]
+        return signature_from_json(data), tuple(str(n) for n in data["result_names"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled specialisations
+
+
+def store_compiled(key: str, compiled: Any) -> None:
+    """Stores a CPUFunction (with its `ir` text) under a specialisation key."""
+    meta, obj = compiled.code.to_entry()
+    meta["signature"] = signature_json(compiled.function)
+    meta["ir"] = compiled.ir
+    with timing.phase("cache: store"):
+        disk.store("compiled", key, meta, obj)
+
+
+def load_compiled(key: str) -> Any | None:
+    """The CPUFunction stored under key, loaded (no parsing, passes or LLVM), or None."""
+    from .backend.cpu.runtime import Code, CPUFunction
+
+    with timing.phase("cache: lookup"):
+        found = disk.load("compiled", key)
+    if found is None:
+        return None
+    meta, obj = found
+    try:
+        code = Code.from_entry(meta, obj, "compiled")
+        signature = signature_from_json(meta["signature"])
+        ir_text = meta["ir"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if code.stale():
+        return None  # compiled with the model's GEMM paths; they are measured now
+    compiled = CPUFunction(signature, code=code)
+    compiled.ir = ir_text
+    return compiled
