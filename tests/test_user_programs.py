@@ -377,3 +377,11 @@ def test_two_layer_gru_sgd_in_python_against_numpy() -> None:
     np.testing.assert_allclose(float(step(layers, xs, ys, 0.5)[0]),
                                np_loss([final, {k: v.astype(np.float64) for k, v in layers[1].items()}], xs, ys),
                                rtol=1e-5)
+
+
+def test_jax_only_jit_options_are_gir_errors() -> None:
+    """gir.jit(fn, static_argnums=1) was a bare TypeError; it says what gir.jit takes."""
+    with pytest.raises(gir.GirArgumentError, match="no option static_argnums.*functools.partial"):
+        gir.jit(lambda x, n: x * n, static_argnums=1)
+    with pytest.raises(gir.GirArgumentError, match="no option donate_argnums"):
+        gir.jit(MATMUL, "f", donate_argnums=0)
