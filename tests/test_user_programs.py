@@ -385,3 +385,11 @@ def test_jax_only_jit_options_are_gir_errors() -> None:
         gir.jit(lambda x, n: x * n, static_argnums=1)
     with pytest.raises(gir.GirArgumentError, match="no option donate_argnums"):
         gir.jit(MATMUL, "f", donate_argnums=0)
+
+
+def test_arithmetic_with_an_unknown_dim_is_a_gir_error() -> None:
+    """x.sum() / x.shape[0] traced with a `?` leading dim was a bare TypeError (None)."""
+    with pytest.raises(gir.GirTraceError, match=r"`\?` dim of .shape is None"):
+        gir.trace(lambda x: x.sum() / x.shape[0], gir.spec("?x3"))
+    x = arr(4, 3)
+    np.testing.assert_allclose(gir.jit(lambda x: x.sum() / x.shape[0])(x), x.sum() / 4, rtol=1e-6)
