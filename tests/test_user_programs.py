@@ -393,3 +393,30 @@ def test_arithmetic_with_an_unknown_dim_is_a_gir_error() -> None:
         gir.trace(lambda x: x.sum() / x.shape[0], gir.spec("?x3"))
     x = arr(4, 3)
     np.testing.assert_allclose(gir.jit(lambda x: x.sum() / x.shape[0])(x), x.sum() / 4, rtol=1e-6)
+
+
+DYNAMIC_GRAD = """
+func @loss(%xs: tensor<?x?x8xf32>, %h0: tensor<?x8xf32>, %w: tensor<8x8xf32>) -> tensor<f32> {
+  %h = %h0
+  for %x in %xs {
+    %h = tanh(%x @ %w + %h)
+  }
+  return mean(%h)
+}
+
+func @grads(%xs: tensor<?x?x8xf32>, %h0: tensor<?x8xf32>, %w: tensor<8x8xf32>) -> (tensor<f32>, tensor<8x8xf32>) {
+  %l, %dw = grad @loss(%xs, %h0, %w) wrt (%w)
+  return %l, %dw
+}
+"""
+
+
+def test_print_ir_after_failure_when_a_pass_rejects_the_program(capsys, monkeypatch, tmp_path) -> None:
+    """`gir opt --print-ir-after-failure` printed nothing when the failing pass raised a plain
+    GirError about the program (autodiff over a `?` carry) rather than a GirPassError."""
+    path = tmp_path / "dyn.gir"
+    path.write_text(DYNAMIC_GRAD)
+    code, out, err = _cli(capsys, monkeypatch, ["opt", str(path), "--print-ir-after-failure"])
+    assert code == 1 and "autodiff needs a static shape" in err
+    dump = err.split("// -----// IR Dump After autodiff Failed //----- //\n", 1)[1]
+    assert "func @grads" in dump and "Traceback" not in err
