@@ -420,3 +420,9 @@ def test_print_ir_after_failure_when_a_pass_rejects_the_program(capsys, monkeypa
     assert code == 1 and "error: autodiff" in err
     dump = err.split("// -----// IR Dump After autodiff Failed //----- //\n", 1)[1]
     assert "func @grads" in dump and "Traceback" not in err
+
+
+def test_weak_int_and_weak_float_arguments_give_a_float() -> None:
+    out = gir.jit(lambda n, lr, x: x * (n / lr) + lr / n)(4, 0.5, np.ones(2))
+    np.testing.assert_allclose(out, np.full(2, 8.125))
+    assert out.dtype == np.float64
