@@ -229,7 +229,7 @@ class _Interpreted:
 
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
-        pipeline: str | None = None, mode: str | None = None) -> JitFunction:
+        pipeline: str | None = None, mode: str | None = None, **jax_options: Any) -> JitFunction:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -293,6 +293,10 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     A Python function (DESIGN.md §7, docs/python.md) is traced per argument structure, shapes
     and dtypes and compiled the same way (pyjit.py): `gir.jit(gir.value_and_grad(loss))`.
     """
+    if jax_options:  # jax.jit's static_argnums, donate_argnums, ...: say so, not a bare TypeError
+        raise GirArgumentError("gir.jit has no option " + ", ".join(sorted(jax_options)) + " (it takes entry, device, "
+                               "pipeline, mode); a value that must stay a Python value can be bound with "
+                               "functools.partial or a closure")
     if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
         from .pyjit import jit_python
 

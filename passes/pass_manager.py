@@ -205,6 +205,8 @@ class PassManager:
         except GirPassError as e:
             raise self._failed(p, module, index, e) from None
         except GirError:
+            if d.print_ir_after_failure:  # the pass failed on the program: still show where it stopped
+                self._emit(f"After {p.name} Failed", module)
             raise  # a diagnostic about the program itself (e.g. a name used before assignment)
         except BrokenPipeError:
             raise  # a print pass whose reader left (`gir opt ... | head`): the CLI exits quietly

@@ -377,3 +377,52 @@ def test_two_layer_gru_sgd_in_python_against_numpy() -> None:
     np.testing.assert_allclose(float(step(layers, xs, ys, 0.5)[0]),
                                np_loss([final, {k: v.astype(np.float64) for k, v in layers[1].items()}], xs, ys),
                                rtol=1e-5)
+
+
+def test_jax_only_jit_options_are_gir_errors() -> None:
+    """gir.jit(fn, static_argnums=1) was a bare TypeError; it says what gir.jit takes."""
+    with pytest.raises(gir.GirArgumentError, match="no option static_argnums.*functools.partial"):
+        gir.jit(lambda x, n: x * n, static_argnums=1)
+    with pytest.raises(gir.GirArgumentError, match="no option donate_argnums"):
+        gir.jit(MATMUL, "f", donate_argnums=0)
+
+
+def test_arithmetic_with_an_unknown_dim_is_a_gir_error() -> None:
+    """x.sum() / x.shape[0] traced with a `?` leading dim was a bare TypeError (None)."""
+    with pytest.raises(gir.GirTraceError, match=r"`\?` dim of .shape is None"):
+        gir.trace(lambda x: x.sum() / x.shape[0], gir.spec("?x3"))
+    x = arr(4, 3)
+    np.testing.assert_allclose(gir.jit(lambda x: x.sum() / x.shape[0])(x), x.sum() / 4, rtol=1e-6)
+
+
+DYNAMIC_GRAD = """
+func @loss(%xs: tensor<?x?x8xf32>, %h0: tensor<?x8xf32>, %w: tensor<8x8xf32>) -> tensor<f32> {
+  %h = %h0
+  for %x in %xs {
+    %h = tanh(%x @ %w + %h)
+  }
+  return mean(%h)
+}
+
+func @grads(%xs: tensor<?x?x8xf32>, %h0: tensor<?x8xf32>, %w: tensor<8x8xf32>) -> (tensor<f32>, tensor<8x8xf32>) {
+  %l, %dw = grad @loss(%xs, %h0, %w) wrt (%w)
+  return %l, %dw
+}
+"""
+
+
+def test_print_ir_after_failure_when_a_pass_rejects_the_program(capsys, monkeypatch, tmp_path) -> None:
+    """`gir opt --print-ir-after-failure` printed nothing when the failing pass raised a plain
+    GirError about the program (autodiff over a `?` carry) rather than a GirPassError."""
+    path = tmp_path / "dyn.gir"
+    path.write_text(DYNAMIC_GRAD)
+    code, out, err = _cli(capsys, monkeypatch, ["opt", str(path), "--print-ir-after-failure"])
+    assert code == 1 and "error: autodiff" in err
+    dump = err.split("// -----// IR Dump After autodiff Failed //----- //\n", 1)[1]
+    assert "func @grads" in dump and "Traceback" not in err
+
+
+def test_weak_int_and_weak_float_arguments_give_a_float() -> None:
+    out = gir.jit(lambda n, lr, x: x * (n / lr) + lr / n)(4, 0.5, np.ones(2))
+    np.testing.assert_allclose(out, np.full(2, 8.125))
+    assert out.dtype == np.float64

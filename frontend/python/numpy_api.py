@@ -52,6 +52,9 @@ def _operand_like(x: Any) -> bool:
 
 
 def _binary(name: str, a: Any, b: Any, loc: Location) -> Any:
+    if a is None or b is None:  # most often a `?` dim read from x.shape: say so, not a bare TypeError
+        raise GirTraceError(f"'{name}' with None: a `?` dim of .shape is None while tracing and is not a number; "
+                            "use gir.mean, or trace with concrete sizes (gir.jit specialises on the arguments)", loc)
     if not (_operand_like(a) and _operand_like(b)):
         return NotImplemented
     return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)

@@ -317,8 +317,9 @@ def values_of(xs: Sequence[Any], loc: Location) -> list[Value]:
     dtype = next((v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak), None)
     if dtype is None:
         dtype = next((dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN), None)
-    if dtype is None:
-        dtype = next((v.type.dtype for v in xs if isinstance(v, Tracer)), None)
+    if dtype is None:  # weak scalars only: a float one wins (`n / lr` is a float, as in JAX)
+        weak = [v.type.dtype for v in xs if isinstance(v, Tracer)]
+        dtype = next((d for d in weak if d in FLOAT_DTYPES), weak[0] if weak else None)
     return [_weak_as(x, dtype, loc) if isinstance(x, Tracer) and x.weak else to_value(x, dtype, loc) for x in xs]
 
 
