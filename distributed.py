@@ -61,7 +61,7 @@ def _flatten(tree: Any, out: list[np.ndarray]) -> Any:
     if isinstance(tree, dict):
         return {k: _flatten(tree[k], out) for k in sorted(tree)}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_flatten(v, out) for v in tree)
+        return _same_kind(tree, [_flatten(v, out) for v in tree])
     out.append(np.asarray(tree))
     return len(out) - 1
 
@@ -70,8 +70,14 @@ def _rebuild(skeleton: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(skeleton, dict):
         return {k: _rebuild(v, arrays) for k, v in skeleton.items()}
     if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(_rebuild(v, arrays) for v in skeleton)
+        return _same_kind(skeleton, [_rebuild(v, arrays) for v in skeleton])
     return arrays[skeleton]
+
+
+def _same_kind(like: list | tuple, items: list) -> Any:
+    """items as a sequence of like's type: a namedtuple (gir.jit's named results) takes them as
+    fields, a list or tuple as one iterable."""
+    return type(like)(*items) if hasattr(like, "_fields") else type(like)(items)
 
 
 def allreduce(tree: Any, op: str = "mean", comm: Any = None) -> Any:
