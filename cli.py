@@ -195,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         names = list(cached.result_names)
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
     else:
-        module = load_file(args.file)
+        module = load(args.file)
         f = entry_of(module, args.entry)
         names = result_names(f)  # as written: passes rename values
         # The arrays follow gir.jit's calling convention (calling.py): exact widening only.
@@ -256,7 +256,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
     """`gir run` on the CPU of a file with static shapes (or --inputs) and without the pass
     manager's debugging flags is `gir.jit` of the file, so the compile cache can skip parsing,
     the passes and LLVM; None when the run needs the pass manager's own run."""
-    if args.device != "cpu" or getattr(args, "stats_json", None) or args.shape:
+    if args.device != "cpu" or getattr(args, "stats_json", None) or args.shape or args.file == "-":
         return None
     from .jit import jit
 
