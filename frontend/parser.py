@@ -43,12 +43,14 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
 
 
-def _int(tok: Token) -> int:
-    """An integer literal; past Python's digit limit no dtype could hold it anyway."""
+def _int(tok: Token, digits: str | None = None) -> int:
+    """An integer literal (or the `digits` of one inside tok: a loc's line); past Python's digit
+    limit no dtype, position or line number could be that large anyway."""
     try:
-        return int(tok)
+        return int(tok if digits is None else digits)
     except ValueError:
-        raise _TokenError(f"the integer literal {_short(tok)} is too large for any integer dtype", tok) from None
+        shown = _short(tok) if digits is None else f"{digits[:10]}... ({len(digits)} digits)"
+        raise _TokenError(f"the integer literal {shown} is too large for any integer dtype", tok) from None
 
 
 def _short(tok: Token) -> str:
@@ -130,6 +132,9 @@ class _ToAst(Transformer):
     def grad_op(self, c: list) -> ast.Grad:
         keyword, callee, args, *rest = c
         types = rest.pop() if rest and isinstance(rest[-1], tuple) else None  # wrt items are tokens
+        for item in rest:
+            if item.type == "INT":
+                _int(item)  # a position of 5,000 digits: a located error here, not a ValueError in the emitter
         return ast.Grad(keyword, callee, args, tuple(rest), types)
 
     def loop_op(self, c: list) -> ast.Loop:
@@ -278,7 +283,7 @@ class _ToAst(Transformer):
         text = str(c[0])[4:-1]  # "file":line:col, the file name escaped as the printer writes it
         end = text.rindex('"')
         line, col = text[end + 2 :].split(":")
-        return Location(_unescape(text[1:end]), int(line), int(col))
+        return Location(_unescape(text[1:end]), _int(c[0], line), _int(c[0], col))
 
 
 @functools.cache

@@ -137,3 +137,33 @@ def test_a_variable_where_a_tensor_belongs_is_a_located_type_error(where: str, t
     with pytest.raises(gir.GirTypeError, match="is a variable; read it with load|@g takes") as info:
         gir.parse(text, filename="var.gir")
     assert info.value.loc is not None and info.value.loc.file == "var.gir"
+
+
+@pytest.mark.parametrize("text", [
+    "func @f(%a: tensor<f32>) -> tensor<f32> {\n  return %a loc(\"f.gir\":" + "9" * 5000 + ":1)\n}\n",
+    "func @f(%a: tensor<f32>) -> tensor<f32> {\n  return %a loc(\"f.gir\":1:" + "9" * 5000 + ")\n}\n",
+    "func @l(%a: tensor<f32>) -> tensor<f32> {\n  return %a\n}\n\nfunc @f(%a: tensor<f32>) -> "
+    "(tensor<f32>, tensor<f32>) "
+    "{\n  %l, %d = grad @l(%a) wrt (" + "9" * 5000 + ")\n  return %l, %d\n}\n",
+], ids=["loc-line", "loc-col", "wrt-position"])
+def test_integers_past_the_digit_limit_anywhere_are_located_errors(text: str) -> None:
+    """A 5,000-digit `wrt` position (tests/fuzz/mutate.py, seed 0 input 25062) or loc line was a
+    raw ValueError from Python's int() digit limit."""
+    with pytest.raises(gir.GirSyntaxError, match="too large") as info:
+        gir.parse(text, filename="big.gir")
+    assert info.value.loc is not None and info.value.loc.file == "big.gir"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_zero_divisor_of_no_division_is_no_error(device: str) -> None:
+    """`%xs / %v` with %xs 3x0x2 divides nothing: the interpreter raised "integer division by
+    zero" because %v holds a 0, where the backends' loops run no step (tests/fuzz/differential.py,
+    seed 1000 program 6). Where a division happens, a zero divisor still raises."""
+    text = "func @f(%xs: tensor<?x?x2xi32>, %v: tensor<2xi32>) -> tensor<?x?x2xi32> {\n  return %xs / %v\n}\n"
+    v = np.array([-2**31, 0], np.int32)
+    empty = np.zeros((3, 0, 2), np.int32)
+    (want,) = gir.interpret(gir.parse(text), "f", empty, v)
+    assert want.shape == (3, 0, 2)
+    assert_all_close(gir.jit(text, "f", device=device)(empty, v), [want])
+    with pytest.raises(GirError, match="division by zero"):
+        gir.jit(text, "f", device=device)(np.ones((1, 1, 2), np.int32), v)
