@@ -189,6 +189,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise GirArgumentError(f"--repeat: run at least once, got {args.repeat}")
     mode = get_mode(args.mode or DEFAULT_MODE)
+    from .jit import usable_device
+
+    args.device = usable_device(args.device)  # auto without a GPU: the CPU
     cached = _cached_runner(args, mode)
     if cached is not None:  # the compile cache may skip parsing, the passes and LLVM
         f: Function = cached.signature

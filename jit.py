@@ -305,6 +305,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
     if pipeline is not None and mode is not None:
         raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
+    device = usable_device(device)
     full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)
     if isinstance(source_or_module, Module):
         module = source_or_module.clone()
@@ -333,6 +334,16 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if key:
         compile_cache.store_signature(key, module.functions[entry])
     return JitFunction(module, entry, device, full, cache_key=key)
+
+
+def usable_device(device: str) -> str:
+    """device="auto" where no GPU can run (no CUDA GPU, no simulator) is the CPU: as JAX's
+    default backend, "auto" means the best this machine has; "gpu" there stays an error."""
+    if device != "auto":
+        return device
+    from .backend.gpu.device import available
+
+    return "auto" if available() else "cpu"
 
 
 def _entry(module: Module, entry: str | None) -> str:

@@ -339,3 +339,21 @@ def test_cli_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
                               "-o", str(tmp_path / "f.ll"))
     assert code == 0, err
     assert "define" in (tmp_path / "f.ll").read_text()
+
+
+def test_auto_without_a_gpu_is_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """device="auto" means the best this machine has: with no GPU (and no simulator) it is the
+    CPU, not an error; device="gpu" there stays one."""
+    import gir.backend.gpu.device as gpu_device
+
+    monkeypatch.setattr(gpu_device, "available", lambda: False)
+    source = linear_rnn(3, 8)
+    fn = gir.jit(source, device="auto")
+    assert fn.device == "cpu"
+    args = [np.ones(t.shape, t.numpy_dtype) for t in fn.signature.arg_types]
+    gir.testing.assert_all_close(fn(*args), gir.jit(source, device="interp")(*args))
+    path = tmp_path / "rnn.gir"
+    path.write_text(source)
+    code, out, err = gir_main(capsys, "run", str(path), "--device", "auto")
+    assert code == 0 and out.startswith("@f on cpu:"), err

@@ -107,6 +107,15 @@ def get_device() -> Device:
     return _DEVICE
 
 
+def available() -> bool:
+    """Whether GPU code can run here (a CUDA GPU with CuPy, or the simulator)."""
+    try:
+        get_device()
+    except GirError:
+        return False
+    return True
+
+
 def _find_device() -> Device:
     try:
         from numba import cuda
