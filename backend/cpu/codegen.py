@@ -126,16 +126,21 @@ class Layout:
     """The part of the arena memplan placed (0 when every value has its own slot)."""
     errors: list[tuple[str, object]] = field(default_factory=list)
     """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
+    schedule: dict[str, object] = field(default_factory=dict)
+    """How the work was laid out, for `fn.stats.schedule`: stacked values written in place
+    (their rows of the stack) or copied per step, and the two-core schedule (overlap.py)."""
 
     def to_json(self) -> dict:
         return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
                 "gemms": [g.__dict__ for g in self.gemms],
-                "errors": [[m, [loc.file, loc.line, loc.col]] for m, loc in self.errors]}  # type: ignore[attr-defined]
+                "errors": [[m, [loc.file, loc.line, loc.col]] for m, loc in self.errors],  # type: ignore[attr-defined]
+                "schedule": self.schedule}
 
     @classmethod
     def from_json(cls, data: dict) -> Layout:
         return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
-                   data.get("planned_bytes", 0), [(m, Location(*loc)) for m, loc in data["errors"]])
+                   data.get("planned_bytes", 0), [(m, Location(*loc)) for m, loc in data["errors"]],
+                   dict(data.get("schedule", {})))
 
 
 class Lowering:
@@ -161,6 +166,10 @@ class Lowering:
             self.layout.arena_bytes = self.plan.arena_bytes
             self.layout.planned_bytes = self.plan.arena_bytes
         self.folded: set[Operation] = set()
+        self.stack_rows: dict[Value, ir.Value] = {}
+        """A value stacked by the scan step being lowered -> its row of the stack (written in place)."""
+        self.layout.schedule["stack_copies_avoided"] = 0
+        self.layout.schedule["stack_copies"] = 0
         n_args = len(function.args)
         n_outs = len(function.result_types)
         self.arena = self._load_ptr(self.buffers, n_args + n_outs)
@@ -190,9 +199,14 @@ class Lowering:
         self.root[view] = self.root.get(of, of)
 
     def slot(self, v: Value, op: Operation) -> ir.Value:
-        """v's storage: its place in memplan's arena, or (not planned) a new slot above it."""
+        """v's storage: the row of a scan's stack it is stacked into (`in_place_stack`), its
+        place in memplan's arena, or (not planned) a new slot above it."""
         t = v.tensor_type
         _static(t, op)
+        direct = self.stack_rows.pop(v, None)
+        if direct is not None:
+            self.ptr[v] = direct
+            return direct
         if self.plan is not None and v in self.plan.slots:
             p = self.b.gep(self.arena, [ir.Constant(I64, self.plan.offset(v))], source_etype=I8)
         else:
@@ -808,12 +822,15 @@ def lower_scan(low: Lowering, op: Operation) -> None:
             st = seq.tensor_type
             row = math.prod(_static(st, op)[1:])
             low.ptr[arg] = low.elem_ptr(low.ptr[seq], st.dtype, low.b.mul(t, ir.Constant(I64, row)))
+        rows = _stack_rows(low, loop, t)
         low.block(loop.body)
         for r, v in zip(loop.stacked_results, loop.yielded_stacks):
-            vt = v.tensor_type
-            nbytes = vt.nbytes() or 0
-            dst = low.b.gep(low.ptr[r], [low.b.mul(t, ir.Constant(I64, nbytes))], source_etype=I8)
-            low.memcpy(dst, low.ptr[v], nbytes)
+            if low.ptr[v] is rows[r]:  # computed in its row of the stack: nothing to copy
+                low.layout.schedule["stack_copies_avoided"] += 1  # type: ignore[operator]
+                continue
+            low.layout.schedule["stack_copies"] += 1  # type: ignore[operator]
+            low.memcpy(rows[r], low.ptr[v], v.tensor_type.nbytes() or 0)
+        low.stack_rows.clear()
         new_carries = loop.yielded_carries
         # A carry yielded from another carry's storage (a swap) must not be overwritten before
         # it is read: copy those through a temporary slot.
@@ -831,6 +848,26 @@ def lower_scan(low: Lowering, op: Operation) -> None:
                 low.memcpy(low.ptr[arg], src, v.tensor_type.nbytes() or 0)
     for c in loop.carries:
         low.ptr[c.result] = low.ptr[c.arg]
+
+
+def _stack_rows(low: Lowering, loop: LoopView, t: ir.Value) -> dict[Value, ir.Value]:
+    """Each stacked result's row for step t. A stacked value that a body op computes into
+    storage of its own (not a view, not a value from outside the body, stacked once) is
+    computed in that row directly (`Lowering.slot`), saving a copy per step: memplan's plan
+    keeps the value live to the end of the step, so no other value was planned into its slot
+    while it lives, and its arena slot simply goes unused."""
+    rows: dict[Value, ir.Value] = {}
+    seen: set[Value] = set()
+    for r, v in zip(loop.stacked_results, loop.yielded_stacks):
+        nbytes = v.tensor_type.nbytes() or 0
+        rows[r] = low.b.gep(low.ptr[r], [low.b.mul(t, ir.Constant(I64, nbytes))], source_etype=I8)
+        d = v.defining_op
+        if v in seen or d is None or d.parent is not loop.body or view_source(d) is not None:
+            seen.add(v)
+            continue
+        seen.add(v)
+        low.stack_rows[v] = rows[r]
+    return rows
 
 
 def _lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:

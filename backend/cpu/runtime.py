@@ -70,6 +70,9 @@ class Stats:
     pack_calls: int = 0
     seconds: float = 0.0
     gemm_paths: dict[str, int] = field(default_factory=dict)
+    schedule: dict[str, object] = field(default_factory=dict)
+    """How the compiled code lays out its work (Layout.schedule): stacked values written in
+    place or copied, and the two-core schedule with the reasons for it."""
 
 
 class CPUFunction:
@@ -155,7 +158,8 @@ class CPUFunction:
         paths: dict[str, int] = {}
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self._local.stats = self._last_stats = Stats(int(counters[0]), int(counters[1]), seconds, paths)
+        self._local.stats = self._last_stats = Stats(int(counters[0]), int(counters[1]), seconds, paths,
+                                                      self.layout.schedule)
         return outs
 
 
@@ -192,7 +196,7 @@ def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-_CODEGEN_VERSION = "7"
+_CODEGEN_VERSION = "8"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
