@@ -33,7 +33,7 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
-from . import blas
+from . import blas, blas_threads
 from .codegen import Layout, lower_function
 
 
@@ -97,11 +97,17 @@ class CPUFunction:
             self.from_cache = False
         check_fits(function, self.layout.arena_bytes + self.layout.pinned_bytes, host_memory_bytes(), "this machine")
         blas.bind_symbols()
+        blas_threads.bind_symbols()
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
         self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self.engine.finalize_object()
         addr = self.engine.get_function_address("gir_main")
         self._native = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(addr)
+        self._worker = None
+        """`gir_worker`, the second thread's part of a two-core schedule (overlap.py), if any."""
+        if _has_worker(self.layout):
+            waddr = self.engine.get_function_address("gir_worker")
+            self._worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(waddr)
         self.fns = blas.providers().table_array()
         self._fns_ptr = ctypes.cast(self.fns, ctypes.c_void_p)
         self._local = threading.local()
@@ -150,7 +156,13 @@ class CPUFunction:
         counters = ws.counters
         counters[:] = 0
         start = time.perf_counter()
+        worker = None
+        if self._worker is not None:  # ctypes releases the GIL: the two run at once
+            worker = threading.Thread(target=self._worker, args=(buffers, ws.counters_ptr, self._fns_ptr))
+            worker.start()
         self._native(buffers, ws.counters_ptr, self._fns_ptr)
+        if worker is not None:
+            worker.join()
         seconds = time.perf_counter() - start
         if counters[2]:
             message, loc = self.layout.errors[int(counters[2]) - 1]
@@ -158,7 +170,7 @@ class CPUFunction:
         paths: dict[str, int] = {}
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self._local.stats = self._last_stats = Stats(int(counters[0]), int(counters[1]), seconds, paths,
+        self._local.stats = self._last_stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths,
                                                       self.layout.schedule)
         return outs
 
@@ -170,8 +182,10 @@ class Workspace:
     def __init__(self, layout: Layout):
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(4, np.int64)
-        """GEMM calls, pack calls, the error code (layout.errors[code - 1]), unused."""
+        self.counters = np.zeros(8, np.int64)
+        """GEMM calls, pack calls, the error code (layout.errors[code - 1]), unused, and the
+        two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
+        worker's GEMM calls."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
@@ -191,12 +205,13 @@ def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
     parts = [print_function(function, print_locations=True), __version__, llvm.llvm_version_info.__str__(),
              llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
              str(blas.providers().has_mkl), str(blas.threads()), os.environ.get("GIR_GEMM_PATH", ""),
-             os.environ.get("GIR_CPU_ARENA", ""), plan.strategy if plan is not None else "default",
+             os.environ.get("GIR_CPU_ARENA", ""), os.environ.get("GIR_CPU_OVERLAP", ""),
+             plan.strategy if plan is not None else "default",
              _CODEGEN_VERSION]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-_CODEGEN_VERSION = "8"
+_CODEGEN_VERSION = "9"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
@@ -233,6 +248,11 @@ def _load_cached(key: str) -> tuple[bytes, Layout, str, str] | None:
         return obj, Layout.from_json(meta["layout"]), meta["optimized_ir"], meta["llvm_ir"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _has_worker(layout: Layout) -> bool:
+    notes = layout.schedule.get("overlap")
+    return isinstance(notes, list) and any(n.get("used") for n in notes)
 
 
 def host_memory_bytes() -> int | None:
