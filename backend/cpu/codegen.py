@@ -217,6 +217,9 @@ class Lowering:
         else:
             offset = self.layout.arena_bytes
             self.alloc(t.nbytes() or 0)
+            if private:  # memplan's plan has it born at its op; the worker writes it during the scan
+                self.layout.schedule["worker_private_bytes"] = (
+                    int(self.layout.schedule.get("worker_private_bytes", 0)) + self.layout.arena_bytes - offset)  # type: ignore[call-overload]
         p = self.b.gep(self.arena, [ir.Constant(I64, offset)], source_etype=I8)
         self.offsets[v] = offset
         self.ptr[v] = p
