@@ -917,7 +917,7 @@ class _Worker:
     def _spin_until(self, slot: int, target: int) -> None:
         """Waits (yielding the core) until counters[slot] >= target."""
         b, fn = self.low.b, self.low.fn
-        head, wait, done = (fn.append_basic_block(name) for name in ("spin", "spin.wait", "spin.done"))
+        head, wait, done = (fn.append_basic_block(label) for label in ("spin", "spin.wait", "spin.done"))
         b.branch(head)
         b.position_at_end(head)
         v = b.load_atomic(self._word(slot), "acquire", 8, typ=I64)
@@ -974,7 +974,7 @@ class _Worker:
         n = len(low.function.args) + len(low.function.result_types)
         low.arena = low._load_ptr(low.buffers, n)
         b = low.b
-        head, sleep, awake = (fn.append_basic_block(name) for name in ("woken", "sleep", "awake"))
+        head, sleep, awake = (fn.append_basic_block(label) for label in ("woken", "sleep", "awake"))
         b.branch(head)
         b.position_at_end(head)
         word = b.load_atomic(self._i32_word(self.FUTEX), "acquire", 4, typ=I32)

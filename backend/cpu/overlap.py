@@ -83,9 +83,11 @@ def address(v: Value) -> Address:
     offset = 0
     while True:
         d = v.defining_op
-        if d is None or view_source(d) is None or d.name not in ("reshape", "slice"):
+        # a view in row-major order at a constant offset: one operand (not `index`, whose row
+        # is known at run time), not a transpose (read in another order)
+        if d is None or view_source(d) is None or len(d.operands) != 1 or "perm" in d.attrs:
             return Address(v, offset)
-        if d.name == "slice":
+        if "starts" in d.attrs:  # a contiguous slice
             src = d.operands[0]
             shape = [int(x) for x in src.tensor_type.shape]  # type: ignore[arg-type]
             strides, acc = [], 1
