@@ -11,9 +11,10 @@ its steps; the ratios peer / gir are taken per round and their median reported, 
 loud minute weighs on both sides of a ratio.
 
 Peers: `gir` (this checkout), `gir-nooverlap` (GIR_CPU_OVERLAP=0: without the two-core
-schedule), `gir-base=PATH` (another checkout's gir: PATH is the folder holding its `gir`
-package, for before/after), `pytorch`, `jax`, `numpy` (bench/rnn.py's setups). Gradients
-of every peer are checked against the first gir's before timing.
+schedule), `gir-1thread` (BLAS on one thread, whatever --threads says), `gir-base=PATH`
+(another checkout's gir: PATH is the folder holding its `gir` package, for before/after),
+`pytorch`, `jax`, `numpy` (bench/rnn.py's setups). Gradients of every peer are checked
+against the first gir's before timing.
 
     python bench/rnn_rounds.py --models lstm --sizes S --peers gir,gir-nooverlap,pytorch,jax,numpy \\
         --rounds 10 --per-round 5
@@ -44,7 +45,7 @@ def serve(peer: str, model: str, size: str, threads: int, inputs: str) -> None:
     keep = []
     base = peer.split("=")[0]
     if base.startswith("gir"):
-        keep.append(R.gir_set_threads(threads))
+        keep.append(R.gir_set_threads(1 if base == "gir-1thread" else threads))
     elif base == "numpy":
         keep.append(R.limit_blas_threads(threads))
     elif base == "pytorch":
@@ -73,6 +74,8 @@ def start(peer: str, args: argparse.Namespace, model: str, size: str, inputs: st
     base, _, path = peer.partition("=")
     if base == "gir-nooverlap":
         env["GIR_CPU_OVERLAP"] = "0"
+    if base == "gir-1thread":  # gir with BLAS on one thread (on a machine as busy as 2 cores)
+        env.update(R.thread_env(1))
     if base == "gir-base":
         env["PYTHONPATH"] = path
         env["GIR_CACHE_DIR"] = env.get("GIR_CACHE_DIR", "/tmp") + "-base"
