@@ -11,7 +11,8 @@ its steps; the ratios peer / gir are taken per round and their median reported, 
 loud minute weighs on both sides of a ratio.
 
 Peers: `gir` (this checkout), `gir-nooverlap` (GIR_CPU_OVERLAP=0: without the two-core
-schedule), `gir-1thread` (BLAS on one thread, whatever --threads says), `gir-base=PATH`
+schedule), `gir-whole` (GIR_CPU_OVERLAP=whole), `gir-1thread` (BLAS on one thread,
+whatever --threads says), `gir-base=PATH`
 (another checkout's gir: PATH is the folder holding its `gir` package, for before/after),
 `pytorch`, `jax`, `numpy` (bench/rnn.py's setups). Gradients of every peer are checked
 against the first gir's before timing.
@@ -74,6 +75,8 @@ def start(peer: str, args: argparse.Namespace, model: str, size: str, inputs: st
     base, _, path = peer.partition("=")
     if base == "gir-nooverlap":
         env["GIR_CPU_OVERLAP"] = "0"
+    if base == "gir-whole":  # the two-core schedule with the main thread's BLAS on one thread throughout
+        env["GIR_CPU_OVERLAP"] = "whole"
     if base == "gir-1thread":  # gir with BLAS on one thread (on a machine as busy as 2 cores)
         env.update(R.thread_env(1))
     if base == "gir-base":

@@ -892,6 +892,29 @@ class _Worker:
         self.tasks.sort(key=lambda task: task[0])
         self.last = {d.op: max(i for i, task in enumerate(self.tasks) if task[1] is d) for d in self.deferred.values()}
         self.saved: ir.Value | None = None
+        self.whole = bool(self.tasks) and overlap.mode() == "whole"
+        """GIR_CPU_OVERLAP=whole: this thread's BLAS on one thread for the whole call, not only
+        during the windows (on a machine whose other core is busy, 2-thread GEMMs wait)."""
+
+    def _one_thread(self) -> None:
+        b = self.low.b
+        with b.goto_block(self.low.entry):
+            b.position_at_start(self.low.entry)
+            cell = b.alloca(I32)
+        b.store(b.call(self._threads_fn(), [ir.Constant(I32, 1)]), cell)
+        self.saved = cell
+
+    def _restore(self) -> None:
+        if self.saved is not None:
+            self.low.b.call(self._threads_fn(), [self.low.b.load(self.saved, typ=I32)])
+
+    def begin(self) -> None:
+        if self.whole:
+            self._one_thread()
+
+    def end(self) -> None:
+        if self.whole:
+            self._restore()
 
     def _threads_fn(self) -> ir.Function:
         name = "gir_mkl_threads_local" if self.low.gemm_family == "mkl" else "gir_ob_threads_local"
@@ -932,11 +955,8 @@ class _Worker:
         if scan not in self.windows:
             return
         b = self.low.b
-        with b.goto_block(self.low.entry):
-            b.position_at_start(self.low.entry)
-            cell = b.alloca(I32)
-        b.store(b.call(self._threads_fn(), [ir.Constant(I32, 1)]), cell)
-        self.saved = cell
+        if not self.whole:
+            self._one_thread()
         b.atomic_rmw("xchg", self._i32_word(self.FUTEX), ir.Constant(I32, 1), "release")
         self._futex(1 | 128, 1)  # FUTEX_WAKE_PRIVATE, one waiter
 
@@ -949,8 +969,8 @@ class _Worker:
         """At a deferred GEMM: wait for all its chunks; after a window's last one, restore BLAS threads."""
         self._spin_until(self.DONE, self.last[op] + 1)
         window = next(w for w in self.windows.values() if any(d.op is op for d in w.deferred))
-        if window.deferred[-1].op is op and self.saved is not None:
-            self.low.b.call(self._threads_fn(), [self.low.b.load(self.saved, typ=I32)])
+        if window.deferred[-1].op is op and not self.whole:
+            self._restore()
 
     def _pointer(self, a: overlap.Address, extra: int) -> ir.Value:
         low = self.low
@@ -1047,9 +1067,11 @@ LOWER = _lowerings()
 def lower_function(function: Function, plan: MemoryPlan | None = None) -> tuple[ir.Module, Layout]:
     low = Lowering(function, plan)
     body = function.body
+    low.worker.begin()
     returned = low.block(body)
     for v, out in zip(returned, low.out_ptrs):
         low.memcpy(out, low.ptr[v], v.tensor_type.nbytes() or 0)
+    low.worker.end()
     low.b.ret_void()
     low.worker.emit()
     return low.module, low.layout

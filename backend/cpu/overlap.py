@@ -174,7 +174,8 @@ def find_windows(function: Function) -> list[Window]:
 
 
 def mode() -> str:
-    """GIR_CPU_OVERLAP: `auto` (default: decide by the measured model), `1` always, `0` never."""
+    """GIR_CPU_OVERLAP: `auto` (default: decide by the measured model), `1` always, `0` never,
+    `whole` always and the calling thread's BLAS on one thread for the whole call."""
     return os.environ.get("GIR_CPU_OVERLAP", "auto")
 
 
@@ -233,10 +234,10 @@ def plan(function: Function, family: str, schedule: dict[str, object]) -> list[W
     kept, notes = [], []
     for w in windows:
         est = {k: round(v, 3) for k, v in estimate(w, family).items()} if chosen == "auto" else {}
-        use = chosen == "1" or est["with_ms"] < 0.97 * est["without_ms"]
+        use = chosen in ("1", "whole") or est["with_ms"] < 0.97 * est["without_ms"]
         notes.append({"scan": str(w.scan.loc), "deferred_gemms": len(w.deferred),
                       "chunks": sum(len(d.chunks) for d in w.deferred), "used": use,
-                      "why": "GIR_CPU_OVERLAP=1" if chosen == "1" else "measured model", **est})
+                      "why": "measured model" if chosen == "auto" else f"GIR_CPU_OVERLAP={chosen}", **est})
         if use:
             kept.append(w)
     schedule["overlap"] = notes
