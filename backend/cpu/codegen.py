@@ -892,9 +892,9 @@ class _Worker:
         self.tasks.sort(key=lambda task: task[0])
         self.last = {d.op: max(i for i, task in enumerate(self.tasks) if task[1] is d) for d in self.deferred.values()}
         self.saved: ir.Value | None = None
-        self.whole = bool(self.tasks) and overlap.mode() == "whole"
-        """GIR_CPU_OVERLAP=whole: this thread's BLAS on one thread for the whole call, not only
-        during the windows (on a machine whose other core is busy, 2-thread GEMMs wait)."""
+        self.whole = bool(self.tasks) and overlap.whole_call_one_thread(low.layout.schedule)
+        """This thread's BLAS on one thread for the whole call, not only during the windows, when
+        overlap.plan measured that faster (or GIR_CPU_OVERLAP=whole)."""
 
     def _one_thread(self) -> None:
         b = self.low.b

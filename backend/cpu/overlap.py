@@ -183,11 +183,28 @@ def mode() -> str:
 # Deciding: the measured model
 
 
-def _body_gemms(scan: Operation) -> list[tuple[int, int, int, bool, bool]]:
-    """(m, n, k, ta, tb) of every float32 GEMM with a 2-D right operand in the scan's body."""
+def _outside_gemms(function: Function, windows: list[Window]) -> list[tuple[int, int, int, bool, bool]]:
+    """The GEMMs the calling thread runs outside the windows (each once per run: a scan's body
+    GEMMs as many times as it has steps), as (m, n, k, ta, tb)."""
+    skip = {d.op for w in windows for d in w.deferred}
     out = []
-    for op in scan.body:
+    for op in function.body:
+        if op in skip or any(op is w.scan for w in windows):
+            continue
+        if op.name == "scan":
+            out += _body_gemms(op) * (LoopView(op).trip_count or 1)
+        else:
+            out += _body_gemms(op, [op])
+    return out
+
+
+def _body_gemms(scan: Operation, ops: list[Operation] | None = None) -> list[tuple[int, int, int, bool, bool]]:
+    """(m, n, k, ta, tb) of every float32 GEMM with a 2-D right operand in the scan's body (or ops)."""
+    out = []
+    for op in ops if ops is not None else scan.body:
         if op.name != "matmul" or op.result.tensor_type.dtype != "f32" or op.operands[1].tensor_type.rank != 2:
+            continue
+        if any(not t.is_static for t in (op.operands[0].tensor_type, op.operands[1].tensor_type)):
             continue
         a, b = op.operands
         ta, tb = _transposed(a) is not None, _transposed(b) is not None
@@ -241,4 +258,21 @@ def plan(function: Function, family: str, schedule: dict[str, object]) -> list[W
         if use:
             kept.append(w)
     schedule["overlap"] = notes
+    if kept and chosen == "auto":
+        # the calling thread's other GEMMs: on one thread for the whole call when that measured
+        # faster (on a machine whose other core is busy, 2-thread GEMMs wait for it)
+        outside = _outside_gemms(function, kept)
+        one = sum(blas_threads.seconds(family, *g, threads=1) for g in outside)
+        both = sum(blas_threads.seconds(family, *g, threads=0) for g in outside)
+        schedule["main_blas_threads"] = {"threads": 1 if one <= both else "all", "why": "measured model",
+                                         "outside_1thread_ms": round(1e3 * one, 3),
+                                         "outside_ms": round(1e3 * both, 3)}
+    elif kept and chosen == "whole":
+        schedule["main_blas_threads"] = {"threads": 1, "why": "GIR_CPU_OVERLAP=whole"}
     return kept
+
+
+def whole_call_one_thread(schedule: dict[str, object]) -> bool:
+    """Whether the calling thread's BLAS runs on one thread for the whole call (`plan`)."""
+    main = schedule.get("main_blas_threads")
+    return isinstance(main, dict) and main.get("threads") == 1

@@ -211,7 +211,7 @@ def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
-_CODEGEN_VERSION = "10"
+_CODEGEN_VERSION = "11"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
