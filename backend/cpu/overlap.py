@@ -16,6 +16,10 @@ while the scan's own recurrence goes on. The compiled code then has a second ent
   of chunks in order: each waits until its steps are done, runs one GEMM, and publishes that
   it is done.
 
+When the calling thread's other GEMMs (the forward pass's) measured faster on one thread
+than on all, its BLAS stays on one thread for the whole call (`main_blas_threads`): on a
+machine whose other core is busy, a 2-thread GEMM waits for that core.
+
 No Python runs per step or per chunk; the list of chunks is fixed when the code is compiled.
 Whether to do it at all is decided here, from the GEMM times blas.py measures (see `decide`),
 and recorded with the reasons in `fn.stats.schedule`.
