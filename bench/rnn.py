@@ -799,7 +799,15 @@ def write_markdown(path: Path, rows: list[dict], peers: list[str], meta: dict) -
     if meta["notes"]:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in meta["notes"]]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    kept = ""
+    if path.exists():  # the hand-written analysis below the marker survives a new table
+        old = path.read_text()
+        if KEEP_MARKER in old:
+            kept = "\n" + old[old.index(KEEP_MARKER):]
+    path.write_text("\n".join(lines) + "\n" + kept)
+
+
+KEEP_MARKER = "<!-- kept by bench/rnn.py: written by hand below -->"
 
 
 def write_plot(path: Path, rows: list[dict], peers: list[str]) -> None:

@@ -70,7 +70,9 @@ def test_a_memplan_option_changes_the_cpu_arena(path: pathlib.Path) -> None:
             scale = float(np.max(np.abs(want))) or 1.0  # f32 sums reordered (one GEMM for T small ones)
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * scale)
         arenas[strategy] = fn.compiled.layout.arena_bytes
-        assert fn.compiled.layout.planned_bytes == arenas[strategy]
+        # beside the plan: the results of GEMMs the two-core schedule runs during a scan (overlap.py)
+        private = int(fn.compiled.layout.schedule.get("worker_private_bytes", 0))
+        assert fn.compiled.layout.planned_bytes + private == arenas[strategy]
     assert arenas["size"] < arenas["program"], arenas
 
 

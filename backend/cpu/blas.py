@@ -249,7 +249,7 @@ def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable:
         return {c: found[c] for c in candidates}
     if measure_mode() != "now":
         return None
-    times = {c: _measure(c, dtype, m, n, k, ta, tb) for c in candidates}
+    times = _measure_all(candidates, dtype, m, n, k, ta, tb)
     with _choices_lock:
         _load_choices()[key] = times
         _save_choices()
@@ -307,7 +307,7 @@ def _measure_queue() -> None:
                 return
             params = _queue.pop(0)
         dtype, m, n, k, ta, tb, packable = params
-        times = {c: _measure(c, dtype, m, n, k, ta, tb) for c in _candidates(packable) if not _stop.is_set()}
+        times = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
         if _stop.is_set():
             return
         with _choices_lock:
@@ -404,6 +404,33 @@ def _measure(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool) 
             call()
         times.append((time.perf_counter() - start) / reps)
     return sorted(times)[2]
+
+
+def _measure_all(paths: list[str], dtype: str, m: int, n: int, k: int, ta: bool, tb: bool) -> dict[str, float]:
+    """Seconds of one GEMM of this shape through each path: the best of 5 rounds, the paths
+    interleaved within each round. Measured one path after the other (the median of one path's
+    runs, then the next path's), a path measured while the previous provider's thread pool was
+    still spinning on the other core came out 5-10x slow on a 2-core machine (OpenBLAS 48 ms
+    against 4.9 ms for a 256x1024x1600 GEMM measured right after MKL), and that one number
+    made the whole function take MKL (docs/performance-rnn.md); the best round is the one the
+    least disturbed by the other pool and by other processes."""
+    np_dtype = np.float32 if dtype == "f32" else np.float64
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np_dtype)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np_dtype)
+    c = np.zeros((m, n), np_dtype)
+    calls = {p: gemm_caller(p, dtype, m, n, k, ta, tb, a, b, c) for p in paths}
+    reps = max(3, min(50, int(2e8 / max(1, 2 * m * n * k))))
+    best = dict.fromkeys(paths, float("inf"))
+    for _ in range(5):
+        for p, call in calls.items():
+            call()
+            call()  # wakes this provider's pool after the other's ran
+            start = time.perf_counter()
+            for _ in range(reps):
+                call()
+            best[p] = min(best[p], (time.perf_counter() - start) / reps)
+    return best
 
 
 def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,

@@ -37,7 +37,7 @@ from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
-from . import blas, mathlib
+from . import blas, mathlib, overlap
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -129,18 +129,21 @@ class Layout:
     provisional: list[list] = field(default_factory=list)
     """GEMM shapes (blas.path_times' arguments) whose path or family came from the model, not a
     measurement (measured in the background: a later compile refines them)."""
+    schedule: dict[str, object] = field(default_factory=dict)
+    """How the work was laid out, for `fn.stats.schedule`: stacked values written in place
+    (their rows of the stack) or copied per step, and the two-core schedule (overlap.py)."""
 
     def to_json(self) -> dict:
         return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
                 "gemms": [g.__dict__ for g in self.gemms],
                 "errors": [[m, loc.to_json()] for m, loc in self.errors],  # type: ignore[attr-defined]
-                "provisional": self.provisional}
+                "provisional": self.provisional, "schedule": self.schedule}
 
     @classmethod
     def from_json(cls, data: dict) -> Layout:
         return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
                    data.get("planned_bytes", 0), [(m, Location.from_json(loc)) for m, loc in data["errors"]],
-                   data.get("provisional", []))
+                   data.get("provisional", []), dict(data.get("schedule", {})))
 
 
 class Lowering:
@@ -168,6 +171,14 @@ class Lowering:
             self.layout.arena_bytes = self.plan.arena_bytes
             self.layout.planned_bytes = self.plan.arena_bytes
         self.folded: set[Operation] = set()
+        self.offsets: dict[Value, int] = {}
+        """A value with storage of its own -> its byte offset in the arena."""
+        self.stack_rows: dict[Value, ir.Value] = {}
+        """A value stacked by the scan step being lowered -> its row of the stack (written in place)."""
+        self.layout.schedule["stack_copies_avoided"] = 0
+        self.layout.schedule["stack_copies"] = 0
+        self.worker = _Worker(self, overlap.plan(function, self.gemm_family, self.layout.schedule))
+        """The second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         n_args = len(function.args)
         n_outs = len(function.result_types)
         self.arena = self._load_ptr(self.buffers, n_args + n_outs)
@@ -197,13 +208,25 @@ class Lowering:
         self.root[view] = self.root.get(of, of)
 
     def slot(self, v: Value, op: Operation) -> ir.Value:
-        """v's storage: its place in memplan's arena, or (not planned) a new slot above it."""
+        """v's storage: the row of a scan's stack it is stacked into (`in_place_stack`), its
+        place in memplan's arena, or (not planned) a new slot above it."""
         t = v.tensor_type
         _static(t, op)
-        if self.plan is not None and v in self.plan.slots:
-            p = self.b.gep(self.arena, [ir.Constant(I64, self.plan.offset(v))], source_etype=I8)
+        direct = self.stack_rows.pop(v, None)
+        if direct is not None:
+            self.ptr[v] = direct
+            return direct
+        private = v.defining_op in self.worker.deferred  # written during its scan: outside the plan
+        if self.plan is not None and v in self.plan.slots and not private:
+            offset = self.plan.offset(v)
         else:
-            p = self.alloc(t.nbytes() or 0)
+            offset = self.layout.arena_bytes
+            self.alloc(t.nbytes() or 0)
+            if private:  # memplan's plan has it born at its op; the worker writes it during the scan
+                self.layout.schedule["worker_private_bytes"] = (
+                    int(self.layout.schedule.get("worker_private_bytes", 0)) + self.layout.arena_bytes - offset)  # type: ignore[call-overload]
+        p = self.b.gep(self.arena, [ir.Constant(I64, offset)], source_etype=I8)
+        self.offsets[v] = offset
         self.ptr[v] = p
         return p
 
@@ -671,6 +694,9 @@ def lower_matmul(low: Lowering, op: Operation) -> None:
     _static(tb_t, op)
     low.slot(op.result, op)
     dtype = op.result.tensor_type.dtype
+    if op in low.worker.deferred:  # computed by the worker during its scan: wait for it
+        low.worker.wait_for(op)
+        return
     if not _is_gemm(op):
         return _naive_matmul(low, op)
     a_src, ta = _gemm_operand(a_val)
@@ -733,7 +759,9 @@ def _call_table(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Va
 
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
-               pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool) -> None:
+               pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool, beta: float = 0.0,
+               counter: int = 0) -> None:
+    """C = A B (+ C when beta is 1) through the chosen path; counts the call in counters[counter]."""
     if not blas.is_measured([(dtype, m, n, k, ta, tb, packable)]):  # asked first: it may be measured meanwhile
         low.layout.provisional.append([dtype, m, n, k, ta, tb, packable])
     path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
@@ -745,13 +773,13 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     ldb = k if tb else n
     t_a = blas.CBLAS_TRANS if ta else blas.CBLAS_NO_TRANS
     t_b = blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS
-    low.count(0)
+    low.count(counter)
     if path == "mkl":
         sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR, I32, fty, PTR, I32])
         _call_table(low, f"mkl_{s}gemm", sig,
                     [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(t_b), i32(m), i32(n), i32(k),
                                                   ir.Constant(fty, 1.0), pa, i32(lda), pb, i32(ldb),
-                                                  ir.Constant(fty, 0.0), pc, i32(n)])
+                                                  ir.Constant(fty, beta), pc, i32(n)])
         return
     if path == "mkl-packed":
         packed = low.pack_slots.get(op)
@@ -772,7 +800,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     for cell, value in ((cn, n), (cm, m), (ck, k), (cldb, ldb), (clda, lda), (cldc, n)):
         low.b.store(i32(value), cell)
     low.b.store(ir.Constant(fty, 1.0), one)
-    low.b.store(ir.Constant(fty, 0.0), zero)
+    low.b.store(ir.Constant(fty, beta), zero)
     sig = ir.FunctionType(ir.VoidType(), [PTR] * 13)
     _call_table(low, f"ob_{s}gemm", sig, [tra, trb, cn, cm, ck, one, pb, cldb, pa, clda, zero, pc, cldc])
 
@@ -818,18 +846,22 @@ def lower_scan(low: Lowering, op: Operation) -> None:
         low.slot(r, op)
     _pack_weights(low, op)
     carry_args = loop.carry_args
+    low.worker.enter(op)
     with low.for_range(steps, "t") as i:
         t = low.b.sub(ir.Constant(I64, steps - 1), i) if loop.reverse else i
         for arg, seq in zip(loop.element_args, loop.sequences):
             st = seq.tensor_type
             row = math.prod(_static(st, op)[1:])
             low.ptr[arg] = low.elem_ptr(low.ptr[seq], st.dtype, low.b.mul(t, ir.Constant(I64, row)))
+        rows = _stack_rows(low, loop, t)
         low.block(loop.body)
         for r, v in zip(loop.stacked_results, loop.yielded_stacks):
-            vt = v.tensor_type
-            nbytes = vt.nbytes() or 0
-            dst = low.b.gep(low.ptr[r], [low.b.mul(t, ir.Constant(I64, nbytes))], source_etype=I8)
-            low.memcpy(dst, low.ptr[v], nbytes)
+            if low.ptr[v] is rows[r]:  # computed in its row of the stack: nothing to copy
+                low.layout.schedule["stack_copies_avoided"] += 1  # type: ignore[operator]
+                continue
+            low.layout.schedule["stack_copies"] += 1  # type: ignore[operator]
+            low.memcpy(rows[r], low.ptr[v], v.tensor_type.nbytes() or 0)
+        low.stack_rows.clear()
         new_carries = loop.yielded_carries
         # A carry yielded from another carry's storage (a swap) must not be overwritten before
         # it is read: copy those through a temporary slot.
@@ -845,6 +877,7 @@ def lower_scan(low: Lowering, op: Operation) -> None:
         for arg, v, src in zip(carry_args, new_carries, sources):
             if v is not arg:
                 low.memcpy(low.ptr[arg], src, v.tensor_type.nbytes() or 0)
+        low.worker.step_done(op, i)
     for c in loop.carries:
         low.ptr[c.result] = low.ptr[c.arg]
 
@@ -852,6 +885,174 @@ def lower_scan(low: Lowering, op: Operation) -> None:
 def _row_and_softmax_lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
     from .gather import lower_logsumexp, lower_scatter_add  # a module of its own; it imports this one
     return {"scatter_add": lower_scatter_add, "logsumexp": lower_logsumexp}
+
+
+class _Worker:
+    """Emits overlap.py's two-core schedule: in gir_main, a window's start (BLAS to one thread,
+    wake the worker), the steps done after every step, the waits at the deferred GEMMs; and the
+    `gir_worker` function, which runs the chunks. counters[4] (its low 32 bits) is the futex
+    word that wakes the worker, counters[5] the steps done, counters[6] the chunks done,
+    counters[7] the worker's GEMM calls."""
+
+    FUTEX, PROGRESS, DONE, GEMMS = 4, 5, 6, 7
+
+    def __init__(self, low: Lowering, windows: list[overlap.Window]):
+        self.low = low
+        self.windows = {w.scan: w for w in windows}
+        self.deferred = {d.op: d for w in windows for d in w.deferred}
+        self.base: dict[Operation, int] = {}
+        """A window's scan -> the steps of the windows before it (progress counts them all)."""
+        self.tasks: list[tuple[int, overlap.Deferred, overlap.Chunk]] = []
+        total = 0
+        for w in windows:
+            self.base[w.scan] = total
+            self.tasks += [(total + c.trigger, d, c) for d in w.deferred for c in d.chunks]
+            total += LoopView(w.scan).trip_count or 0
+        self.tasks.sort(key=lambda task: task[0])
+        self.last = {d.op: max(i for i, task in enumerate(self.tasks) if task[1] is d) for d in self.deferred.values()}
+        self.saved: ir.Value | None = None
+        self.whole = bool(self.tasks) and overlap.whole_call_one_thread(low.layout.schedule)
+        """This thread's BLAS on one thread for the whole call, not only during the windows, when
+        overlap.plan measured that faster (or GIR_CPU_OVERLAP=whole)."""
+
+    def _one_thread(self) -> None:
+        b = self.low.b
+        with b.goto_block(self.low.entry):
+            b.position_at_start(self.low.entry)
+            cell = b.alloca(I32)
+        b.store(b.call(self._threads_fn(), [ir.Constant(I32, 1)]), cell)
+        self.saved = cell
+
+    def _restore(self) -> None:
+        if self.saved is not None:
+            self.low.b.call(self._threads_fn(), [self.low.b.load(self.saved, typ=I32)])
+
+    def begin(self) -> None:
+        if self.whole:
+            self._one_thread()
+
+    def end(self) -> None:
+        if self.whole:
+            self._restore()
+
+    def _threads_fn(self) -> ir.Function:
+        name = "gir_mkl_threads_local" if self.low.gemm_family == "mkl" else "gir_ob_threads_local"
+        fn = self.low.module.globals.get(name)
+        return fn if fn is not None else ir.Function(self.low.module, ir.FunctionType(I32, [I32]), name=name)
+
+    def _extern(self, name: str, ty: ir.FunctionType) -> ir.Function:
+        fn = self.low.module.globals.get(name)
+        return fn if fn is not None else ir.Function(self.low.module, ty, name=name)
+
+    def _word(self, slot: int) -> ir.Value:
+        return self.low.b.gep(self.low.counters, [ir.Constant(I64, slot)], source_etype=I64)
+
+    def _i32_word(self, slot: int) -> ir.Value:
+        """The low 32 bits of counters[slot] (x86-64 is little-endian): the futex word."""
+        return self._word(slot)
+
+    def _futex(self, op: int, value: int) -> None:
+        syscall = self._extern("gir_syscall", ir.FunctionType(I64, [I64], var_arg=True))
+        self.low.b.call(syscall, [ir.Constant(I64, 202), self._word(self.FUTEX), ir.Constant(I32, op),
+                                  ir.Constant(I32, value), ir.Constant(PTR, None)])
+
+    def _spin_until(self, slot: int, target: int) -> None:
+        """Waits (yielding the core) until counters[slot] >= target."""
+        b, fn = self.low.b, self.low.fn
+        head, wait, done = (fn.append_basic_block(label) for label in ("spin", "spin.wait", "spin.done"))
+        b.branch(head)
+        b.position_at_end(head)
+        v = b.load_atomic(self._word(slot), "acquire", 8, typ=I64)
+        b.cbranch(b.icmp_signed(">=", v, ir.Constant(I64, target)), done, wait)
+        b.position_at_end(wait)
+        b.call(self._extern("gir_sched_yield", ir.FunctionType(I32, [])), [])
+        b.branch(head)
+        b.position_at_end(done)
+
+    def enter(self, scan: Operation) -> None:
+        """Before a window's loop: this thread's BLAS to one thread, and wake the worker."""
+        if scan not in self.windows:
+            return
+        b = self.low.b
+        if not self.whole:
+            self._one_thread()
+        b.atomic_rmw("xchg", self._i32_word(self.FUTEX), ir.Constant(I32, 1), "release")
+        self._futex(1 | 128, 1)  # FUTEX_WAKE_PRIVATE, one waiter
+
+    def step_done(self, scan: Operation, i: ir.Value) -> None:
+        if scan in self.windows:
+            done = self.low.b.add(i, ir.Constant(I64, self.base[scan] + 1))
+            self.low.b.atomic_rmw("xchg", self._word(self.PROGRESS), done, "release")
+
+    def wait_for(self, op: Operation) -> None:
+        """At a deferred GEMM: wait for all its chunks; after a window's last one, restore BLAS threads."""
+        self._spin_until(self.DONE, self.last[op] + 1)
+        window = next(w for w in self.windows.values() if any(d.op is op for d in w.deferred))
+        if window.deferred[-1].op is op and not self.whole:
+            self._restore()
+
+    def _pointer(self, a: overlap.Address, extra: int) -> ir.Value:
+        low = self.low
+        args = low.function.args
+        if a.root in args:
+            base = low._load_ptr(low.buffers, list(args).index(a.root))
+        else:
+            base = low.arena
+            extra += low.offsets[a.root]
+        return low.b.gep(base, [ir.Constant(I64, a.offset + extra)], source_etype=I8)
+
+    def emit(self) -> None:
+        """`void gir_worker(ptr buffers, ptr counters, ptr fns)`: wait to be woken, then each chunk in order."""
+        if not self.tasks:
+            return
+        low = self.low
+        fn = ir.Function(low.module, low.fn.function_type, name="gir_worker")
+        low.fn, low.entry = fn, fn.append_basic_block("entry")
+        low.b = ir.IRBuilder(low.entry)
+        low.buffers, low.counters, low.fns = fn.args
+        n = len(low.function.args) + len(low.function.result_types)
+        low.arena = low._load_ptr(low.buffers, n)
+        b = low.b
+        head, sleep, awake = (fn.append_basic_block(label) for label in ("woken", "sleep", "awake"))
+        b.branch(head)
+        b.position_at_end(head)
+        word = b.load_atomic(self._i32_word(self.FUTEX), "acquire", 4, typ=I32)
+        b.cbranch(b.icmp_signed("!=", word, ir.Constant(I32, 0)), awake, sleep)
+        b.position_at_end(sleep)
+        self._futex(0 | 128, 0)  # FUTEX_WAIT_PRIVATE while the word is 0
+        b.branch(head)
+        b.position_at_end(awake)
+        b.call(self._threads_fn(), [ir.Constant(I32, 1)])
+        for index, (trigger, d, c) in enumerate(self.tasks):
+            self._spin_until(self.PROGRESS, trigger)
+            item = d.op.result.tensor_type.numpy_dtype.itemsize
+            pa = self._pointer(d.a, c.k0 * d.m * item)
+            pb = self._pointer(d.b, c.k0 * d.n * item)
+            pc = self._pointer(overlap.Address(d.op.result, 0), 0)
+            _emit_gemm(low, d.op, "f32", d.m, d.n, c.k1 - c.k0, True, False, pa, pb, pc, False, c.beta, self.GEMMS)
+            # lda/ldb of a chunk are the whole operands' (m, n): the chunk is a block of rows
+            b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, index + 1), "release")
+        b.ret_void()
+
+
+def _stack_rows(low: Lowering, loop: LoopView, t: ir.Value) -> dict[Value, ir.Value]:
+    """Each stacked result's row for step t. A stacked value that a body op computes into
+    storage of its own (not a view, not a value from outside the body, stacked once) is
+    computed in that row directly (`Lowering.slot`), saving a copy per step: memplan's plan
+    keeps the value live to the end of the step, so no other value was planned into its slot
+    while it lives, and its arena slot simply goes unused."""
+    rows: dict[Value, ir.Value] = {}
+    seen: set[Value] = set()
+    for r, v in zip(loop.stacked_results, loop.yielded_stacks):
+        nbytes = v.tensor_type.nbytes() or 0
+        rows[r] = low.b.gep(low.ptr[r], [low.b.mul(t, ir.Constant(I64, nbytes))], source_etype=I8)
+        d = v.defining_op
+        if v in seen or d is None or d.parent is not loop.body or view_source(d) is not None:
+            seen.add(v)
+            continue
+        seen.add(v)
+        low.stack_rows[v] = rows[r]
+    return rows
 
 
 def _lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
@@ -886,8 +1087,11 @@ LOWER = _lowerings()
 def lower_function(function: Function, plan: MemoryPlan | None = None) -> tuple[ir.Module, Layout]:
     low = Lowering(function, plan)
     body = function.body
+    low.worker.begin()
     returned = low.block(body)
     for v, out in zip(returned, low.out_ptrs):
         low.memcpy(out, low.ptr[v], v.tensor_type.nbytes() or 0)
+    low.worker.end()
     low.b.ret_void()
+    low.worker.emit()
     return low.module, low.layout

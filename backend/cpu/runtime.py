@@ -34,7 +34,7 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
-from . import blas
+from . import blas, blas_threads
 from .codegen import Layout, lower_function
 
 
@@ -101,6 +101,9 @@ class Stats:
     compile: Any = None
     """How this code was compiled: `gir.jit` sets a `jitstats.CompileStats` (stages, cache, LLVM
     level, GEMM paths); a CPUFunction compiled directly has its `CompileInfo`."""
+    schedule: dict[str, object] = field(default_factory=dict)
+    """How the compiled code lays out its work (Layout.schedule): stacked values written in
+    place or copied, and the two-core schedule with the reasons for it."""
 
 
 @dataclass
@@ -203,11 +206,17 @@ class CPUFunction:
         clock = time.perf_counter()
         with timing.phase("backend: load object"):
             blas.bind_symbols()
+            blas_threads.bind_symbols()
             self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
             self.engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
             self.engine.finalize_object()
             addr = self.engine.get_function_address("gir_main")
         self._native = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(addr)
+        self._worker = None
+        """`gir_worker`, the second thread's part of a two-core schedule (overlap.py), if any."""
+        if _has_worker(self.layout):
+            waddr = self.engine.get_function_address("gir_worker")
+            self._worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(waddr)
         self.fns = blas.providers().table_array()
         self._fns_ptr = ctypes.cast(self.fns, ctypes.c_void_p)
         self._local = threading.local()
@@ -257,7 +266,13 @@ class CPUFunction:
         counters = ws.counters
         counters[:] = 0
         start = time.perf_counter()
+        worker = None
+        if self._worker is not None:  # ctypes releases the GIL: the two run at once
+            worker = threading.Thread(target=self._worker, args=(buffers, ws.counters_ptr, self._fns_ptr))
+            worker.start()
         self._native(buffers, ws.counters_ptr, self._fns_ptr)
+        if worker is not None:
+            worker.join()
         seconds = time.perf_counter() - start
         if counters[2]:
             message, loc = self.layout.errors[int(counters[2]) - 1]
@@ -265,8 +280,8 @@ class CPUFunction:
         paths: dict[str, int] = {}
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self._local.stats = self._last_stats = Stats(int(counters[0]), int(counters[1]), seconds, paths,
-                                                     self.code.info)
+        self._local.stats = self._last_stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths,
+                                                     self.code.info, self.layout.schedule)
         return outs
 
 
@@ -277,8 +292,10 @@ class Workspace:
     def __init__(self, layout: Layout):
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(4, np.int64)
-        """GEMM calls, pack calls, the error code (layout.errors[code - 1]), unused."""
+        self.counters = np.zeros(8, np.int64)
+        """GEMM calls, pack calls, the error code (layout.errors[code - 1]), unused, and the
+        two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
+        worker's GEMM calls."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
@@ -305,11 +322,17 @@ def target_key() -> tuple:
 
     return (__version__, _CODEGEN_VERSION, llvm.llvm_version_info, llvm.get_process_triple(), *host(),
             blas.providers().has_mkl, blas.threads(),
-            os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""), opt_level())
+            os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
+            os.environ.get("GIR_CPU_OVERLAP", ""), opt_level())
 
 
-_CODEGEN_VERSION = "8"
+_CODEGEN_VERSION = "12"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
+
+
+def _has_worker(layout: Layout) -> bool:
+    notes = layout.schedule.get("overlap")
+    return isinstance(notes, list) and any(n.get("used") for n in notes)
 
 
 def host_memory_bytes() -> int | None:

@@ -1,0 +1,140 @@
+"""One-thread and all-thread GEMM times, for the two-core schedule (overlap.py), and the
+per-thread BLAS thread setting the schedule needs.
+
+The schedule switches BLAS to one thread while its two threads run, and back after:
+MKL's `mkl_set_num_threads_local` is per thread; OpenBLAS's `openblas_set_num_threads_local`
+(0.3.27 and later) returns the previous setting but, measured here with SciPy's OpenBLAS
+0.3.30, changes it for the whole process (another thread sees the new count) — so during a
+window, other threads of the process calling SciPy's OpenBLAS run on one thread too.
+
+Times are measured once per (provider, shape, thread setting) and cached beside blas.py's
+(GIR_CACHE_DIR/gemm-thread-times.json). On a machine shared with other work a measurement is
+the best of several interleaved rounds (the least disturbed), not one run: a single run taken
+while another pool's threads spin can be off by 5-10x (docs/performance-rnn.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import json
+import os
+import time
+from functools import cache
+
+import numpy as np
+
+from . import blas
+
+
+@cache
+def _openblas() -> ctypes.CDLL | None:
+    """SciPy's OpenBLAS (the library blas.py's `ob_*` entries are in)."""
+    import scipy
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
+    for path in sorted(glob.glob(os.path.join(libs, "libscipy_openblas*.so"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if hasattr(lib, "openblas_set_num_threads_local"):
+            return lib
+    return None
+
+
+def local_setter(family: str) -> int:
+    """Address of `int f(int)` setting this thread's BLAS threads for family (0 if none)."""
+    if family == "mkl":
+        mkl = blas.providers().mkl
+        return ctypes.cast(mkl.MKL_Set_Num_Threads_Local, ctypes.c_void_p).value or 0 if mkl is not None else 0
+    lib = _openblas()
+    return ctypes.cast(lib.openblas_set_num_threads_local, ctypes.c_void_p).value or 0 if lib is not None else 0
+
+
+def unavailable(family: str) -> str | None:
+    """Why the two-core schedule cannot run here, or None."""
+    if blas.threads() < 2:
+        return f"BLAS runs on {blas.threads()} thread"
+    if not local_setter(family):
+        return f"{family} cannot set threads per thread here"
+    return None
+
+
+def bind_symbols() -> None:
+    """The externals the schedule's code calls: syscall (futex), sched_yield, the setters."""
+    import llvmlite.binding as llvm
+
+    libc = ctypes.CDLL(None)
+    llvm.add_symbol("gir_syscall", ctypes.cast(libc.syscall, ctypes.c_void_p).value)
+    llvm.add_symbol("gir_sched_yield", ctypes.cast(libc.sched_yield, ctypes.c_void_p).value)
+    for family, name in (("openblas", "gir_ob_threads_local"), ("mkl", "gir_mkl_threads_local")):
+        address = local_setter(family)
+        if address:
+            llvm.add_symbol(name, address)
+
+
+def _cache_file() -> str:
+    root = os.environ.get("GIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gir")
+    return os.path.join(root, "gemm-thread-times.json")
+
+
+_times: dict[str, float] | None = None
+
+
+def _load() -> dict[str, float]:
+    global _times
+    if _times is None:
+        try:
+            with open(_cache_file(), encoding="utf-8") as f:
+                _times = dict(json.load(f))
+        except (OSError, ValueError):
+            _times = {}
+    return _times
+
+
+def _save() -> None:
+    path = _cache_file()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + f".{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(_times, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def seconds(family: str, m: int, n: int, k: int, ta: bool, tb: bool, threads: int) -> float:
+    """Seconds of one float32 GEMM through family's plain path; threads=1 on one thread, 0 on
+    the process's setting. Measured together (interleaved) and cached."""
+    key = f"{family} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} threads={blas.threads()}"
+    times = _load()
+    if f"{key} t1" not in times:
+        one, all_ = _measure(family, m, n, k, ta, tb)
+        times[f"{key} t1"], times[f"{key} t0"] = one, all_
+        _save()
+    return times[f"{key} t{1 if threads == 1 else 0}"]
+
+
+def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[float, float]:
+    """(one thread, all threads): the best of 5 interleaved rounds of `reps` calls each."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    c = np.zeros((m, n), np.float32)
+    call = blas.gemm_caller("mkl" if family == "mkl" else "openblas", "f32", m, n, k, ta, tb, a, b, c)
+    setter = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(local_setter(family))
+    reps = max(3, min(50, int(1e8 / max(1, 2 * m * n * k))))
+    best = [float("inf"), float("inf")]
+    for _ in range(5):
+        for i in (0, 1):
+            before = setter(1) if i == 0 else None
+            call()
+            start = time.perf_counter()
+            for _ in range(reps):
+                call()
+            best[i] = min(best[i], (time.perf_counter() - start) / reps)
+            if before is not None:
+                setter(before)
+    return best[0], best[1]
