@@ -3,7 +3,7 @@ interpreter, the CPU backend and the GPU backend (Numba's CUDA simulator unless
 NUMBA_ENABLE_CUDASIM=0), `grad` programs against central finite differences in float64, and
 one compiled function called from several threads against its sequential results.
 
-    PYTHONPATH=/work/wt/NAME nice -n 19 python tests/fuzz/differential.py --n 2000 --seed 0
+    nice -n 19 python tests/fuzz/differential.py --n 2000 --seed 0
     python tests/fuzz/differential.py --seed 0 --only 17      # one program, with its text
 
 Oracle, per program:

@@ -1,6 +1,6 @@
 """Grammar-aware mutation campaign: the parser, the pass pipelines and `gir opt`.
 
-    PYTHONPATH=/work/wt/NAME nice -n 19 python tests/fuzz/mutate.py --n 100000 --seed 0
+    nice -n 19 python tests/fuzz/mutate.py --n 100000 --seed 0
     python tests/fuzz/mutate.py --seed 0 --only 1234        # one input, in this process
 
 The corpus is every example (examples/*.gir) and every ```gir block of docs/*.md, as written,
