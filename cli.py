@@ -293,7 +293,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")
     report = run_pipeline(args, module, get_mode(args.mode or DEFAULT_MODE).pipeline("cpu"))
     f = module.functions[f.name]
-    compiled = CPUFunction.compile(f, report.analyses.get(MemoryPlan, f))
+    compiled = CPUFunction.compile(f, report.analyses.get(MemoryPlan, f), tiered=False)  # files get -O3 code
     if args.emit == "llvm":
         data: str | bytes = compiled.optimized_ir
     elif args.emit == "asm":

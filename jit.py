@@ -91,6 +91,7 @@ class JitFunction:
         """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
         key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
         if key is not None:
+            compile_cache.wait_for_background_store(key)
             timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
             with timer.stage("cache-load"):
                 found = compile_cache.load_compiled(key)
@@ -101,8 +102,8 @@ class JitFunction:
                 return found
             timer.cancel()
         compiled = self._compile_now(shapes)
-        if key is not None:
-            compile_cache.store_compiled(key, compiled)
+        if key is not None:  # the final code only: quick code (backend/cpu/tiers.py) stores once swapped
+            compile_cache.store_when_final(key, compiled)
         return compiled
 
     def _compile_now(self, shapes: tuple) -> Any:
@@ -182,7 +183,10 @@ class JitFunction:
         its specialisation was compiled (jitstats.CompileStats: stages, cache, GEMM paths)."""
         current = self._current()
         stats = current.stats
+        ran = stats.compile  # the backend's CompileInfo of the code that ran (its tier)
         stats.compile = getattr(current, "compile_stats", None)
+        if stats.compile is not None:
+            stats.compile = stats.compile.for_code(ran)
         return stats
 
     @property

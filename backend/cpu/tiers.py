@@ -1,0 +1,168 @@
+"""Tiered compilation: a first compile emits cheap code at once and -O3 code in the background.
+
+A first compile with nothing cached (runtime.compile_code) optimises the LLVM module with
+`QUICK_PASSES` and emits it at the code generator's `QUICK_CODEGEN` level, so the function is
+callable after a fraction of -O3's time (bench/llvm_tiers.py measured the recipes; numbers in
+docs/performance.md, "Compile time"). The same LLVM IR is queued here as a `FinalCompile`: one
+daemon thread ("gir-llvm-final") runs the queue, each job in an LLVM context and target
+machine of its own (LLVM allows concurrent work in separate contexts; ctypes releases the GIL,
+so it runs on the second core). When the -O3 object is ready it goes into the object cache,
+then the job's callbacks run: the `CPUFunction` loads it and swaps its entry points between
+calls (runtime.py), and `gir.jit` stores it in the compile cache. Caches only ever hold -O3
+objects.
+
+`GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
+level also does. At process exit the queue is dropped and the running job is given
+`EXIT_WAIT` seconds to finish; the thread is a daemon, so exit never waits longer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+QUICK_PASSES = "cheap"
+"""'cheap': SROA (registers instead of stack slots), instcombine and simplifycfg; 'none'."""
+QUICK_CODEGEN = 0
+"""The TargetMachine's level for quick code (0: fast instruction selection)."""
+EXIT_WAIT = 0.5
+"""Seconds process exit waits for a running background compile."""
+
+
+def enabled() -> bool:
+    """GIR_LLVM_TIER (default on), unless GIR_LLVM_OPT asks for one explicit level."""
+    if os.environ.get("GIR_LLVM_OPT", "").strip():
+        return False
+    return os.environ.get("GIR_LLVM_TIER", "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+class FinalCompile:
+    """One function's -O3 compile, queued for the background thread. `run_job` makes the
+    `Code`; the callbacks (`add_done_callback`) run after it, on that thread, in order."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self._make = make
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[FinalCompile], None]] = []
+        self._ended = False
+        self.done = threading.Event()
+        """Set when the job has ended (code or error) and every callback has run."""
+        self.code: Any = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+
+    def run_job(self) -> None:
+        try:
+            self.code = self._make()
+        except BaseException as e:  # noqa: BLE001 - the quick code keeps running; the error is kept
+            self.error = e
+        self._finish()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+            self._ended = True
+        for callback in callbacks:
+            _run_callback(callback, self)
+        self.done.set()
+
+    def add_done_callback(self, callback: Callable[[FinalCompile], None]) -> None:
+        """Runs callback(job) when the job ends: now, in this thread, if it has ended."""
+        with self._lock:
+            if not self._ended:
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+def _run_callback(callback: Callable[[FinalCompile], None], job: FinalCompile) -> None:
+    try:
+        callback(job)
+    except Exception:  # noqa: BLE001 - a failed swap or store leaves the quick code running
+        pass
+
+
+_queue: queue.Queue[FinalCompile | None] = queue.Queue()
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+_stopping = False
+_running: FinalCompile | None = None
+_pending_keys: dict[str, FinalCompile] = {}
+"""Cache keys whose entry a queued or running job will store: a lookup of one waits for it."""
+
+
+def submit(job: FinalCompile, *keys: str | None) -> FinalCompile:
+    """Queues job; keys: the cache keys it will store (see `wait_for_key`)."""
+    global _thread
+    for key in keys:
+        if key:
+            _pending_keys[key] = job
+            job.add_done_callback(lambda j, k=key: _pending_keys.pop(k, None) if _pending_keys.get(k) is j else None)
+    if _stopping:
+        job.cancel()
+        return job
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_serve, name="gir-llvm-final", daemon=True)
+            _thread.start()
+    _queue.put(job)
+    return job
+
+
+def add_key(job: FinalCompile, key: str) -> None:
+    """A further cache key the job's callbacks store (the compile cache's, added by gir.jit)."""
+    _pending_keys[key] = job
+    job.add_done_callback(lambda j: _pending_keys.pop(key, None) if _pending_keys.get(key) is j else None)
+
+
+def wait_for_key(key: str | None, timeout: float | None = None) -> None:
+    """Before a cache lookup of key: if a background compile will store it, wait for that (a
+    second compile of the same code then loads the -O3 object instead of compiling again)."""
+    job = _pending_keys.get(key) if key else None
+    if job is not None and threading.current_thread() is not _thread:
+        job.wait(timeout)
+
+
+def _serve() -> None:
+    global _running
+    while True:
+        job = _queue.get()
+        if job is None or _stopping:
+            if job is not None:
+                job.cancel()
+            continue
+        _running = job
+        try:
+            job.run_job()
+        finally:
+            _running = None
+
+
+def stopping() -> bool:
+    """True once the process is exiting: a running job stops at its next stage."""
+    return _stopping
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Drops the queue and waits at most EXIT_WAIT seconds for the running job."""
+    global _stopping
+    _stopping = True
+    thread = _thread
+    if thread is None or not thread.is_alive():
+        return
+    deadline = time.monotonic() + EXIT_WAIT
+    while _running is not None and time.monotonic() < deadline:
+        time.sleep(0.005)
