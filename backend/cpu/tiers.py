@@ -28,8 +28,10 @@ from typing import Any
 
 QUICK_PASSES = "cheap"
 """'cheap': SROA (registers instead of stack slots), instcombine and simplifycfg; 'none'."""
-QUICK_CODEGEN = 0
-"""The TargetMachine's level for quick code (0: fast instruction selection)."""
+QUICK_CODEGEN = 1
+"""The TargetMachine's level for quick code. Measured (bench/llvm_tiers.py, GRU/LSTM steps):
+cheap passes + level 1 costs 0.10 of -O3's LLVM time and runs steps 1.4x slower; level 0 (fast
+instruction selection) 0.02-0.03 and 1.8-1.9x slower; the -O1 pipeline 0.25-0.45 and 1.4-1.5x."""
 EXIT_WAIT = 0.5
 """Seconds process exit waits for a running background compile."""
 
