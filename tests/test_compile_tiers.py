@@ -214,3 +214,15 @@ def test_a_failed_final_compile_keeps_the_quick_code(monkeypatch: pytest.MonkeyP
     a = _inputs(0)
     _close(list(fn(*a)), _oracle(a))
     assert _stored(own_cache) == []  # quick code is never stored
+
+
+def test_gir_run_waits_so_its_cache_fills(tmp_path: Path, own_cache: Path, capsys: pytest.CaptureFixture) -> None:
+    from gir.cli import main
+
+    path = tmp_path / "rnn.gir"
+    path.write_text(RNN)
+    assert main(["run", str(path), "--repeat", "3"]) == 0
+    stored = _stored(own_cache)  # waited for the -O3 code: both caches hold it
+    assert len(stored) == 2 and all(m["opt_level"] == 3 for m in stored)
+    assert main(["run", str(path), "-v"]) == 0
+    assert "code cache: hit" in capsys.readouterr().err

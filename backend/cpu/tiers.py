@@ -13,7 +13,9 @@ objects.
 
 `GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
 level also does. At process exit the queue is dropped and the running job is given
-`EXIT_WAIT` seconds to finish; the thread is a daemon, so exit never waits longer.
+`EXIT_WAIT` seconds to finish; the thread is a daemon, so exit never waits longer. A process
+that exits before its -O3 code is ready stores nothing (the next one compiles again); `gir run`
+waits for it (`wait_all`), so its cache fills.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ _thread: threading.Thread | None = None
 _thread_lock = threading.Lock()
 _stopping = False
 _running: FinalCompile | None = None
+_jobs: set[FinalCompile] = set()
+"""Queued or running jobs (wait_all)."""
 _pending_keys: dict[str, FinalCompile] = {}
 """Cache keys whose entry a queued or running job will store: a lookup of one waits for it."""
 
@@ -108,6 +112,8 @@ _pending_keys: dict[str, FinalCompile] = {}
 def submit(job: FinalCompile, *keys: str | None) -> FinalCompile:
     """Queues job; keys: the cache keys it will store (see `wait_for_key`)."""
     global _thread
+    _jobs.add(job)
+    job.add_done_callback(_jobs.discard)
     for key in keys:
         if key:
             _pending_keys[key] = job
@@ -121,6 +127,17 @@ def submit(job: FinalCompile, *keys: str | None) -> FinalCompile:
             _thread.start()
     _queue.put(job)
     return job
+
+
+def wait_all(timeout: float | None = None) -> bool:
+    """Waits for every background compile queued so far (`gir run` does before it exits, so
+    the -O3 code reaches the cache); False if timeout passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for job in list(_jobs):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not job.wait(left):
+            return False
+    return True
 
 
 def add_key(job: FinalCompile, key: str) -> None:
