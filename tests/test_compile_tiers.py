@@ -190,7 +190,7 @@ def test_two_core_schedule_swaps_both_entry_points(monkeypatch: pytest.MonkeyPat
 def test_tiering_off_compiles_once(monkeypatch: pytest.MonkeyPatch, switch: tuple[str, str]) -> None:
     monkeypatch.setenv(*switch)
     submitted: list[object] = []
-    monkeypatch.setattr(tiers, "submit", lambda job, *keys: submitted.append(job))
+    monkeypatch.setattr(tiers, "submit", submitted.append)
     fn = gir.jit(RNN, "grads")
     level = 3 if switch[0] == "GIR_LLVM_TIER" else int(switch[1])
     info = fn.compiled.code.info

@@ -168,7 +168,8 @@ class Code:
 def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> Code:
     """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
     function (printed after the passes) from the object cache. tiered (default: tiers.enabled())
-    and a miss: quick code now, and the -O3 compile queued as `code.final` (tiers.py)."""
+    and a miss: quick code now, and the -O3 compile as `code.final` (tiers.py; CPUFunction
+    queues it)."""
     key = cache_key(function, plan)
     tiers.wait_for_key(key)
     with timing.phase("cache: object lookup"):
@@ -192,8 +193,9 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
                 disk.store("objects", key, *code.to_entry())
         return code
     code = _llvm_compile(llvm_ir, layout, -1, lower)
-    job = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key))
-    code.final = tiers.submit(job, key if disk.enabled() else None)  # a lookup of key waits for the store
+    # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
+    # with one lock, so loading it while the background holds that lock would wait for -O3
+    code.final = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key), key if disk.enabled() else None)
     return code
 
 
@@ -307,6 +309,7 @@ class CPUFunction:
         self.compile_seconds["load"] = time.perf_counter() - clock
         if self._final is not None:
             self._final.add_done_callback(self._swap)
+            tiers.submit(self._final)
 
     def _swap(self, job: tiers.FinalCompile) -> None:
         """On the background thread: loads the final code in the job's own LLVM context and

@@ -6,10 +6,16 @@ callable after a fraction of -O3's time (bench/llvm_tiers.py measured the recipe
 docs/performance.md, "Compile time"). The same LLVM IR is queued here as a `FinalCompile`: one
 daemon thread ("gir-llvm-final") runs the queue, each job in an LLVM context and target
 machine of its own (LLVM allows concurrent work in separate contexts; ctypes releases the GIL,
-so it runs on the second core). When the -O3 object is ready it goes into the object cache,
+so it can run on the second core). When the -O3 object is ready it goes into the object cache,
 then the job's callbacks run: the `CPUFunction` loads it and swaps its entry points between
 calls (runtime.py), and `gir.jit` stores it in the compile cache. Caches only ever hold -O3
 objects.
+
+llvmlite serialises every call into LLVM with one process-wide lock (llvmlite.binding.ffi), so
+the background compile overlaps the caller's Python and native code (calls of compiled
+functions, the passes, NumPy), not its LLVM calls: the quick code is loaded before its job is
+queued, and a compile started while a job runs waits for that job's current stage (LLVM's
+passes or code emission, up to about 0.6 s for the LSTM step) at its first LLVM call.
 
 `GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
 level also does. At process exit the queue is dropped and the running job is given
@@ -49,8 +55,10 @@ class FinalCompile:
     """One function's -O3 compile, queued for the background thread. `run_job` makes the
     `Code`; the callbacks (`add_done_callback`) run after it, on that thread, in order."""
 
-    def __init__(self, make: Callable[[], Any]):
+    def __init__(self, make: Callable[[], Any], key: str | None = None):
         self._make = make
+        self.key = key
+        """The object-cache key the job stores (a lookup of it waits: `wait_for_key`)."""
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[FinalCompile], None]] = []
         self._ended = False
@@ -109,15 +117,13 @@ _pending_keys: dict[str, FinalCompile] = {}
 """Cache keys whose entry a queued or running job will store: a lookup of one waits for it."""
 
 
-def submit(job: FinalCompile, *keys: str | None) -> FinalCompile:
-    """Queues job; keys: the cache keys it will store (see `wait_for_key`)."""
+def submit(job: FinalCompile) -> FinalCompile:
+    """Queues job (its key: see `wait_for_key`)."""
     global _thread
     _jobs.add(job)
     job.add_done_callback(_jobs.discard)
-    for key in keys:
-        if key:
-            _pending_keys[key] = job
-            job.add_done_callback(lambda j, k=key: _pending_keys.pop(k, None) if _pending_keys.get(k) is j else None)
+    if job.key:
+        add_key(job, job.key)
     if _stopping:
         job.cancel()
         return job
