@@ -226,3 +226,16 @@ def test_gir_run_waits_so_its_cache_fills(tmp_path: Path, own_cache: Path, capsy
     assert len(stored) == 2 and all(m["opt_level"] == 3 for m in stored)
     assert main(["run", str(path), "-v"]) == 0
     assert "code cache: hit" in capsys.readouterr().err
+
+
+def test_the_final_code_is_the_untiered_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swap brings the very object a compile without tiering makes (so run time after the
+    swap is unchanged): same IR after LLVM's passes, same machine code."""
+    monkeypatch.setenv("GIR_CACHE", "0")
+    tiered = gir.jit(RNN, "grads")
+    assert tiered.compiled.wait_for_final_code(60)
+    monkeypatch.setenv("GIR_LLVM_TIER", "0")
+    once = gir.jit(RNN, "grads")
+    assert once.compiled.code.info.tier == "" and tiered.compiled.code.info.tier == "final"
+    assert tiered.compiled.optimized_ir == once.compiled.optimized_ir
+    assert tiered.compiled.code.obj == once.compiled.code.obj
