@@ -65,6 +65,21 @@ print(json.dumps({"import": t1 - t0, "wall": w, "cpu": c, "from_cache": info.fro
                   "final_wall": final_wall, "final_cpu": final_cpu}))
 """
 
+STEPS_ONCE = """\
+import json, sys, time
+import gir
+from gir.ir.interpreter import random_inputs
+t0 = time.perf_counter()
+fn = gir.jit(sys.argv[1], sys.argv[2])
+args = random_inputs(fn.signature, 0)
+tiers = []
+for _ in range(int(sys.argv[3])):
+    fn(*args)
+    tiers.append(fn.stats.compile.tier)
+print(json.dumps({"steps_wall": time.perf_counter() - t0, "quick_steps": tiers.count("quick")}))
+fn.compiled.wait_for_final_code(600)
+"""
+
 
 def run_child(args: list[str], env: dict[str, str]) -> tuple[str, float, float]:
     """(stdout, wall seconds, user+sys CPU seconds) of a child process."""
@@ -123,12 +138,14 @@ def prepare(base: Path, model: str) -> dict[str, Path]:
     return {"tables": tables, "measured": measured, "compiled": compiled}
 
 
-def tier_table(base: Path, runs: int, models: list[str]) -> list[str]:
+def tier_table(base: Path, runs: int, models: list[str], steps: int = 10) -> list[str]:
     """First compiles with tiering on and off, interleaved run by run (GEMM times measured, no
     compiled entry): CPU seconds of the calling thread until callable, and until the -O3 code
-    runs (wall, and CPU of the whole process: the background thread's included)."""
+    runs (wall, and CPU of the whole process: the background thread's included); then, in
+    another fresh process, wall seconds from `gir.jit` until `steps` training steps are done."""
     rows = ["| model | GIR_LLVM_TIER | CPU s until callable | wall s until callable | "
-            "wall s until -O3 | process CPU s until -O3 | code first run |", "|---|---|---|---|---|---|---|"]
+            f"wall s until -O3 | process CPU s until -O3 | code first run | wall s until {steps} steps done "
+            "(of them quick) |", "|---|---|---|---|---|---|---|---|"]
     for model in models:
         dirs = prepare(base, model)
         got: dict[str, list[dict]] = {"1": [], "0": []}
@@ -139,11 +156,17 @@ def tier_table(base: Path, runs: int, models: list[str]) -> list[str]:
                     shutil.copytree(dirs["measured"], cache_dir)
                     text, _, _ = run_child([sys.executable, "-c", JIT_ONCE, str(EXAMPLES / f"{model}.gir"),
                                             f"{model}_grads", "-"], environment(cache_dir, tier))
-                    got[tier].append(json.loads(text))
+                    row = json.loads(text)
+                    shutil.rmtree(cache_dir)
+                    shutil.copytree(dirs["measured"], cache_dir)
+                    text, _, _ = run_child([sys.executable, "-c", STEPS_ONCE, str(EXAMPLES / f"{model}.gir"),
+                                            f"{model}_grads", str(steps)], environment(cache_dir, tier))
+                    got[tier].append({**row, **json.loads(text)})
         for tier, rs in got.items():
             rows.append(f"| {model} | {tier} | {median(rs, 'cpu'):.3f} | {median(rs, 'wall'):.3f} | "
                         f"{median(rs, 'final_wall'):.3f} | {median(rs, 'final_cpu'):.3f} | "
-                        f"{rs[0]['tier'] or 'one compile'} |")
+                        f"{rs[0]['tier'] or 'one compile'} | {median(rs, 'steps_wall'):.3f} "
+                        f"({median(rs, 'quick_steps'):.0f}) |")
         shutil.rmtree(dirs["measured"])
         shutil.rmtree(dirs["compiled"])
     return rows
