@@ -183,7 +183,7 @@ class JitFunction:
         its specialisation was compiled (jitstats.CompileStats: stages, cache, GEMM paths)."""
         current = self._current()
         stats = current.stats
-        ran = stats.compile  # the backend's CompileInfo of the code that ran (its tier)
+        ran = getattr(stats, "compile", None)  # the CPU's CompileInfo of the code that ran (its tier)
         stats.compile = getattr(current, "compile_stats", None)
         if stats.compile is not None:
             stats.compile = stats.compile.for_code(ran)
