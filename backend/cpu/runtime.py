@@ -200,7 +200,7 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
 
 
 def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
-    """Parses, optimises (opt -1: the quick tier) and emits llvm_ir in this thread's global context."""
+    """Parses, optimises (opt -1: the quick tier) and emits llvm_ir (LLVM's global context)."""
     t1 = time.perf_counter()
     with timing.phase("LLVM: parse and verify"):
         mod = llvm.parse_assembly(llvm_ir)
@@ -220,13 +220,14 @@ def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
 
 
 def _final_code(llvm_ir: str, layout: Layout, key: str) -> Code:
-    """The -O3 code of llvm_ir, on the background thread: an LLVM context and target machine of
-    its own (the caller's thread keeps using the global ones); stored in the object cache."""
+    """The -O3 code of llvm_ir, on the background thread: a target machine of its own; stored in
+    the object cache. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
+    with one lock, so a context of its own would buy no concurrency, and Python may free such a
+    context before the module parsed into it (a use after free)."""
     opt = opt_level()
-    context = llvm.create_context()
     tm = new_target_machine(opt)
     c0 = time.thread_time()
-    mod = llvm.parse_assembly(llvm_ir, context=context)
+    mod = llvm.parse_assembly(llvm_ir)
     mod.verify()
     c1 = time.thread_time()
     if tiers.stopping():
@@ -256,22 +257,20 @@ class _Entry:
     engine: Any
     native: Any
     worker: Any
-    context: Any = None
-    """The LLVM context of the engine's module when loaded off the global one (background)."""
     asm: str | None = None
 
 
-def _load(code: Code, context: Any = None) -> _Entry:
-    """Links code's object into this process (in context: a thread's own LLVM context)."""
+def _load(code: Code) -> _Entry:
+    """Links code's object into this process."""
     blas.bind_symbols()
     blas_threads.bind_symbols()
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly("", context=context), new_target_machine())
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
     engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
     engine.finalize_object()
     signature = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
     native = signature(engine.get_function_address("gir_main"))
     worker = signature(engine.get_function_address("gir_worker")) if _has_worker(code.layout) else None
-    return _Entry(code, engine, native, worker, context)
+    return _Entry(code, engine, native, worker)
 
 
 class CPUFunction:
@@ -312,13 +311,12 @@ class CPUFunction:
             tiers.submit(self._final)
 
     def _swap(self, job: tiers.FinalCompile) -> None:
-        """On the background thread: loads the final code in the job's own LLVM context and
-        makes it the entry of later calls (one assignment: a call in flight keeps its entry)."""
+        """On the background thread: loads the final code and makes it the entry of later calls
+        (one assignment: a call in flight keeps its entry, and with it the old engine)."""
         if job.code is None:
             self.final_error = job.error
             return
-        entry = _load(job.code, llvm.create_context())
-        self._entry = entry
+        self._entry = _load(job.code)
 
     @property
     def code(self) -> Code:

@@ -4,9 +4,8 @@ A first compile with nothing cached (runtime.compile_code) optimises the LLVM mo
 `QUICK_PASSES` and emits it at the code generator's `QUICK_CODEGEN` level, so the function is
 callable after a fraction of -O3's time (bench/llvm_tiers.py measured the recipes; numbers in
 docs/performance.md, "Compile time"). The same LLVM IR is queued here as a `FinalCompile`: one
-daemon thread ("gir-llvm-final") runs the queue, each job in an LLVM context and target
-machine of its own (LLVM allows concurrent work in separate contexts; ctypes releases the GIL,
-so it can run on the second core). When the -O3 object is ready it goes into the object cache,
+daemon thread ("gir-llvm-final") runs the queue, each job with a target machine of its own
+(ctypes releases the GIL, so it can run on the second core). When the -O3 object is ready it goes into the object cache,
 then the job's callbacks run: the `CPUFunction` loads it and swaps its entry points between
 calls (runtime.py), and `gir.jit` stores it in the compile cache. Caches only ever hold -O3
 objects.
