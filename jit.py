@@ -242,7 +242,9 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         entry: the function to compile, with or without `@`; default: the last one.
         device: where it runs.
             "cpu"    -- LLVM code for this CPU (llvmlite, -O3, host features), GEMMs through
-                        MKL or OpenBLAS, whichever was measured faster (docs/backend.md).
+                        MKL or OpenBLAS, whichever was measured faster (docs/backend.md). A
+                        first compile runs quick code until its -O3 code, compiled in the
+                        background, is swapped in (GIR_LLVM_TIER=0: off; backend/cpu/tiers.py).
             "gpu"    -- Numba CUDA kernels and CuPy GEMMs (docs/gpu.md); the CUDA simulator
                         under NUMBA_ENABLE_CUDASIM=1.
             "auto"   -- placed per op by the `place` pass and run split between the two,
