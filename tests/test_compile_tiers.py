@@ -7,6 +7,7 @@ the interpreter on random inputs and against each other across the swap.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import gir
@@ -147,11 +148,10 @@ def test_four_threads_calling_through_the_swap(monkeypatch: pytest.MonkeyPatch) 
     def caller(i: int) -> None:
         try:
             start.wait()
-            for _ in range(200):
+            deadline = time.monotonic() + 60
+            while "final" not in tiers_seen[i] and time.monotonic() < deadline:  # call across the swap
                 _close(list(fn(*inputs[i])), want[i])
                 tiers_seen[i].add(fn.stats.compile.tier)
-                if "final" in tiers_seen[i] and len(tiers_seen[i]) == 2:
-                    break
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
 
@@ -164,7 +164,7 @@ def test_four_threads_calling_through_the_swap(monkeypatch: pytest.MonkeyPatch) 
     for t in threads:
         t.join(120)
     assert not errors, errors
-    assert any("quick" in s for s in tiers_seen) and all("final" in s or len(s) for s in tiers_seen)
+    assert any("quick" in s for s in tiers_seen) and all("final" in s for s in tiers_seen), tiers_seen
     for i in range(4):  # every thread, after the swap, runs the final code
         _close(list(fn(*inputs[i])), want[i])
     assert fn.stats.compile.tier == "final"

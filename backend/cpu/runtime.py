@@ -1,7 +1,7 @@
 """Compiling an LLVM module for the host CPU and calling it on NumPy arrays.
 
 The target is the host CPU with its features at optimisation level 3 (so fused loops are
-vectorised for, e.g., AVX2). Arguments are checked against the signature before any native
+vectorised for, e.g., AVX2); a first compile runs quick code until that is ready (tiers.py). Arguments are checked against the signature before any native
 code runs; outputs are fresh arrays.
 
 Threads: a `CPUFunction` may be called from several threads at once (ctypes releases the GIL
