@@ -109,6 +109,26 @@ def store_compiled(key: str, compiled: Any) -> None:
         disk.store("compiled", key, meta, obj)
 
 
+def store_when_final(key: str, compiled: Any) -> None:
+    """Stores compiled under key once it runs its final code (tiered compilation: after the
+    background -O3 compile, on that thread; at once otherwise), so the cache holds -O3 code."""
+    when_final = getattr(compiled, "when_final", None)
+    if when_final is None or compiled.code.final is None:
+        store_compiled(key, compiled)
+        return
+    from .backend.cpu import tiers
+
+    tiers.add_key(compiled.code.final, key)
+    when_final(lambda: store_compiled(key, compiled))
+
+
+def wait_for_background_store(key: str) -> None:
+    """A lookup of key that a background compile of this process will store waits for it."""
+    from .backend.cpu import tiers
+
+    tiers.wait_for_key(key)
+
+
 def load_compiled(key: str) -> Any | None:
     """The CPUFunction stored under key, loaded (no parsing, passes or LLVM), or None."""
     from .backend.cpu.runtime import Code, CPUFunction

@@ -91,6 +91,7 @@ class JitFunction:
         """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
         key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
         if key is not None:
+            compile_cache.wait_for_background_store(key)
             timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
             with timer.stage("cache-load"):
                 found = compile_cache.load_compiled(key)
@@ -101,8 +102,8 @@ class JitFunction:
                 return found
             timer.cancel()
         compiled = self._compile_now(shapes)
-        if key is not None:
-            compile_cache.store_compiled(key, compiled)
+        if key is not None:  # the final code only: quick code (backend/cpu/tiers.py) stores once swapped
+            compile_cache.store_when_final(key, compiled)
         return compiled
 
     def _compile_now(self, shapes: tuple) -> Any:
@@ -182,7 +183,10 @@ class JitFunction:
         its specialisation was compiled (jitstats.CompileStats: stages, cache, GEMM paths)."""
         current = self._current()
         stats = current.stats
+        ran = getattr(stats, "compile", None)  # the CPU's CompileInfo of the code that ran (its tier)
         stats.compile = getattr(current, "compile_stats", None)
+        if stats.compile is not None:
+            stats.compile = stats.compile.for_code(ran)
         return stats
 
     @property
@@ -238,7 +242,9 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         entry: the function to compile, with or without `@`; default: the last one.
         device: where it runs.
             "cpu"    -- LLVM code for this CPU (llvmlite, -O3, host features), GEMMs through
-                        MKL or OpenBLAS, whichever was measured faster (docs/backend.md).
+                        MKL or OpenBLAS, whichever was measured faster (docs/backend.md). A
+                        first compile runs quick code until its -O3 code, compiled in the
+                        background, is swapped in (GIR_LLVM_TIER=0: off; backend/cpu/tiers.py).
             "gpu"    -- Numba CUDA kernels and CuPy GEMMs (docs/gpu.md); the CUDA simulator
                         under NUMBA_ENABLE_CUDASIM=1.
             "auto"   -- placed per op by the `place` pass and run split between the two,

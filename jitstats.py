@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 PROGRESS_AFTER = 1.0
@@ -62,12 +62,24 @@ class CompileStats:
     """'hit': the compile cache had the specialisation (nothing but loading ran); 'hit (object
     code)': the passes ran, LLVM did not; 'miss'; 'none' where there is no cache (interp, gpu)."""
     opt_level: int | None = None
-    """LLVM's optimisation level (CPU; GIR_LLVM_OPT, default 3: chosen by measurement)."""
+    """LLVM's optimisation level (CPU; GIR_LLVM_OPT, default 3: chosen by measurement) of the
+    code that ran (`fn.stats`; of the code compiled first in `gir run -v`)."""
+    tier: str | None = None
+    """Tiered compilation (CPU, backend/cpu/tiers.py): 'quick' cheap code ran while -O3
+    compiles in the background; 'final' the -O3 code that replaced it ran; '' compiled once
+    (tiering off, an explicit GIR_LLVM_OPT, a cache hit: -O3)."""
     gemm_measured: bool | None = None
     """False when a GEMM path came from the model, not yet measured here (a later compile refines it)."""
     threads: int | None = None
     """The BLAS threads the code runs GEMMs with (CPU)."""
     gemms: list[GemmChoice] = field(default_factory=list)
+
+    def for_code(self, info: Any) -> CompileStats:
+        """These stats with the tier and LLVM level of the code that ran (a backend CompileInfo)."""
+        tier, level = getattr(info, "tier", None), getattr(info, "opt_level", None)
+        if tier is None or (tier == self.tier and level == self.opt_level):
+            return self
+        return replace(self, tier=tier, opt_level=level)
 
     def describe(self) -> str:
         """Several lines for `gir run -v` (stderr)."""
@@ -75,6 +87,7 @@ class CompileStats:
         lines = [f"compiled @{self.entry} for {self.device} ({shapes}) in {self.seconds:.3f} s; "
                  f"code cache: {self.cache}" + (f"; BLAS threads: {self.threads}" if self.threads else "")
                  + (f"; LLVM -O{self.opt_level}" if self.opt_level is not None else "")
+                 + ("; quick code (-O3 compiling in the background)" if self.tier == "quick" else "")
                  + ("; GEMM paths from the model (measuring)" if self.gemm_measured is False else "")]
         lines.append("  stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in self.stages.items()))
         if self.passes:
@@ -136,7 +149,7 @@ class CompileTimer:
         info = getattr(getattr(compiled, "code", None), "info", None)
         if info is not None:  # the CPU backend's CompileInfo
             s.cache = {"compiled": "hit", "objects": "hit (object code)"}.get(info.from_cache, "miss")
-            s.opt_level, s.gemm_measured = info.opt_level, info.gemm_measured
+            s.opt_level, s.gemm_measured, s.tier = info.opt_level, info.gemm_measured, info.tier
         layout = getattr(compiled, "layout", None)
         for g in getattr(layout, "gemms", None) or []:
             transposed = ("a" if g.ta else "") + ("b" if g.tb else "")

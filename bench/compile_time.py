@@ -20,6 +20,7 @@ user+sys CPU seconds of the child (`resource.getrusage`). On a shared machine th
 are the figure that other processes disturb least.
 
     python bench/compile_time.py [--runs 5] [--skip-opt] [--sizes 25000,50000,100000]
+    python bench/compile_time.py --tiers gru,lstm --runs 5   # tiered compilation on/off, interleaved
 """
 
 from __future__ import annotations
@@ -46,18 +47,37 @@ t0 = time.perf_counter()
 import gir
 from gir.backend.cpu import blas
 t1 = time.perf_counter()
-w, c = time.perf_counter(), time.thread_time()
+w, c, p = time.perf_counter(), time.thread_time(), time.process_time()
 fn = gir.jit(sys.argv[1], sys.argv[2])
 w, c = time.perf_counter() - w, time.thread_time() - c
+tier = fn.compiled.code.info.tier
+assert fn.compiled.wait_for_final_code(600)  # tiered: the -O3 code swapped in (and stored)
+final_wall, final_cpu = time.perf_counter() - t1, time.process_time() - p  # both threads' CPU
 w2, c2 = time.perf_counter(), time.thread_time()
 again = gir.jit(sys.argv[1], sys.argv[2])
 w2, c2 = time.perf_counter() - w2, time.thread_time() - c2
-info = fn.compiled.code.info
+info = fn.compiled.code.info  # the final code's
 if sys.argv[3] == "wait":
     blas.wait_for_measurements()
 print(json.dumps({"import": t1 - t0, "wall": w, "cpu": c, "from_cache": info.from_cache,
                   "again_wall": w2, "again_cpu": c2, "again_from_cache": again.compiled.code.info.from_cache,
-                  "seconds": info.seconds, "opt_level": info.opt_level}))
+                  "seconds": info.seconds, "opt_level": info.opt_level, "tier": tier,
+                  "final_wall": final_wall, "final_cpu": final_cpu}))
+"""
+
+STEPS_ONCE = """\
+import json, sys, time
+import gir
+from gir.ir.interpreter import random_inputs
+t0 = time.perf_counter()
+fn = gir.jit(sys.argv[1], sys.argv[2])
+args = random_inputs(fn.signature, 0)
+tiers = []
+for _ in range(int(sys.argv[3])):
+    fn(*args)
+    tiers.append(fn.stats.compile.tier)
+print(json.dumps({"steps_wall": time.perf_counter() - t0, "quick_steps": tiers.count("quick")}))
+fn.compiled.wait_for_final_code(600)
 """
 
 
@@ -74,8 +94,10 @@ def run_child(args: list[str], env: dict[str, str]) -> tuple[str, float, float]:
     return proc.stdout, wall, cpu
 
 
-def environment(cache_dir: Path) -> dict[str, str]:
+def environment(cache_dir: Path, tier: str | None = None) -> dict[str, str]:
     env = {**os.environ, "GIR_CACHE_DIR": str(cache_dir)}
+    if tier is not None:
+        env["GIR_LLVM_TIER"] = tier
     env.pop("GIR_GEMM_MEASURE", None)
     env["PYTHONPATH"] = str(ROOT.parent) + os.pathsep + env.get("PYTHONPATH", "")
     return env
@@ -114,6 +136,40 @@ def prepare(base: Path, model: str) -> dict[str, Path]:
     run_child([sys.executable, "-c", JIT_ONCE, str(EXAMPLES / f"{model}.gir"), f"{model}_grads", "-"],
               environment(compiled))
     return {"tables": tables, "measured": measured, "compiled": compiled}
+
+
+def tier_table(base: Path, runs: int, models: list[str], steps: int = 10) -> list[str]:
+    """First compiles with tiering on and off, interleaved run by run (GEMM times measured, no
+    compiled entry): CPU seconds of the calling thread until callable, and until the -O3 code
+    runs (wall, and CPU of the whole process: the background thread's included); then, in
+    another fresh process, wall seconds from `gir.jit` until `steps` training steps are done."""
+    rows = ["| model | GIR_LLVM_TIER | CPU s until callable | wall s until callable | "
+            f"wall s until -O3 | process CPU s until -O3 | code first run | wall s until {steps} steps done "
+            "(of them quick) |", "|---|---|---|---|---|---|---|---|"]
+    for model in models:
+        dirs = prepare(base, model)
+        got: dict[str, list[dict]] = {"1": [], "0": []}
+        for _ in range(runs):
+            for tier in ("1", "0"):
+                with tempfile.TemporaryDirectory() as tmp:
+                    cache_dir = Path(tmp) / "cache"
+                    shutil.copytree(dirs["measured"], cache_dir)
+                    text, _, _ = run_child([sys.executable, "-c", JIT_ONCE, str(EXAMPLES / f"{model}.gir"),
+                                            f"{model}_grads", "-"], environment(cache_dir, tier))
+                    row = json.loads(text)
+                    shutil.rmtree(cache_dir)
+                    shutil.copytree(dirs["measured"], cache_dir)
+                    text, _, _ = run_child([sys.executable, "-c", STEPS_ONCE, str(EXAMPLES / f"{model}.gir"),
+                                            f"{model}_grads", str(steps)], environment(cache_dir, tier))
+                    got[tier].append({**row, **json.loads(text)})
+        for tier, rs in got.items():
+            rows.append(f"| {model} | {tier} | {median(rs, 'cpu'):.3f} | {median(rs, 'wall'):.3f} | "
+                        f"{median(rs, 'final_wall'):.3f} | {median(rs, 'final_cpu'):.3f} | "
+                        f"{rs[0]['tier'] or 'one compile'} | {median(rs, 'steps_wall'):.3f} "
+                        f"({median(rs, 'quick_steps'):.0f}) |")
+        shutil.rmtree(dirs["measured"])
+        shutil.rmtree(dirs["compiled"])
+    return rows
 
 
 def jit_table(base: Path, runs: int) -> list[str]:
@@ -172,9 +228,13 @@ def main() -> None:
     ap.add_argument("--sizes", default="25000,50000,100000")
     ap.add_argument("--skip-opt", action="store_true")
     ap.add_argument("--skip-jit", action="store_true")
+    ap.add_argument("--tiers", default="", help="only the A/B of tiered compilation, for these models (gru,lstm)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
+        if args.tiers:
+            print("\n".join(tier_table(base, args.runs, args.tiers.split(","))))
+            return
         if not args.skip_jit:
             print("\n".join(jit_table(base, args.runs)))
             print()

@@ -41,6 +41,7 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("GIR_CACHE", raising=False)
     monkeypatch.delenv("GIR_CACHE_MAX_MB", raising=False)
     monkeypatch.setenv("GIR_GEMM_MEASURE", "off")  # the model's paths, final: no refinement in between
+    monkeypatch.setenv("GIR_LLVM_TIER", "0")  # stored at once (tiered stores: tests/test_compile_tiers.py)
     return root
 
 

@@ -1,7 +1,7 @@
 """Compiling an LLVM module for the host CPU and calling it on NumPy arrays.
 
 The target is the host CPU with its features at optimisation level 3 (so fused loops are
-vectorised for, e.g., AVX2). Arguments are checked against the signature before any native
+vectorised for, e.g., AVX2); a first compile runs quick code until that is ready (tiers.py). Arguments are checked against the signature before any native
 code runs; outputs are fresh arrays.
 
 Threads: a `CPUFunction` may be called from several threads at once (ctypes releases the GIL
@@ -34,7 +34,7 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
-from . import blas, blas_threads
+from . import blas, blas_threads, tiers
 from .codegen import Layout, lower_function
 
 
@@ -79,15 +79,29 @@ def target_machine() -> llvm.TargetMachine:
     return _target_machine(opt_level())
 
 
-def optimize(mod: llvm.ModuleRef, opt: int | None = None) -> None:
+def optimize(mod: llvm.ModuleRef, opt: int | None = None, tm: llvm.TargetMachine | None = None) -> None:
+    """LLVM's -O<opt> pipeline; tm: a target machine of the caller's own (another thread)."""
     opt = opt_level() if opt is None else opt
     if opt == 0:
         return
     pto = llvm.create_pipeline_tuning_options(speed_level=opt)
     pto.loop_vectorization = opt >= 2
     pto.slp_vectorization = opt >= 2
-    pb = llvm.create_pass_builder(_target_machine(opt), pto)
+    pb = llvm.create_pass_builder(tm if tm is not None else _target_machine(opt), pto)
     pb.getModulePassManager().run(mod, pb)
+
+
+def optimize_quick(mod: llvm.ModuleRef) -> None:
+    """The quick tier's passes (tiers.QUICK_PASSES): values in registers instead of stack
+    slots, then instcombine and simplifycfg; no loop passes, no vectorisation."""
+    if tiers.QUICK_PASSES == "none":
+        return
+    pb = llvm.create_pass_builder(_target_machine(tiers.QUICK_CODEGEN), llvm.create_pipeline_tuning_options(0))
+    pm = llvm.create_new_module_pass_manager()
+    pm.add_sroa_pass()
+    pm.add_instruction_combine_pass()
+    pm.add_simplify_cfg_pass()
+    pm.run(mod, pb)
 
 
 @dataclass
@@ -117,6 +131,10 @@ class CompileInfo:
     """Seconds of lowering, LLVM's passes and code emission when it was compiled; of loading now."""
     gemm_measured: bool = True
     """False when some GEMM path came from the model (it is refined by a later compile)."""
+    tier: str = ""
+    """'' compiled once (tiering off, an explicit GIR_LLVM_OPT, or loaded from a cache);
+    'quick' the cheap first code while -O3 compiles in the background (tiers.py); 'final'
+    the -O3 code that replaced it."""
 
 
 @dataclass
@@ -128,6 +146,8 @@ class Code:
     optimized_ir: str
     llvm_ir: str
     info: CompileInfo
+    final: tiers.FinalCompile | None = None
+    """Quick code's background -O3 compile (its `code` is this function's final Code)."""
 
     def to_entry(self) -> tuple[dict, bytes]:
         meta = {"layout": self.layout.to_json(), "optimized_ir": self.optimized_ir, "llvm_ir": self.llvm_ir,
@@ -145,10 +165,13 @@ class Code:
         return bool(self.layout.provisional) and blas.is_measured([tuple(p) for p in self.layout.provisional])
 
 
-def compile_code(function: Function, plan: MemoryPlan | None = None) -> Code:
+def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> Code:
     """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
-    function (printed after the passes) from the object cache."""
+    function (printed after the passes) from the object cache. tiered (default: tiers.enabled())
+    and a miss: quick code now, and the -O3 compile as `code.final` (tiers.py; CPUFunction
+    queues it)."""
     key = cache_key(function, plan)
+    tiers.wait_for_key(key)
     with timing.phase("cache: object lookup"):
         found = disk.load("objects", key) if disk.enabled() else None
     if found is not None:
@@ -158,44 +181,109 @@ def compile_code(function: Function, plan: MemoryPlan | None = None) -> Code:
                 return code
         except (KeyError, TypeError, ValueError):
             pass  # another format: compile again
-    opt = opt_level()
-    seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     with timing.phase("backend: lower to LLVM IR"):
         module, layout = lower_function(function, plan)
         llvm_ir = str(module)
+    lower = time.perf_counter() - t0
+    if not (tiers.enabled() if tiered is None else tiered):
+        code = _llvm_compile(llvm_ir, layout, opt_level(), lower)
+        if disk.enabled():
+            with timing.phase("cache: store"):
+                disk.store("objects", key, *code.to_entry())
+        return code
+    code = _llvm_compile(llvm_ir, layout, -1, lower)
+    # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
+    # with one lock, so loading it while the background holds that lock would wait for -O3
+    code.final = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key), key if disk.enabled() else None)
+    return code
+
+
+def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
+    """Parses, optimises (opt -1: the quick tier) and emits llvm_ir (LLVM's global context)."""
     t1 = time.perf_counter()
     with timing.phase("LLVM: parse and verify"):
         mod = llvm.parse_assembly(llvm_ir)
         mod.verify()
     t2, c2 = time.perf_counter(), time.thread_time()
-    with timing.phase(f"LLVM: optimise (-O{opt})"):
-        optimize(mod, opt)
+    with timing.phase(f"LLVM: optimise (-O{opt})" if opt >= 0 else "LLVM: optimise (quick tier)"):
+        optimize_quick(mod) if opt < 0 else optimize(mod, opt)
         optimized_ir = str(mod)
     t3, c3 = time.perf_counter(), time.thread_time()
     with timing.phase("LLVM: emit object"):
-        obj = _target_machine(opt).emit_object(mod)
+        obj = _target_machine(tiers.QUICK_CODEGEN if opt < 0 else opt).emit_object(mod)
     t4, c4 = time.perf_counter(), time.thread_time()
-    seconds = {"lower": t1 - t0, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3,
+    seconds = {"lower": lower, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3,
                "llvm_opt_cpu": c3 - c2, "llvm_emit_cpu": c4 - c3}
-    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, not layout.provisional))
+    info = CompileInfo(max(opt, 0), "", seconds, not layout.provisional, "quick" if opt < 0 else "")
+    return Code(obj, layout, optimized_ir, llvm_ir, info)
+
+
+def _final_code(llvm_ir: str, layout: Layout, key: str) -> Code:
+    """The -O3 code of llvm_ir, on the background thread: a target machine of its own; stored in
+    the object cache. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
+    with one lock, so a context of its own would buy no concurrency, and Python may free such a
+    context before the module parsed into it (a use after free)."""
+    opt = opt_level()
+    tm = new_target_machine(opt)
+    c0 = time.thread_time()
+    mod = llvm.parse_assembly(llvm_ir)
+    mod.verify()
+    c1 = time.thread_time()
+    if tiers.stopping():
+        raise RuntimeError("process exiting")
+    optimize(mod, opt, tm)
+    optimized_ir = str(mod)
+    c2 = time.thread_time()
+    if tiers.stopping():
+        raise RuntimeError("process exiting")
+    obj = tm.emit_object(mod)
+    c3 = time.thread_time()
+    seconds = {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": c3 - c2, "llvm_opt_cpu": c2 - c1,
+               "llvm_emit_cpu": c3 - c2}  # CPU seconds of the background thread (its wall clock is shared)
+    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, not layout.provisional, "final"))
     if disk.enabled():
-        with timing.phase("cache: store"):
-            disk.store("objects", key, *code.to_entry())
+        disk.store("objects", key, *code.to_entry())
     return code
+
+
+@dataclass
+class _Entry:
+    """Loaded code: what one call runs. A call reads `CPUFunction._entry` once, so a swap to the
+    final code between calls never mixes the two entry points, and the old engine lives as
+    long as a call in flight holds its entry."""
+
+    code: Code
+    engine: Any
+    native: Any
+    worker: Any
+    asm: str | None = None
+
+
+def _load(code: Code) -> _Entry:
+    """Links code's object into this process."""
+    blas.bind_symbols()
+    blas_threads.bind_symbols()
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
+    engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
+    engine.finalize_object()
+    signature = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    native = signature(engine.get_function_address("gir_main"))
+    worker = signature(engine.get_function_address("gir_worker")) if _has_worker(code.layout) else None
+    return _Entry(code, engine, native, worker)
 
 
 class CPUFunction:
     """A function compiled for this CPU; cached on disk by content (see `cache_key`)."""
 
-    def __init__(self, function: Function, plan: MemoryPlan | None = None, code: Code | None = None):
+    def __init__(self, function: Function, plan: MemoryPlan | None = None, code: Code | None = None,
+                 tiered: bool | None = None):
         """Compiles function (or takes `code` compiled before: then function may be a signature
-        without a body, as the compile cache rebuilds it)."""
+        without a body, as the compile cache rebuilds it). tiered: see compile_code."""
         self.function = function
         if code is None:
-            code = compile_code(function, plan)
-        self.code = code
-        self.layout, self.optimized_ir, self.llvm_ir = code.layout, code.optimized_ir, code.llvm_ir
+            code = compile_code(function, plan, tiered)
+        self.layout, self.llvm_ir = code.layout, code.llvm_ir
         self.from_cache = bool(code.info.from_cache)
         s = {} if self.from_cache else code.info.seconds
         self.compile_seconds: dict[str, float] = {} if not s else {
@@ -205,45 +293,81 @@ class CPUFunction:
         check_fits(function, self.layout.arena_bytes + self.layout.pinned_bytes, host_memory_bytes(), "this machine")
         clock = time.perf_counter()
         with timing.phase("backend: load object"):
-            blas.bind_symbols()
-            blas_threads.bind_symbols()
-            self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
-            self.engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
-            self.engine.finalize_object()
-            addr = self.engine.get_function_address("gir_main")
-        self._native = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(addr)
-        self._worker = None
-        """`gir_worker`, the second thread's part of a two-core schedule (overlap.py), if any."""
-        if _has_worker(self.layout):
-            waddr = self.engine.get_function_address("gir_worker")
-            self._worker = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(waddr)
+            self._entry = _load(code)
+        """The code calls run: `gir_main` and, for a two-core schedule (overlap.py), `gir_worker`.
+        Quick code (tiers.py) is replaced by the final code when that is ready (`_swap`)."""
+        self._final = code.final
+        self.final_error: BaseException | None = None
+        """Why the background -O3 compile failed, if it did (the quick code keeps running)."""
         self.fns = blas.providers().table_array()
         self._fns_ptr = ctypes.cast(self.fns, ctypes.c_void_p)
         self._local = threading.local()
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
-        self._last_stats = Stats(compile=code.info)
+        self._last_stats: Stats | None = None
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
-        self._asm: str | None = None
         self.compile_seconds["load"] = time.perf_counter() - clock
+        if self._final is not None:
+            self._final.add_done_callback(self._swap)
+            tiers.submit(self._final)
+
+    def _swap(self, job: tiers.FinalCompile) -> None:
+        """On the background thread: loads the final code and makes it the entry of later calls
+        (one assignment: a call in flight keeps its entry, and with it the old engine)."""
+        if job.code is None:
+            self.final_error = job.error
+            return
+        self._entry = _load(job.code)
+
+    @property
+    def code(self) -> Code:
+        """The code calls run now (quick code until the final code replaces it)."""
+        return self._entry.code
+
+    @property
+    def optimized_ir(self) -> str:
+        return self._entry.code.optimized_ir
+
+    @property
+    def tier(self) -> str:
+        """'quick', 'final' or '' (compiled once): CompileInfo.tier of the code calls run now."""
+        return self._entry.code.info.tier
+
+    def wait_for_final_code(self, timeout: float | None = None) -> bool:
+        """Waits until calls run the final (-O3) code; False if timeout passed first or the
+        background compile failed (then `final_error` says why). True at once without tiering."""
+        if self._final is not None and not self._final.wait(timeout):
+            return False
+        return self.tier != "quick"
+
+    def when_final(self, callback: Any) -> None:
+        """Runs callback() once calls run the final code (now, if they do; else on the
+        background thread after the swap). Nothing runs if the final compile fails."""
+        if self._final is None:
+            callback()
+        else:
+            self._final.add_done_callback(lambda job: callback() if self.tier == "final" else None)
 
     @property
     def asm(self) -> str:
         """The host assembly (made on first access: printing it costs as much as compiling)."""
-        if self._asm is None:
-            self._asm = _target_machine(self.code.info.opt_level).emit_assembly(llvm.parse_assembly(self.optimized_ir))
-        return self._asm
+        entry = self._entry
+        if entry.asm is None:
+            opt = tiers.QUICK_CODEGEN if entry.code.info.tier == "quick" else entry.code.info.opt_level
+            entry.asm = _target_machine(opt).emit_assembly(llvm.parse_assembly(entry.code.optimized_ir))
+        return entry.asm
 
     @classmethod
-    def compile(cls, function: Function, plan: MemoryPlan | None = None) -> CPUFunction:
+    def compile(cls, function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> CPUFunction:
         """Compiles function, laying its arena out by plan (the pipeline's `memplan` result;
-        memplan's default plan when None)."""
-        return cls(function, plan)
+        memplan's default plan when None); tiered=False: the final code only (tiers.py)."""
+        return cls(function, plan, tiered=tiered)
 
     @property
     def stats(self) -> Stats:
         """The last call this thread completed; in a thread that has completed none, the last
         call completed by any thread (a fresh `Stats()` before any)."""
-        return getattr(self._local, "stats", self._last_stats)
+        found = getattr(self._local, "stats", None) or self._last_stats
+        return found if found is not None else Stats(compile=self.code.info)
 
     def workspace(self) -> Workspace:
         """This thread's working memory (allocated on its first call)."""
@@ -265,12 +389,13 @@ class CPUFunction:
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
         counters = ws.counters
         counters[:] = 0
+        entry = self._entry  # once: both entry points of this call come from the same code
         start = time.perf_counter()
         worker = None
-        if self._worker is not None:  # ctypes releases the GIL: the two run at once
-            worker = threading.Thread(target=self._worker, args=(buffers, ws.counters_ptr, self._fns_ptr))
+        if entry.worker is not None:  # ctypes releases the GIL: the two run at once
+            worker = threading.Thread(target=entry.worker, args=(buffers, ws.counters_ptr, self._fns_ptr))
             worker.start()
-        self._native(buffers, ws.counters_ptr, self._fns_ptr)
+        entry.native(buffers, ws.counters_ptr, self._fns_ptr)
         if worker is not None:
             worker.join()
         seconds = time.perf_counter() - start
@@ -281,7 +406,7 @@ class CPUFunction:
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
         self._local.stats = self._last_stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths,
-                                                     self.code.info, self.layout.schedule)
+                                                     entry.code.info, self.layout.schedule)
         return outs
 
 

@@ -1,0 +1,192 @@
+"""Tiered compilation: a first compile emits cheap code at once and -O3 code in the background.
+
+A first compile with nothing cached (runtime.compile_code) optimises the LLVM module with
+`QUICK_PASSES` and emits it at the code generator's `QUICK_CODEGEN` level, so the function is
+callable after a fraction of -O3's time (bench/llvm_tiers.py measured the recipes; numbers in
+docs/performance.md, "Compile time"). The same LLVM IR is queued here as a `FinalCompile`: one
+daemon thread ("gir-llvm-final") runs the queue, each job with a target machine of its own
+(ctypes releases the GIL, so it can run on the second core). When the -O3 object is ready it goes into the object cache,
+then the job's callbacks run: the `CPUFunction` loads it and swaps its entry points between
+calls (runtime.py), and `gir.jit` stores it in the compile cache. Caches only ever hold -O3
+objects.
+
+llvmlite serialises every call into LLVM with one process-wide lock (llvmlite.binding.ffi), so
+the background compile overlaps the caller's Python and native code (calls of compiled
+functions, the passes, NumPy), not its LLVM calls: the quick code is loaded before its job is
+queued, and a compile started while a job runs waits for that job's current stage (LLVM's
+passes or code emission, up to about 0.6 s for the LSTM step) at its first LLVM call.
+
+`GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
+level also does. At process exit the queue is dropped and the running job is given
+`EXIT_WAIT` seconds to finish; the thread is a daemon, so exit never waits longer. A process
+that exits before its -O3 code is ready stores nothing (the next one compiles again); `gir run`
+waits for it (`wait_all`), so its cache fills.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+QUICK_PASSES = "cheap"
+"""'cheap': SROA (registers instead of stack slots), instcombine and simplifycfg; 'none'."""
+QUICK_CODEGEN = 1
+"""The TargetMachine's level for quick code. Measured (bench/llvm_tiers.py, GRU/LSTM steps):
+cheap passes + level 1 costs 0.10 of -O3's LLVM time and runs steps 1.4x slower; level 0 (fast
+instruction selection) 0.02-0.03 and 1.8-1.9x slower; the -O1 pipeline 0.25-0.45 and 1.4-1.5x."""
+EXIT_WAIT = 0.5
+"""Seconds process exit waits for a running background compile."""
+
+
+def enabled() -> bool:
+    """GIR_LLVM_TIER (default on), unless GIR_LLVM_OPT asks for one explicit level."""
+    if os.environ.get("GIR_LLVM_OPT", "").strip():
+        return False
+    return os.environ.get("GIR_LLVM_TIER", "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+class FinalCompile:
+    """One function's -O3 compile, queued for the background thread. `run_job` makes the
+    `Code`; the callbacks (`add_done_callback`) run after it, on that thread, in order."""
+
+    def __init__(self, make: Callable[[], Any], key: str | None = None):
+        self._make = make
+        self.key = key
+        """The object-cache key the job stores (a lookup of it waits: `wait_for_key`)."""
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[FinalCompile], None]] = []
+        self._ended = False
+        self.done = threading.Event()
+        """Set when the job has ended (code or error) and every callback has run."""
+        self.code: Any = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+
+    def run_job(self) -> None:
+        try:
+            self.code = self._make()
+        except BaseException as e:  # noqa: BLE001 - the quick code keeps running; the error is kept
+            self.error = e
+        self._finish()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+            self._ended = True
+        for callback in callbacks:
+            _run_callback(callback, self)
+        self.done.set()
+
+    def add_done_callback(self, callback: Callable[[FinalCompile], None]) -> None:
+        """Runs callback(job) when the job ends: now, in this thread, if it has ended."""
+        with self._lock:
+            if not self._ended:
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+def _run_callback(callback: Callable[[FinalCompile], None], job: FinalCompile) -> None:
+    try:
+        callback(job)
+    except Exception:  # noqa: BLE001 - a failed swap or store leaves the quick code running
+        pass
+
+
+_queue: queue.Queue[FinalCompile | None] = queue.Queue()
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+_stopping = False
+_running: FinalCompile | None = None
+_jobs: set[FinalCompile] = set()
+"""Queued or running jobs (wait_all)."""
+_pending_keys: dict[str, FinalCompile] = {}
+"""Cache keys whose entry a queued or running job will store: a lookup of one waits for it."""
+
+
+def submit(job: FinalCompile) -> FinalCompile:
+    """Queues job (its key: see `wait_for_key`)."""
+    global _thread
+    _jobs.add(job)
+    job.add_done_callback(_jobs.discard)
+    if job.key:
+        add_key(job, job.key)
+    if _stopping:
+        job.cancel()
+        return job
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_serve, name="gir-llvm-final", daemon=True)
+            _thread.start()
+    _queue.put(job)
+    return job
+
+
+def wait_all(timeout: float | None = None) -> bool:
+    """Waits for every background compile queued so far (`gir run` does before it exits, so
+    the -O3 code reaches the cache); False if timeout passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for job in list(_jobs):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not job.wait(left):
+            return False
+    return True
+
+
+def add_key(job: FinalCompile, key: str) -> None:
+    """A further cache key the job's callbacks store (the compile cache's, added by gir.jit)."""
+    _pending_keys[key] = job
+    job.add_done_callback(lambda j: _pending_keys.pop(key, None) if _pending_keys.get(key) is j else None)
+
+
+def wait_for_key(key: str | None, timeout: float | None = None) -> None:
+    """Before a cache lookup of key: if a background compile will store it, wait for that (a
+    second compile of the same code then loads the -O3 object instead of compiling again)."""
+    job = _pending_keys.get(key) if key else None
+    if job is not None and threading.current_thread() is not _thread:
+        job.wait(timeout)
+
+
+def _serve() -> None:
+    global _running
+    while True:
+        job = _queue.get()
+        if job is None or _stopping:
+            if job is not None:
+                job.cancel()
+            continue
+        _running = job
+        try:
+            job.run_job()
+        finally:
+            _running = None
+
+
+def stopping() -> bool:
+    """True once the process is exiting: a running job stops at its next stage."""
+    return _stopping
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Drops the queue and waits at most EXIT_WAIT seconds for the running job."""
+    global _stopping
+    _stopping = True
+    thread = _thread
+    if thread is None or not thread.is_alive():
+        return
+    deadline = time.monotonic() + EXIT_WAIT
+    while _running is not None and time.monotonic() < deadline:
+        time.sleep(0.005)
