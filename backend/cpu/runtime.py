@@ -1,8 +1,9 @@
 """Compiling an LLVM module for the host CPU and calling it on NumPy arrays.
 
 The target is the host CPU with its features at optimisation level 3 (so fused loops are
-vectorised for, e.g., AVX2); a first compile runs quick code until that is ready (tiers.py). Arguments are checked against the signature before any native
-code runs; outputs are fresh arrays.
+vectorised for, e.g., AVX2); a first compile runs quick code until that is ready (tiers.py).
+Arguments are checked against the signature before any native code runs; outputs are fresh
+arrays.
 
 Threads: a `CPUFunction` may be called from several threads at once (ctypes releases the GIL
 for the native call, so calls do overlap). Its *workspace* (the arena, the pinned area of
