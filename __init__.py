@@ -6,48 +6,9 @@
 """
 
 from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError
+from .frontend import python as _python
 from .frontend.parser import load, parse
-from .frontend.python import (
-    GirTraceError,
-    Spec,
-    Tracer,
-    abs,
-    add,
-    astype,
-    concatenate,
-    divide,
-    exp,
-    grad,
-    log,
-    logsumexp,
-    matmul,
-    max,
-    maximum,
-    mean,
-    min,
-    minimum,
-    multiply,
-    negative,
-    ones,
-    ones_like,
-    power,
-    relu,
-    reshape,
-    scan,
-    sigmoid,
-    spec,
-    sqrt,
-    stack,
-    subtract,
-    sum,
-    tanh,
-    trace,
-    transpose,
-    value_and_grad,
-    where,
-    zeros,
-    zeros_like,
-)
+from .frontend.python import *  # noqa: F403 - the Python frontend's names (DESIGN.md §7), listed in its __all__
 from .ir.core import Module
 from .ir.verifier import verify
 from .jit import jit
@@ -58,7 +19,4 @@ __version__ = "0.1.0"
 __all__ = ["GirArgumentError", "GirError", "GirPassError", "GirSyntaxError", "GirTypeError", "GirVerifyError",
            "Module", "interpret", "jit", "load", "parse", "verify", "__version__"]
 # The Python tracing frontend (DESIGN.md §7, docs/python.md).
-__all__ += ["GirTraceError", "PythonJit", "Spec", "Tracer", "abs", "add", "astype", "concatenate", "divide", "exp",
-            "grad", "log", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "multiply", "negative",
-            "ones", "ones_like", "power", "relu", "reshape", "scan", "sigmoid", "spec", "sqrt", "stack", "subtract",
-            "sum", "tanh", "trace", "transpose", "value_and_grad", "where", "zeros", "zeros_like"]
+__all__ += [*_python.__all__, "PythonJit"]
