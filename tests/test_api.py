@@ -153,7 +153,8 @@ ERRORS = [
 
 
 @pytest.mark.parametrize("device", ["interp", "cpu"])
-@pytest.mark.parametrize("positional, keywords, message", ERRORS)
+@pytest.mark.parametrize("positional, keywords, message", ERRORS,
+                         ids=[f"case{i}" for i in range(len(ERRORS))])  # the messages would make the ids
 def test_argument_errors_name_the_parameter(device: str, positional: tuple, keywords: dict, message: str) -> None:
     fn = gir.jit(SOURCE, "f", device=device)
     if len(positional) == 1 and not keywords:  # a bad first argument, the others fine

@@ -49,7 +49,7 @@ def assert_clean_error(err: str) -> None:
     ("scan-grad{max-extra-bytes=-1}", "max-extra-bytes must be >= 0"),
     ("place{min-elements=-5}", "min-elements must be >= 0"),
     ("memplan{strategy=size,strategy=program}", "option 'strategy' of pass 'memplan' is given twice"),
-])
+], ids=["bogus-strategy", "negative-bytes", "negative-elements", "duplicate-key"])  # ids a shell can pass to -k
 def test_bad_pass_options_fail_when_the_pipeline_is_parsed(pipeline, message):
     with pytest.raises(GirPassError, match=message):
         parse_pipeline(pipeline)
@@ -172,7 +172,7 @@ def test_reproducers_never_overwrite_each_other(failing_pass, program, capsys, t
     assert f"run: gir opt {paths[1]} -p 'test-always-fails'" in notes[1]
 
 
-@pytest.mark.parametrize("content", [b"hello\n", b"", b"\x80\x04garbage"])
+@pytest.mark.parametrize("content", [b"hello\n", b"", b"\x80\x04garbage"], ids=["text", "empty", "pickle"])
 def test_inputs_that_are_not_an_npz(program, capsys, tmp_path, content):
     path = tmp_path / "in.npz"
     path.write_bytes(content)
@@ -194,7 +194,8 @@ def test_inputs_npz_member_that_is_not_an_array(program, capsys, tmp_path):
     assert f"cannot read array 'x' from {path}" in err
 
 
-@pytest.mark.parametrize("argv", [["run", "--device", "interp", "--random", "-1"], ["opt", "--check-numerics=-3"]])
+@pytest.mark.parametrize("argv", [["run", "--device", "interp", "--random", "-1"], ["opt", "--check-numerics=-3"]],
+                         ids=["run-random", "opt-check-numerics"])
 def test_negative_seeds_are_a_clear_error(program, capsys, argv):
     code, out, err = gir_main(capsys, argv[0], program, *argv[1:])
     assert code == 1
@@ -224,7 +225,7 @@ class Crashes(Pass):
         return {}["no such key"]
 
 
-@pytest.mark.parametrize("traceback_env", ["", "1"])
+@pytest.mark.parametrize("traceback_env", ["", "1"], ids=["no-traceback", "traceback"])
 def test_gir_traceback_shows_a_crash_inside_a_pass(traceback_env, monkeypatch, program, capsys, tmp_path):
     """A pass that crashes is reported as a located pass error with a reproducer; GIR_TRACEBACK=1
     adds the crash's traceback (it was ignored for crashes inside passes)."""

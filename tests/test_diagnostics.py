@@ -699,7 +699,7 @@ def test_misspelled_entry_function_says_did_you_mean(tmp_path, capsys):
     ("module {\n}", "without a `module { ... }` around them", 1),
     ("func @f() -> tensor<2xf32> {\n  %c = constant dense<[1.0, 2.0]> : tensor<2xf32>\n  return %c\n}",
      "without dense<...>", 17),
-])
+], ids=["scalar-arg", "scalar-result", "vector", "f16", "func.func", "math.tanh", "arith.addf", "module", "dense"])
 def test_mlir_spellings_get_hints(source: str, message: str, column: int) -> None:
     """MLIR habits (a user of mlir-opt's syntax writes them first) say what gir writes instead."""
     with pytest.raises(gir.GirSyntaxError) as info:

@@ -129,7 +129,7 @@ func @f(%xs: tensor<4x3xf32>) -> tensor<4x3xf32> {
     ("call", "func @g(%a: tensor<3xf32>) -> tensor<3xf32> {\n  return %a\n}\n\nfunc @f(%a: tensor<3xf32>) -> "
              "tensor<3xf32> {\n  %s = var : tensor<3xf32>\n  store %s, %a\n  %r = call @g(%s) : tensor<3xf32>\n"
              "  return %r\n}\n"),
-])
+], ids=["yield", "return", "call"])
 def test_a_variable_where_a_tensor_belongs_is_a_located_type_error(where: str, text: str) -> None:
     """`yield () stack (%s)` of a `var` was an AssertionError in the loop's type rule (found by
     tests/fuzz/mutate.py, input 80009 of seed 0); yield, return and call now ask for tensors."""

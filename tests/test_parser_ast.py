@@ -143,7 +143,8 @@ def test_concurrent_parses_report_their_own_file() -> None:
     assert not wrong, f"{len(wrong)} of 400 parses misreported, e.g. {wrong[:3]}"
 
 
-@pytest.mark.parametrize("name", ['q"uote.gir', "back\\slash.gir", "new\nline.gir", 'both\\"x.gir'])
+@pytest.mark.parametrize("name", ['q"uote.gir', "back\\slash.gir", "new\nline.gir", 'both\\"x.gir'],
+                         ids=["quote", "backslash", "newline", "backslash-quote"])
 def test_locations_round_trip_file_names_with_quotes_and_backslashes(name: str) -> None:
     """`loc("...")` escapes the file name (a quote used to end it early: the dump did not parse)."""
     from gir.ir.printer import print_module

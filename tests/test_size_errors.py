@@ -209,7 +209,7 @@ HUGE_INT = "9" * 5000  # past Python's 4300-digit limit for int()
      "  return %y\n}\n", "is too large for any integer dtype", 29),
     ("func @f(%x: tensor<f64>) -> tensor<f64> {\n  %c = constant 1e400 : tensor<f64>\n  return %c\n}\n",
      "the literal 1e400 is too large for any float dtype (write inf for an infinity)", 17),
-])
+], ids=["int-operand", "int-attribute", "float-constant"])  # the sources would make 5000-character test ids
 def test_literals_past_every_dtype_are_located_syntax_errors(src: str, message: str, col: int) -> None:
     """The parser reports them (a raw ValueError before; 1e400 silently became inf in the generic form)."""
     with pytest.raises(gir.GirError) as info:
