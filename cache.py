@@ -8,6 +8,7 @@ the parser's tables and the measured GEMM times.
                             the same IR reached from another text skips LLVM)
     parser-<hash>.lark      the LALR tables of frontend/grammar.lark (Lark's cache format)
     gemm-times-<machine>.json  measured GEMM seconds per shape and path, per machine
+    gemm-thread-times-<machine>.json  1- and 2-thread GEMM seconds (the two-core schedule)
 
 Every file is written to a temporary name and renamed into place (atomic on POSIX), so
 processes sharing the cache never read half a file. An entry carries the SHA-256 of its
@@ -135,16 +136,20 @@ def _remove(path: str) -> None:
         pass
 
 
+def _names(folder: str) -> list[str]:
+    """The files in folder; none where it does not exist or cannot be read."""
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
 def _entries() -> list[tuple[float, int, str]]:
     out = []
     root = cache_root()
     for kind in SUBDIRS:
         folder = os.path.join(root, kind)
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
+        for name in _names(folder):
             if ".tmp." in name:
                 continue
             try:
@@ -193,14 +198,11 @@ class Info:
 def info() -> Info:
     entries = _entries()
     root = cache_root()
-    try:
-        others = sorted(n for n in os.listdir(root) if n not in SUBDIRS)
-    except OSError:
-        others = []
+    others = sorted(n for n in _names(root) if n not in SUBDIRS)
     return Info(root, len(entries), sum(s for _, s, _ in entries), max_bytes(), others)
 
 
-OWN_FILES = ("parser-", "gemm-times", "gemm-paths")
+OWN_FILES = ("parser-", "gemm-times", "gemm-paths", "gemm-thread-times")
 """Prefixes of gir's own files at the top of the cache directory (`clear` deletes only those,
 and the entry folders: GIR_CACHE_DIR may point at a folder shared with other files)."""
 
@@ -211,11 +213,7 @@ def clear() -> int:
     removed = 0
     for kind in SUBDIRS:
         folder = os.path.join(root, kind)
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
+        for name in _names(folder):
             if name.endswith((".entry", ".sig")) or ".tmp." in name:
                 _remove(os.path.join(folder, name))
                 removed += 1
@@ -223,11 +221,7 @@ def clear() -> int:
             os.rmdir(folder)
         except OSError:
             pass  # something else lives there: left alone
-    try:
-        names = os.listdir(root)
-    except OSError:
-        names = []
-    for name in names:
+    for name in _names(root):
         if name.startswith(OWN_FILES) and os.path.isfile(os.path.join(root, name)):
             _remove(os.path.join(root, name))
             removed += 1

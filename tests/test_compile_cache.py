@@ -189,9 +189,11 @@ def test_cli_cache_info_and_clear(own_cache: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert str(own_cache) in out and "compiled entries: 3" in out  # signature, specialisation, object
     (own_cache / "not-ours.txt").write_text("a file gir did not write")
+    (own_cache / "gemm-thread-times-0123.json").write_text("{}")  # the two-core schedule's times: gir's own
     assert main(["cache", "clear"]) == 0
     assert "removed" in capsys.readouterr().out
     assert not list(own_cache.rglob("*.entry")) and not list(own_cache.glob("parser-*"))
+    assert not list(own_cache.glob("gemm-*"))
     assert (own_cache / "not-ours.txt").exists()  # GIR_CACHE_DIR may be a shared folder
     assert main(["cache", "info"]) == 0
     assert "compiled entries: 0" in capsys.readouterr().out

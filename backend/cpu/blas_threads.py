@@ -8,7 +8,7 @@ MKL's `mkl_set_num_threads_local` is per thread; OpenBLAS's `openblas_set_num_th
 window, other threads of the process calling SciPy's OpenBLAS run on one thread too.
 
 Times are measured once per (provider, shape, thread setting) and cached beside blas.py's
-(GIR_CACHE_DIR/gemm-thread-times.json). On a machine shared with other work a measurement is
+(GIR_CACHE_DIR/gemm-thread-times-<machine>.json). On a machine shared with other work a measurement is
 the best of several interleaved rounds (the least disturbed), not one run: a single run taken
 while another pool's threads spin can be off by 5-10x (docs/performance-rnn.md).
 """
@@ -75,8 +75,10 @@ def bind_symbols() -> None:
 
 
 def _cache_file() -> str:
-    root = os.environ.get("GIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gir")
-    return os.path.join(root, "gemm-thread-times.json")
+    """Per machine, as blas.py's GEMM times: a copied home directory carries no other CPU's times."""
+    from ...cache import cache_root
+
+    return os.path.join(cache_root(), f"gemm-thread-times-{blas.machine_key()}.json")
 
 
 _times: dict[str, float] | None = None
