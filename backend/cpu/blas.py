@@ -2,7 +2,7 @@
 
 Providers: MKL (`libmkl_rt` from PyPI's `mkl`, x86-64 Linux): `cblas_?gemm`, and for a weight
 used at every step of a loop `cblas_?gemm_pack` once plus `cblas_?gemm_compute` per step;
-OpenBLAS (SciPy's, through `scipy.linalg.cython_blas`, Fortran ABI). Which one a GEMM shape
+OpenBLAS (NumPy's bundled ILP64 build, else SciPy's; Fortran ABI: `openblas()`). Which one a GEMM shape
 takes is decided by measuring each candidate once per (shape, dtype, transposes, threads) and
 cached on disk per machine (`gemm-times-<machine>.json`); a shape not measured yet takes a
 model's guess and is measured in a background thread, so a first compile does not wait ~0.2 s
@@ -96,33 +96,93 @@ def providers() -> Providers:
     return Providers(mkl, table, notice)
 
 
-def _openblas_gemms() -> tuple[int, int]:
-    """SciPy's OpenBLAS sgemm_ and dgemm_ (Fortran ABI). Straight from the library SciPy's wheel
-    bundles (scipy.libs/libscipy_openblas*.so: ~6 ms) when it is there: importing
-    scipy.linalg for its cython_blas table costs ~0.35 s, more than a whole compile. Both are
-    the same functions (cython_blas's entries only forward to them)."""
-    lib = _scipy_openblas()
-    if lib is not None:
+@dataclass(frozen=True)
+class OpenBLAS:
+    """The OpenBLAS library the `ob_*` entries come from: its Fortran-ABI `?gemm_` symbols and
+    the width of their integer arguments (64 for NumPy's ILP64 build)."""
+
+    path: str
+    prefix: str
+    """What the library's symbols are named with: `scipy_sgemm_64_` is prefix + 'sgemm' + suffix."""
+    suffix: str
+    int_bits: int
+
+    @property
+    def lib(self) -> ctypes.CDLL:
+        return ctypes.CDLL(self.path)  # the already-loaded handle after the first call
+
+    @property
+    def int_type(self) -> type:
+        return ctypes.c_int64 if self.int_bits == 64 else ctypes.c_int32
+
+    def gemm(self, s: str) -> int:
+        return ctypes.cast(getattr(self.lib, f"{self.prefix}{s}gemm{self.suffix}"), ctypes.c_void_p).value or 0
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+def _site_lib(package: str, folder: str, pattern: str) -> str | None:
+    """The one `pattern` library in `folder` beside `package` (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = os.path.dirname(list(spec.submodule_search_locations)[0])
+    hits = sorted(glob.glob(os.path.join(site, folder, pattern)))
+    return hits[0] if len(hits) == 1 else None
+
+
+def _numpy_openblas() -> OpenBLAS | None:
+    path = _site_lib("numpy", "numpy.libs", "libscipy_openblas64_*.so*")
+    return OpenBLAS(path, "scipy_", "_64_", 64) if path else None
+
+
+def _scipy_openblas() -> OpenBLAS | None:
+    path = _site_lib("scipy", "scipy.libs", "libscipy_openblas-*.so*") or \
+        _site_lib("scipy", "scipy.libs", "libscipy_openblas*.so*")
+    return OpenBLAS(path, "scipy_", "_", 32) if path and "openblas64" not in path else None
+
+
+@cache
+def openblas() -> OpenBLAS | None:
+    """NumPy's own OpenBLAS where its wheel bundles one, else SciPy's (GIR_OPENBLAS=numpy|scipy
+    forces one). NumPy's is preferred because it is the pool NumPy's own matmuls use (two
+    OpenBLAS pools in one process spin against each other on a 2-core machine) and because
+    it measured faster here: the per-step GEMM 32x256 @ 256x1024 took 0.127 ms with NumPy's
+    0.3.31 against 0.179 ms with SciPy's 0.3.30 on 2 threads (docs/backend.md)."""
+    order = [_scipy_openblas, _numpy_openblas] if os.environ.get("GIR_OPENBLAS") == "scipy" else \
+        [_numpy_openblas, _scipy_openblas]
+    for find in order:
+        found = find()
+        if found is None:
+            continue
         try:
-            found = ctypes.CDLL(lib)
-            return (ctypes.cast(found.scipy_sgemm_, ctypes.c_void_p).value or 0,
-                    ctypes.cast(found.scipy_dgemm_, ctypes.c_void_p).value or 0)
+            if found.gemm("s") and found.gemm("d"):
+                return found
         except (OSError, AttributeError):
-            pass  # another build of SciPy: its cython_blas table below
+            continue  # another build: the next one, or cython_blas
+    return None
+
+
+def _openblas_gemms() -> tuple[int, int]:
+    """The `ob_*` entries: sgemm_ and dgemm_ (Fortran ABI) of `openblas()`, straight from the
+    library (~6 ms); importing scipy.linalg for its cython_blas table costs ~0.35 s, more than
+    a whole compile, and is only the fallback."""
+    found = openblas()
+    if found is not None:
+        return found.gemm("s"), found.gemm("d")
     from scipy.linalg import cython_blas
 
     return (_capsule_pointer(cython_blas.__pyx_capi__["sgemm"]), _capsule_pointer(cython_blas.__pyx_capi__["dgemm"]))
 
 
-def _scipy_openblas() -> str | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("scipy")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    site = os.path.dirname(list(spec.submodule_search_locations)[0])
-    hits = sorted(glob.glob(os.path.join(site, "scipy.libs", "libscipy_openblas*.so*")))
-    return hits[0] if len(hits) == 1 else None
+def openblas_int_bits() -> int:
+    """The width of the `ob_*` entries' integer arguments (cython_blas's are 32-bit)."""
+    found = openblas()
+    return found.int_bits if found is not None else 32
 
 
 def symbol(slot: str) -> str:
@@ -183,7 +243,7 @@ def machine_key() -> str:
             mkl_version = buf.value.decode(errors="replace")
         except AttributeError:
             mkl_version = "mkl"
-    return digest(model, os.cpu_count(), mkl_version, os.path.basename(_scipy_openblas() or "cython_blas"))[:16]
+    return digest(model, os.cpu_count(), mkl_version, openblas().name if openblas() else "cython_blas")[:16]
 
 
 _choices: dict[str, dict[str, float]] | None = None
@@ -447,7 +507,8 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
         # Row-major C = A B is column-major C^T = B^T A^T.
         tra = ctypes.c_char(b"T" if tb else b"N")
         trb = ctypes.c_char(b"T" if ta else b"N")
-        ints = [ctypes.c_int(x) for x in (n, m, k, ldb, lda, n)]
+        int_type = ctypes.c_int64 if openblas_int_bits() == 64 else ctypes.c_int32
+        ints = [int_type(x) for x in (n, m, k, ldb, lda, n)]
         one, zero = scalar(1.0), scalar(0.0)
         refs = [ctypes.byref(x) for x in (tra, trb, ints[0], ints[1], ints[2], one)]
         args = refs + [pb, ctypes.byref(ints[3]), pa, ctypes.byref(ints[4]), ctypes.byref(zero), pc,

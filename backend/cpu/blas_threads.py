@@ -16,31 +16,21 @@ while another pool's threads spin can be off by 5-10x (docs/performance-rnn.md).
 from __future__ import annotations
 
 import ctypes
-import glob
 import json
 import os
 import time
-from functools import cache
 
 import numpy as np
 
 from . import blas
 
 
-@cache
 def _openblas() -> ctypes.CDLL | None:
-    """SciPy's OpenBLAS (the library blas.py's `ob_*` entries are in)."""
-    import scipy
-
-    libs = os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs")
-    for path in sorted(glob.glob(os.path.join(libs, "libscipy_openblas*.so"))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        if hasattr(lib, "openblas_set_num_threads_local"):
-            return lib
-    return None
+    """The OpenBLAS library blas.py's `ob_*` entries are in, if it sets threads per thread."""
+    found = blas.openblas()
+    if found is None or not hasattr(found.lib, "openblas_set_num_threads_local"):
+        return None
+    return found.lib
 
 
 def local_setter(family: str) -> int:

@@ -789,16 +789,18 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
                     [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(blas.CBLAS_PACKED), i32(m), i32(n), i32(k), pa, i32(lda),
                     packed, i32(ldb), ir.Constant(fty, 0.0), pc, i32(n)])
         return
-    # OpenBLAS, Fortran ABI, column-major: C^T = B^T A^T, every argument by reference.
+    # OpenBLAS, Fortran ABI, column-major: C^T = B^T A^T, every argument by reference; its
+    # integers are 64-bit in NumPy's ILP64 build (blas.openblas()).
+    fint = ir.IntType(blas.openblas_int_bits())
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
-        cells = [low.b.alloca(I8), low.b.alloca(I8)] + [low.b.alloca(I32) for _ in range(6)] + \
+        cells = [low.b.alloca(I8), low.b.alloca(I8)] + [low.b.alloca(fint) for _ in range(6)] + \
                 [low.b.alloca(fty), low.b.alloca(fty)]
     tra, trb, cn, cm, ck, cldb, clda, cldc, one, zero = cells
     for cell, value in ((tra, ord("T" if tb else "N")), (trb, ord("T" if ta else "N"))):
         low.b.store(ir.Constant(I8, value), cell)
     for cell, value in ((cn, n), (cm, m), (ck, k), (cldb, ldb), (clda, lda), (cldc, n)):
-        low.b.store(i32(value), cell)
+        low.b.store(ir.Constant(fint, value), cell)
     low.b.store(ir.Constant(fty, 1.0), one)
     low.b.store(ir.Constant(fty, beta), zero)
     sig = ir.FunctionType(ir.VoidType(), [PTR] * 13)

@@ -447,12 +447,13 @@ def target_key() -> tuple:
     from ... import __version__
 
     return (__version__, _CODEGEN_VERSION, llvm.llvm_version_info, llvm.get_process_triple(), *host(),
-            blas.providers().has_mkl, blas.threads(),
+            blas.providers().has_mkl, blas.threads(), blas.openblas_int_bits(),
+            blas.openblas().name if blas.openblas() else "cython_blas",
             os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
             os.environ.get("GIR_CPU_OVERLAP", ""), opt_level())
 
 
-_CODEGEN_VERSION = "12"
+_CODEGEN_VERSION = "13"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
