@@ -29,6 +29,8 @@ from functools import cache
 
 import numpy as np
 
+from . import quiet_timing
+
 FN_TABLE = (
     "mkl_sgemm", "mkl_dgemm", "mkl_sgemm_pack", "mkl_dgemm_pack", "mkl_sgemm_compute", "mkl_dgemm_compute",
     "ob_sgemm", "ob_dgemm",
@@ -306,14 +308,27 @@ def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable:
     with _choices_lock:
         found = _load_choices().get(key)
     if isinstance(found, dict) and all(c in found for c in candidates):
-        return {c: found[c] for c in candidates}
-    if measure_mode() != "now":
+        if not found.get(quiet_timing.DISTURBED) or key in _retried:
+            return {c: found[c] for c in candidates}
+        _retried.add(key)  # measured only in disturbed rounds: once more per process
+        if measure_mode() != "now":
+            measure_later((dtype, m, n, k, ta, tb, packable))
+            return {c: found[c] for c in candidates}
+    elif measure_mode() != "now":
         return None
-    times = _measure_all(candidates, dtype, m, n, k, ta, tb)
+    _store(key, *_measure_all(candidates, dtype, m, n, k, ta, tb))
     with _choices_lock:
-        _load_choices()[key] = times
+        return {c: _load_choices()[key][c] for c in candidates}
+
+
+_retried: set[str] = set()
+
+
+def _store(key: str, times: dict[str, float], disturbed: bool) -> None:
+    with _choices_lock:
+        choices = _load_choices()
+        choices[key] = quiet_timing.merge(choices.get(key), times, disturbed)
         _save_choices()
-    return times
 
 
 def model_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> dict[str, float]:
@@ -367,12 +382,10 @@ def _measure_queue() -> None:
                 return
             params = _queue.pop(0)
         dtype, m, n, k, ta, tb, packable = params
-        times = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
+        measured = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
         if _stop.is_set():
             return
-        with _choices_lock:
-            _load_choices()[_key(*params)] = times
-            _save_choices()
+        _store(_key(*params), *measured)
 
 
 def wait_for_measurements(timeout: float | None = None) -> bool:
@@ -466,31 +479,35 @@ def _measure(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool) 
     return sorted(times)[2]
 
 
-def _measure_all(paths: list[str], dtype: str, m: int, n: int, k: int, ta: bool, tb: bool) -> dict[str, float]:
-    """Seconds of one GEMM of this shape through each path: the best of 5 rounds, the paths
-    interleaved within each round. Measured one path after the other (the median of one path's
-    runs, then the next path's), a path measured while the previous provider's thread pool was
-    still spinning on the other core came out 5-10x slow on a 2-core machine (OpenBLAS 48 ms
-    against 4.9 ms for a 256x1024x1600 GEMM measured right after MKL), and that one number
-    made the whole function take MKL (docs/performance-rnn.md); the best round is the one the
-    least disturbed by the other pool and by other processes."""
+def _measure_all(paths: list[str], dtype: str, m: int, n: int, k: int, ta: bool,
+                 tb: bool) -> tuple[dict[str, float], bool]:
+    """(seconds of one GEMM of this shape through each path, disturbed): the best clean round
+    of at least 5, the paths interleaved within each round (quiet_timing.py). Measured one path
+    after the other, a path measured while the previous provider's thread pool was still
+    spinning on the other core came out 5-10x slow on a 2-core machine (OpenBLAS 48 ms against
+    4.9 ms for a 256x1024x1600 GEMM measured right after MKL), and that one number made the
+    whole function take MKL (docs/performance-rnn.md)."""
     np_dtype = np.float32 if dtype == "f32" else np.float64
     rng = np.random.default_rng(0)
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(np_dtype)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(np_dtype)
     c = np.zeros((m, n), np_dtype)
-    calls = {p: gemm_caller(p, dtype, m, n, k, ta, tb, a, b, c) for p in paths}
     reps = max(3, min(50, int(2e8 / max(1, 2 * m * n * k))))
-    best = dict.fromkeys(paths, float("inf"))
-    for _ in range(5):
-        for p, call in calls.items():
+    return quiet_timing.best_clean_rounds({p: _round(gemm_caller(p, dtype, m, n, k, ta, tb, a, b, c), reps)
+                                           for p in paths})
+
+
+def _round(call, reps: int):  # noqa: ANN001, ANN202
+    """One timed round of `reps` calls, after two untimed ones (they wake this provider's pool
+    after the other's ran)."""
+    def run() -> float:
+        call()
+        call()
+        start = time.perf_counter()
+        for _ in range(reps):
             call()
-            call()  # wakes this provider's pool after the other's ran
-            start = time.perf_counter()
-            for _ in range(reps):
-                call()
-            best[p] = min(best[p], (time.perf_counter() - start) / reps)
-    return best
+        return (time.perf_counter() - start) / reps
+    return run
 
 
 def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,

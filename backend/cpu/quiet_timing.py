@@ -1,0 +1,64 @@
+"""Timing GEMMs only in rounds no other process disturbed.
+
+GEMM paths and the two-core schedule are chosen from times measured once and cached per
+machine. On a 2-core machine a 2-thread OpenBLAS GEMM that loses a core to another process
+does not get 2x slower but 10-100x (its threads spin at synchronisation points waiting for the
+preempted one): 16 ms instead of 0.14 ms for 32x256 @ 256x1024 with one busy loop beside it.
+One such number cached made a GRU step 1.6x slower for good (the two-core schedule switched on
+from a 2-thread time of 28 ms for that GEMM).
+
+The sign of a disturbed round is in the kernel's accounting: the process's involuntary context
+switches (`ru_nivcsw`, all its threads: BLAS's pool included) grow while another task takes a
+core; a quiet round of a few milliseconds has none or one. So a round counts only when clean;
+a measurement that found no clean round for some call is returned marked `disturbed`, and the
+caches keep such entries as provisional: a later process measures them again and keeps the
+faster time of each (noise only ever adds time).
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+
+CLEAN_SWITCHES = 2
+"""Involuntary switches a round may see and still count (a timer tick, a kernel thread)."""
+
+DISTURBED = "disturbed"
+"""The key under which a cached entry says it was measured in disturbed rounds only."""
+
+
+def involuntary_switches() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
+def best_clean_rounds(rounds: dict[str, Callable[[], float]], min_rounds: int = 5,
+                      max_rounds: int = 15) -> tuple[dict[str, float], bool]:
+    """({name: best seconds}, disturbed): runs every `rounds[name]()` (one timed round, returning
+    seconds per call) once per round, interleaved, at least `min_rounds` rounds and until each
+    name has a clean round (at most `max_rounds`). A name with no clean round gets its best
+    disturbed time, and `disturbed` is True."""
+    clean: dict[str, float] = {}
+    any_: dict[str, float] = {}
+    for done in range(1, max_rounds + 1):
+        for name, run in rounds.items():
+            before = involuntary_switches()
+            seconds = run()
+            any_[name] = min(any_.get(name, float("inf")), seconds)
+            if involuntary_switches() - before <= CLEAN_SWITCHES:
+                clean[name] = min(clean.get(name, float("inf")), seconds)
+        if done >= min_rounds and len(clean) == len(rounds):
+            break
+    return {name: clean.get(name, any_[name]) for name in rounds}, len(clean) < len(rounds)
+
+
+def merge(old: dict[str, float] | None, new: dict[str, float], disturbed: bool) -> dict[str, float]:
+    """A cache entry from an old provisional one and a new measurement: each time the smaller,
+    provisional (DISTURBED: 1.0) only while both were disturbed."""
+    out = dict(new)
+    if old is not None and old.get(DISTURBED):
+        for name, seconds in old.items():
+            if name != DISTURBED and name in out:
+                out[name] = min(out[name], seconds)
+    if disturbed:
+        out[DISTURBED] = 1.0
+    return out

@@ -1,0 +1,97 @@
+"""GEMM timing that ignores rounds another process disturbed (backend/cpu/quiet_timing.py), and
+the caches treating a measurement with no clean round as provisional."""
+
+from __future__ import annotations
+
+import pytest
+from gir.backend.cpu import blas, blas_threads, quiet_timing
+
+
+class FakeSwitches:
+    """A stand-in for the involuntary switch counter, advanced by the fake rounds."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> int:
+        return self.count
+
+
+def rounds(switches: FakeSwitches, plan: dict[str, list[tuple[float, bool]]]) -> dict:
+    """Round functions returning planned (seconds, disturbed) in turn."""
+    def make(name: str):  # noqa: ANN202
+        it = iter(plan[name])
+
+        def run() -> float:
+            seconds, disturbed = next(it)
+            switches.count += 10 if disturbed else 0
+            return seconds
+        return run
+    return {name: make(name) for name in plan}
+
+
+def test_disturbed_rounds_do_not_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    switches = FakeSwitches()
+    monkeypatch.setattr(quiet_timing, "involuntary_switches", switches)
+    # The fastest round of "a" was disturbed (a timing fluke is possible either way); only
+    # clean rounds count, and "b" needs 7 rounds before its first clean one.
+    plan = {"a": [(0.5, True), (2.0, False), (1.5, False)] + [(1.8, False)] * 12,
+            "b": [(0.1, True)] * 6 + [(3.0, False)] + [(4.0, False)] * 8}
+    best, disturbed = quiet_timing.best_clean_rounds(rounds(switches, plan))
+    assert best == {"a": 1.5, "b": 3.0} and not disturbed
+
+
+def test_no_clean_round_gives_the_best_disturbed_time_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    switches = FakeSwitches()
+    monkeypatch.setattr(quiet_timing, "involuntary_switches", switches)
+    plan = {"a": [(1.0, False)] * 15, "b": [(9.0, True)] * 14 + [(7.0, True)]}
+    best, disturbed = quiet_timing.best_clean_rounds(rounds(switches, plan), max_rounds=15)
+    assert best == {"a": 1.0, "b": 7.0} and disturbed
+
+
+def test_merge_keeps_the_faster_time_while_provisional() -> None:
+    old = {"openblas": 5.0, "mkl": 1.0, quiet_timing.DISTURBED: 1.0}
+    assert quiet_timing.merge(old, {"openblas": 2.0, "mkl": 3.0}, False) == {"openblas": 2.0, "mkl": 1.0}
+    assert quiet_timing.merge(old, {"openblas": 2.0, "mkl": 3.0}, True) == \
+        {"openblas": 2.0, "mkl": 1.0, quiet_timing.DISTURBED: 1.0}
+    # A clean entry is replaced, never merged: it is not provisional.
+    assert quiet_timing.merge({"openblas": 1.0}, {"openblas": 2.0}, False) == {"openblas": 2.0}
+
+
+def test_a_provisional_path_time_is_measured_again_once_per_process(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path) -> None:  # noqa: ANN001
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "now")
+    monkeypatch.setattr(blas, "_choices", None)
+    monkeypatch.setattr(blas, "_retried", set())
+    calls: list[int] = []
+    results = iter([({p: 9.0 for p in blas._candidates(False)}, True),
+                    ({p: 4.0 for p in blas._candidates(False)}, False)])
+
+    def fake_measure(*args: object) -> tuple[dict[str, float], bool]:
+        calls.append(1)
+        return next(results)
+    monkeypatch.setattr(blas, "_measure_all", fake_measure)
+    params = ("f32", 8, 8, 8, False, False, False)
+    assert set(blas.path_times(*params).values()) == {9.0}  # first measurement: all disturbed
+    monkeypatch.setattr(blas, "_retried", set())  # as a new process
+    assert set(blas.path_times(*params).values()) == {4.0}  # measured again, clean now
+    assert set(blas.path_times(*params).values()) == {4.0} and len(calls) == 2  # clean: kept
+
+
+def test_a_provisional_thread_time_is_measured_again(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(blas_threads, "_times", None)
+    monkeypatch.setattr(blas_threads, "_retried", set())
+    results = iter([({"t1": 2.0, "t0": 50.0}, True), ({"t1": 3.0, "t0": 1.2}, False)])
+    monkeypatch.setattr(blas_threads, "_measure", lambda *a: next(results))
+    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0
+    monkeypatch.setattr(blas_threads, "_retried", set())
+    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 1.2
+    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=1) == 2.0  # the faster of both
+
+
+def test_real_measurement_returns_every_path() -> None:
+    times, disturbed = blas._measure_all(blas._candidates(False), "f32", 16, 16, 16, False, False)
+    assert set(times) == set(blas._candidates(False)) and all(t > 0 for t in times.values())
+    assert isinstance(disturbed, bool)
