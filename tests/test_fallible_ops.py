@@ -167,3 +167,33 @@ def test_a_zero_divisor_of_no_division_is_no_error(device: str) -> None:
     assert_all_close(gir.jit(text, "f", device=device)(empty, v), [want])
     with pytest.raises(GirError, match="division by zero"):
         gir.jit(text, "f", device=device)(np.ones((1, 1, 2), np.int32), v)
+
+
+GATHER_AND_SCATTER = """\
+func @g(%a: tensor<3x2xf32>, %i: tensor<4xi32>) -> tensor<4x2xf32> {
+  return index(%a, %i)
+}
+func @s(%a: tensor<3x2xf32>, %i: tensor<4xi32>, %u: tensor<4x2xf32>) -> tensor<3x2xf32> {
+  return scatter_add(%a, %i, %u)
+}
+func @one(%a: tensor<3x2xf32>, %i: tensor<i32>) -> tensor<2xf32> {
+  return index(%a, %i)
+}
+"""
+
+
+@pytest.mark.parametrize(("entry", "index", "message"), [
+    ("g", [0, 2, 7, -1], "index 7 is out of range for a leading dim of 3"),
+    ("s", [1, -4, 0, 9], "scatter_add index -4 is out of range for a leading dim of 3"),
+    ("one", -2, "index -2 is out of range for a leading dim of 3"),
+], ids=["gather", "scatter", "scalar"])
+def test_the_cpu_names_the_index_out_of_range_as_the_interpreter_does(entry: str, index: object,
+                                                                        message: str) -> None:
+    a = np.ones((3, 2), np.float32)
+    args = [a, np.array(index, np.int32)] + ([np.ones((4, 2), np.float32)] if entry == "s" else [])
+    errors = []
+    for device in ("interp", "cpu"):
+        with pytest.raises(GirError, match=message) as info:
+            gir.jit(GATHER_AND_SCATTER, entry, device=device)(*args)
+        errors.append(str(info.value).splitlines()[0])
+    assert errors[0].replace(" at run time", "") == errors[1].replace(" at run time", ""), errors

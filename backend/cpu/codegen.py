@@ -279,15 +279,19 @@ class Lowering:
         n = ir.Constant(I64, nbytes) if isinstance(nbytes, int) else nbytes
         self.b.call(fn, [dst, src, n, ir.Constant(I1, 0)])
 
-    def flag_error(self, cond: ir.Value, message: str, op: Operation) -> None:
-        """If cond holds at run time, record the error (the runtime raises it after the call)."""
+    def flag_error(self, cond: ir.Value, message: str, op: Operation, value: ir.Value | None = None) -> None:
+        """If cond holds at run time, record the error (the runtime raises it after the call);
+        `value` (an i64), if given, replaces `{value}` in the message: the offending index."""
         self.layout.errors.append((message, op.loc))
         code = len(self.layout.errors)
         with self.b.if_then(cond, likely=False):
             p = self.b.gep(self.counters, [ir.Constant(I64, 2)], source_etype=I64)
             first = self.b.icmp_signed("==", self.b.load(p, typ=I64), ir.Constant(I64, 0))
             # The first error raised, as the interpreter stops at it (a gather's gradient would flag again).
-            self.b.store(self.b.select(first, ir.Constant(I64, code), self.b.load(p, typ=I64)), p)
+            with self.b.if_then(first):
+                self.b.store(ir.Constant(I64, code), p)
+                if value is not None:
+                    self.b.store(value, self.b.gep(self.counters, [ir.Constant(I64, 3)], source_etype=I64))
 
     def count(self, slot: int) -> None:
         p = self.b.gep(self.counters, [ir.Constant(I64, slot)], source_etype=I64)
@@ -601,7 +605,9 @@ def lower_index(low: Lowering, op: Operation) -> None:
     k = low.b.sext(k, I64) if k.type != I64 else k
     n = ir.Constant(I64, shape[0])
     bad = low.b.or_(low.b.icmp_signed("<", k, ir.Constant(I64, 0)), low.b.icmp_signed(">=", k, n))
-    low.flag_error(bad, f"'index' out of range for a leading dim of {shape[0]}", op)  # and read row 0 instead
+    # as the interpreter words it (ir/ops.py), and reads row 0 instead
+    low.flag_error(bad, f"'index' failed at run time: index {{value}} is out of range for a leading dim of {shape[0]}",
+                   op, k)
     k = low.b.select(bad, ir.Constant(I64, 0), k)
     row = math.prod(shape[1:])
     low.alias(op.result, x, low.elem_ptr(low.ptr[x], t.dtype, low.b.mul(k, ir.Constant(I64, row))))

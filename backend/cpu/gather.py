@@ -30,7 +30,8 @@ def _row_index(low: Lowering, i: Value, n: ir.Value, rows: int, op: Operation, w
     k = low.load(low.ptr[i], i.tensor_type.dtype, n)
     k = low.b.sext(k, I64) if k.type != I64 else k
     bad = low.b.or_(low.b.icmp_signed("<", k, ir.Constant(I64, 0)), low.b.icmp_signed(">=", k, ir.Constant(I64, rows)))
-    low.flag_error(bad, f"'{op.name}' {what} out of range for a leading dim of {rows}", op)
+    low.flag_error(bad, f"'{op.name}' failed at run time: {what} {{value}} is out of range for a leading dim of {rows}",
+                   op, k)  # worded as the interpreter's error
     return low.b.select(bad, ir.Constant(I64, 0), k)
 
 
@@ -63,7 +64,7 @@ def lower_scatter_add(low: Lowering, op: Operation) -> None:
     _memmove(low, out, low.ptr[base], (t.nbytes() or 0))
     add = Scalar(low, op, t.dtype)
     with low.for_range(math.prod(_static(i.tensor_type, op)), "s") as n:
-        k = _row_index(low, i, n, shape[0], op, "index")
+        k = _row_index(low, i, n, shape[0], op, "scatter_add index")
         dst = low.b.mul(k, ir.Constant(I64, row))
         src = low.b.mul(n, ir.Constant(I64, row))
         with low.for_range(row, "c") as j:

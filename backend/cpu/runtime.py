@@ -402,7 +402,8 @@ class CPUFunction:
         seconds = time.perf_counter() - start
         if counters[2]:
             message, loc = self.layout.errors[int(counters[2]) - 1]
-            raise GirError(f"{message} at run time", loc)  # type: ignore[arg-type]
+            message = message.replace("{value}", str(int(counters[3])))  # the offending index (flag_error)
+            raise GirError(message if "at run time" in message else f"{message} at run time", loc)  # type: ignore[arg-type]
         paths: dict[str, int] = {}
         for g in self.layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
@@ -419,7 +420,8 @@ class Workspace:
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
         self.counters = np.zeros(8, np.int64)
-        """GEMM calls, pack calls, the error code (layout.errors[code - 1]), unused, and the
+        """GEMM calls, pack calls, the error code (layout.errors[code - 1]), the value its message
+        names (an index out of range), and the
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
         worker's GEMM calls."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
@@ -453,7 +455,7 @@ def target_key() -> tuple:
             os.environ.get("GIR_CPU_OVERLAP", ""), opt_level())
 
 
-_CODEGEN_VERSION = "13"
+_CODEGEN_VERSION = "14"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
