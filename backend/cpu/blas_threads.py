@@ -106,11 +106,11 @@ def seconds(family: str, m: int, n: int, k: int, ta: bool, tb: bool, threads: in
     provisional = times.get(f"{key} {quiet_timing.DISTURBED}") and key not in _retried
     if f"{key} t1" not in times or provisional:
         _retried.add(key)  # a disturbed measurement is repeated once per process
-        old = {name: times[f"{key} {name}"] for name in ("t1", "t0", quiet_timing.DISTURBED)
-               if f"{key} {name}" in times}
+        old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED)
+               if f"{key} {part}" in times}
         entry = quiet_timing.merge(old or None, *_measure(family, m, n, k, ta, tb))
         times.pop(f"{key} {quiet_timing.DISTURBED}", None)
-        times.update({f"{key} {name}": value for name, value in entry.items()})
+        times.update({f"{key} {part}": value for part, value in entry.items()})
         _save()
     return times[f"{key} t{1 if threads == 1 else 0}"]
 
