@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,12 +104,16 @@ class _FunctionEmitter:
         finally:
             self.loc_override = saved
 
-    def op(self, name: str, operands: list[Value], tok: Token | None, **kw: Any) -> Operation:
+    def op(self, name: str, operands: list[Value], tok: Token | None, attrs: dict[str, Any] | None = None,
+           regions: list[Region] | None = None, declared: Sequence[TensorType] | None = None,
+           segments: tuple[int, ...] = (), result_names: list[str] | None = None) -> Operation:
+        """Makes an op (make_op's arguments) at tok, or at the written loc(...) around it, and
+        appends it to the current block."""
         if self.loc_override is None and tok is not None:  # self.loc(tok), inlined: once per op
             loc = Location(self.filename, tok.line or 0, tok.column or 0)
         else:
             loc = self.loc(tok)
-        op = make_op(name, operands, loc=loc, **kw)
+        op = make_op(name, operands, attrs, regions or (), loc, declared, segments, result_names or ())
         checked = self.checked_types
         for r in op.results:
             t = r.type
@@ -314,8 +318,7 @@ class _FunctionEmitter:
                 raise GirTypeError(f"'{name}' takes no literal", self.loc(g.name))
             attrs = {**attrs, "value": g.literal}
         values = [self.lookup(v) for v in g.operands]
-        kw: dict[str, Any] = {"attrs": attrs, "declared": g.types}
-        return self.op(name, values, g.name, **kw).results
+        return self.op(name, values, g.name, attrs=attrs, declared=g.types).results
 
     def call(self, tok: Token, fname: Token, args: list[Value], types: ast.Types | None) -> list[Value]:
         callee = self.signatures.get(str(fname)[1:])

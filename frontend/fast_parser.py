@@ -97,26 +97,30 @@ class FastParser:
         keywords = lexer.keywords
         line, line_start, end = 1, 0, 0
         for m in lexer.skipping_regex.finditer(text):
-            if m.start() != end:  # characters no terminal matches: Lark reports them
-                raise Fallback
             kind = m.lastgroup
-            start, end = m.span(kind)
-            if start != m.start():  # whitespace and comments skipped; only whitespace holds newlines
-                newlines = text.count("\n", m.start(), start)
+            start, stop = m.span(kind)
+            if start != end:  # whitespace or comments skipped (only whitespace holds newlines)
+                if m.start() != end:  # or characters no terminal matches: Lark reports them
+                    raise Fallback
+                newlines = text.count("\n", end, start)
                 if newlines:
                     line += newlines
-                    line_start = text.rfind("\n", 0, start) + 1
+                    line_start = text.rfind("\n", end, start) + 1
+            end = stop
             value = m.group(kind)
             if kind == "NAME":
                 if value in keywords:
                     kind = value
             elif kind == "PUNCT":
                 kind = value
+            elif kind == "TYPES" and "\n" in value:  # `: tensor<f32>,\n tensor<f32>`
+                kinds.append(kind)
+                toks.append((value, start, line, start - line_start + 1))
+                line += value.count("\n")
+                line_start = text.rfind("\n", start, stop) + 1
+                continue
             kinds.append(kind)
             toks.append((value, start, line, start - line_start + 1))
-            if kind == "TYPES" and "\n" in value:  # `: tensor<f32>,\n tensor<f32>`
-                line += value.count("\n")
-                line_start = text.rfind("\n", 0, end) + 1
         if not kinds or kinds[-1] != "END":
             raise Fallback
 
@@ -160,8 +164,19 @@ class FastParser:
         return items
 
     def value_list(self) -> tuple[Token, ...]:
-        """value_list / operands / targets: `%a, %b`."""
-        return tuple(self.separated(lambda: self.take("VALUE"), _VALUE))
+        """value_list / operands / targets: `%a, %b` (`separated`, unrolled: a third of SSA tokens)."""
+        kinds, toks, i = self.kinds, self.toks, self.i
+        if kinds[i] != "VALUE":
+            return ()
+        values = [_token("VALUE", *toks[i])]
+        i += 1
+        while kinds[i] == ",":
+            if kinds[i + 1] != "VALUE":
+                raise Fallback
+            values.append(_token("VALUE", *toks[i + 1]))
+            i += 2
+        self.i = i
+        return tuple(values)
 
     def opt_loc(self) -> Location | None:
         """`loc?`: `loc("file":line:col)`, read as the transformer reads it."""
@@ -482,7 +497,7 @@ class FastParser:
         kind = self.kinds[i]
         if kind == "VALUE":  # the common case first
             self.i = i + 1
-            return ast.Name(self.tok(i))
+            return ast.Name(_token("VALUE", *self.toks[i]))
         if kind == "-":
             self.i = i + 1
             return ast.Neg(self.tok(i), self.unary())

@@ -45,9 +45,14 @@ class GirLexer(Lexer):
         # frontend/fast_parser.py reads the same terminals with whitespace and comments skipped
         # in front of each token (possessively: a comment is never given back and read as '/').
         # `END` matches the empty end of the text, so the last match tells that all was read.
+        # The most frequent terminals are tried first; this changes no match, as each of them
+        # starts with a character no other terminal starts with (`%`, `@` then a letter, and
+        # punctuation; FUNC_NAME stays before `@`).
         skip = "|".join(regexes[n] for n in _IGNORED)
-        tokens = "|".join(p for p, n in zip(parts, names) if n not in _IGNORED)
-        self.skipping_regex = re.compile(f"(?:{skip})*+(?:{tokens}|(?P<PUNCT>{punct})|(?P<END>\\Z))")
+        first = ("VALUE", "FUNC_NAME")
+        tokens = "|".join([p for p, n in zip(parts, names) if n in first] + [f"(?P<PUNCT>{punct})"]
+                          + [p for p, n in zip(parts, names) if n not in first and n not in _IGNORED])
+        self.skipping_regex = re.compile(f"(?:{skip})*+(?:{tokens}|(?P<END>\\Z))")
 
     def lex(self, lexer_state: LexerState, parser_state: Any) -> Iterator[Token]:
         text = lexer_state.text.text
