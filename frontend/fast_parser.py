@@ -1,21 +1,24 @@
 """A hand-written recursive-descent parser for valid gir text: the same AST as the Lark parser,
 several times faster.
 
-Why two parsers: Lark's LALR driver and its tree-builder callbacks cost ~8 µs a token
-(0.36 s for the ~46k tokens of a 25,000-op program, bench/parse_scale.py); this parser costs
-a fraction of that. Lark stays the specification (grammar.lark) and the only source of
-diagnostics: on anything this parser does not take -- a syntax error, a literal too large, a
-parameter with two types, nesting too deep for Python's stack -- it raises `Fallback`, and
-`parser.parse_ast()` parses the text again with Lark, which reports the error exactly as before
-(or, should this parser have missed a valid form, builds the AST after all, only slower).
+Why two parsers: Lark's LALR driver and its tree-builder callbacks cost ~7 µs a token (0.33 s
+for the ~46k tokens of bench/passes_scale.py's 25,000-op program, 1.0 s for the 158k of
+bench/parse_scale.py's); this parser takes a third of that (bench/parse_ab.py). Lark stays
+the specification (grammar.lark) and the only source of diagnostics: on anything this parser
+does not take -- a syntax error, a literal too large, a parameter with two types, nesting too
+deep for Python's stack -- it raises `Fallback`, and `parser.parse_ast()` parses the text again
+with Lark, which reports the error exactly as before (or, should this parser have missed a
+valid form, builds the AST after all, only slower).
 
 How they are kept equal:
 - the tokens come from the same terminal definitions: `GirLexer.skipping_regex` is built from
-  the grammar's terminals in the lexer's order, keywords mapped as the lexer maps them;
+  the grammar's terminals, tried so that each match is the lexer's, keywords mapped as the
+  lexer maps them;
 - AST nodes hold `lark.Token`s with the same type, text, offset, line and column;
 - tests/test_fast_parser.py compares the two ASTs, tokens' positions included, on every
-  example, every .gir under tests/, the bench programs, the fuzz generators and mutated
-  programs (which must either give the same AST or fall back).
+  example and docs block (as written and printed), every FileCheck case, the bench programs,
+  the fuzz generator's programs and mutated programs (which must either give the same AST or
+  be rejected by both).
 
 Each method below parses one rule of grammar.lark (named in its docstring) and returns what
 the transformer `parser._ToAst` returns for it. `GIR_PARSER=lark` switches this parser off.
