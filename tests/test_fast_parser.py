@@ -21,6 +21,8 @@ import pytest
 from gir.frontend import parser as parser_module
 from gir.frontend.fast_parser import Fallback, FastParser
 from gir.frontend.parser import _parser
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lark import Token
 
 ROOT = Path(gir.__file__).resolve().parent
@@ -182,6 +184,24 @@ EDGES = [
 @pytest.mark.parametrize("text", EDGES, ids=range(len(EDGES)))
 def test_edge_cases(text: str) -> None:
     check(text)
+
+
+PIECES = ["func", "@f", "@g", "(", ")", "{", "}", "[", "]", ",", "=", "->", "+", "-", "*", "/", "@", "%x", "%y",
+          "%1", "tensor<4xf32>", "tensor<?x2xi1>", ": tensor<f32>", ":tensor<f32>,\ntensor<i32>", "return",
+          "yield", "stack", "scan", "for", "in", "carry", "reverse", "length", "fused", "call", "grad", "wrt",
+          "collect", "into", "true", "false", "inf", "nan", "tanh", "sum", "axis", "0", "12", "1.5", "2e3", "1.",
+          '"s"', 'loc("a.gir":1:2)', "// c\n", "//", "\n", " ", "\t", "\r\n", "#", "é", "loc", "tensor"]
+PROGRAM = ("func @f(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {\n  %a = tanh(%x) + %y * 2.0\n"
+           "  %b = add %a, %x : tensor<4xf32>\n  return %b\n}\n")
+
+
+@settings(derandomize=True, deadline=None, max_examples=400, database=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=40), st.integers(0, len(PROGRAM)), st.booleans())
+def test_token_soup_spliced_into_a_program(pieces: list[str], at: int, spaced: bool) -> None:
+    """Random runs of the grammar's words, glued or spaced, inserted into a valid program:
+    the parsers agree on each (almost all are errors; the empty run and a few others parse)."""
+    soup = (" " if spaced else "").join(pieces)
+    check(PROGRAM[:at] + soup + PROGRAM[at:])
 
 
 def test_nesting_too_deep_for_recursion_falls_back() -> None:
