@@ -4,9 +4,11 @@ Generates SSA-form programs of about 1k, 10k, 25k and 100k ops, one op per line 
 types, as the printer prints them (elementwise ops and matmuls over 8x8 f32 values), and
 reports, median of 3:
 
-- parse: `gir.parse(text)`, everything: the Lark LALR parse (with the one-regex lexer of
-  frontend/lexer.py and the transformer that builds the typed AST), emitting IR, verifying;
-- its parts: Lark parse alone, emit alone (AST -> IR), verify alone;
+- parse: `gir.parse(text)`, everything: text to the typed AST (the hand-written parser of
+  frontend/fast_parser.py; Lark only for text it declines), emitting IR, verifying;
+- its parts: text to AST alone (`parse_ast`), the Lark LALR parse alone (with the one-regex
+  lexer of frontend/lexer.py and the transformer that builds the same AST; what `GIR_PARSER=lark`
+  uses), emit alone (AST -> IR), verify alone;
 - print: `print_module` of the parsed module.
 
 GC is disabled while the IR is built (as `gir.parse` does); verify and print run with GC on.
@@ -26,7 +28,7 @@ from collections.abc import Callable
 
 import gir
 from gir.frontend.emitter import emit_module
-from gir.frontend.parser import _parser
+from gir.frontend.parser import _parser, parse_ast
 from gir.ir.printer import print_module
 from gir.ir.verifier import verify
 
@@ -68,7 +70,7 @@ def median_time(fn: Callable[[], object], repeat: int, gc_off: bool = False) -> 
 
 
 def measure(n: int, repeat: int) -> tuple[float, ...]:
-    """CPU seconds of (parse, lark, emit, verify, print), then parse wall-clock seconds; medians."""
+    """CPU seconds of (parse, AST, lark, emit, verify, print), then parse wall-clock seconds; medians."""
     parser = _parser()  # built once, outside the timings
     text = program(n)
     module = gir.parse(text)
@@ -77,6 +79,7 @@ def measure(n: int, repeat: int) -> tuple[float, ...]:
     funcs = parser.parse(text)
     parse_cpu, parse_wall = median_time(lambda: gir.parse(text), repeat)
     return (parse_cpu,
+            median_time(lambda: parse_ast(text), repeat, gc_off=True)[0],
             median_time(lambda: parser.parse(text), repeat, gc_off=True)[0],
             median_time(lambda: emit_module(funcs, "<bench>"), repeat, gc_off=True)[0],
             median_time(lambda: verify(module), repeat)[0],
@@ -89,12 +92,12 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000,25000,100000", help="op counts, comma-separated")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    print(f"{'N ops':>8} {'parse s':>8} {'lark s':>8} {'emit s':>8} {'verify s':>8} {'print s':>8} "
+    print(f"{'N ops':>8} {'parse s':>8} {'AST s':>8} {'lark s':>8} {'emit s':>8} {'verify s':>8} {'print s':>8} "
           f"{'parse wall':>10} {'parse s/1k':>10} {'print s/1k':>10}")
     for n in (int(s) for s in args.sizes.split(",")):
-        t_parse, t_lark, t_emit, t_verify, t_print, wall = measure(n, args.repeat)
+        t_parse, t_ast, t_lark, t_emit, t_verify, t_print, wall = measure(n, args.repeat)
         k = n / 1000
-        print(f"{n:8d} {t_parse:8.3f} {t_lark:8.3f} {t_emit:8.3f} {t_verify:8.3f} {t_print:8.3f} "
+        print(f"{n:8d} {t_parse:8.3f} {t_ast:8.3f} {t_lark:8.3f} {t_emit:8.3f} {t_verify:8.3f} {t_print:8.3f} "
               f"{wall:10.3f} {t_parse / k:10.4f} {t_print / k:10.4f}", flush=True)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +84,8 @@ class _FunctionEmitter:
         self.loc_override: Location | None = None
         self.left_scope: dict[str, Value] = {}
         """Names local to a loop body that has ended, for the error on a use after it."""
+        self.checked_types: set[Any] = set()
+        """Result types `_check_type` has passed, as (shape, dtype): a program has few."""
 
     # -- helpers ----------------------------------------------------------------------------
     def loc(self, tok: Token | None) -> Location:
@@ -91,7 +93,7 @@ class _FunctionEmitter:
             return self.loc_override
         if tok is None:
             return self.function.loc
-        return _tok_loc(self.filename, tok)
+        return Location(self.filename, tok.line or 0, tok.column or 0)
 
     @contextmanager
     def located(self, loc: Location | None) -> Iterator[None]:
@@ -102,10 +104,23 @@ class _FunctionEmitter:
         finally:
             self.loc_override = saved
 
-    def op(self, name: str, operands: list[Value], tok: Token | None, **kw: Any) -> Operation:
-        op = make_op(name, operands, loc=self.loc(tok), **kw)
+    def op(self, name: str, operands: list[Value], tok: Token | None, attrs: dict[str, Any] | None = None,
+           regions: list[Region] | None = None, declared: Sequence[TensorType] | None = None,
+           segments: tuple[int, ...] = (), result_names: list[str] | None = None) -> Operation:
+        """Makes an op (make_op's arguments) at tok, or at the written loc(...) around it, and
+        appends it to the current block."""
+        if self.loc_override is None and tok is not None:  # self.loc(tok), inlined: once per op
+            loc = Location(self.filename, tok.line or 0, tok.column or 0)
+        else:
+            loc = self.loc(tok)
+        op = make_op(name, operands, attrs, regions or (), loc, declared, segments, result_names or ())
+        checked = self.checked_types
         for r in op.results:
-            _check_type(r.type, op.loc)
+            t = r.type
+            key = (t.shape, t.dtype) if type(t) is TensorType else t  # hashed in C, not by the dataclass
+            if key not in checked:
+                _check_type(t, op.loc)
+                checked.add(key)
         self.block.append(op)
         return op
 
@@ -200,8 +215,11 @@ class _FunctionEmitter:
                 self.collect(s)
 
     def assign(self, s: ast.Assign) -> None:
-        with self.located(s.loc):
+        if s.loc is None and self.loc_override is None:  # the common case, without a context manager
             values = self.rhs(s.value, len(s.targets))
+        else:
+            with self.located(s.loc):
+                values = self.rhs(s.value, len(s.targets))
         if len(values) != len(s.targets):
             raise GirTypeError(f"{len(s.targets)} name(s) on the left but {len(values)} value(s) on the right",
                                self.loc(s.targets[0]))
@@ -300,8 +318,7 @@ class _FunctionEmitter:
                 raise GirTypeError(f"'{name}' takes no literal", self.loc(g.name))
             attrs = {**attrs, "value": g.literal}
         values = [self.lookup(v) for v in g.operands]
-        kw: dict[str, Any] = {"attrs": attrs, "declared": g.types}
-        return self.op(name, values, g.name, **kw).results
+        return self.op(name, values, g.name, attrs=attrs, declared=g.types).results
 
     def call(self, tok: Token, fname: Token, args: list[Value], types: ast.Types | None) -> list[Value]:
         callee = self.signatures.get(str(fname)[1:])
@@ -447,6 +464,8 @@ class _FunctionEmitter:
         operand that only takes integers, like index's) is i64 and lends no dtype to the others."""
         values: list[Value | None] = [e if isinstance(e, Value) else None if _is_literal(e) else self.expr(e)
                                       for e in exprs]
+        if None not in values:  # no literals (the common case): nothing to give a dtype
+            return values  # type: ignore[return-value]
         dtypes = [v.tensor_type.dtype for i, v in enumerate(values) if i >= skip and i not in integer
                   and v is not None and isinstance(v.type, TensorType)]
         dtype = dtypes[0] if dtypes else None
@@ -468,7 +487,7 @@ class _FunctionEmitter:
         if tok is not None and isinstance(value, float) and math.isinf(value):
             # Written with digits (`1e400`), not as `inf` (which has no token): past f64's range.
             raise GirTypeError(f"the literal does not fit {dtype} (write inf for an infinity)", self.loc(tok))
-        return self.op("constant", [], tok, attrs={"value": value}, declared=[TensorType((), dtype)]).result
+        return self.op("constant", [], tok, attrs={"value": value}, declared=[_SCALARS[dtype]]).result
 
     def builtin(self, e: ast.Builtin) -> Value:
         name = str(e.name)
@@ -514,6 +533,7 @@ class _FunctionEmitter:
 
 
 _DTYPE_NAMES = ("f32", "f64", "i32", "i64", "i1")
+_SCALARS = {dtype: TensorType((), dtype) for dtype in _DTYPE_NAMES}
 
 
 def _is_literal(e: ast.Expr) -> bool:

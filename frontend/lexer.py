@@ -39,8 +39,20 @@ class GirLexer(Lexer):
         self.keywords = {s: name for s, name in strings.items() if s[0].isalpha()}
         self.punct = {s: name for s, name in strings.items() if not s[0].isalpha()}
         punct = "|".join(re.escape(s) for s in sorted(self.punct, key=len, reverse=True))
-        parts = [f"(?P<{n}>{regexes[n]})" for n in _REGEX_ORDER if n in regexes]
+        names = [n for n in _REGEX_ORDER if n in regexes]
+        parts = [f"(?P<{n}>{regexes[n]})" for n in names]
         self.regex = re.compile("|".join(parts) + f"|(?P<PUNCT>{punct})")
+        # frontend/fast_parser.py reads the same terminals with whitespace and comments skipped
+        # in front of each token (possessively: a comment is never given back and read as '/').
+        # `END` matches the empty end of the text, so the last match tells that all was read.
+        # The most frequent terminals are tried first; this changes no match, as each of them
+        # starts with a character no other terminal starts with (`%`, `@` then a letter, and
+        # punctuation; FUNC_NAME stays before `@`).
+        skip = "|".join(regexes[n] for n in _IGNORED)
+        first = ("VALUE", "FUNC_NAME")
+        tokens = "|".join([p for p, n in zip(parts, names) if n in first] + [f"(?P<PUNCT>{punct})"]
+                          + [p for p, n in zip(parts, names) if n not in first and n not in _IGNORED])
+        self.skipping_regex = re.compile(f"(?:{skip})*+(?:{tokens}|(?P<END>\\Z))")
 
     def lex(self, lexer_state: LexerState, parser_state: Any) -> Iterator[Token]:
         text = lexer_state.text.text

@@ -29,6 +29,7 @@ from ..errors import GirArgumentError, GirSyntaxError, Location, remember_source
 from ..ir.core import Module
 from ..ir.types import parse_type
 from . import ast
+from .fast_parser import FastParser
 from .hints import numpy_hint
 from .lexer import GirLexer
 
@@ -396,9 +397,17 @@ def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxErro
 
 
 def parse_ast(text: str, filename: str = "<string>") -> list[ast.Func]:
-    """The functions of gir text as AST nodes; a syntax error names `filename`."""
+    """The functions of gir text as AST nodes; a syntax error names `filename`. The hand-written
+    parser of fast_parser.py reads valid text; anything it does not take, Lark parses again (and
+    reports). `GIR_PARSER=lark` makes Lark parse everything."""
+    parser = _parser()
+    if os.environ.get("GIR_PARSER") != "lark":
+        try:
+            return FastParser(text, parser.parser.lexer).parse()
+        except Exception:  # noqa: BLE001 - Fallback, or nesting too deep for recursion: Lark decides
+            pass
     try:
-        return _parser().parse(text)
+        return parser.parse(text)
     except UnexpectedInput as e:
         raise _syntax_error(e, filename, text) from None
     except _TokenError as e:
