@@ -19,6 +19,7 @@ import numpy as np
 from .. import timing
 from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError, creating, did_you_mean
 from ..ir.core import Module
+from ..ir.gcpause import gc_paused
 from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
 from ..ir.verifier import verify
@@ -112,6 +113,9 @@ class DebugOptions:
     run reached a fixpoint: it would find nothing to do."""
     input_text: str | None = None
     """The text the module was parsed from, unchanged since (saves printing it for reproducers)."""
+    input_verified: bool = False
+    """The caller verified the module just now, unchanged since (the parser verifies what it
+    builds): `run` does not verify it again before the first pass."""
     reparse: Callable[[str], Module] | None = None
     """Text -> Module (the parser, which passes/ does not import): given, a reproducer is made
     by replaying the passes on the input printed once, instead of printing before every pass."""
@@ -157,9 +161,13 @@ class PassManager:
             raise GirArgumentError(f"--dump-dir: cannot write {path}: {e.strerror or e}") from None
 
     def run(self, module: Module, analyses: Analyses | None = None) -> Report:
+        with gc_paused():  # ir/gcpause.py: the collector would rescan the whole IR, for nothing
+            return self._run_all(module, analyses)
+
+    def _run_all(self, module: Module, analyses: Analyses | None) -> Report:
         d = self.debug
         report = Report(analyses=analyses if analyses is not None else Analyses())
-        if d.verify_each:
+        if d.verify_each and not d.input_verified:
             verify(module)  # an invalid input is its own error (GirVerifyError), not the first pass's
         self._dump(0, "input", module)
         numerics = _Numerics(module, d.check_numerics) if d.check_numerics is not None else None

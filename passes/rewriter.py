@@ -133,7 +133,7 @@ class Rewriter:
 
     def erase(self, op: Operation) -> None:
         """Erases op (and its regions); operands whose definers may now be dead go on the worklist."""
-        n = sum(1 for _ in op.walk())
+        n = 1 + sum(region.block.num_ops() for region in op.regions)
         if self.worklist is not None:
             for v in op.operands:
                 owner = v.defining_op
