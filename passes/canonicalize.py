@@ -387,6 +387,8 @@ def _live_carries(parts: ScanParts) -> set[int]:
     body = parts.op.body
     arg_index = {c.arg: i for i, c in enumerate(parts.carries)}
     live: set[int] = {i for i, c in enumerate(parts.carries) if c.result is not None and c.result.uses}
+    if len(live) == len(parts.carries):
+        return live  # all used after the loop: nothing to find
     roots = [s.yielded for s in parts.stacks if s.result is not None and s.result.uses]
     for op in body:
         if (not op.spec.pure and not op.spec.terminator) or fails_at_run_time(op):

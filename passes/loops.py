@@ -53,11 +53,12 @@ def scan_parts(op: Operation) -> ScanParts:
     """The pieces of scan `op`, read through its loop view, as lists a pass may edit."""
     view = LoopView(op)
     assert view.is_scan, f"{op.name} has no carries: not a scan"
+    g = view.groups()
     return ScanParts(
         op,
-        [Sequence(outer, arg) for outer, arg in zip(view.sequences, view.element_args)],
-        [Carry(c.init, c.arg, c.yielded, c.result) for c in view.carries],
-        [Stack(v, r) for v, r in zip(view.yielded_stacks, view.stacked_results)],
+        [Sequence(outer, arg) for outer, arg in zip(g.sequences, g.element_args)],
+        [Carry(*c) for c in zip(g.inits, g.carry_args, g.yielded_carries, g.final_carries)],
+        [Stack(v, r) for v, r in zip(g.yielded_stacks, g.stacked_results)],
     )
 
 
