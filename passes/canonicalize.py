@@ -505,13 +505,16 @@ class ScanHoistInvariants(Pattern):
 
 
 def _cse_key(op: Operation) -> tuple | None:
-    if op.regions or not op.spec.pure or op.spec.terminator or op.spec.interprocedural:
+    spec = op.spec
+    if op.regions or not spec.pure or spec.terminator or spec.interprocedural:
         return None
     operands = [id(v) for v in op.operands]
-    if op.spec.commutative:
+    if spec.commutative:
         operands.sort()
     attrs = op.attrs
-    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), tuple(r.type for r in op.results))
+    results = op.results
+    types = (results[0].type,) if len(results) == 1 else tuple(r.type for r in results)
+    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), types)
 
 
 def _freeze(x: Any) -> Any:
@@ -539,7 +542,7 @@ def cse(function: Function, rw: Rewriter) -> bool:
             key = _cse_key(op)
             if key is not None:
                 stats.tried += 1
-                found = next((s[key] for s in reversed(scopes) if key in s), None)
+                found = _lookup(scopes, key)
                 if found is not None:
                     for old, new in zip(op.results, found.results):
                         if old.name_hint and not new.name_hint:
@@ -556,6 +559,15 @@ def cse(function: Function, rw: Rewriter) -> bool:
     walk(function.body)
     stats.seconds += time.perf_counter() - start
     return changed
+
+
+def _lookup(scopes: list[dict[tuple, Operation]], key: tuple) -> Operation | None:
+    """The op of the innermost scope that has key, or None."""
+    for scope in reversed(scopes):
+        found = scope.get(key)
+        if found is not None:
+            return found
+    return None
 
 
 def canonicalization_patterns() -> list[Pattern]:
