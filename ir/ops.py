@@ -95,16 +95,18 @@ def _infer_key(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared:
         v = _attr_key(value)
         if v is None:
             return None
-        frozen.append((name, v))
+        frozen.append(name)
+        frozen.append(v)
     return (spec.name, tuple(types), tuple(frozen), None if declared is None else tuple(declared), segments)
 
 
 def _attr_key(value: Any) -> Any:
     """A hashable stand-in equal only for attribute values no type rule tells apart: the type is
     part of it (1, 1.0 and True hash alike), a float's repr keeps -0.0 apart from 0.0."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return (type(value), value)
-    if isinstance(value, float):
+    kind = type(value)
+    if kind is bool or kind is int or kind is str or value is None:
+        return (kind, value)
+    if kind is float:
         return (float, repr(value))
     if isinstance(value, (list, tuple)) and len(value) <= _ATTR_LIST_LIMIT:
         items = tuple(_attr_key(v) for v in value)
