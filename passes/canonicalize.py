@@ -29,7 +29,7 @@ from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, splat_value
 from ..ir.spec import fails_at_run_time
 from .base import Pass
-from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts
+from .loops import ScanParts, append_stack, is_defined_inside, rebuild_scan, scan_parts
 from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
 
 FOLD_LIMIT = 1024
@@ -367,6 +367,10 @@ class ScanDropUnused(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        g = LoopView(op).groups()
+        if all(r.uses for r in g.stacked_results) and all(r.uses for r in g.final_carries) \
+                and all(a.uses for a in g.element_args):
+            return False  # every piece is used: nothing to drop (the common case, checked cheaply)
         parts = scan_parts(op)
         stacks = [s for s in parts.stacks if s.result is not None and s.result.uses]
         live_carries = _live_carries(parts)
@@ -418,6 +422,9 @@ class ScanForwardInvariantCarries(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        g = LoopView(op).groups()
+        if not any(y is a for y, a in zip(g.yielded_carries, g.carry_args)):
+            return False
         parts = scan_parts(op)
         invariant = [c for c in parts.carries if c.yielded is c.arg]
         if not invariant:
@@ -439,6 +446,9 @@ class ScanMergeDuplicateStacks(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        yielded = LoopView(op).yielded_stacks
+        if len(set(yielded)) == len(yielded):
+            return False  # no value is stacked twice
         parts = scan_parts(op)
         first: dict[Value, Any] = {}
         changed = False
@@ -488,18 +498,17 @@ class ScanHoistInvariants(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        inside = defined_inside(op)
         hoisted = False
         runs = (LoopView(op).trip_count or 0) > 0
         for inner in op.body:
-            if inner.regions or not inner.spec.pure or inner.spec.terminator or inner.spec.interprocedural:
+            spec = inner.spec
+            if inner.regions or not spec.pure or spec.terminator or spec.interprocedural:
                 continue
             if not runs and fails_at_run_time(inner):
                 continue  # out of a loop that may run no step, it would fail where the loop does not
-            if any(v in inside for v in inner.operands):
+            if any(is_defined_inside(v, op) for v in inner.operands):
                 continue
-            rw.move_before(inner, op)
-            inside.difference_update(inner.results)
+            rw.move_before(inner, op)  # its results are outside now, for the ops after it
             hoisted = True
         return hoisted
 

@@ -146,3 +146,18 @@ def defined_inside(op: Operation) -> set[Value]:
             for r in inner.regions:
                 out.update(r.block.args)
     return out
+
+
+def is_defined_inside(v: Value, op: Operation) -> bool:
+    """v is in `defined_inside(op)`, found by walking out from where v is defined rather than
+    by collecting every value of op's body (a pattern tried on each scan asks for a few values)."""
+    owner = v.defining_op
+    block = owner.parent if owner is not None else v.defining_block
+    while block is not None:
+        parent = block.parent_op
+        if parent is op:
+            return True
+        if parent is None:
+            return False
+        block = parent.parent
+    return False
