@@ -182,6 +182,8 @@ class PassManager:
                 with timing.phase("print IR (reproducer input)"):
                     self._input = print_module(module)
         self._generation = 0
+        self._op_count: int | None = None
+        """The module's op count after the last pass: nothing changes the module between passes."""
         """Counts the passes that changed the IR so far."""
         self._fixpoints: dict[str, int] = {}
         """An idempotent pass (by spec) -> the generation its last run converged at."""
@@ -197,7 +199,7 @@ class PassManager:
         if self._snapshots:
             with timing.phase("print IR (reproducer snapshot)"):
                 self._snapshot = print_module(module)
-        ops_before = module.num_ops()
+        ops_before = self._op_count if self._op_count is not None else module.num_ops()
         stats = PassStatistics()
         p.analyses = report.analyses
         report.analyses.begin_pass()
@@ -222,7 +224,8 @@ class PassManager:
             err = GirPassError(f"pass '{p.name}' crashed: {type(e).__name__}: {e}")
             raise self._failed(p, module, index, err) from e
         seconds = time.perf_counter() - start
-        ops_after = module.num_ops()
+        ops_after = ops_before if skip else module.num_ops()
+        self._op_count = ops_after
         if changed:
             report.analyses.invalidate()
         if changed or ops_after != ops_before:
