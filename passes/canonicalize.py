@@ -281,9 +281,14 @@ class FoldConstants(Pattern):
         return "FoldConstants"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        consts = [d for v in op.operands if (d := v.defining_op) is not None and d.spec.category == "constant"]
-        if not op.operands or len(consts) != len(op.operands):
+        if not op.operands:
             return False
+        consts = []
+        for v in op.operands:  # bails out at the first operand that is not a constant (most ops)
+            d = v.defining_op
+            if d is None or d.spec.category != "constant":
+                return False
+            consts.append(d)
         t = op.result.tensor_type
         if not t.is_static:
             return False
@@ -347,8 +352,9 @@ class DeadCode(Pattern):
         return "DeadCode"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        if any(r.uses for r in op.results):
-            return False
+        for r in op.results:
+            if r.uses:
+                return False
         if op.regions and any(not inner.spec.pure and not inner.spec.terminator
                               for region in op.regions for inner in region.block.walk()):
             return False  # e.g. a pre-SSA loop that stores into an outer variable
