@@ -23,6 +23,7 @@ from .errors import GirArgumentError, GirError, Location, did_you_mean, source_t
 from .frontend.parser import decode_source, parse
 from .frontend.parser import load as load_file
 from .ir.core import Function, Module
+from .ir.gcpause import gc_paused, skip_final_collection
 from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
@@ -101,7 +102,7 @@ def entry_of(module: Module, name: str | None) -> Function:
     return module.functions[name]
 
 
-def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
+def pass_manager(args: argparse.Namespace, pipeline: str, input_verified: bool = False) -> PassManager:
     seed = getattr(args, "check_numerics", None)
     check_seed("--check-numerics", seed)
     return PassManager(
@@ -115,16 +116,17 @@ def pass_manager(args: argparse.Namespace, pipeline: str) -> PassManager:
         print_locations=getattr(args, "print_locations", False),
         dump_dir=getattr(args, "dump_dir", None),
         check_numerics=seed,
+        input_verified=input_verified,
         reproducer=True,
         reproducer_dir=getattr(args, "reproducer_dir", None),
         reparse=parse,
     )
 
 
-def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str) -> Report:
+def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str, input_verified: bool = False) -> Report:
     """Runs pipeline with the debugging flags on a module just loaded; the report carries the
-    analyses it left."""
-    pm = pass_manager(args, pipeline)
+    analyses it left. `input_verified`: the module is the parser's, unchanged (it verified it)."""
+    pm = pass_manager(args, pipeline, input_verified)
     pm.debug.input_text = source_text(module.filename)  # its reproducers replay from the file's text
     report = pm.run(module)
     if getattr(args, "timing", False):
@@ -149,8 +151,14 @@ def opt_pipeline(args: argparse.Namespace) -> str:
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
+    skip_final_collection()  # ir/gcpause.py: a short process building a large IR
+    with gc_paused():
+        return _opt(args)
+
+
+def _opt(args: argparse.Namespace) -> int:
     module = load(args.file)
-    report = run_pipeline(args, module, opt_pipeline(args))
+    report = run_pipeline(args, module, opt_pipeline(args), input_verified=True)
     if args.placement_report:
         from .passes.placement import placement_reports
 

@@ -180,7 +180,7 @@ class Operation:
         """This op and every op nested in its regions, in program order (pre-order)."""
         yield self
         for region in self.regions:
-            yield from region.block.walk()
+            yield from _walk_from(region.block.first)
 
     @property
     def parent_op(self) -> Operation | None:
@@ -249,8 +249,19 @@ class Block:
         return self.last
 
     def walk(self) -> Iterator[Operation]:
-        for op in self:
-            yield from op.walk()
+        """Every op of this block and, right after each, the ops nested in its regions."""
+        return _walk_from(self.first)
+
+    def num_ops(self) -> int:
+        """The number of ops in this block and in the regions of its ops, at any depth."""
+        n = 0
+        op = self.first
+        while op is not None:
+            n += 1
+            for region in op.regions:
+                n += region.block.num_ops()
+            op = op.next
+        return n
 
     # -- linked list ------------------------------------------------------------------------
     def _link(self, op: Operation, prev: Operation | None, nxt: Operation | None) -> None:
@@ -322,6 +333,24 @@ class Block:
             a.index = i
 
 
+def _walk_from(first: Operation | None) -> Iterator[Operation]:
+    """Pre-order walk from `first` along its block, into regions, without a generator per op
+    (a 25,000-op function is walked several times per pass). Like `Block.__iter__`, the next
+    op is read before an op is yielded, and an op's regions after: the caller may erase the
+    op it was given, or edit its body, and the walk goes on."""
+    stack: list[Operation | None] = [first]
+    while stack:
+        op = stack.pop()
+        if op is None:
+            continue
+        nxt = op.next
+        yield op
+        stack.append(nxt)
+        regions = op.regions
+        if regions:
+            stack.extend(region.block.first for region in reversed(regions))
+
+
 class Region:
     def __init__(self, block: Block | None = None):
         self.block = block if block is not None else Block()
@@ -384,7 +413,7 @@ class Function:
         return self.body.walk()
 
     def num_ops(self) -> int:
-        return sum(1 for _ in self.walk())
+        return self.body.num_ops()
 
     def clone(self) -> Function:
         """A copy of the function, locations and name hints included (not attached to a module)."""

@@ -35,6 +35,19 @@ class Carry(NamedTuple):
     result: OpResult
 
 
+class LoopGroups(NamedTuple):
+    """Every group of a loop at once (`LoopView.groups`), for a pass that reads them all."""
+
+    sequences: list[Value]
+    element_args: list[BlockArgument]
+    inits: list[Value]
+    carry_args: list[BlockArgument]
+    yielded_carries: list[Value]
+    yielded_stacks: list[Value]
+    final_carries: list[OpResult]
+    stacked_results: list[OpResult]
+
+
 class LoopView:
     """A typed view of a `scan` or `for` op (an op whose spec says `loop`).
 
@@ -126,6 +139,17 @@ class LoopView:
         return [Carry(*parts) for parts in zip(op.operands[n_seq : n_seq + n_carry],
                                                op.body.args[n_seq : n_seq + n_carry],
                                                self.yielded_carries, op.results[:n_carry])]
+
+    def groups(self) -> LoopGroups:
+        """All the groups, the sizes read once (a pass taking a scan apart reads every group;
+        the properties above each read the sizes again)."""
+        op = self.op
+        n_seq, n_carry = self._sizes()
+        end = n_seq + n_carry
+        args = op.body.args
+        term = self.yield_op
+        return LoopGroups(op.operands[:n_seq], args[:n_seq], op.operands[n_seq:end], args[n_seq:end],
+                          term.group("carries"), term.group("stacks"), op.results[:n_carry], op.results[n_carry:])
 
     @property
     def trip_count(self) -> Dim:

@@ -26,8 +26,8 @@ from .core import Operation, Region, Value
 from .spec import REGISTRY, REQUIRED, InferContext, Kernel, OpSpec, Reduction, ShapeError, register, view_source
 from .types import FLOAT_DTYPES, INT_DTYPES, Dim, TensorType, Type, VarType
 
-__all__ = ["REGISTRY", "REQUIRED", "InferContext", "Kernel", "OpSpec", "Reduction", "ShapeError", "make_op",
-           "register", "view_source"]
+__all__ = ["REGISTRY", "REQUIRED", "InferContext", "Kernel", "OpSpec", "Reduction", "ShapeError", "infer_types",
+           "make_op", "register", "view_source"]
 
 
 def make_op(
@@ -47,11 +47,10 @@ def make_op(
     if spec is None:
         raise GirTypeError(f"unknown op '{name}'", loc)
     attrs = normalize_attrs(spec, dict(attrs or {}), loc) if attrs or spec.attrs else {}
-    ctx = InferContext(spec, [v.type for v in operands], attrs, list(declared) if declared is not None else None,
-                       regions, segments)
     check_arity(spec, len(operands), segments, loc)
     try:
-        types = spec.infer(ctx)
+        types = infer_types(spec, [v.type for v in operands], attrs,
+                            list(declared) if declared is not None else None, regions, segments)
     except ShapeError as e:
         raise GirTypeError(f"'{name}': {e}", loc) from None
     if declared is not None and not declared_matches(types, declared):
@@ -59,6 +58,60 @@ def make_op(
         given = ", ".join(str(t) for t in declared)
         raise GirTypeError(f"'{name}' produces {shown or 'no results'} but the written type is {given}", loc)
     return Operation(name, operands, types, attrs, regions, loc, segments, result_names)
+
+
+_INFERRED: dict[tuple, list[Type]] = {}
+"""Result types by everything a type rule of an op without regions sees (`_infer_key`)."""
+_INFERRED_LIMIT = 1 << 16
+"""Entries kept at most: a program has few distinct (kind, types, attributes) combinations,
+so the memo stops growing, rather than evicting, past this many."""
+_ATTR_LIST_LIMIT = 64
+"""Attributes holding longer lists (a list literal) are not memoized: the key would cost what
+the rule does."""
+
+
+def infer_types(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
+                regions: Sequence[Region], segments: tuple[int, ...]) -> list[Type]:
+    """spec's result types for these operand types, attributes, declared types, regions and
+    segments (raises ShapeError). A type rule is a function of exactly these, so the types of
+    an op without regions are memoized: the parser, every pass's `make_op` and the verifier
+    after each pass infer the same few combinations tens of thousands of times at 25k ops."""
+    key = None if regions or spec.num_regions else _infer_key(spec, types, attrs, declared, segments)
+    if key is not None:
+        hit = _INFERRED.get(key)
+        if hit is not None:
+            return list(hit)
+    inferred = spec.infer(InferContext(spec, types, attrs, declared, regions, segments))
+    if key is not None and len(_INFERRED) < _INFERRED_LIMIT:
+        _INFERRED[key] = list(inferred)
+    return inferred
+
+
+def _infer_key(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
+               segments: tuple[int, ...]) -> tuple | None:
+    """A hashable key holding all a type rule sees, or None where an attribute has no cheap one."""
+    frozen: list[Any] = []
+    for name, value in attrs.items():
+        v = _attr_key(value)
+        if v is None:
+            return None
+        frozen.append(name)
+        frozen.append(v)
+    return (spec.name, tuple(types), tuple(frozen), None if declared is None else tuple(declared), segments)
+
+
+def _attr_key(value: Any) -> Any:
+    """A hashable stand-in equal only for attribute values no type rule tells apart: the type is
+    part of it (1, 1.0 and True hash alike), a float's repr keeps -0.0 apart from 0.0."""
+    kind = type(value)
+    if kind is bool or kind is int or kind is str or value is None:
+        return (kind, value)
+    if kind is float:
+        return (float, repr(value))
+    if isinstance(value, (list, tuple)) and len(value) <= _ATTR_LIST_LIMIT:
+        items = tuple(_attr_key(v) for v in value)
+        return None if None in items else (type(value), items)
+    return None
 
 
 def declared_matches(types: list[Type], declared: Sequence[TensorType]) -> bool:

@@ -186,9 +186,20 @@ class OpSpec:
         if n_variadic == 1:
             rest = n_operands - n_fixed
             return sum(rest if v else 1 for v in variadic[:i]), rest if variadic[i] else 1
-        it = iter(segments)
-        sizes = [next(it) if v else 1 for v in variadic]
-        return sum(sizes[:i]), sizes[i]
+        fixed_before, k = self._layout[i]  # the fixed operands before group i, and its segment
+        return fixed_before + sum(segments[:k]), segments[k] if variadic[i] else 1
+
+    @cached_property
+    def _layout(self) -> tuple[tuple[int, int], ...]:
+        """Per operand group: (fixed operands before it, variadic groups before it)."""
+        out, fixed, k = [], 0, 0
+        for v in self._variadic:
+            out.append((fixed, k))
+            if v:
+                k += 1
+            else:
+                fixed += 1
+        return tuple(out)
 
     def segment_of(self, op: Operation, name: str) -> tuple[int, int]:
         return self.segment_range(len(op.operands), op.segments, name)

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from ..errors import GirVerifyError
 from .core import Block, Function, Module, Operation, Value
-from .ops import REGISTRY, InferContext, OpSpec, ShapeError, check_arity
+from .ops import REGISTRY, OpSpec, ShapeError, check_arity, infer_types
 from .types import VarType
 
 
@@ -85,41 +85,48 @@ class Verifier:
     def block(self, block: Block, visible: set[Value], terminator: str) -> None:
         defined: list[Value] = list(block.args)
         visible.update(block.args)
+        last = block.last
         for op in block:
-            is_last = op is block.last
-            if op.spec.terminator and not is_last:
+            spec = REGISTRY.get(op.name)
+            if spec is None:
+                raise GirVerifyError(f"unknown op '{op.name}'", op.loc)
+            if op is last:
+                if op.name != terminator:
+                    raise GirVerifyError(f"this block must end with '{terminator}', not '{op.name}'", op.loc)
+            elif spec.terminator:
                 raise GirVerifyError(f"'{op.name}' must be the last op of its block", op.loc)
-            if is_last and op.name != terminator:
-                raise GirVerifyError(f"this block must end with '{terminator}', not '{op.name}'", op.loc)
-            self.op(op, visible)
+            self.op(op, spec, visible)
             for region in op.regions:
                 self.block(region.block, visible, "yield")
             visible.update(op.results)
             defined.extend(op.results)
         visible.difference_update(defined)
 
-    def op(self, op: Operation, visible: set[Value]) -> None:
-        spec = REGISTRY.get(op.name)
-        if spec is None:
-            raise GirVerifyError(f"unknown op '{op.name}'", op.loc)
-        for i, v in enumerate(op.operands):
-            if v not in visible:
-                raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
-            if isinstance(v.type, VarType) and not _takes_variable(spec, i):
-                raise GirVerifyError(f"variable {_name(v)} may only be read by load and written by store", op.loc)
+    def op(self, op: Operation, spec: OpSpec, visible: set[Value]) -> None:
+        operands = op.operands
+        if not visible.issuperset(operands):
+            i, v = next((i, v) for i, v in enumerate(operands) if v not in visible)
+            raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
+        types = [v.type for v in operands]
+        if VarType in map(type, types):  # the exact type: a set of types is checked in C, not per operand
+            for i, v in enumerate(operands):
+                if isinstance(v.type, VarType) and not _takes_variable(spec, i):
+                    raise GirVerifyError(f"variable {_name(v)} may only be read by load and written by store",
+                                         op.loc)
         if len(op.regions) != spec.num_regions:
             raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(op.regions)}", op.loc)
-        check_arity(spec, len(op.operands), op.segments, op.loc)
-        declared = [r.type.held if isinstance(r.type, VarType) else r.type for r in op.results]
-        ctx = InferContext(spec, [v.type for v in op.operands], op.attrs, declared, op.regions, op.segments)  # type: ignore[arg-type]
+        check_arity(spec, len(operands), op.segments, op.loc)
+        results = [r.type for r in op.results]
+        declared = [t.held if isinstance(t, VarType) else t for t in results] if VarType in map(type, results) \
+            else results
         try:
-            inferred = spec.infer(ctx)
+            inferred = infer_types(spec, types, op.attrs, declared, op.regions, op.segments)  # type: ignore[arg-type]
         except ShapeError as e:
             raise GirVerifyError(f"'{op.name}': {e}", op.loc) from None
-        if inferred != [r.type for r in op.results]:
+        if inferred != results:
             raise GirVerifyError(f"'{op.name}' results are " + ", ".join(str(r.type) for r in op.results)
                                  + " but its operands give " + ", ".join(map(str, inferred)), op.loc)
-        if op.spec.interprocedural:
+        if spec.callee_results is not None:  # OpSpec.interprocedural
             self.callee(op)
             self.calls[self.current].append(op)
 

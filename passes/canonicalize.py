@@ -29,7 +29,7 @@ from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, splat_value
 from ..ir.spec import fails_at_run_time
 from .base import Pass
-from .loops import ScanParts, append_stack, defined_inside, rebuild_scan, scan_parts
+from .loops import ScanParts, append_stack, is_defined_inside, rebuild_scan, scan_parts
 from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
 
 FOLD_LIMIT = 1024
@@ -281,9 +281,14 @@ class FoldConstants(Pattern):
         return "FoldConstants"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        consts = [d for v in op.operands if (d := v.defining_op) is not None and d.spec.category == "constant"]
-        if not op.operands or len(consts) != len(op.operands):
+        if not op.operands:
             return False
+        consts = []
+        for v in op.operands:  # bails out at the first operand that is not a constant (most ops)
+            d = v.defining_op
+            if d is None or d.spec.category != "constant":
+                return False
+            consts.append(d)
         t = op.result.tensor_type
         if not t.is_static:
             return False
@@ -347,8 +352,9 @@ class DeadCode(Pattern):
         return "DeadCode"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        if any(r.uses for r in op.results):
-            return False
+        for r in op.results:
+            if r.uses:
+                return False
         if op.regions and any(not inner.spec.pure and not inner.spec.terminator
                               for region in op.regions for inner in region.block.walk()):
             return False  # e.g. a pre-SSA loop that stores into an outer variable
@@ -367,6 +373,10 @@ class ScanDropUnused(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        g = LoopView(op).groups()
+        if all(r.uses for r in g.stacked_results) and all(r.uses for r in g.final_carries) \
+                and all(a.uses for a in g.element_args):
+            return False  # every piece is used: nothing to drop (the common case, checked cheaply)
         parts = scan_parts(op)
         stacks = [s for s in parts.stacks if s.result is not None and s.result.uses]
         live_carries = _live_carries(parts)
@@ -387,6 +397,8 @@ def _live_carries(parts: ScanParts) -> set[int]:
     body = parts.op.body
     arg_index = {c.arg: i for i, c in enumerate(parts.carries)}
     live: set[int] = {i for i, c in enumerate(parts.carries) if c.result is not None and c.result.uses}
+    if len(live) == len(parts.carries):
+        return live  # all used after the loop: nothing to find
     roots = [s.yielded for s in parts.stacks if s.result is not None and s.result.uses]
     for op in body:
         if (not op.spec.pure and not op.spec.terminator) or fails_at_run_time(op):
@@ -416,6 +428,9 @@ class ScanForwardInvariantCarries(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        g = LoopView(op).groups()
+        if not any(y is a for y, a in zip(g.yielded_carries, g.carry_args)):
+            return False
         parts = scan_parts(op)
         invariant = [c for c in parts.carries if c.yielded is c.arg]
         if not invariant:
@@ -437,6 +452,9 @@ class ScanMergeDuplicateStacks(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
+        yielded = LoopView(op).yielded_stacks
+        if len(set(yielded)) == len(yielded):
+            return False  # no value is stacked twice
         parts = scan_parts(op)
         first: dict[Value, Any] = {}
         changed = False
@@ -486,30 +504,32 @@ class ScanHoistInvariants(Pattern):
     op_name = "scan"
 
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
-        inside = defined_inside(op)
         hoisted = False
         runs = (LoopView(op).trip_count or 0) > 0
         for inner in op.body:
-            if inner.regions or not inner.spec.pure or inner.spec.terminator or inner.spec.interprocedural:
+            spec = inner.spec
+            if inner.regions or not spec.pure or spec.terminator or spec.interprocedural:
                 continue
             if not runs and fails_at_run_time(inner):
                 continue  # out of a loop that may run no step, it would fail where the loop does not
-            if any(v in inside for v in inner.operands):
+            if any(is_defined_inside(v, op) for v in inner.operands):
                 continue
-            rw.move_before(inner, op)
-            inside.difference_update(inner.results)
+            rw.move_before(inner, op)  # its results are outside now, for the ops after it
             hoisted = True
         return hoisted
 
 
 def _cse_key(op: Operation) -> tuple | None:
-    if op.regions or not op.spec.pure or op.spec.terminator or op.spec.interprocedural:
+    spec = op.spec
+    if op.regions or not spec.pure or spec.terminator or spec.interprocedural:
         return None
     operands = [id(v) for v in op.operands]
-    if op.spec.commutative:
+    if spec.commutative:
         operands.sort()
     attrs = op.attrs
-    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), tuple(r.type for r in op.results))
+    results = op.results
+    types = (results[0].type,) if len(results) == 1 else tuple(r.type for r in results)
+    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), types)
 
 
 def _freeze(x: Any) -> Any:
@@ -537,7 +557,7 @@ def cse(function: Function, rw: Rewriter) -> bool:
             key = _cse_key(op)
             if key is not None:
                 stats.tried += 1
-                found = next((s[key] for s in reversed(scopes) if key in s), None)
+                found = _lookup(scopes, key)
                 if found is not None:
                     for old, new in zip(op.results, found.results):
                         if old.name_hint and not new.name_hint:
@@ -554,6 +574,15 @@ def cse(function: Function, rw: Rewriter) -> bool:
     walk(function.body)
     stats.seconds += time.perf_counter() - start
     return changed
+
+
+def _lookup(scopes: list[dict[tuple, Operation]], key: tuple) -> Operation | None:
+    """The op of the innermost scope that has key, or None."""
+    for scope in reversed(scopes):
+        found = scope.get(key)
+        if found is not None:
+            return found
+    return None
 
 
 def canonicalization_patterns() -> list[Pattern]:

@@ -53,11 +53,12 @@ def scan_parts(op: Operation) -> ScanParts:
     """The pieces of scan `op`, read through its loop view, as lists a pass may edit."""
     view = LoopView(op)
     assert view.is_scan, f"{op.name} has no carries: not a scan"
+    g = view.groups()
     return ScanParts(
         op,
-        [Sequence(outer, arg) for outer, arg in zip(view.sequences, view.element_args)],
-        [Carry(c.init, c.arg, c.yielded, c.result) for c in view.carries],
-        [Stack(v, r) for v, r in zip(view.yielded_stacks, view.stacked_results)],
+        [Sequence(outer, arg) for outer, arg in zip(g.sequences, g.element_args)],
+        [Carry(*c) for c in zip(g.inits, g.carry_args, g.yielded_carries, g.final_carries)],
+        [Stack(v, r) for v, r in zip(g.yielded_stacks, g.stacked_results)],
     )
 
 
@@ -145,3 +146,18 @@ def defined_inside(op: Operation) -> set[Value]:
             for r in inner.regions:
                 out.update(r.block.args)
     return out
+
+
+def is_defined_inside(v: Value, op: Operation) -> bool:
+    """v is in `defined_inside(op)`, found by walking out from where v is defined rather than
+    by collecting every value of op's body (a pattern tried on each scan asks for a few values)."""
+    owner = v.defining_op
+    block = owner.parent if owner is not None else v.defining_block
+    while block is not None:
+        parent = block.parent_op
+        if parent is op:
+            return True
+        if parent is None:
+            return False
+        block = parent.parent
+    return False

@@ -19,6 +19,7 @@ import numpy as np
 from .. import timing
 from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError, creating, did_you_mean
 from ..ir.core import Module
+from ..ir.gcpause import gc_paused
 from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
 from ..ir.verifier import verify
@@ -112,6 +113,9 @@ class DebugOptions:
     run reached a fixpoint: it would find nothing to do."""
     input_text: str | None = None
     """The text the module was parsed from, unchanged since (saves printing it for reproducers)."""
+    input_verified: bool = False
+    """The caller verified the module just now, unchanged since (the parser verifies what it
+    builds): `run` does not verify it again before the first pass."""
     reparse: Callable[[str], Module] | None = None
     """Text -> Module (the parser, which passes/ does not import): given, a reproducer is made
     by replaying the passes on the input printed once, instead of printing before every pass."""
@@ -157,9 +161,13 @@ class PassManager:
             raise GirArgumentError(f"--dump-dir: cannot write {path}: {e.strerror or e}") from None
 
     def run(self, module: Module, analyses: Analyses | None = None) -> Report:
+        with gc_paused():  # ir/gcpause.py: the collector would rescan the whole IR, for nothing
+            return self._run_all(module, analyses)
+
+    def _run_all(self, module: Module, analyses: Analyses | None) -> Report:
         d = self.debug
         report = Report(analyses=analyses if analyses is not None else Analyses())
-        if d.verify_each:
+        if d.verify_each and not d.input_verified:
             verify(module)  # an invalid input is its own error (GirVerifyError), not the first pass's
         self._dump(0, "input", module)
         numerics = _Numerics(module, d.check_numerics) if d.check_numerics is not None else None
@@ -174,6 +182,8 @@ class PassManager:
                 with timing.phase("print IR (reproducer input)"):
                     self._input = print_module(module)
         self._generation = 0
+        self._op_count: int | None = None
+        """The module's op count after the last pass: nothing changes the module between passes."""
         """Counts the passes that changed the IR so far."""
         self._fixpoints: dict[str, int] = {}
         """An idempotent pass (by spec) -> the generation its last run converged at."""
@@ -189,7 +199,7 @@ class PassManager:
         if self._snapshots:
             with timing.phase("print IR (reproducer snapshot)"):
                 self._snapshot = print_module(module)
-        ops_before = module.num_ops()
+        ops_before = self._op_count if self._op_count is not None else module.num_ops()
         stats = PassStatistics()
         p.analyses = report.analyses
         report.analyses.begin_pass()
@@ -214,7 +224,8 @@ class PassManager:
             err = GirPassError(f"pass '{p.name}' crashed: {type(e).__name__}: {e}")
             raise self._failed(p, module, index, err) from e
         seconds = time.perf_counter() - start
-        ops_after = module.num_ops()
+        ops_after = ops_before if skip else module.num_ops()
+        self._op_count = ops_after
         if changed:
             report.analyses.invalidate()
         if changed or ops_after != ops_before:

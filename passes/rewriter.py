@@ -133,7 +133,7 @@ class Rewriter:
 
     def erase(self, op: Operation) -> None:
         """Erases op (and its regions); operands whose definers may now be dead go on the worklist."""
-        n = sum(1 for _ in op.walk())
+        n = 1 + sum(region.block.num_ops() for region in op.regions)
         if self.worklist is not None:
             for v in op.operands:
                 owner = v.defining_op
@@ -197,27 +197,23 @@ def apply_patterns_greedily(function: Function, patterns: Sequence[Pattern], rew
                             max_rewrites: int = 10_000_000) -> bool:
     """Applies patterns until none applies; each op is revisited only when something it
     depends on or feeds changed, so the cost is linear in ops plus rewrites."""
-    by_kind: dict[str, list[Pattern]] = {}
-    for p in patterns:
-        by_kind.setdefault(p.op_name, []).append(p)
-    for p in patterns:
-        rewriter.stats.pattern(p.name)  # listed in the report even if never applied
+    by_kind = _patterns_by_kind(patterns, rewriter.stats)
     worklist = list(reversed(_ops_in([function.region])))
     rewriter.worklist = worklist
     changed = False
     rewrites = 0
+    clock = time.perf_counter
     try:
         while worklist:
             op = worklist.pop()
             if op.parent is None:  # erased meanwhile
                 continue
-            for p in by_kind.get(op.name, ()):
-                stats = rewriter.stats.pattern(p.name)
+            for p, name, stats in by_kind.get(op.name, ()):
                 stats.tried += 1
-                rewriter.current = p.name
-                start = time.perf_counter()
+                rewriter.current = name
+                start = clock()
                 applied = p.match_and_rewrite(op, rewriter)
-                stats.seconds += time.perf_counter() - start
+                stats.seconds += clock() - start
                 if applied:
                     stats.applied += 1
                     changed = True
@@ -228,3 +224,17 @@ def apply_patterns_greedily(function: Function, patterns: Sequence[Pattern], rew
     finally:
         rewriter.worklist = None
     return changed
+
+
+_Entry = tuple["Pattern", str, PatternStats]
+"""A pattern, its name and its statistics."""
+
+
+def _patterns_by_kind(patterns: Sequence[Pattern], stats: PassStatistics) -> dict[str, list[_Entry]]:
+    """Op kind -> its patterns in order, each with its name and statistics (looked up once, not
+    per try); every pattern is listed in the report even if it never applies."""
+    by_kind: dict[str, list[_Entry]] = {}
+    for p in patterns:
+        name = p.name
+        by_kind.setdefault(p.op_name, []).append((p, name, stats.pattern(name)))
+    return by_kind

@@ -29,7 +29,7 @@ from ..errors import GirPassError
 from ..ir.core import Block, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView
 from .base import Pass
-from .loops import Carry, Sequence, append_stack, defined_inside, rebuild_scan, scan_parts
+from .loops import Carry, Sequence, append_stack, defined_inside, is_defined_inside, rebuild_scan, scan_parts
 from .rewriter import PassStatistics, Rewriter
 
 
@@ -51,6 +51,8 @@ def _scans(module: Module) -> list[Operation]:
 
 
 def _is_seq_arg(scan: Operation, v: Value) -> Sequence | None:
+    if v.defining_block is not scan.body:
+        return None  # not even an argument of the body (most operands): no need to take the scan apart
     for s in scan_parts(scan).sequences:
         if s.arg is v:
             return s
@@ -63,19 +65,18 @@ def _is_seq_arg(scan: Operation, v: Value) -> Sequence | None:
 
 def hoist_projections(rw: Rewriter, scan: Operation, stats: PassStatistics) -> Operation:
     rw.current = "hoist-input-projection"
-    inside = defined_inside(scan)
     for op in list(scan.body):
         if op.name != "matmul" or op.parent is None:
             continue
         a, w = op.operands
         if a.tensor_type.rank != 2 or w.tensor_type.rank != 2:
             continue
-        seq = _is_seq_arg(scan, a) if w not in inside else None
+        seq = _is_seq_arg(scan, a) if not is_defined_inside(w, scan) else None
         if seq is not None:
             with rw.made_from(op):
                 projected = rw.value("matmul", [seq.outer, w], before=scan)
         else:
-            seq = _is_seq_arg(scan, w) if a not in inside else None
+            seq = _is_seq_arg(scan, w) if not is_defined_inside(a, scan) else None
             if seq is None:
                 continue
             with rw.made_from(op):
@@ -90,7 +91,6 @@ def hoist_projections(rw: Rewriter, scan: Operation, stats: PassStatistics) -> O
         for st, v in zip(parts.stacks, view.yielded_stacks):
             st.yielded = v
         scan = rebuild_scan(rw, parts)
-        inside = defined_inside(scan)
         stats.count("scan-grad: input projections hoisted")
     return scan
 
@@ -107,8 +107,7 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
     """x @ U, x @ V -> slices of x @ concat(U, V); in a scan body U and V must be invariant,
     at the top level they must be defined before the first product."""
     rw.current = "merge-shared-operand"
-    inside = defined_inside(scan) if scan is not None else set()
-    position = {op: i for i, op in enumerate(block)}
+    position = {op: i for i, op in enumerate(block)} if scan is None else {}
     groups: dict[Value, list[Operation]] = {}
     for op in block:
         if op.name == "matmul" and op.operands[1].tensor_type.rank == 2:
@@ -119,7 +118,7 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
         first = products[0]
         weights = [p.operands[1] for p in products]
         if scan is not None:
-            if not all(w not in inside for w in weights):
+            if any(is_defined_inside(w, scan) for w in weights):
                 continue
             where = scan
         else:
