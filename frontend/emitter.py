@@ -324,14 +324,25 @@ class _FunctionEmitter:
         callee = self.signatures.get(str(fname)[1:])
         if callee is None:
             raise GirTypeError(f"call of undefined function {fname}" + self.callee_hint(fname), self.loc(fname))
-        got = [a.type for a in args]
-        if got != callee.arg_types:
-            raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + ") but is called with ("
-                               + ", ".join(map(str, got)) + ")", self.loc(fname))
+        self.check_arguments(fname, callee, args, "is called with")
         if types is not None and list(types) != callee.result_types:
             raise GirTypeError(f"{fname} returns " + ", ".join(map(str, callee.result_types))
                                + " but the written type is " + ", ".join(map(str, types)), self.loc(fname))
         return self.op("call", args, tok, attrs={"callee": str(fname)[1:]}, declared=callee.result_types).results
+
+    def check_arguments(self, fname: Token, callee: Any, args: list[Value], passes: str) -> None:
+        """The arguments of a call or grad have the callee's parameter types. A pre-SSA
+        variable prints as the type it holds, so it is named as what it is rather than shown
+        as `tensor<3xf32>` where `tensor<3xf32>` is expected."""
+        for i, a in enumerate(args):
+            if isinstance(a.type, VarType):
+                name = f"%{a.name_hint}" if a.name_hint else "the variable"
+                raise GirTypeError(f"argument {i + 1} of {fname} is a variable (made by `var`), not a tensor; "
+                                   f"only `load` and `store` may use it: pass `load {name} : {a.type}`",
+                                   self.loc(fname))
+        if [a.type for a in args] != callee.arg_types:
+            raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + f") but {passes} ("
+                               + ", ".join(str(a.type) for a in args) + ")", self.loc(fname))
 
     def grad(self, g: ast.Grad) -> list[Value]:
         fname = g.callee
@@ -339,9 +350,7 @@ class _FunctionEmitter:
         if callee is None:
             raise GirTypeError(f"grad of undefined function {fname}" + self.callee_hint(fname), self.loc(fname))
         args = [self.expr(e) for e in g.args]
-        if [a.type for a in args] != callee.arg_types:
-            raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + ") but grad passes ("
-                               + ", ".join(str(a.type) for a in args) + ")", self.loc(fname))
+        self.check_arguments(fname, callee, args, "grad passes")
         rt = callee.result_types
         if len(rt) != 1 or rt[0].shape != () or rt[0].dtype not in FLOAT_DTYPES:
             raise GirTypeError(f"grad needs {fname} to return one float scalar, it returns "

@@ -705,3 +705,27 @@ def test_mlir_spellings_get_hints(source: str, message: str, column: int) -> Non
     with pytest.raises(gir.GirSyntaxError) as info:
         gir.parse(source)
     assert message in info.value.message and info.value.loc.col == column, str(info.value)
+
+
+VAR_ARGUMENT = """\
+func @g(%a: tensor<3xf32>) -> tensor<3xf32> {
+  return %a
+}
+func @f(%x: tensor<3xf32>) -> tensor<3xf32> {
+  %v = var : tensor<3xf32>
+  store %v, %x
+  %y = USE
+  return %y
+}
+"""
+
+
+@pytest.mark.parametrize("use", ["call @g(%v)", "grad @g(%v) wrt (%v)"], ids=["call", "grad"])
+def test_a_variable_passed_to_a_call_is_named_as_a_variable(use: str) -> None:
+    """A pre-SSA variable prints as the type it holds: the error used to read `@g takes
+    (tensor<3xf32>) but is called with (tensor<3xf32>)`."""
+    with pytest.raises(gir.GirTypeError) as info:
+        gir.parse(VAR_ARGUMENT.replace("USE", use))
+    message = info.value.message
+    assert "argument 1 of @g is a variable" in message and "`load %v : tensor<3xf32>`" in message, message
+    assert "but is called with" not in message and info.value.loc.line == 7
