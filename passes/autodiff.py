@@ -28,6 +28,7 @@ through stacks. Needs SSA form (run `ssa` first).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,11 +143,9 @@ class VJPContext:
     def reshape(self, v: Value, shape: tuple) -> Value:
         if v.tensor_type.shape == tuple(shape):
             return v
-        if -1 in shape:
-            total = v.tensor_type.num_elements() or 0
-            known = 1
-            for d in shape:
-                known *= d if d != -1 else 1
+        total = v.tensor_type.num_elements()
+        if -1 in shape and total is not None:  # with a `?` dim the -1 stays: reshape infers it
+            known = math.prod(d for d in shape if d != -1)
             shape = tuple(total // known if d == -1 else d for d in shape)
         return self._v("reshape", v, attrs={"shape": list(shape)})
 

@@ -797,3 +797,24 @@ def test_gradient_through_index_in_a_called_function_in_a_loop(pipeline: str) ->
     want = numeric_gradient(reference, "f", [ms, i], 0)
     _, d = gir.interpret(compile_grad(INDEX_IN_LOOP, pipeline), "g", ms, i)
     assert relative_error(d, want) < TOLERANCE
+
+
+def test_vjp_reshape_keeps_a_minus_one_dim_when_the_size_is_unknown() -> None:
+    """VJPContext.reshape resolves -1 from the element count when it is known; with a `?` dim
+    it leaves -1 to reshape's type rule (it used to compute the dim from 0 elements: 0)."""
+    from gir.ir.core import Value
+    from gir.ir.types import TensorType
+    from gir.passes.autodiff import VJPContext
+
+    made: list[dict] = []
+
+    class Emitter:
+        def op(self, name: str, operands: list, loc: object = None, attrs: dict | None = None) -> object:
+            made.append({"name": name, **(attrs or {})})
+            return type("Op", (), {"result": operands[0]})()
+
+    c = object.__new__(VJPContext)
+    c.emit, c.loc = Emitter(), None
+    c.reshape(Value(TensorType((None, 4, 3), "f32")), (-1, 3))
+    c.reshape(Value(TensorType((5, 4, 3), "f32")), (-1, 3))
+    assert made == [{"name": "reshape", "shape": [-1, 3]}, {"name": "reshape", "shape": [20, 3]}]
