@@ -63,6 +63,8 @@ class Rewriter:
         self.changed = False
         self.origin: Location | None = None
         """Where ops created without a `loc` come from, inside `made_from`."""
+        self.pin: str | None = None
+        """The `device` written on the op `made_from` names: ops made from it keep it."""
 
     def _note_created(self, op: Operation) -> None:
         self.stats.pattern(self.current).created += 1
@@ -77,13 +79,14 @@ class Rewriter:
         one, and an error on one says the running pass made it `action` `op` (errors.Origin).
         For ops put somewhere else than `op` (scan-grad's GEMM after the loop, from the
         accumulation inside it), where the nearest location would be an unrelated op's."""
-        saved = self.origin
+        saved = self.origin, self.pin
         self.origin = op.loc if op.loc != UNKNOWN else _nearest_location(op, None)
+        self.pin = op.attrs.get("device")
         try:
             with creating(action=action):
                 yield
         finally:
-            self.origin = saved
+            self.origin, self.pin = saved
 
     def create(self, name: str, operands: Sequence[Value], *, before: Operation | None = None,
                after: Operation | None = None, at_end: Block | None = None, loc: Location | None = None,
@@ -95,6 +98,10 @@ class Rewriter:
         anchor = before or after
         if loc is None or loc == UNKNOWN:
             loc = self.origin if self.origin is not None else _nearest_location(anchor, at_end)
+        if self.pin is not None and "device" not in (kw.get("attrs") or {}):
+            # A device written in the input is the user's pin: what a rewrite makes from the
+            # pinned op stays on that device (placement respects pins, not guesses).
+            kw["attrs"] = {**(kw.get("attrs") or {}), "device": self.pin}
         op = make_op(name, operands, loc=loc, **kw)
         if before is not None:
             before.parent.insert_before(before, op)  # type: ignore[union-attr]

@@ -108,11 +108,12 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
     at the top level they must be defined before the first product."""
     rw.current = "merge-shared-operand"
     position = {op: i for i, op in enumerate(block)} if scan is None else {}
-    groups: dict[Value, list[Operation]] = {}
+    groups: dict[tuple[Value, str | None], list[Operation]] = {}
     for op in block:
         if op.name == "matmul" and op.operands[1].tensor_type.rank == 2:
-            groups.setdefault(op.operands[0], []).append(op)
-    for x, products in groups.items():
+            # products pinned to different devices (`device` written in the input) stay apart
+            groups.setdefault((op.operands[0], op.attrs.get("device")), []).append(op)
+    for (x, _), products in groups.items():
         if len(products) < 2 or not all(p.result.tensor_type.is_static for p in products):
             continue
         first = products[0]
@@ -162,6 +163,8 @@ def merge_sums(rw: Rewriter, scan: Operation, stats: PassStatistics) -> None:
             continue
         if op.result.type != prods[0].result.type or op.result.type != prods[1].result.type:
             continue
+        if len({o.attrs.get("device") for o in (op, *prods)}) != 1:
+            continue  # pinned to different devices
         with rw.made_from(op):
             w = rw.value("concat", [u, v], before=scan, attrs={"axis": 0})
             x = rw.value("concat", [a, b], before=op, attrs={"axis": 1})

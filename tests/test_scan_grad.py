@@ -931,3 +931,37 @@ def test_dynamic_dims_in_accumulated_sequences(a: str, b: str, rows: str):
     want = gir.interpret(module, "f", *args)
     PassManager("scan-grad,canonicalize").run(module)
     assert_close(want, gir.interpret(module, "f", *args), "f")
+
+
+PINNED = """\
+func @f(%x: tensor<4x3xf32>, %u: tensor<3x2xf32>, %v: tensor<3x2xf32>, %w: tensor<3x2xf32>)
+    -> (tensor<4x2xf32>, tensor<4x2xf32>, tensor<4x2xf32>) {
+  %a = matmul %x, %u {device = "cpu"} : tensor<4x2xf32>
+  %b = matmul %x, %v {device = "gpu"} : tensor<4x2xf32>
+  %c = matmul %x, %w {device = "cpu"} : tensor<4x2xf32>
+  return %a, %b, %c
+}
+"""
+
+
+def test_products_pinned_to_different_devices_are_not_merged_and_pins_are_kept() -> None:
+    """A `device` written in the input is a pin: scan-grad merges only products pinned alike
+    (here the two CPU ones), and what it makes from them stays on their device (the rewriter's
+    `made_from` carries the pin); it used to merge all three and drop the pins."""
+    from gir.ir.printer import print_module
+    from gir.passes.pass_manager import PassManager
+
+    module = gir.parse(PINNED)
+    PassManager("scan-grad").run(module)
+    ops = list(module.functions["f"].body)
+    matmuls = [op for op in ops if op.name == "matmul"]
+    assert sorted(op.attrs.get("device") for op in matmuls) == ["cpu", "gpu"], print_module(module)
+    merged = next(op for op in matmuls if op.attrs["device"] == "cpu")
+    assert merged.result.tensor_type.shape == (4, 4)
+    assert all(op.attrs.get("device") == "cpu" for op in ops if op.name in ("concat", "slice"))
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(4, 3), (3, 2), (3, 2), (3, 2)]]
+    want = gir.interpret(gir.parse(PINNED), "f", *args)
+    got = gir.interpret(module, "f", *args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5)
