@@ -337,8 +337,8 @@ class _FunctionEmitter:
         for i, a in enumerate(args):
             if isinstance(a.type, VarType):
                 name = f"%{a.name_hint}" if a.name_hint else "the variable"
-                raise GirTypeError(f"argument {i + 1} of {fname} is a variable (made by `var`), not a tensor; "
-                                   f"only `load` and `store` may use it: pass `load {name} : {a.type}`",
+                raise GirTypeError(f"argument {i + 1} of {fname} is a variable; read it with load "
+                                   f"(`load {name} : {a.type}`): only load and store may use a variable",
                                    self.loc(fname))
         if [a.type for a in args] != callee.arg_types:
             raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + f") but {passes} ("

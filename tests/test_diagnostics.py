@@ -727,5 +727,6 @@ def test_a_variable_passed_to_a_call_is_named_as_a_variable(use: str) -> None:
     with pytest.raises(gir.GirTypeError) as info:
         gir.parse(VAR_ARGUMENT.replace("USE", use))
     message = info.value.message
-    assert "argument 1 of @g is a variable" in message and "`load %v : tensor<3xf32>`" in message, message
+    assert "argument 1 of @g is a variable; read it with load" in message, message
+    assert "`load %v : tensor<3xf32>`" in message, message
     assert "but is called with" not in message and info.value.loc.line == 7
