@@ -5,8 +5,6 @@
     gir.interpret(module, "rnn_loss", xs, h0, wx, wh, b)
 """
 
-from typing import Any
-
 from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError
 from .frontend.parser import load, parse
 from .ir.core import Module
@@ -31,7 +29,7 @@ _PYTHON_FRONTEND = (
 __all__ += [*_PYTHON_FRONTEND, "PythonJit"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """`gir.scan`, `gir.PythonJit`, ...: imports the Python frontend and binds all its names."""
     if name not in _PYTHON_FRONTEND and name != "PythonJit":
         raise AttributeError(f"module 'gir' has no attribute '{name}'")
