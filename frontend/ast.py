@@ -42,10 +42,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lark import Token
-
 from ..errors import Location
 from ..ir.types import TensorType
+from .tokens import Token
 
 Types = tuple[TensorType, ...]
 

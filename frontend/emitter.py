@@ -18,8 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lark import Token
-
 from ..errors import GirSyntaxError, GirTypeError, Location, did_you_mean
 from ..ir.core import Block, Function, Module, Operation, Region, Value
 from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY, declared_matches, make_op
@@ -27,6 +25,7 @@ from ..ir.printer import format_attr
 from ..ir.types import FLOAT_DTYPES, TensorType, Type, VarType, type_problem
 from . import ast
 from .hints import dtype_hint, function_names, functions_note, numpy_name_hint
+from .tokens import Token
 
 
 def emit_module(funcs: list[ast.Func], filename: str) -> Module:

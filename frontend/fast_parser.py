@@ -13,8 +13,9 @@ valid form, builds the AST after all, only slower).
 How they are kept equal:
 - the tokens come from the same terminal definitions: `GirLexer.skipping_regex` is built from
   the grammar's terminals, tried so that each match is the lexer's, keywords mapped as the
-  lexer maps them;
-- AST nodes hold `lark.Token`s with the same type, text, offset, line and column;
+  lexer maps them (terminals.py keeps them on disk: reading valid text imports no Lark);
+- AST nodes hold `Token`s (tokens.py; GirLexer makes the same for Lark) with the same type,
+  text, offset, line and column;
 - tests/test_fast_parser.py compares the two ASTs, tokens' positions included, on every
   example and docs block (as written and printed), every FileCheck case, the bench programs,
   the fuzz generator's programs and mutated programs (which must either give the same AST or
@@ -27,14 +28,14 @@ the transformer `parser._ToAst` returns for it. `GIR_PARSER=lark` switches this 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
-
-from lark import Token
 
 from ..errors import Location
 from ..ir.types import TensorType, parse_type
 from . import ast
-from .lexer import GirLexer
+from .terminals import Terminals
+from .tokens import Token
 
 
 class Fallback(Exception):
@@ -56,7 +57,7 @@ _new_str = str.__new__
 
 def _token(type_: str, value: str, pos: int, line: int, column: int) -> Token:
     """`Token(type_, value, pos, line, column)` as GirLexer makes it, without Token.__new__'s
-    keyword handling (a third of the cost of a token)."""
+    call overhead (a third of the cost of a token)."""
     tok = _new_str(Token, value)
     tok.type = type_
     tok.start_pos = pos
@@ -84,7 +85,7 @@ def _types(text: str) -> tuple[TensorType, ...]:
 class FastParser:
     """Parses one text; `parse()` returns the functions or raises `Fallback`."""
 
-    def __init__(self, text: str, lexer: GirLexer):
+    def __init__(self, text: str, lexer: Terminals):
         self.text = text
         self.lark_types = {**{k: k for k in ("VALUE", "NAME", "FUNC_NAME", "INT", "FLOAT", "TYPES", "TYPE",
                                              "STRING", "LOC")}, **lexer.keywords, **lexer.punct}
@@ -95,7 +96,7 @@ class FastParser:
         self.i = 0
         self.tokenize(lexer)
 
-    def tokenize(self, lexer: GirLexer) -> None:
+    def tokenize(self, lexer: Terminals) -> None:
         text, kinds, toks = self.text, self.kinds, self.toks
         keywords = lexer.keywords
         line, line_start, end = 1, 0, 0
@@ -554,6 +555,6 @@ def _int(tok: str) -> int:
 
 
 def _unescape(text: str) -> str:
-    from .parser import _unescape as unescape  # parser.py imports this module
-
-    return unescape(text)
+    """Inverse of the printer's escaping of file names in `loc(...)`: \\n, \\" and \\\\ (Lark's
+    transformer, lark_parser.py, uses this one too)."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)

@@ -23,16 +23,18 @@ around the error only; each gives up (None) unless the habit is plain there.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from ..errors import GirSyntaxError, Location, did_you_mean
 from ..ir.numpy_names import NUMPY_NAMES
 from ..ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY
 from ..ir.spec import REQUIRED
 from ..ir.types import DTYPES
+
+if TYPE_CHECKING:
+    from lark.exceptions import UnexpectedInput
 
 _COMPARISONS = {">=": "ge", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", "<": "lt"}
 """Python's comparison operators -> the op of the registry that computes them (Python's own
@@ -71,6 +73,8 @@ def dtype_hint(dtype: Any) -> str:
 
 def numpy_hint(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxError | None:
     """A located hint if the text at the error is a NumPy or Python spelling, else None."""
+    from lark.exceptions import UnexpectedCharacters, UnexpectedToken  # here: only Lark's errors come here
+
     if isinstance(e, UnexpectedToken):
         if e.token.type == "$END" or e.token.start_pos is None:
             return None

@@ -12,9 +12,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from lark import Token
 from lark.exceptions import UnexpectedCharacters
 from lark.lexer import Lexer, LexerState, PatternStr
+
+from .tokens import Token
 
 # Regex terminals in the order they must be tried: longer or more specific forms first.
 _REGEX_ORDER = ("WS", "COMMENT", "LOC", "TYPES", "TYPE", "STRING", "FLOAT", "INT", "VALUE", "FUNC_NAME", "NAME")

@@ -6,6 +6,7 @@ once measured; the reproducer replay of the pass manager; the --timing tree.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -222,8 +223,23 @@ def test_parser_tables_are_kept_on_disk(own_cache: Path) -> None:
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
     tables = list(own_cache.glob("parser-*.lark"))
     assert len(tables) == 1 and tables[0].stat().st_size > 10_000
-    tables[0].write_bytes(b"damaged")  # a damaged file is built again and replaced
+    # The fast parser's terminal table (frontend/terminals.py), made from Lark's parser once.
+    terminals = list(own_cache.glob("parser-*.terminals.json"))
+    assert len(terminals) == 1 and "skipping_regex" in json.loads(terminals[0].read_text())
+    # Damaged files are built again and replaced: the terminal table by the next parse, which
+    # builds it from Lark's parser, and so Lark's tables too.
+    for path in (*tables, *terminals):
+        path.write_bytes(b"damaged")
     proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+    assert tables[0].stat().st_size > 10_000
+    assert "skipping_regex" in json.loads(terminals[0].read_text())
+    # Lark's tables alone damaged: text the fast parser reads never loads them; Lark's parse does.
+    tables[0].write_bytes(b"damaged")
+    proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and tables[0].read_bytes() == b"damaged", proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True,
+                          env={**env, "GIR_PARSER": "lark"}, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
     assert tables[0].stat().st_size > 10_000
 

@@ -21,9 +21,9 @@ import pytest
 from gir.frontend import parser as parser_module
 from gir.frontend.fast_parser import Fallback, FastParser
 from gir.frontend.parser import _parser
+from gir.frontend.tokens import Token
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lark import Token
 
 ROOT = Path(gir.__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tests" / "fuzz"))

@@ -41,10 +41,18 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Runs fn traced inside a trace; outside one, eagerly on arrays (through EAGER)."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if current_frame() is not None or not EAGER:
+        if current_frame() is not None or not (EAGER or eager_installed()):
             return fn(*args, **kwargs)
         return EAGER[0](fn, args, kwargs)
     return wrapper
+
+
+def eager_installed() -> bool:
+    """Installs EAGER's runner if it is not yet: `import gir` loads pyjit.py (which sets it) only
+    when a name of this frontend is first used, and `import gir.frontend.python` alone not at all."""
+    if not EAGER:
+        from ... import pyjit  # noqa: F401 - lazily: pyjit.py imports this module
+    return bool(EAGER)
 
 
 def _operand_like(x: Any) -> bool:

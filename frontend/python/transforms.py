@@ -26,7 +26,7 @@ from ...errors import Location
 from ...ir.core import Block, Module, Region, Value
 from ...ir.ops import make_op
 from ...ir.types import FLOAT_DTYPES, Dim, TensorType, dtype_name
-from .numpy_api import EAGER, traceable
+from .numpy_api import EAGER, eager_installed, traceable
 from .pytree import TreeDef, flatten, func_name, unflatten, value_name
 from .tracer import (
     Frame,
@@ -295,7 +295,7 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
     @functools.wraps(fun)
     def differentiated(*args: Any, **kwargs: Any) -> Any:
         frame = current_frame()
-        if frame is None and EAGER:
+        if frame is None and (EAGER or eager_installed()):
             return EAGER[0](differentiated, args, kwargs)
         if frame is None:
             raise GirTraceError("gir.grad needs a trace", user_location())
