@@ -105,15 +105,17 @@ class Operation:
         loc: Location = UNKNOWN,
         segments: tuple[int, ...] = (),
         result_names: Sequence[str | None] = (),
+        _owned: bool = False,
     ):
         self.name = name
-        self.operands: list[Value] = []
-        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.attrs: dict[str, Any] = attrs if _owned and attrs is not None else dict(attrs or {})
+        """(`_owned`: make_op hands over a dict it made, so it is not copied again.)"""
         self.loc = loc
         self.segments = segments
         """Sizes of the variadic operand groups named in the spec, in order."""
+        n_names = len(result_names)
         self.results = [
-            OpResult(t, self, i, result_names[i] if i < len(result_names) else None)
+            OpResult(t, self, i, result_names[i] if i < n_names else None)
             for i, t in enumerate(result_types)
         ]
         self.regions: list[Region] = []
@@ -122,8 +124,11 @@ class Operation:
         self.parent: Block | None = None
         self.prev: Operation | None = None
         self.next: Operation | None = None
-        for value in operands:
-            self.add_operand(value)
+        self.checked: tuple | None = None
+        """What the verifier's type check last accepted (ops.type_stamp), or None."""
+        self.operands: list[Value] = list(operands)
+        for i, value in enumerate(self.operands):
+            value.uses[(self, i)] = None
 
     # -- registry ---------------------------------------------------------------------------
     @property
@@ -204,6 +209,7 @@ class Operation:
         op = Operation(self.name, [value_map.get(v, v) for v in self.operands], [r.type for r in self.results],
                        _copy_attrs(self.attrs), regions, self.loc, self.segments,
                        [r.name_hint for r in self.results])
+        op.checked = self.checked  # the copy's type check saw the same (stamp_holds compares values)
         for old, new in zip(self.results, op.results):
             value_map[old] = new
         return op

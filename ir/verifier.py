@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 
 from ..errors import GirVerifyError
 from .core import Block, Function, Module, Operation, Value
-from .ops import REGISTRY, OpSpec, ShapeError, check_arity, infer_types
-from .types import VarType
+from .ops import REGISTRY, OpSpec, ShapeError, check_arity, infer_types, stamp_holds, type_stamp, verifier_declared
+from .types import Type, VarType
 
 
 def _name(v: Value) -> str:
@@ -86,7 +86,8 @@ class Verifier:
         defined: list[Value] = list(block.args)
         visible.update(block.args)
         last = block.last
-        for op in block:
+        op = block.first
+        while op is not None:
             spec = REGISTRY.get(op.name)
             if spec is None:
                 raise GirVerifyError(f"unknown op '{op.name}'", op.loc)
@@ -98,8 +99,10 @@ class Verifier:
             self.op(op, spec, visible)
             for region in op.regions:
                 self.block(region.block, visible, "yield")
-            visible.update(op.results)
-            defined.extend(op.results)
+            results = op.results
+            visible.update(results)
+            defined.extend(results)
+            op = op.next
         visible.difference_update(defined)
 
     def op(self, op: Operation, spec: OpSpec, visible: set[Value]) -> None:
@@ -113,12 +116,28 @@ class Verifier:
                 if isinstance(v.type, VarType) and not _takes_variable(spec, i):
                     raise GirVerifyError(f"variable {_name(v)} may only be read by load and written by store",
                                          op.loc)
-        if len(op.regions) != spec.num_regions:
-            raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(op.regions)}", op.loc)
-        check_arity(spec, len(operands), op.segments, op.loc)
+        regions = op.regions
+        if len(regions) != spec.num_regions:
+            raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(regions)}", op.loc)
+        n_fixed, n_variadic = spec.arity
+        if n_variadic or len(operands) != n_fixed:  # the common case (a fixed count, right) inlined
+            check_arity(spec, len(operands), op.segments, op.loc)
         results = [r.type for r in op.results]
-        declared = [t.held if isinstance(t, VarType) else t for t in results] if VarType in map(type, results) \
-            else results
+        stamp = op.checked
+        # The stamp (ops.type_stamp) is what the last passing type check saw; the first
+        # comparisons inline ops.stamp_holds's cheap part, attributes are compared there.
+        if stamp is None or regions or stamp[1] != types or stamp[2] != results \
+                or not stamp_holds(stamp, op, types, results):
+            self.types(op, spec, types, results)
+        if spec.callee_results is not None:  # OpSpec.interprocedural
+            self.callee(op)
+            self.calls[self.current].append(op)
+
+    def types(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
+        """The op's result types are what its type rule infers. An op without regions that
+        passes is stamped (ops.type_stamp): until its kind, operand or result types, segments
+        or attributes change, a later verification (after the next pass) skips the rule."""
+        declared = verifier_declared(results)
         try:
             inferred = infer_types(spec, types, op.attrs, declared, op.regions, op.segments)  # type: ignore[arg-type]
         except ShapeError as e:
@@ -126,9 +145,8 @@ class Verifier:
         if inferred != results:
             raise GirVerifyError(f"'{op.name}' results are " + ", ".join(str(r.type) for r in op.results)
                                  + " but its operands give " + ", ".join(map(str, inferred)), op.loc)
-        if spec.callee_results is not None:  # OpSpec.interprocedural
-            self.callee(op)
-            self.calls[self.current].append(op)
+        if not op.regions:
+            op.checked = type_stamp(op, types, results)
 
     def callee(self, op: Operation) -> None:
         f = self.module.functions.get(op.attrs["callee"])
