@@ -62,7 +62,9 @@ class OpResult(Value):
     __slots__ = ("op", "index")
 
     def __init__(self, type: Type, op: Operation, index: int, name_hint: str | None = None):
-        super().__init__(type, name_hint)
+        self.type = type  # Value.__init__, inlined: one per result of every op made
+        self.name_hint = name_hint
+        self.uses = {}
         self.op = op
         self.index = index
 

@@ -47,7 +47,9 @@ def make_op(
     if spec is None:
         raise GirTypeError(f"unknown op '{name}'", loc)
     attrs = normalize_attrs(spec, dict(attrs) if attrs else {}, loc) if attrs or spec.attrs else {}
-    check_arity(spec, len(operands), segments, loc)
+    n_fixed, n_variadic = spec.arity
+    if n_variadic or len(operands) != n_fixed:  # check_arity's common case (a right fixed count) inlined
+        check_arity(spec, len(operands), segments, loc)
     operand_types = [v.type for v in operands]
     written = list(declared) if declared is not None else None
     try:
@@ -58,13 +60,34 @@ def make_op(
         shown = ", ".join(str(t) for t in types)
         given = ", ".join(str(t) for t in written)
         raise GirTypeError(f"'{name}' produces {shown or 'no results'} but the written type is {given}", loc)
-    op = Operation(name, operands, types, attrs, regions, loc, segments, result_names, _owned=True)
-    if not regions and not spec.num_regions and (
+    op = Operation(name, operands, types, attrs, regions, loc, segments, result_names, True)
+    if not regions and not spec.num_regions and (VarType not in map(type, operand_types)
+                                                   or variables_allowed(spec, operand_types)) and (
             not read_declared if written is None else verifier_declared(types) == written):
-        # The verifier's type rule call (declared = these result types) is this very call, or
-        # one the rule cannot tell from it (it never read `declared`): the result is `types`.
-        op.checked = type_stamp(op, operand_types, types)
+        # What the verifier checks of an op without regions holds: no variable operand, the
+        # arity (above), and the result types, since its type rule call (declared = these
+        # result types) is this very call, or one the rule cannot tell from it (it never read
+        # `declared`). type_stamp, inlined for the common case of no attributes.
+        op.checked = (name, operand_types, types, (), segments) if not attrs \
+            else type_stamp(op, operand_types, types)
     return op
+
+
+def variables_allowed(spec: OpSpec, types: list[Type]) -> bool:
+    """Every operand of one of these types that is a variable is one the spec lets be one
+    (`OpSpec.variable_operands`: `load` and `store`). Memoized by the kinds of the types
+    (every `load` and `store` of a program asks the same)."""
+    kinds = (spec.name, *map(type, types))
+    allowed = _VARIABLES_ALLOWED.get(kinds)
+    if allowed is None:
+        names, variable = spec.operands, spec.variable_operands
+        allowed = all(i < len(names) and names[i] in variable for i, t in enumerate(types) if isinstance(t, VarType))
+        if len(_VARIABLES_ALLOWED) < _INFERRED_LIMIT:
+            _VARIABLES_ALLOWED[kinds] = allowed
+    return allowed
+
+
+_VARIABLES_ALLOWED: dict[tuple, bool] = {}
 
 
 def verifier_declared(results: list[Type]) -> list[Type]:
@@ -76,11 +99,16 @@ def verifier_declared(results: list[Type]) -> list[Type]:
 
 
 def type_stamp(op: Operation, operand_types: list[Type], result_types: list[Type]) -> tuple:
-    """What the type check of `op` (an op without regions) saw when it passed: the verifier
-    skips inferring the types again while all of it is unchanged (verifier.Verifier.op).
+    """What the checks of `op` (an op without regions) that depend on nothing but it saw when
+    they passed (variable operands, arity, result types): the verifier skips them while all
+    of it is unchanged (verifier.Verifier.op).
     Attribute lists are copied, so editing one in place is seen as a change."""
     attrs = op.attrs
-    snapshot = {k: _copy_attr(v) for k, v in attrs.items()} if attrs else attrs
+    if not attrs:
+        return (op.name, operand_types, result_types, (), op.segments)  # not the op's dict: it may grow
+    snapshot = attrs.copy()
+    if list in map(type, snapshot.values()):  # the exact type: checked in C
+        snapshot = {k: _copy_attr(v) for k, v in attrs.items()}
     return (op.name, operand_types, result_types, snapshot, op.segments)
 
 
@@ -151,6 +179,8 @@ def infer_types_noting(spec: OpSpec, types: list[Type], attrs: dict[str, Any], d
 def _infer_key(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
                segments: tuple[int, ...]) -> tuple | None:
     """A hashable key holding all a type rule sees, or None where an attribute has no cheap one."""
+    if not attrs:
+        return (spec.name, tuple(types), (), None if declared is None else tuple(declared), segments)
     frozen: list[Any] = []
     for name, value in attrs.items():
         v = _attr_key(value)

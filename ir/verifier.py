@@ -111,6 +111,21 @@ class Verifier:
             i, v = next((i, v) for i, v in enumerate(operands) if v not in visible)
             raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
         types = [v.type for v in operands]
+        results = [r.type for r in op.results]
+        stamp = op.checked
+        # The stamp (ops.type_stamp) is what the last passing check of the op's operand types,
+        # region count, arity and result types saw: unchanged, the op passes them again. The
+        # comparisons inline ops.stamp_holds but for the attributes.
+        if stamp is None or op.regions or stamp[1] != types or stamp[2] != results or stamp[0] != op.name \
+                or stamp[4] != op.segments or ((stamp[3] or op.attrs) and not stamp_holds(stamp, op, types, results)):
+            self.checks(op, spec, types, results)
+        if spec.callee_results is not None:  # OpSpec.interprocedural
+            self.callee(op)
+            self.calls[self.current].append(op)
+
+    def checks(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
+        """Variables only where the spec allows them, the region count, the arity, the types."""
+        operands = op.operands
         if VarType in map(type, types):  # the exact type: a set of types is checked in C, not per operand
             for i, v in enumerate(operands):
                 if isinstance(v.type, VarType) and not _takes_variable(spec, i):
@@ -119,19 +134,8 @@ class Verifier:
         regions = op.regions
         if len(regions) != spec.num_regions:
             raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(regions)}", op.loc)
-        n_fixed, n_variadic = spec.arity
-        if n_variadic or len(operands) != n_fixed:  # the common case (a fixed count, right) inlined
-            check_arity(spec, len(operands), op.segments, op.loc)
-        results = [r.type for r in op.results]
-        stamp = op.checked
-        # The stamp (ops.type_stamp) is what the last passing type check saw; the first
-        # comparisons inline ops.stamp_holds's cheap part, attributes are compared there.
-        if stamp is None or regions or stamp[1] != types or stamp[2] != results \
-                or not stamp_holds(stamp, op, types, results):
-            self.types(op, spec, types, results)
-        if spec.callee_results is not None:  # OpSpec.interprocedural
-            self.callee(op)
-            self.calls[self.current].append(op)
+        check_arity(spec, len(operands), op.segments, op.loc)
+        self.types(op, spec, types, results)
 
     def types(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
         """The op's result types are what its type rule infers. An op without regions that
