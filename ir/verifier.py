@@ -88,17 +88,20 @@ class Verifier:
         last = block.last
         op = block.first
         while op is not None:
-            spec = REGISTRY.get(op.name)
+            name = op.name
+            spec = REGISTRY.get(name)
             if spec is None:
-                raise GirVerifyError(f"unknown op '{op.name}'", op.loc)
+                raise GirVerifyError(f"unknown op '{name}'", op.loc)
             if op is last:
-                if op.name != terminator:
-                    raise GirVerifyError(f"this block must end with '{terminator}', not '{op.name}'", op.loc)
+                if name != terminator:
+                    raise GirVerifyError(f"this block must end with '{terminator}', not '{name}'", op.loc)
             elif spec.terminator:
-                raise GirVerifyError(f"'{op.name}' must be the last op of its block", op.loc)
+                raise GirVerifyError(f"'{name}' must be the last op of its block", op.loc)
             self.op(op, spec, visible)
-            for region in op.regions:
-                self.block(region.block, visible, "yield")
+            regions = op.regions
+            if regions:
+                for region in regions:
+                    self.block(region.block, visible, "yield")
             results = op.results
             visible.update(results)
             defined.extend(results)
@@ -116,7 +119,7 @@ class Verifier:
         # The stamp (ops.type_stamp) is what the last passing check of the op's operand types,
         # region count, arity and result types saw: unchanged, the op passes them again. The
         # comparisons inline ops.stamp_holds but for the attributes.
-        if stamp is None or op.regions or stamp[1] != types or stamp[2] != results or stamp[0] != op.name \
+        if stamp is None or stamp[1] != types or stamp[2] != results or stamp[0] != op.name or op.regions \
                 or stamp[4] != op.segments or ((stamp[3] or op.attrs) and not stamp_holds(stamp, op, types, results)):
             self.checks(op, spec, types, results)
         if spec.callee_results is not None:  # OpSpec.interprocedural
