@@ -101,7 +101,7 @@ def verifier_declared(results: list[Type]) -> list[Type]:
 def type_stamp(op: Operation, operand_types: list[Type], result_types: list[Type]) -> tuple:
     """What the checks of `op` (an op without regions) that depend on nothing but it saw when
     they passed (variable operands, arity, result types): the verifier skips them while all
-    of it is unchanged (verifier.Verifier.op).
+    of it is unchanged (verifier.Verifier.block).
     Attribute lists are copied, so editing one in place is seen as a change."""
     attrs = op.attrs
     if not attrs:

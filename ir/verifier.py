@@ -97,34 +97,36 @@ class Verifier:
                     raise GirVerifyError(f"this block must end with '{terminator}', not '{name}'", op.loc)
             elif spec.terminator:
                 raise GirVerifyError(f"'{name}' must be the last op of its block", op.loc)
-            self.op(op, spec, visible)
+            operands = op.operands
+            if not visible.issuperset(operands):
+                self.dominance(op, visible)
+            types = [v.type for v in operands]
+            results = op.results
+            result_types = [r.type for r in results]
+            stamp = op.checked
             regions = op.regions
+            # The stamp (ops.type_stamp) is what the last passing check of the op's operand
+            # types, region count, arity and result types saw: unchanged, the op passes them
+            # again. The comparisons inline ops.stamp_holds but for the attributes.
+            if stamp is None or stamp[1] != types or stamp[2] != result_types or stamp[0] != name or regions \
+                    or stamp[4] != op.segments or ((stamp[3] or op.attrs)
+                                                   and not stamp_holds(stamp, op, types, result_types)):
+                self.checks(op, spec, types, result_types)
+            if spec.callee_results is not None:  # OpSpec.interprocedural
+                self.callee(op)
+                self.calls[self.current].append(op)
             if regions:
                 for region in regions:
                     self.block(region.block, visible, "yield")
-            results = op.results
             visible.update(results)
             defined.extend(results)
             op = op.next
         visible.difference_update(defined)
 
-    def op(self, op: Operation, spec: OpSpec, visible: set[Value]) -> None:
-        operands = op.operands
-        if not visible.issuperset(operands):
-            i, v = next((i, v) for i, v in enumerate(operands) if v not in visible)
-            raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
-        types = [v.type for v in operands]
-        results = [r.type for r in op.results]
-        stamp = op.checked
-        # The stamp (ops.type_stamp) is what the last passing check of the op's operand types,
-        # region count, arity and result types saw: unchanged, the op passes them again. The
-        # comparisons inline ops.stamp_holds but for the attributes.
-        if stamp is None or stamp[1] != types or stamp[2] != results or stamp[0] != op.name or op.regions \
-                or stamp[4] != op.segments or ((stamp[3] or op.attrs) and not stamp_holds(stamp, op, types, results)):
-            self.checks(op, spec, types, results)
-        if spec.callee_results is not None:  # OpSpec.interprocedural
-            self.callee(op)
-            self.calls[self.current].append(op)
+    def dominance(self, op: Operation, visible: set[Value]) -> None:
+        """Raises for the first operand of op not visible here."""
+        i, v = next((i, v) for i, v in enumerate(op.operands) if v not in visible)
+        raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
 
     def checks(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
         """Variables only where the spec allows them, the region count, the arity, the types."""
