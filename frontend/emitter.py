@@ -63,6 +63,16 @@ def _tok_loc(filename: str, tok: Token) -> Location:
     return Location(filename, tok.line or 0, tok.column or 0)
 
 
+def _location(filename: str, line: int, col: int, _new: Any = object.__new__, _set: Any = object.__setattr__,
+              _cls: type = Location) -> Location:
+    """`Location(filename, line, col)`, made once per op: the frozen dataclass's __init__ sets
+    its four fields one by one through object.__setattr__ (~1 us); this sets its __dict__ at
+    once (the same object: equal, hashed and printed alike; test_incremental_verify checks it)."""
+    loc = _new(_cls)
+    _set(loc, "__dict__", {"file": filename, "line": line, "col": col, "origin": None})
+    return loc
+
+
 @dataclass
 class _LoopFrame:
     collected: dict[str, tuple[Token, Value]] = field(default_factory=dict)
@@ -109,7 +119,7 @@ class _FunctionEmitter:
         """Makes an op (make_op's arguments) at tok, or at the written loc(...) around it, and
         appends it to the current block."""
         if self.loc_override is None and tok is not None:  # self.loc(tok), inlined: once per op
-            loc = Location(self.filename, tok.line or 0, tok.column or 0)
+            loc = _location(self.filename, tok.line or 0, tok.column or 0)
         else:
             loc = self.loc(tok)
         op = make_op(name, operands, attrs, regions or (), loc, declared, segments, result_names or ())

@@ -62,7 +62,9 @@ class OpResult(Value):
     __slots__ = ("op", "index")
 
     def __init__(self, type: Type, op: Operation, index: int, name_hint: str | None = None):
-        super().__init__(type, name_hint)
+        self.type = type  # Value.__init__, inlined: one per result of every op made
+        self.name_hint = name_hint
+        self.uses = {}
         self.op = op
         self.index = index
 
@@ -95,6 +97,11 @@ class BlockArgument(Value):
 class Operation:
     """One op. Create through `Operation.create` (or the builder), which infers result types."""
 
+    __slots__ = ("name", "attrs", "loc", "segments", "results", "regions", "parent", "prev", "next", "checked",
+                 "operands", "__weakref__")
+    # Slots: tens of thousands of ops are made and read per pass; a slot is cheaper than a
+    # __dict__ entry to set and to read.
+
     def __init__(
         self,
         name: str,
@@ -105,15 +112,17 @@ class Operation:
         loc: Location = UNKNOWN,
         segments: tuple[int, ...] = (),
         result_names: Sequence[str | None] = (),
+        _owned: bool = False,
     ):
         self.name = name
-        self.operands: list[Value] = []
-        self.attrs: dict[str, Any] = dict(attrs or {})
+        self.attrs: dict[str, Any] = attrs if _owned and attrs is not None else dict(attrs or {})
+        """(`_owned`: make_op hands over a dict it made, so it is not copied again.)"""
         self.loc = loc
         self.segments = segments
         """Sizes of the variadic operand groups named in the spec, in order."""
+        n_names = len(result_names)
         self.results = [
-            OpResult(t, self, i, result_names[i] if i < len(result_names) else None)
+            OpResult(t, self, i, result_names[i] if i < n_names else None)
             for i, t in enumerate(result_types)
         ]
         self.regions: list[Region] = []
@@ -122,8 +131,11 @@ class Operation:
         self.parent: Block | None = None
         self.prev: Operation | None = None
         self.next: Operation | None = None
-        for value in operands:
-            self.add_operand(value)
+        self.checked: tuple | None = None
+        """What the verifier's type check last accepted (ops.type_stamp), or None."""
+        self.operands: list[Value] = list(operands)
+        for i, value in enumerate(self.operands):
+            value.uses[(self, i)] = None
 
     # -- registry ---------------------------------------------------------------------------
     @property
@@ -204,6 +216,7 @@ class Operation:
         op = Operation(self.name, [value_map.get(v, v) for v in self.operands], [r.type for r in self.results],
                        _copy_attrs(self.attrs), regions, self.loc, self.segments,
                        [r.name_hint for r in self.results])
+        op.checked = self.checked  # the copy's type check saw the same (stamp_holds compares values)
         for old, new in zip(self.results, op.results):
             value_map[old] = new
         return op

@@ -46,22 +46,104 @@ def make_op(
     spec = REGISTRY.get(name)
     if spec is None:
         raise GirTypeError(f"unknown op '{name}'", loc)
-    attrs = normalize_attrs(spec, dict(attrs or {}), loc) if attrs or spec.attrs else {}
-    check_arity(spec, len(operands), segments, loc)
+    attrs = normalize_attrs(spec, dict(attrs) if attrs else {}, loc) if attrs or spec.attrs else {}
+    n_fixed, n_variadic = spec.arity
+    if n_variadic or len(operands) != n_fixed:  # check_arity's common case (a right fixed count) inlined
+        check_arity(spec, len(operands), segments, loc)
+    operand_types = [v.type for v in operands]
+    written = list(declared) if declared is not None else None
     try:
-        types = infer_types(spec, [v.type for v in operands], attrs,
-                            list(declared) if declared is not None else None, regions, segments)
+        types, read_declared = infer_types_noting(spec, operand_types, attrs, written, regions, segments)
     except ShapeError as e:
         raise GirTypeError(f"'{name}': {e}", loc) from None
-    if declared is not None and not declared_matches(types, declared):
+    if written is not None and not declared_matches(types, written):
         shown = ", ".join(str(t) for t in types)
-        given = ", ".join(str(t) for t in declared)
+        given = ", ".join(str(t) for t in written)
         raise GirTypeError(f"'{name}' produces {shown or 'no results'} but the written type is {given}", loc)
-    return Operation(name, operands, types, attrs, regions, loc, segments, result_names)
+    op = Operation(name, operands, types, attrs, regions, loc, segments, result_names, True)
+    if not regions and not spec.num_regions and (VarType not in map(type, operand_types)
+                                                   or variables_allowed(spec, operand_types)) and (
+            not read_declared if written is None else verifier_declared(types) == written):
+        # What the verifier checks of an op without regions holds: no variable operand, the
+        # arity (above), and the result types, since its type rule call (declared = these
+        # result types) is this very call, or one the rule cannot tell from it (it never read
+        # `declared`). type_stamp, inlined for the common case of no attributes.
+        op.checked = (name, operand_types, types, (), segments) if not attrs \
+            else type_stamp(op, operand_types, types)
+    return op
 
 
-_INFERRED: dict[tuple, list[Type]] = {}
-"""Result types by everything a type rule of an op without regions sees (`_infer_key`)."""
+def variables_allowed(spec: OpSpec, types: list[Type]) -> bool:
+    """Every operand of one of these types that is a variable is one the spec lets be one
+    (`OpSpec.variable_operands`: `load` and `store`). Memoized by the kinds of the types
+    (every `load` and `store` of a program asks the same)."""
+    kinds = (spec.name, *map(type, types))
+    allowed = _VARIABLES_ALLOWED.get(kinds)
+    if allowed is None:
+        names, variable = spec.operands, spec.variable_operands
+        allowed = all(i < len(names) and names[i] in variable for i, t in enumerate(types) if isinstance(t, VarType))
+        if len(_VARIABLES_ALLOWED) < _INFERRED_LIMIT:
+            _VARIABLES_ALLOWED[kinds] = allowed
+    return allowed
+
+
+_VARIABLES_ALLOWED: dict[tuple, bool] = {}
+
+
+def verifier_declared(results: list[Type]) -> list[Type]:
+    """The declared types the verifier passes for an op with these result types: a variable's
+    held type (`var` is written with the type it holds)."""
+    if VarType in map(type, results):
+        return [t.held if isinstance(t, VarType) else t for t in results]
+    return results
+
+
+def type_stamp(op: Operation, operand_types: list[Type], result_types: list[Type]) -> tuple:
+    """What the checks of `op` (an op without regions) that depend on nothing but it saw when
+    they passed (variable operands, arity, result types): the verifier skips them while all
+    of it is unchanged (verifier.Verifier.block).
+    Attribute lists are copied, so editing one in place is seen as a change."""
+    attrs = op.attrs
+    if not attrs:
+        return (op.name, operand_types, result_types, (), op.segments)  # not the op's dict: it may grow
+    snapshot = attrs.copy()
+    if list in map(type, snapshot.values()):  # the exact type: checked in C
+        snapshot = {k: _copy_attr(v) for k, v in attrs.items()}
+    return (op.name, operand_types, result_types, snapshot, op.segments)
+
+
+def stamp_holds(stamp: tuple, op: Operation, operand_types: list[Type], result_types: list[Type]) -> bool:
+    """Whether `op` still has what `type_stamp` recorded: the same kind, operand and result
+    types, segments and attributes (equal values of the same Python types, as the memo key
+    of `infer_types` tells them apart: 1, 1.0 and True are equal in Python)."""
+    name, types, results, attrs, segments = stamp
+    if name != op.name or types != operand_types or results != result_types or segments != op.segments:
+        return False
+    now = op.attrs
+    if not attrs:
+        return not now
+    return attrs == now and all(_same_kind(v, now[k]) for k, v in attrs.items())
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    """Equal attribute values (`a == b` holds) are told apart by their Python types, in lists too."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        kinds = list(map(type, a))
+        return kinds == list(map(type, b)) and (list not in kinds or _attr_key(a) == _attr_key(b))
+    return True
+
+
+def _copy_attr(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_copy_attr(v) for v in value]
+    return value
+
+
+_INFERRED: dict[tuple, tuple[list[Type], bool]] = {}
+"""Result types, and whether the rule read `declared`, by everything a type rule of an op
+without regions sees (`_infer_key`)."""
 _INFERRED_LIMIT = 1 << 16
 """Entries kept at most: a program has few distinct (kind, types, attributes) combinations,
 so the memo stops growing, rather than evicting, past this many."""
@@ -76,20 +158,29 @@ def infer_types(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared
     segments (raises ShapeError). A type rule is a function of exactly these, so the types of
     an op without regions are memoized: the parser, every pass's `make_op` and the verifier
     after each pass infer the same few combinations tens of thousands of times at 25k ops."""
+    return infer_types_noting(spec, types, attrs, declared, regions, segments)[0]
+
+
+def infer_types_noting(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
+                       regions: Sequence[Region], segments: tuple[int, ...]) -> tuple[list[Type], bool]:
+    """`infer_types`, and whether the rule read the declared types (InferContext.read_declared)."""
     key = None if regions or spec.num_regions else _infer_key(spec, types, attrs, declared, segments)
     if key is not None:
         hit = _INFERRED.get(key)
         if hit is not None:
-            return list(hit)
-    inferred = spec.infer(InferContext(spec, types, attrs, declared, regions, segments))
+            return list(hit[0]), hit[1]
+    ctx = InferContext(spec, types, attrs, declared, regions, segments)
+    inferred = spec.infer(ctx)
     if key is not None and len(_INFERRED) < _INFERRED_LIMIT:
-        _INFERRED[key] = list(inferred)
-    return inferred
+        _INFERRED[key] = (list(inferred), ctx.read_declared)
+    return inferred, ctx.read_declared
 
 
 def _infer_key(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
                segments: tuple[int, ...]) -> tuple | None:
     """A hashable key holding all a type rule sees, or None where an attribute has no cheap one."""
+    if not attrs:
+        return (spec.name, tuple(types), (), None if declared is None else tuple(declared), segments)
     frozen: list[Any] = []
     for name, value in attrs.items():
         v = _attr_key(value)

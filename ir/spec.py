@@ -34,16 +34,30 @@ class ShapeError(Exception):
     """Raised by a type rule; `make_op` turns it into a GirTypeError with the op's location."""
 
 
-@dataclass
 class InferContext:
-    """What a type rule sees: operand types, attributes, declared result types, regions."""
+    """What a type rule sees: operand types, attributes, declared result types, regions.
 
-    spec: OpSpec
-    types: list[Type]
-    attrs: dict[str, Any]
-    declared: list[TensorType] | None
-    regions: Sequence[Region]
-    segments: tuple[int, ...]
+    It notes whether the rule read `declared` (`read_declared`): an op made without written
+    types whose rule never looked at them has the result types the verifier's check (which
+    passes the op's result types as declared) would infer, so the verifier need not infer
+    them again (ops.infer_types_noting)."""
+
+    __slots__ = ("spec", "types", "attrs", "_declared", "regions", "segments", "read_declared")
+
+    def __init__(self, spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
+                 regions: Sequence[Region], segments: tuple[int, ...]):
+        self.spec = spec
+        self.types = types
+        self.attrs = attrs
+        self._declared = declared
+        self.regions = regions
+        self.segments = segments
+        self.read_declared = False
+
+    @property
+    def declared(self) -> list[TensorType] | None:
+        self.read_declared = True
+        return self._declared
 
     def group(self, name: str) -> list[Type]:
         start, size = self.spec.segment_range(len(self.types), self.segments, name)
@@ -56,9 +70,10 @@ class InferContext:
         return t
 
     def need_declared(self, n: int = 1) -> list[TensorType]:
-        if self.declared is None or len(self.declared) != n:
+        declared = self.declared
+        if declared is None or len(declared) != n:
             raise ShapeError(f"needs {n} result type(s) written after ':'")
-        return self.declared
+        return declared
 
 
 Kernel = Callable[..., Any]

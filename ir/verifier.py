@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 
 from ..errors import GirVerifyError
 from .core import Block, Function, Module, Operation, Value
-from .ops import REGISTRY, OpSpec, ShapeError, check_arity, infer_types
-from .types import VarType
+from .ops import REGISTRY, OpSpec, ShapeError, check_arity, infer_types, stamp_holds, type_stamp, verifier_declared
+from .types import Type, VarType
 
 
 def _name(v: Value) -> str:
@@ -86,39 +86,67 @@ class Verifier:
         defined: list[Value] = list(block.args)
         visible.update(block.args)
         last = block.last
-        for op in block:
-            spec = REGISTRY.get(op.name)
+        op = block.first
+        while op is not None:
+            name = op.name
+            spec = REGISTRY.get(name)
             if spec is None:
-                raise GirVerifyError(f"unknown op '{op.name}'", op.loc)
+                raise GirVerifyError(f"unknown op '{name}'", op.loc)
             if op is last:
-                if op.name != terminator:
-                    raise GirVerifyError(f"this block must end with '{terminator}', not '{op.name}'", op.loc)
+                if name != terminator:
+                    raise GirVerifyError(f"this block must end with '{terminator}', not '{name}'", op.loc)
             elif spec.terminator:
-                raise GirVerifyError(f"'{op.name}' must be the last op of its block", op.loc)
-            self.op(op, spec, visible)
-            for region in op.regions:
-                self.block(region.block, visible, "yield")
-            visible.update(op.results)
-            defined.extend(op.results)
+                raise GirVerifyError(f"'{name}' must be the last op of its block", op.loc)
+            operands = op.operands
+            if not visible.issuperset(operands):
+                self.dominance(op, visible)
+            types = [v.type for v in operands]
+            results = op.results
+            result_types = [r.type for r in results]
+            stamp = op.checked
+            regions = op.regions
+            # The stamp (ops.type_stamp) is what the last passing check of the op's operand
+            # types, region count, arity and result types saw: unchanged, the op passes them
+            # again. The comparisons inline ops.stamp_holds but for the attributes.
+            if stamp is None or stamp[1] != types or stamp[2] != result_types or stamp[0] != name or regions \
+                    or stamp[4] != op.segments or ((stamp[3] or op.attrs)
+                                                   and not stamp_holds(stamp, op, types, result_types)):
+                self.checks(op, spec, types, result_types)
+            if spec.callee_results is not None:  # OpSpec.interprocedural
+                self.callee(op)
+                self.calls[self.current].append(op)
+            if regions:
+                for region in regions:
+                    self.block(region.block, visible, "yield")
+            visible.update(results)
+            defined.extend(results)
+            op = op.next
         visible.difference_update(defined)
 
-    def op(self, op: Operation, spec: OpSpec, visible: set[Value]) -> None:
+    def dominance(self, op: Operation, visible: set[Value]) -> None:
+        """Raises for the first operand of op not visible here."""
+        i, v = next((i, v) for i, v in enumerate(op.operands) if v not in visible)
+        raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
+
+    def checks(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
+        """Variables only where the spec allows them, the region count, the arity, the types."""
         operands = op.operands
-        if not visible.issuperset(operands):
-            i, v = next((i, v) for i, v in enumerate(operands) if v not in visible)
-            raise GirVerifyError(f"operand #{i} of '{op.name}' ({_name(v)}) does not dominate this use", op.loc)
-        types = [v.type for v in operands]
         if VarType in map(type, types):  # the exact type: a set of types is checked in C, not per operand
             for i, v in enumerate(operands):
                 if isinstance(v.type, VarType) and not _takes_variable(spec, i):
                     raise GirVerifyError(f"variable {_name(v)} may only be read by load and written by store",
                                          op.loc)
-        if len(op.regions) != spec.num_regions:
-            raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(op.regions)}", op.loc)
+        regions = op.regions
+        if len(regions) != spec.num_regions:
+            raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(regions)}", op.loc)
         check_arity(spec, len(operands), op.segments, op.loc)
-        results = [r.type for r in op.results]
-        declared = [t.held if isinstance(t, VarType) else t for t in results] if VarType in map(type, results) \
-            else results
+        self.types(op, spec, types, results)
+
+    def types(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
+        """The op's result types are what its type rule infers. An op without regions that
+        passes is stamped (ops.type_stamp): until its kind, operand or result types, segments
+        or attributes change, a later verification (after the next pass) skips the rule."""
+        declared = verifier_declared(results)
         try:
             inferred = infer_types(spec, types, op.attrs, declared, op.regions, op.segments)  # type: ignore[arg-type]
         except ShapeError as e:
@@ -126,9 +154,8 @@ class Verifier:
         if inferred != results:
             raise GirVerifyError(f"'{op.name}' results are " + ", ".join(str(r.type) for r in op.results)
                                  + " but its operands give " + ", ".join(map(str, inferred)), op.loc)
-        if spec.callee_results is not None:  # OpSpec.interprocedural
-            self.callee(op)
-            self.calls[self.current].append(op)
+        if not op.regions:
+            op.checked = type_stamp(op, types, results)
 
     def callee(self, op: Operation) -> None:
         f = self.module.functions.get(op.attrs["callee"])
