@@ -3,6 +3,8 @@ the caches treating a measurement with no clean round as provisional."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from gir.backend.cpu import blas, blas_threads, quiet_timing
 
@@ -53,7 +55,7 @@ def test_merge_keeps_the_faster_time_while_provisional() -> None:
     old = {"openblas": 5.0, "mkl": 1.0, quiet_timing.DISTURBED: 1.0}
     assert quiet_timing.merge(old, {"openblas": 2.0, "mkl": 3.0}, False) == {"openblas": 2.0, "mkl": 1.0}
     assert quiet_timing.merge(old, {"openblas": 2.0, "mkl": 3.0}, True) == \
-        {"openblas": 2.0, "mkl": 1.0, quiet_timing.DISTURBED: 1.0}
+        {"openblas": 2.0, "mkl": 1.0, quiet_timing.DISTURBED: 2.0}
     # A clean entry is replaced, never merged: it is not provisional.
     assert quiet_timing.merge({"openblas": 1.0}, {"openblas": 2.0}, False) == {"openblas": 2.0}
 
@@ -62,6 +64,7 @@ def test_a_provisional_path_time_is_measured_again_once_per_process(monkeypatch:
                                                                      tmp_path) -> None:  # noqa: ANN001
     monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("GIR_GEMM_MEASURE", "now")
+    monkeypatch.setattr(quiet_timing.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     monkeypatch.setattr(blas, "_choices", None)
     monkeypatch.setattr(blas, "_retried", set())
     calls: list[int] = []
@@ -82,16 +85,42 @@ def test_a_provisional_path_time_is_measured_again_once_per_process(monkeypatch:
     assert set(blas.path_times(*params).values()) == {4.0} and len(calls) == 2  # clean: kept
 
 
-def test_a_provisional_thread_time_is_measured_again(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+def test_a_provisional_entry_is_measured_again_a_few_times_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quiet_timing.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    entry = {"t1": 1.0}
+    for attempt in range(1, quiet_timing.ATTEMPTS + 1):
+        entry = quiet_timing.merge(entry if attempt > 1 else None, {"t1": 1.0}, True)
+        assert entry[quiet_timing.DISTURBED] == attempt
+        assert quiet_timing.provisional(entry[quiet_timing.DISTURBED]) == (attempt < quiet_timing.ATTEMPTS)
+    assert not quiet_timing.provisional(None) and not quiet_timing.provisional(0.0)
+    monkeypatch.setattr(quiet_timing.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert not quiet_timing.provisional(1.0)  # busy now: it would be disturbed again
+
+
+def test_a_provisional_thread_time_is_measured_again_in_the_background(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path) -> None:  # noqa: ANN001
     monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(quiet_timing.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     monkeypatch.setattr(blas_threads, "_times", None)
     monkeypatch.setattr(blas_threads, "_retried", set())
     results = iter([({"t1": 2.0, "t0": 50.0}, True), ({"t1": 3.0, "t0": 1.2}, False)])
     monkeypatch.setattr(blas_threads, "_measure", lambda *a: next(results))
-    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0
-    monkeypatch.setattr(blas_threads, "_retried", set())
-    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 1.2
+    started: list[threading.Thread] = []
+    real_thread = threading.Thread
+
+    def thread(*args: object, **kw: object) -> threading.Thread:
+        started.append(real_thread(*args, **kw))  # type: ignore[arg-type]
+        return started[-1]
+    monkeypatch.setattr(blas_threads.threading, "Thread", thread)
+    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0  # first: measured now
+    assert not started
+    monkeypatch.setattr(blas_threads, "_retried", set())  # as a new process
+    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0  # the compile does not wait
+    assert len(started) == 1
+    started[0].join(10)
+    assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 1.2  # measured meanwhile
     assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=1) == 2.0  # the faster of both
+    assert len(started) == 1
 
 
 def test_real_measurement_returns_every_path() -> None:

@@ -308,7 +308,7 @@ def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable:
     with _choices_lock:
         found = _load_choices().get(key)
     if isinstance(found, dict) and all(c in found for c in candidates):
-        if not found.get(quiet_timing.DISTURBED) or key in _retried:
+        if not quiet_timing.provisional(found.get(quiet_timing.DISTURBED)) or key in _retried:
             return {c: found[c] for c in candidates}
         _retried.add(key)  # measured only in disturbed rounds: once more per process
         if measure_mode() != "now":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -103,19 +104,32 @@ def seconds(family: str, m: int, n: int, k: int, ta: bool, tb: bool, threads: in
     the process's setting. Measured together (interleaved) and cached."""
     key = f"{family} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} threads={blas.threads()}"
     times = _load()
-    provisional = times.get(f"{key} {quiet_timing.DISTURBED}") and key not in _retried
-    if f"{key} t1" not in times or provisional:
-        _retried.add(key)  # a disturbed measurement is repeated once per process
-        old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED)
-               if f"{key} {part}" in times}
-        entry = quiet_timing.merge(old or None, *_measure(family, m, n, k, ta, tb))
-        times.pop(f"{key} {quiet_timing.DISTURBED}", None)
-        times.update({f"{key} {part}": value for part, value in entry.items()})
-        _save()
-    return times[f"{key} t{1 if threads == 1 else 0}"]
+    params = (family, m, n, k, ta, tb)
+    if f"{key} t1" not in times:
+        _measure_into(key, params)  # the first time: the schedule's decision needs it now
+        _retried.add(key)
+    value = times[f"{key} t{1 if threads == 1 else 0}"]
+    if quiet_timing.provisional(times.get(f"{key} {quiet_timing.DISTURBED}")) and key not in _retried:
+        _retried.add(key)  # measured only in disturbed rounds: again, once per process, meanwhile
+        threading.Thread(target=_measure_into, args=(key, params), name="gir-thread-times", daemon=True).start()
+    return value
 
 
 _retried: set[str] = set()
+_lock = threading.Lock()
+
+
+def _measure_into(key: str, params: tuple) -> None:
+    """Measures (1 and all threads) and stores the entry, merged with a provisional one."""
+    measured = _measure(*params)
+    with _lock:
+        times = _load()
+        old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED)
+               if f"{key} {part}" in times}
+        entry = quiet_timing.merge(old or None, *measured)
+        times.pop(f"{key} {quiet_timing.DISTURBED}", None)
+        times.update({f"{key} {part}": value for part, value in entry.items()})
+        _save()
 
 
 def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[dict[str, float], bool]:

@@ -11,12 +11,15 @@ The sign of a disturbed round is in the kernel's accounting: the process's invol
 switches (`ru_nivcsw`, all its threads: BLAS's pool included) grow while another task takes a
 core; a quiet round of a few milliseconds has none or one. So a round counts only when clean;
 a measurement that found no clean round for some call is returned marked `disturbed`, and the
-caches keep such entries as provisional: a later process measures them again and keeps the
-faster time of each (noise only ever adds time).
+caches keep such entries as provisional: a later process measures them again, in the
+background (a compile uses the provisional time meanwhile), and keeps the faster time of each
+(noise only ever adds time) — at most ATTEMPTS disturbed measurements, and only while the load
+average is below the core count.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Callable
 
@@ -24,7 +27,12 @@ CLEAN_SWITCHES = 2
 """Involuntary switches a round may see and still count (a timer tick, a kernel thread)."""
 
 DISTURBED = "disturbed"
-"""The key under which a cached entry says it was measured in disturbed rounds only."""
+"""The key under which a cached entry counts the measurements of it that found no clean round."""
+
+ATTEMPTS = 3
+"""A disturbed entry is measured again (in the background: a compile never waits for it) until
+a clean measurement or this many disturbed ones; on a machine that is always busy the busy
+time is the one it gets."""
 
 
 def involuntary_switches() -> int:
@@ -32,7 +40,7 @@ def involuntary_switches() -> int:
 
 
 def best_clean_rounds(rounds: dict[str, Callable[[], float]], min_rounds: int = 5,
-                      max_rounds: int = 15) -> tuple[dict[str, float], bool]:
+                      max_rounds: int = 10) -> tuple[dict[str, float], bool]:
     """({name: best seconds}, disturbed): runs every `rounds[name]()` (one timed round, returning
     seconds per call) once per round, interleaved, at least `min_rounds` rounds and until each
     name has a clean round (at most `max_rounds`). A name with no clean round gets its best
@@ -51,14 +59,27 @@ def best_clean_rounds(rounds: dict[str, Callable[[], float]], min_rounds: int = 
     return {name: clean.get(name, any_[name]) for name in rounds}, len(clean) < len(rounds)
 
 
+def provisional(disturbed_count: float | None) -> bool:
+    """Whether an entry with this DISTURBED count is to be measured again now: fewer than
+    ATTEMPTS disturbed measurements, and the machine not busy at the moment (a load average
+    below the core count; measured on a busy machine it would only be disturbed again)."""
+    if not disturbed_count or float(disturbed_count) >= ATTEMPTS:
+        return False
+    try:
+        return os.getloadavg()[0] < (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        return True
+
+
 def merge(old: dict[str, float] | None, new: dict[str, float], disturbed: bool) -> dict[str, float]:
-    """A cache entry from an old provisional one and a new measurement: each time the smaller,
-    provisional (DISTURBED: 1.0) only while both were disturbed."""
+    """A cache entry from an old provisional one and a new measurement: each time the smaller;
+    DISTURBED counts the disturbed measurements while no clean one was made."""
     out = dict(new)
-    if old is not None and old.get(DISTURBED):
-        for name, seconds in old.items():
+    previous = float(old.get(DISTURBED, 0.0)) if old is not None else 0.0
+    if previous:
+        for name, seconds in old.items():  # type: ignore[union-attr]
             if name != DISTURBED and name in out:
                 out[name] = min(out[name], seconds)
     if disturbed:
-        out[DISTURBED] = 1.0
+        out[DISTURBED] = previous + 1.0
     return out
