@@ -112,8 +112,10 @@ def test_a_provisional_thread_time_is_measured_again_in_the_background(monkeypat
         started.append(real_thread(*args, **kw))  # type: ignore[arg-type]
         return started[-1]
     monkeypatch.setattr(blas_threads.threading, "Thread", thread)
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "now")
     assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0  # first: measured now
     assert not started
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
     monkeypatch.setattr(blas_threads, "_retried", set())  # as a new process
     assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0  # the compile does not wait
     assert len(started) == 1
@@ -127,3 +129,25 @@ def test_real_measurement_returns_every_path() -> None:
     times, disturbed = blas._measure_all(blas._candidates(False), "f32", 16, 16, 16, False, False)
     assert set(times) == set(blas._candidates(False)) and all(t > 0 for t in times.values())
     assert isinstance(disturbed, bool)
+
+
+def test_unmeasured_thread_times_are_measured_in_the_background(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path) -> None:  # noqa: ANN001
+    """A first compile does not wait for the two-core schedule's GEMM times: NotMeasured now
+    (the schedule is decided without the worker), measured meanwhile for a later compile."""
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
+    monkeypatch.setattr(blas_threads, "_times", None)
+    monkeypatch.setattr(blas_threads, "_retried", set())
+    monkeypatch.setattr(blas_threads, "_measure", lambda *a: ({"t1": 2.0, "t0": 1.5}, False))
+    params = ("openblas", 9, 9, 9, False, False)
+    with pytest.raises(blas_threads.NotMeasured) as info:
+        blas_threads.seconds(*params, threads=0)
+    assert info.value.params == params  # (measured meanwhile: possibly done already)
+    for t in threading.enumerate():
+        if t.name == "gir-thread-times":
+            t.join(10)
+    assert blas_threads.is_measured([params]) and blas_threads.seconds(*params, threads=1) == 2.0
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "off")
+    with pytest.raises(blas_threads.NotMeasured):
+        blas_threads.seconds("openblas", 10, 10, 10, False, False, threads=0)

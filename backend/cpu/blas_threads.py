@@ -99,14 +99,43 @@ def _save() -> None:
         pass
 
 
+class NotMeasured(Exception):
+    """A GEMM's thread times are not measured yet; `params` are seconds()'s arguments (the
+    measurement is queued in the background unless GIR_GEMM_MEASURE=off)."""
+
+    def __init__(self, params: tuple):
+        super().__init__(params)
+        self.params = params
+
+
+def _key(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> str:
+    return f"{family} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} threads={blas.threads()}"
+
+
+def is_measured(params: list) -> bool:
+    """Whether every (family, m, n, k, ta, tb) has its thread times now."""
+    times = _load()
+    return all(f"{_key(*p)} t1" in times for p in params)
+
+
 def seconds(family: str, m: int, n: int, k: int, ta: bool, tb: bool, threads: int) -> float:
     """Seconds of one float32 GEMM through family's plain path; threads=1 on one thread, 0 on
-    the process's setting. Measured together (interleaved) and cached."""
-    key = f"{family} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} threads={blas.threads()}"
+    the process's setting. Measured together (interleaved) and cached. Not measured yet: with
+    GIR_GEMM_MEASURE=now it is measured here; otherwise NotMeasured is raised and (background,
+    the default) it is measured on a background thread, as blas.py does for GEMM paths, so a
+    first compile never waits for it."""
+    key = _key(family, m, n, k, ta, tb)
     times = _load()
     params = (family, m, n, k, ta, tb)
     if f"{key} t1" not in times:
-        _measure_into(key, params)  # the first time: the schedule's decision needs it now
+        mode = blas.measure_mode()
+        if mode != "now":
+            if mode == "background" and key not in _retried:
+                _retried.add(key)
+                threading.Thread(target=_measure_into, args=(key, params), name="gir-thread-times",
+                                 daemon=True).start()
+            raise NotMeasured(params)
+        _measure_into(key, params)
         _retried.add(key)
     value = times[f"{key} t{1 if threads == 1 else 0}"]
     if quiet_timing.provisional(times.get(f"{key} {quiet_timing.DISTURBED}")) and key not in _retried:

@@ -133,6 +133,11 @@ class Layout:
     """How the work was laid out, for `fn.stats.schedule`: stacked values written in place
     (their rows of the stack) or copied per step, and the two-core schedule (overlap.py)."""
 
+    @property
+    def measured(self) -> bool:
+        """Every GEMM path and the two-core schedule were decided from measured times."""
+        return not self.provisional and not self.schedule.get("overlap_pending")
+
     def to_json(self) -> dict:
         return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
                 "gemms": [g.__dict__ for g in self.gemms],

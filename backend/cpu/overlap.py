@@ -225,16 +225,27 @@ def estimate(window: Window, family: str) -> dict[str, float]:
     schedules, measured on this machine (blas_threads.py)."""
     from . import blas_threads
 
+    missing: list[tuple] = []
+
+    def seconds(*g: object, threads: int) -> float:  # every shape asked for, the missing ones noted
+        try:
+            return blas_threads.seconds(family, *g, threads=threads)  # type: ignore[arg-type]
+        except blas_threads.NotMeasured as e:
+            missing.append(e.params)
+            return 0.0
+
     steps = LoopView(window.scan).trip_count or 0
     body = _body_gemms(window.scan)
-    main1 = steps * sum(blas_threads.seconds(family, *g, threads=1) for g in body)
-    main2 = steps * sum(blas_threads.seconds(family, *g, threads=0) for g in body)
-    after2 = sum(blas_threads.seconds(family, d.m, d.n, d.k, True, False, threads=0) for d in window.deferred)
+    main1 = steps * sum(seconds(*g, threads=1) for g in body)
+    main2 = steps * sum(seconds(*g, threads=0) for g in body)
+    after2 = sum(seconds(d.m, d.n, d.k, True, False, threads=0) for d in window.deferred)
     worker, last = 0.0, 0.0
     for d in window.deferred:
         for c in d.chunks:
-            last = blas_threads.seconds(family, d.m, d.n, c.k1 - c.k0, True, False, threads=1)
+            last = seconds(d.m, d.n, c.k1 - c.k0, True, False, threads=1)
             worker += last
+    if missing:
+        raise blas_threads.NotMeasured(tuple(dict.fromkeys(missing)))
     return {"without_ms": 1e3 * (main2 + after2), "with_ms": 1e3 * max(main1 + last, worker),
             "scan_gemms_1thread_ms": 1e3 * main1, "scan_gemms_ms": 1e3 * main2,
             "deferred_ms": 1e3 * after2, "worker_1thread_ms": 1e3 * worker}
@@ -262,8 +273,15 @@ def plan(function: Function, family: str, schedule: dict[str, object]) -> list[W
         schedule["overlap"] = "off: " + ("GIR_CPU_OVERLAP=0" if chosen == "0" else why)  # type: ignore[operator]
         return []
     kept, notes = [], []
+    pending: list[tuple] = []
     for w in windows:
-        est = {k: round(v, 3) for k, v in estimate(w, family).items()} if chosen == "auto" else {}
+        try:
+            est = {k: round(v, 3) for k, v in estimate(w, family).items()} if chosen == "auto" else {}
+        except blas_threads.NotMeasured as e:  # decided without the worker; compiled again once measured
+            pending += e.params
+            notes.append({"scan": str(w.scan.loc), "used": False,
+                          "why": "GEMM thread times not measured yet (measuring in the background)"})
+            continue
         use = chosen in ("1", "whole") or est["with_ms"] < MARGIN * est["without_ms"]
         notes.append({"scan": str(w.scan.loc), "deferred_gemms": len(w.deferred),
                       "chunks": sum(len(d.chunks) for d in w.deferred), "used": use,
@@ -271,6 +289,8 @@ def plan(function: Function, family: str, schedule: dict[str, object]) -> list[W
         if use:
             kept.append(w)
     schedule["overlap"] = notes
+    if pending:
+        schedule["overlap_pending"] = [list(p) for p in dict.fromkeys(pending)]
     if kept and chosen == "auto":
         # the calling thread's other GEMMs: on one thread for the whole call when that measured
         # faster (on a machine whose other core is busy, 2-thread GEMMs wait for it)

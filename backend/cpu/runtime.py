@@ -158,12 +158,20 @@ class Code:
     @classmethod
     def from_entry(cls, meta: dict, obj: bytes, source: str) -> Code:
         layout = Layout.from_json(meta["layout"])
-        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), not layout.provisional)
+        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), layout.measured)
         return cls(obj, layout, meta["optimized_ir"], meta["llvm_ir"], info)
 
     def stale(self) -> bool:
-        """Its GEMM paths came from the model and every such shape is measured now."""
-        return bool(self.layout.provisional) and blas.is_measured([tuple(p) for p in self.layout.provisional])
+        """Its GEMM paths came from the model, or its two-core schedule was decided without
+        GEMM thread times, and every such shape is measured now."""
+        from . import blas_threads
+
+        pending = self.layout.schedule.get("overlap_pending") or []
+        provisional = self.layout.provisional
+        if not pending and not provisional:
+            return False
+        return (blas_threads.is_measured([tuple(p) for p in pending])  # type: ignore[union-attr]
+                and (not provisional or blas.is_measured([tuple(p) for p in provisional])))
 
 
 def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> Code:
@@ -216,7 +224,7 @@ def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
     t4, c4 = time.perf_counter(), time.thread_time()
     seconds = {"lower": lower, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3,
                "llvm_opt_cpu": c3 - c2, "llvm_emit_cpu": c4 - c3}
-    info = CompileInfo(max(opt, 0), "", seconds, not layout.provisional, "quick" if opt < 0 else "")
+    info = CompileInfo(max(opt, 0), "", seconds, layout.measured, "quick" if opt < 0 else "")
     return Code(obj, layout, optimized_ir, llvm_ir, info)
 
 
@@ -242,7 +250,7 @@ def _final_code(llvm_ir: str, layout: Layout, key: str) -> Code:
     c3 = time.thread_time()
     seconds = {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": c3 - c2, "llvm_opt_cpu": c2 - c1,
                "llvm_emit_cpu": c3 - c2}  # CPU seconds of the background thread (its wall clock is shared)
-    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, not layout.provisional, "final"))
+    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
     if disk.enabled():
         disk.store("objects", key, *code.to_entry())
     return code
