@@ -289,20 +289,36 @@ def plan(function: Function, family: str, schedule: dict[str, object]) -> list[W
         if use:
             kept.append(w)
     schedule["overlap"] = notes
-    if pending:
-        schedule["overlap_pending"] = [list(p) for p in dict.fromkeys(pending)]
     if kept and chosen == "auto":
-        # the calling thread's other GEMMs: on one thread for the whole call when that measured
-        # faster (on a machine whose other core is busy, 2-thread GEMMs wait for it)
-        outside = _outside_gemms(function, kept)
-        one = sum(blas_threads.seconds(family, *g, threads=1) for g in outside)
-        both = sum(blas_threads.seconds(family, *g, threads=0) for g in outside)
-        schedule["main_blas_threads"] = {"threads": 1 if one <= both else "all", "why": "measured model",
-                                         "outside_1thread_ms": round(1e3 * one, 3),
-                                         "outside_ms": round(1e3 * both, 3)}
+        try:
+            schedule["main_blas_threads"] = _main_threads(function, kept, family)
+        except blas_threads.NotMeasured as e:
+            pending += e.params
+            schedule["main_blas_threads"] = {"threads": "all", "why": "GEMM thread times not measured yet"}
     elif kept and chosen == "whole":
         schedule["main_blas_threads"] = {"threads": 1, "why": "GIR_CPU_OVERLAP=whole"}
+    if pending:
+        schedule["overlap_pending"] = [list(p) for p in dict.fromkeys(pending)]
     return kept
+
+
+def _main_threads(function: Function, kept: list[Window], family: str) -> dict[str, object]:
+    """The calling thread's other GEMMs: on one thread for the whole call when that measured
+    faster (on a machine whose other core is busy, 2-thread GEMMs wait for it)."""
+    from . import blas_threads
+
+    missing: list[tuple] = []
+    one = both = 0.0
+    for g in _outside_gemms(function, kept):
+        try:
+            one += blas_threads.seconds(family, *g, threads=1)
+            both += blas_threads.seconds(family, *g, threads=0)
+        except blas_threads.NotMeasured as e:
+            missing.append(e.params)
+    if missing:
+        raise blas_threads.NotMeasured(tuple(missing))
+    return {"threads": 1 if one <= both else "all", "why": "measured model",
+            "outside_1thread_ms": round(1e3 * one, 3), "outside_ms": round(1e3 * both, 3)}
 
 
 def whole_call_one_thread(schedule: dict[str, object]) -> bool:
