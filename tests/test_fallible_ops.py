@@ -167,3 +167,34 @@ def test_a_zero_divisor_of_no_division_is_no_error(device: str) -> None:
     assert_all_close(gir.jit(text, "f", device=device)(empty, v), [want])
     with pytest.raises(GirError, match="division by zero"):
         gir.jit(text, "f", device=device)(np.ones((1, 1, 2), np.int32), v)
+
+
+DEAD_CARRY_READ_BY_A_FAILING_LOOP = """\
+func @f(%s: tensor<f64>, %xs: tensor<3x?x?xf64>) -> tensor<f64> {
+  %c = %s
+  for %x in %xs {
+    for %row in %x {
+      %unused = min(%x, axes=[0, 1], keepdims=false)
+      collect %c into %cs
+    }
+    %c = %c * 2.0
+  }
+  return %s
+}
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_dead_carry_read_inside_a_kept_failing_loop_is_kept(device: str) -> None:
+    """The carry %c is dead (its result is unused) but the inner loop stays, since its `min`
+    may fail, and it reads %c: canonicalize's carry liveness crashed ("a dropped scan block
+    argument still has uses"; found by the differential campaign, program 5 of seed 1000)."""
+    s = np.array(1.5)
+    fn = gir.jit(DEAD_CARRY_READ_BY_A_FAILING_LOOP, "f", device=device)
+    module = gir.parse(DEAD_CARRY_READ_BY_A_FAILING_LOOP)
+    runs = np.zeros((3, 0, 7))  # the inner loop runs no step
+    assert_all_close(fn(s, runs), gir.interpret(module, "f", s, runs))
+    fails = np.zeros((3, 2, 0))  # it runs, and its `min` is over no element
+    for run in (fn, lambda *a: gir.interpret(module, "f", *a)):
+        with pytest.raises(GirError, match="no element|empty"):
+            run(s, fails)
