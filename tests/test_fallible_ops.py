@@ -198,3 +198,27 @@ def test_a_dead_carry_read_inside_a_kept_failing_loop_is_kept(device: str) -> No
     for run in (fn, lambda *a: gir.interpret(module, "f", *a)):
         with pytest.raises(GirError, match="no element|empty"):
             run(s, fails)
+
+
+TWO_FAILURES = """\
+func @f(%v: tensor<4xi64>, %xs: tensor<2x4xi64>, %ids: tensor<3xi64>) -> tensor<3x4xi64> {
+  %unused = %v / relu(%v)
+  %rows = index(%xs, %ids)
+  return %rows
+}
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_of_two_failing_ops_the_first_one_s_error_is_raised(device: str) -> None:
+    """A division by zero before an `index` out of range: every device reports the division,
+    as the interpreter does. The GPU backend checked the index on the host at once and read
+    the kernels' division flag only at the end, so it reported the index (found by the
+    differential campaign's out-of-range mode, program 376 of seed 0)."""
+    args = [np.array([1, -2, 3, 0]), np.zeros((2, 4), np.int64), np.array([0, 9, 1])]
+    with pytest.raises(GirError, match="division by zero") as want:
+        gir.interpret(gir.parse(TWO_FAILURES), "f", *args)
+    assert ":2:" in str(want.value)
+    with pytest.raises(GirError, match="division by zero") as got:
+        gir.jit(TWO_FAILURES, "f", device=device)(*args)
+    assert ":2:" in str(got.value)
