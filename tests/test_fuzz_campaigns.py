@@ -74,7 +74,8 @@ def _covering_indices(seed: int, limit: int) -> dict[str, int]:
         gpu = p.small and index % differential.GPU_EVERY == (3 if p.grad else 0)
         if p.expect_error:
             line = p.text.splitlines()[p.expect_error[0] - 1]
-            form = "scatter" if "scatter_add(" in line else "gather" if "%bad_ids" in line else "scalar"
+            form = "scatter" if "scatter_add(" in line else "computed" if "index(%bad_ids" in line \
+                else "gather" if "%bad_ids" in line else "scalar"
             picks.setdefault(f"out of range: {form}", index)
             continue
         for token in grad_tokens if p.grad else tokens:
@@ -98,7 +99,7 @@ def test_differential_slice_of_layout_ops_casts_gathers_scatters_and_calls() -> 
     kinds = layout_ops.layout_kinds(grad=False)
     expected = [k + "(" for k in kinds] + [f"grad {k}(" for k in layout_ops.layout_kinds(grad=True)] + [
         f"gpu {k}(" for k in kinds] + ["logsumexp(", "grad logsumexp(", "= @h", "grad = @h", "cast("] + [
-        f"out of range: {form}" for form in ("scalar", "gather", "scatter")]
+        f"out of range: {form}" for form in ("scalar", "computed", "gather", "scatter")]
     assert not set(expected) - set(picks), sorted(set(expected) - set(picks))
     counters = _slice(differential.run_one, 0, sorted(set(picks.values())))
     assert counters["error_mode_programs"] >= 3 and counters["error_mode_gpu"] >= 1, counters

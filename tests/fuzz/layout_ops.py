@@ -179,6 +179,9 @@ class LayoutSteps:
         if not s:
             return None
         if self.ids is not None and s[0] == self.h and r.random() < 0.6:
+            if self.ids.shape[0] and r.random() < 0.3:  # by a computed index: a row of %ids
+                j = r.randrange(self.ids.shape[0])
+                return f"index({a.name}, index({self.ids.name}, {j}))", self.ids.shape[1:] + s[1:]
             return f"index({a.name}, {self.ids.name})", self.ids.shape + s[1:]
         if s[0] == 0:
             return None

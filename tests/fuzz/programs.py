@@ -312,8 +312,12 @@ class _Gen(LayoutSteps):
         a = r.choice(cands)
         n = a.shape[0] if a.shape else 0
         name, bad_param = self.fresh("bad"), None
-        form = r.choice(["scalar", "gather", "scatter"]) if a.shape else "none"
-        if form == "scalar":
+        form = r.choice(["scalar", "computed", "gather", "scatter"]) if a.shape else "none"
+        if form == "computed":  # a scalar read from an integer tensor (every entry of it is bad)
+            expr, shape = f"index({a.name}, index(%bad_ids, {r.randrange(3)}))", a.shape[1:]
+            bad_param = "%bad_ids: tensor<3xi64>"
+            n = -n - 1 if r.random() < 0.5 else n  # _bad_ids(.., every=True) reads the sign
+        elif form == "scalar":
             expr, shape = f"index({a.name}, {r.choice([n, n + 3, -1, -(n + 1), 2**31])})", a.shape[1:]
         elif form == "gather":
             expr, shape, bad_param = f"index({a.name}, %bad_ids)", (3,) + a.shape[1:], "%bad_ids: tensor<3xi64>"
@@ -372,7 +376,11 @@ def _ids(rng: random.Random, g: _Gen, h: int, unknown: set[int]) -> tuple[str, n
         nprng.integers(0, h, shape).astype(dtype.replace("i", "int"))
 
 
-def _bad_ids(rng: random.Random, n: int) -> np.ndarray:
+def _bad_ids(rng: random.Random, n: int, every: bool) -> np.ndarray:
+    """Three rows of a leading dim n, one out of range (every one: n < 0 says -n - 1 and
+    below, else n and above)."""
+    if every:
+        return np.array([n - rng.randrange(3) if n < 0 else n + rng.randrange(3) for _ in range(3)], dtype=np.int64)
     ids = np.array([rng.randrange(n) if n else n for _ in range(3)], dtype=np.int64)
     ids[rng.randrange(3)] = rng.choice([n, n + 7, -1, -(n + 1)])
     return ids
@@ -426,7 +434,7 @@ def generate(rng: random.Random, want_grad: bool | None = None, want_error: bool
         outs.append(value)
         if bad_param:
             sig += ", " + bad_param
-            args.append(_bad_ids(rng, n))
+            args.append(_bad_ids(rng, n, every="index(%bad_ids" in bad))
     body = "\n".join(g.lines)
     rets = ", ".join(v.name for v in outs)
     rtypes = ", ".join(type_of(v.shape) for v in outs)
