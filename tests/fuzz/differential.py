@@ -16,7 +16,10 @@ Oracle, per program:
   their own get what sequential calls got;
 - a `grad` program: the CPU backend's gradients equal the interpreter's (after the default
   pipeline expands `grad`), and the interpreter's equal central differences of the loss
-  (h = 1e-6, up to 8 elements per differentiated argument).
+  (h = 1e-6, up to 8 elements per differentiated argument);
+- every `ERROR_EVERY`-th program (out-of-range mode) indexes out of range on purpose: the
+  interpreter, the CPU backend and (small programs) the GPU backend raise a GirError located
+  at that op (or all at an op that fails before it).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ included, and sometimes biggish ones; B and T are sometimes written `?` so gir.j
 them. The body is a random chain of ops over the values in scope, with NumPy broadcasting:
 elementwise arithmetic, comparisons and `select`, reductions over chosen axes (empty ones
 included), matmul, transpose, and `for` loops that carry values through reassigned names,
-collect stacks and nest. Float programs are f32 or f64; integer programs (i32, i64) use the
+collect stacks and nest. Two programs in three also use the registry's layout kinds, casts,
+gathers and scatters by an integer parameter `%ids`, `logsumexp` and calls of helper
+functions (layout_ops.py); `generate(.., want_error=True)` adds an index out of range. Float programs are f32 or f64; integer programs (i32, i64) use the
 integer ops, floor division included, with extreme values in the inputs.
 
 Float ops are written so the comparisons mean something: a divisor is kept away from zero
