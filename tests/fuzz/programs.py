@@ -11,8 +11,9 @@ elementwise arithmetic, comparisons and `select`, reductions over chosen axes (e
 included), matmul, transpose, and `for` loops that carry values through reassigned names,
 collect stacks and nest. Two programs in three also use the registry's layout kinds, casts,
 gathers and scatters by an integer parameter `%ids`, `logsumexp` and calls of helper
-functions (layout_ops.py); `generate(.., want_error=True)` adds an index out of range. Float programs are f32 or f64; integer programs (i32, i64) use the
-integer ops, floor division included, with extreme values in the inputs.
+functions (layout_ops.py); `generate(.., want_error=True)` adds an index out of range.
+Float programs are f32 or f64; integer programs (i32, i64) use the integer ops, floor division
+included, with extreme values in the inputs.
 
 Float ops are written so the comparisons mean something: a divisor is kept away from zero
 (`a / (abs(b) + 0.5)`), exp takes a bounded argument (`exp(tanh(a))`); the comparison itself
