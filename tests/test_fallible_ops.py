@@ -222,3 +222,28 @@ def test_of_two_failing_ops_the_first_one_s_error_is_raised(device: str) -> None
     with pytest.raises(GirError, match="division by zero") as got:
         gir.jit(TWO_FAILURES, "f", device=device)(*args)
     assert ":2:" in str(got.value)
+
+
+DEAD_CALL = """\
+func @g(%a: tensor<0x3xi32>) -> tensor<i32> {
+  %m = min(%a)
+  return %m
+}
+
+func @f(%x: tensor<0x3xi32>) -> tensor<0x3xi32> {
+  %unused = @g(%x)
+  return %x
+}
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_unused_call_of_a_function_that_fails_still_fails(device: str) -> None:
+    """canonicalize erased an unused `call` before `inline` (the callee's body is no region of
+    the call, so `fails_at_run_time` saw nothing): the interpreter raised, the backends ran
+    (found by the differential campaign, program 1864 of seed 1000)."""
+    x = np.zeros((0, 3), np.int32)
+    with pytest.raises(GirError, match="no element"):
+        gir.interpret(gir.parse(DEAD_CALL), "f", x)
+    with pytest.raises(GirError, match="no element"):
+        gir.jit(DEAD_CALL, "f", device=device)(x)
