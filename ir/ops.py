@@ -898,10 +898,14 @@ def _grad_results(op: Operation, args: Sequence[Type], results: Sequence[Type]) 
 
 register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("args*",), _infer_declared_any,
                 attrs={"callee": REQUIRED}, category="structural",
-                callee_results=lambda op, args, results: list(results), own_syntax=True))
+                callee_results=lambda op, args, results: list(results), own_syntax=True,
+                # The callee's body is not a region of the call: an op there may fail, so an
+                # unused call stays until inline exposes its ops, which then have their own facts.
+                may_fail=lambda op: True))
 register(OpSpec("grad", "f's scalar result and its gradients wrt the listed argument positions",
                 ("args*",), _infer_declared_any, attrs={"callee": REQUIRED, "wrt": REQUIRED},
-                category="structural", callee_results=_grad_results, own_syntax=True))
+                category="structural", callee_results=_grad_results, own_syntax=True,
+                may_fail=lambda op: True))  # runs the callee, as `call` does
 
 
 def _infer_var(ctx: InferContext) -> list[Type]:

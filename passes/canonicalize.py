@@ -402,7 +402,10 @@ def _live_carries(parts: ScanParts) -> set[int]:
     roots = [s.yielded for s in parts.stacks if s.result is not None and s.result.uses]
     for op in body:
         if (not op.spec.pure and not op.spec.terminator) or fails_at_run_time(op):
-            roots.extend(op.operands)
+            # The op stays (rebuild_scan keeps it), and so does all it reads, including what
+            # the ops in its regions read from here (a nested loop's body that stacks a carry).
+            for inner in op.walk():
+                roots.extend(inner.operands)
     seen: set[Value] = set()
     frontier = list(roots) + [parts.carries[i].yielded for i in live]
     while True:

@@ -15,6 +15,7 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports nu
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
 
 import differential  # noqa: E402
+import layout_ops  # noqa: E402
 import mutate  # noqa: E402
 from harness import Finding  # noqa: E402
 
@@ -57,3 +58,49 @@ def test_the_campaign_catches_a_wrong_answer(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(Finding, match="mismatch"):
         for index in range(4):
             differential.run_one(0, index * 4, {})
+
+
+def _covering_indices(seed: int, limit: int) -> dict[str, int]:
+    """For each op kind the generator writes through layout_ops (the registry's layout kinds,
+    `cast`), `logsumexp` and calls: the first program of `seed` using it, the first `grad`
+    program using it (where the kind has a VJP), the first one the GPU simulator runs, and the
+    first program of each out-of-range form. Derandomised: a function of the generator only."""
+    tokens = [k + "(" for k in layout_ops.layout_kinds(grad=False)]
+    tokens += [layout_ops.cast_kind() + "(", "logsumexp(", "= @h"]
+    grad_tokens = [k + "(" for k in layout_ops.layout_kinds(grad=True)] + ["logsumexp(", "= @h"]
+    picks: dict[str, int] = {}
+    for index in range(limit):
+        p = differential.program_for(seed, index)
+        gpu = p.small and index % differential.GPU_EVERY == (3 if p.grad else 0)
+        if p.expect_error:
+            line = p.text.splitlines()[p.expect_error[0] - 1]
+            form = "scatter" if "scatter_add(" in line else "computed" if "index(%bad_ids" in line \
+                else "gather" if "%bad_ids" in line else "scalar"
+            picks.setdefault(f"out of range: {form}", index)
+            continue
+        for token in grad_tokens if p.grad else tokens:
+            if token in p.text:
+                picks.setdefault(("grad " if p.grad else "") + token, index)
+                if gpu:
+                    picks.setdefault("gpu " + token, index)
+    return picks
+
+
+def test_every_registry_layout_kind_has_a_generator_step() -> None:
+    from gir.ir.spec import REGISTRY
+
+    for name, spec in REGISTRY.items():
+        if spec.category == "layout" and name not in layout_ops.NOT_GENERATED:
+            assert hasattr(layout_ops.LayoutSteps, "_" + name), f"the fuzz generator never writes {name!r}"
+
+
+def test_differential_slice_of_layout_ops_casts_gathers_scatters_and_calls() -> None:
+    picks = _covering_indices(0, 300)
+    kinds = layout_ops.layout_kinds(grad=False)
+    expected = [k + "(" for k in kinds] + [f"grad {k}(" for k in layout_ops.layout_kinds(grad=True)] + [
+        f"gpu {k}(" for k in kinds] + ["logsumexp(", "grad logsumexp(", "= @h", "grad = @h", "cast("] + [
+        f"out of range: {form}" for form in ("scalar", "computed", "gather", "scatter")]
+    assert not set(expected) - set(picks), sorted(set(expected) - set(picks))
+    counters = _slice(differential.run_one, 0, sorted(set(picks.values())))
+    assert counters["error_mode_programs"] >= 3 and counters["error_mode_gpu"] >= 1, counters
+    assert counters["grad_fd_checked"] >= 5, counters

@@ -143,16 +143,28 @@ class GPUFunction:
         counters = low.counters
         counters.kernel_launches = counters.gemm_calls = counters.copies = counters.read_backs = 0
         env = dict(low.static)
-        if dev.simulated:
-            with np.errstate(all="ignore"):  # inf and nan as on a GPU (this thread's xp work)
+        try:
+            if dev.simulated:
+                with np.errstate(all="ignore"):  # inf and nan as on a GPU (this thread's xp work)
+                    run_steps(self.steps, env)
+            else:
                 run_steps(self.steps, env)
-        else:
-            run_steps(self.steps, env)
-        code = int(dev.download(low.err)[0])
+        except GirError:
+            # A check on the host (an `index` out of range, a `max` over no element) raises at
+            # once, but a kernel launched before it may have flagged an error (a division by
+            # zero) that the flag only tells now: that one came first, as in the interpreter.
+            self._raise_flagged()
+            raise
+        self._raise_flagged()
+        return [env[v] for v in self.results]
+
+    def _raise_flagged(self) -> None:
+        """Raises the run-time error a kernel recorded in the error flag, if any."""
+        low = self.lowering
+        code = int(self.dev.download(low.err)[0])
         if code:
             message, loc = low.errors[code - 1]
             raise GirError(f"{message} at run time", loc)
-        return [env[v] for v in self.results]
 
 
 def _device_memory_bytes(dev: Any) -> int | None:

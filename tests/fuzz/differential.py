@@ -16,7 +16,10 @@ Oracle, per program:
   their own get what sequential calls got;
 - a `grad` program: the CPU backend's gradients equal the interpreter's (after the default
   pipeline expands `grad`), and the interpreter's equal central differences of the loss
-  (h = 1e-6, up to 8 elements per differentiated argument).
+  (h = 1e-6, up to 8 elements per differentiated argument);
+- every `ERROR_EVERY`-th program (out-of-range mode) indexes out of range on purpose: the
+  interpreter, the CPU backend and (small programs) the GPU backend raise a GirError located
+  at that op (or all at an op that fails before it).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ GPU_EVERY = 8
 THREADS_EVERY = 10
 FD_STEP = 1e-6
 FD_ELEMENTS = 8
+ERROR_EVERY = 10
 
 
 def _bump(counters: Counters, key: str) -> None:
@@ -55,8 +59,9 @@ def _bump(counters: Counters, key: str) -> None:
 
 def program_for(seed: int, index: int) -> Program:
     rng = random.Random(seed * 1_000_003 + index)
-    # Every fourth program differentiates, so a 2,000-program run checks 500 gradients.
-    return generate(rng, want_grad=index % 4 == 3)
+    # Every fourth program differentiates, so a 2,000-program run checks 500 gradients; one
+    # in ten (an even index: never a grad one) indexes out of range on purpose.
+    return generate(rng, want_grad=index % 4 == 3, want_error=index % ERROR_EVERY == 6)
 
 
 def _run(fn: Any, args: list[np.ndarray]) -> tuple[list[np.ndarray] | None, gir.GirError | None]:
@@ -105,6 +110,8 @@ def run_one(seed: int, index: int, counters: Counters) -> None:
     _bump(counters, f"dtype_{p.dtype}")
     if p.grad:
         return _grad(p, module, counters, index)
+    if p.expect_error:
+        return _expect_error(p, module, counters)
     want = _guard("interp", p, lambda: _run(lambda *a: gir.interpret(module, p.entry, *a), p.args))
     cpu_fn = _guard("cpu compile", p, lambda: _compiled(p, "cpu"))
     got = _guard("cpu", p, lambda: _run(cpu_fn, p.args)) if not isinstance(cpu_fn, gir.GirError) else (None, cpu_fn)
@@ -118,6 +125,30 @@ def run_one(seed: int, index: int, counters: Counters) -> None:
         _bump(counters, "gpu_compared")
     if index % THREADS_EVERY == 0 and not isinstance(cpu_fn, gir.GirError) and want[1] is None:
         _threads(p, cpu_fn, counters)
+
+
+def _expect_error(p: Program, module: gir.Module, counters: Counters) -> None:
+    """An index out of range on purpose: the interpreter, the CPU backend and (small programs)
+    the GPU backend all raise a GirError located at that op, unless the interpreter stops at
+    an earlier failing op (an integer division by zero): then they all raise there."""
+    line, col = p.expect_error
+    want = _guard("interp", p, lambda: _run(lambda *a: gir.interpret(module, p.entry, *a), p.args))
+    if want[1] is None:
+        raise Finding("mismatch", f"interp: ran, but the index at {line}:{col} is out of range", p.text)
+    where = f":{line}:{col}:"
+    if where not in str(want[1]):
+        _bump(counters, "error_mode_earlier_error")
+        where = ":" + str(want[1]).split(": error:")[0].split(":", 1)[1] + ":" if ": error:" in str(want[1]) else ""
+    devices = ["cpu", "gpu"] if p.small else ["cpu"]
+    for device in devices:
+        fn = _guard(f"{device} compile", p, lambda d=device: _compiled(p, d))
+        got = _guard(device, p, lambda f=fn: _run(f, p.args)) if not isinstance(fn, gir.GirError) else (None, fn)
+        if got[1] is None:
+            raise Finding("mismatch", f"{device}: ran, but the interpreter raised {want[1]}", p.text)
+        if where not in str(got[1]):
+            raise Finding("located", f"{device}: raised {got[1]}\nwhere the interpreter raised {want[1]}", p.text)
+        _bump(counters, f"error_mode_{device}")
+    _bump(counters, "error_mode_programs")
 
 
 def _compiled(p: Program, device: str) -> Any:
