@@ -97,6 +97,13 @@ def test_a_provisional_entry_is_measured_again_a_few_times_only(monkeypatch: pyt
     assert not quiet_timing.provisional(1.0)  # busy now: it would be disturbed again
 
 
+def _fresh_background(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
+    monkeypatch.setattr(blas, "_queue", [])
+    monkeypatch.setattr(blas, "_queued", set())
+    monkeypatch.setattr(blas, "_worker", None)
+
+
 def test_a_provisional_thread_time_is_measured_again_in_the_background(monkeypatch: pytest.MonkeyPatch,
                                                                       tmp_path) -> None:  # noqa: ANN001
     monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
@@ -105,24 +112,38 @@ def test_a_provisional_thread_time_is_measured_again_in_the_background(monkeypat
     monkeypatch.setattr(blas_threads, "_retried", set())
     results = iter([({"t1": 2.0, "t0": 50.0}, True), ({"t1": 3.0, "t0": 1.2}, False)])
     monkeypatch.setattr(blas_threads, "_measure", lambda *a: next(results))
-    started: list[threading.Thread] = []
-    real_thread = threading.Thread
-
-    def thread(*args: object, **kw: object) -> threading.Thread:
-        started.append(real_thread(*args, **kw))  # type: ignore[arg-type]
-        return started[-1]
-    monkeypatch.setattr(blas_threads.threading, "Thread", thread)
     monkeypatch.setenv("GIR_GEMM_MEASURE", "now")
     assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0  # first: measured now
-    assert not started
-    monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
+    _fresh_background(monkeypatch)
     monkeypatch.setattr(blas_threads, "_retried", set())  # as a new process
+    gate = threading.Event()
+    monkeypatch.setattr(blas, "_measure_queue", lambda real=blas._measure_queue: (gate.wait(10), real()))
     assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 50.0  # the compile does not wait
-    assert len(started) == 1
-    started[0].join(10)
+    gate.set()
+    assert blas.wait_for_measurements(10)
     assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=0) == 1.2  # measured meanwhile
     assert blas_threads.seconds("openblas", 8, 8, 8, False, False, threads=1) == 2.0  # the faster of both
-    assert len(started) == 1
+
+
+def test_unmeasured_thread_times_are_measured_in_the_background(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path) -> None:  # noqa: ANN001
+    """A first compile does not wait for the two-core schedule's GEMM times: NotMeasured now
+    (the schedule is decided without the worker), measured by the one background measurer for
+    a later compile."""
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    _fresh_background(monkeypatch)
+    monkeypatch.setattr(blas_threads, "_times", None)
+    monkeypatch.setattr(blas_threads, "_retried", set())
+    monkeypatch.setattr(blas_threads, "_measure", lambda *a: ({"t1": 2.0, "t0": 1.5}, False))
+    params = ("openblas", 9, 9, 9, False, False)
+    with pytest.raises(blas_threads.NotMeasured) as info:
+        blas_threads.seconds(*params, threads=0)
+    assert info.value.params == params
+    assert blas.wait_for_measurements(10)
+    assert blas_threads.is_measured([params]) and blas_threads.seconds(*params, threads=1) == 2.0
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "off")
+    with pytest.raises(blas_threads.NotMeasured):
+        blas_threads.seconds("openblas", 10, 10, 10, False, False, threads=0)
 
 
 def test_real_measurement_returns_every_path() -> None:
@@ -130,24 +151,3 @@ def test_real_measurement_returns_every_path() -> None:
     assert set(times) == set(blas._candidates(False)) and all(t > 0 for t in times.values())
     assert isinstance(disturbed, bool)
 
-
-def test_unmeasured_thread_times_are_measured_in_the_background(monkeypatch: pytest.MonkeyPatch,
-                                                                tmp_path) -> None:  # noqa: ANN001
-    """A first compile does not wait for the two-core schedule's GEMM times: NotMeasured now
-    (the schedule is decided without the worker), measured meanwhile for a later compile."""
-    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
-    monkeypatch.setattr(blas_threads, "_times", None)
-    monkeypatch.setattr(blas_threads, "_retried", set())
-    monkeypatch.setattr(blas_threads, "_measure", lambda *a: ({"t1": 2.0, "t0": 1.5}, False))
-    params = ("openblas", 9, 9, 9, False, False)
-    with pytest.raises(blas_threads.NotMeasured) as info:
-        blas_threads.seconds(*params, threads=0)
-    assert info.value.params == params  # (measured meanwhile: possibly done already)
-    for t in threading.enumerate():
-        if t.name == "gir-thread-times":
-            t.join(10)
-    assert blas_threads.is_measured([params]) and blas_threads.seconds(*params, threads=1) == 2.0
-    monkeypatch.setenv("GIR_GEMM_MEASURE", "off")
-    with pytest.raises(blas_threads.NotMeasured):
-        blas_threads.seconds("openblas", 10, 10, 10, False, False, threads=0)

@@ -24,6 +24,7 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -355,37 +356,49 @@ def _vendor() -> str:
         return platform.processor().lower()
 
 
-_queue: list[tuple] = []
+_queue: list[Callable[[], None]] = []
 _worker: threading.Thread | None = None
 _stop = threading.Event()
 
 
 def measure_later(params: tuple) -> None:
     """Queues a shape (path_times' arguments) for the background measurer."""
+    def task() -> None:
+        dtype, m, n, k, ta, tb, packable = params
+        measured = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
+        if not _stop.is_set():
+            _store(_key(*params), *measured)
+    measure_in_background(("paths",) + tuple(params), task)
+
+
+def measure_in_background(key: tuple, task: Callable[[], None]) -> None:
+    """Queues a measurement (GEMM paths here, GEMM thread times in blas_threads.py) for the one
+    background measurer, which runs them one by one: two measuring at once on 2 cores would
+    only disturb each other. Nothing is queued unless GIR_GEMM_MEASURE is 'background'."""
     global _worker
     if measure_mode() != "background":
         return
     with _choices_lock:
-        if params not in _queue:
-            _queue.append(params)
+        if key not in _queued:
+            _queued.add(key)
+            _queue.append(task)
         if _worker is None or not _worker.is_alive():
             _worker = threading.Thread(target=_measure_queue, name="gir-gemm-measure", daemon=True)
             _worker.start()
 
 
+_queued: set[tuple] = set()
+
+
 def _measure_queue() -> None:
-    """Measures the queued shapes one by one, saving after each (so a process that exits early
-    keeps what it measured). Runs while the program does: times are medians of 5."""
+    """Runs the queued measurements one by one, each saving what it measured (so a process that
+    exits early keeps it). Runs while the program does."""
     while not _stop.is_set():
         with _choices_lock:
             if not _queue:
                 return
-            params = _queue.pop(0)
-        dtype, m, n, k, ta, tb, packable = params
-        measured = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
-        if _stop.is_set():
-            return
-        _store(_key(*params), *measured)
+            task = _queue.pop(0)
+        task()
 
 
 def wait_for_measurements(timeout: float | None = None) -> bool:

@@ -130,17 +130,14 @@ def seconds(family: str, m: int, n: int, k: int, ta: bool, tb: bool, threads: in
     if f"{key} t1" not in times:
         mode = blas.measure_mode()
         if mode != "now":
-            if mode == "background" and key not in _retried:
-                _retried.add(key)
-                threading.Thread(target=_measure_into, args=(key, params), name="gir-thread-times",
-                                 daemon=True).start()
+            blas.measure_in_background(("threads",) + params, lambda: _measure_into(key, params))
             raise NotMeasured(params)
         _measure_into(key, params)
         _retried.add(key)
     value = times[f"{key} t{1 if threads == 1 else 0}"]
     if quiet_timing.provisional(times.get(f"{key} {quiet_timing.DISTURBED}")) and key not in _retried:
         _retried.add(key)  # measured only in disturbed rounds: again, once per process, meanwhile
-        threading.Thread(target=_measure_into, args=(key, params), name="gir-thread-times", daemon=True).start()
+        blas.measure_in_background(("threads",) + params, lambda: _measure_into(key, params))
     return value
 
 
