@@ -4,6 +4,7 @@ the caches treating a measurement with no clean round as provisional."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from gir.backend.cpu import blas, blas_threads, quiet_timing
@@ -151,3 +152,28 @@ def test_real_measurement_returns_every_path() -> None:
     assert set(times) == set(blas._candidates(False)) and all(t > 0 for t in times.values())
     assert isinstance(disturbed, bool)
 
+
+
+def test_a_first_compile_decides_the_two_core_schedule_without_waiting(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path) -> None:  # noqa: ANN001
+    """With no GEMM thread times cached, the schedule is off for now, says why, and names what
+    a later compile waits for (Code.stale: compiled again once measured)."""
+    import gir
+    from gir.backend.cpu.codegen import lower_function
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import DEFAULT_PIPELINE
+
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("GIR_CPU_OVERLAP", raising=False)
+    _fresh_background(monkeypatch)
+    monkeypatch.setattr(blas_threads, "_times", None)
+    monkeypatch.setattr(blas, "_measure_queue", lambda: None)  # queued, never run here
+    if blas.threads() < 2 or blas_threads.unavailable("openblas"):
+        pytest.skip("the two-core schedule needs 2 BLAS threads")
+    module = gir.parse((Path(__file__).parent.parent / "examples" / "rnn.gir").read_text())
+    PassManager(DEFAULT_PIPELINE).run(module)
+    _, layout = lower_function(module.functions["rnn_grads"])
+    notes = layout.schedule["overlap"]
+    assert notes and all(not n["used"] and "not measured yet" in n["why"] for n in notes), notes
+    assert layout.schedule["overlap_pending"] and not layout.measured
+    assert blas._queued  # what it needs is queued for the background measurer

@@ -262,7 +262,7 @@ wins, on a loaded machine, the predicted gain was 1.3x-60x."""
 
 def plan(function: Function, family: str, schedule: dict[str, object]) -> list[Window]:
     """The windows to run with the worker, the decision and its reasons written to schedule."""
-    from . import blas_threads
+    from . import blas_threads  # lazily: it loads BLAS
 
     windows = find_windows(function)
     if not windows:
@@ -297,7 +297,7 @@ def plan(function: Function, family: str, schedule: dict[str, object]) -> list[W
             schedule["main_blas_threads"] = {"threads": "all", "why": "GEMM thread times not measured yet"}
     elif kept and chosen == "whole":
         schedule["main_blas_threads"] = {"threads": 1, "why": "GIR_CPU_OVERLAP=whole"}
-    if pending:
+    if pending and blas_threads.blas.measure_mode() == "background":  # refined later (=off: never)
         schedule["overlap_pending"] = [list(p) for p in dict.fromkeys(pending)]
     return kept
 
