@@ -114,10 +114,6 @@ class OpenBLAS:
     def lib(self) -> ctypes.CDLL:
         return ctypes.CDLL(self.path)  # the already-loaded handle after the first call
 
-    @property
-    def int_type(self) -> type:
-        return ctypes.c_int64 if self.int_bits == 64 else ctypes.c_int32
-
     def gemm(self, s: str) -> int:
         return ctypes.cast(getattr(self.lib, f"{self.prefix}{s}gemm{self.suffix}"), ctypes.c_void_p).value or 0
 
