@@ -298,6 +298,17 @@ class Lowering:
                 if value is not None:
                     self.b.store(value, self.b.gep(self.counters, [ir.Constant(I64, 3)], source_etype=I64))
 
+    def row_number(self, i: Value, n: ir.Value, rows: int, op: Operation, what: str = "index") -> ir.Value:
+        """Element n of the integer tensor i as an i64 row number; outside [0, rows) it flags
+        the error, worded as the interpreter's (ir/ops.py), and row 0 is read instead."""
+        k = self.load(self.ptr[i], i.tensor_type.dtype, n)
+        k = self.b.sext(k, I64) if k.type != I64 else k
+        bad = self.b.or_(self.b.icmp_signed("<", k, ir.Constant(I64, 0)),
+                         self.b.icmp_signed(">=", k, ir.Constant(I64, rows)))
+        self.flag_error(bad, f"'{op.name}' failed at run time: {what} {{value}} is out of range for a leading dim "
+                        f"of {rows}", op, k)
+        return self.b.select(bad, ir.Constant(I64, 0), k)
+
     def count(self, slot: int) -> None:
         p = self.b.gep(self.counters, [ir.Constant(I64, slot)], source_etype=I64)
         self.b.store(self.b.add(self.b.load(p, typ=I64), ir.Constant(I64, 1)), p)
@@ -606,14 +617,7 @@ def lower_index(low: Lowering, op: Operation) -> None:
         return
     t = x.tensor_type
     shape = _static(t, op)
-    k = low.load(low.ptr[i], i.tensor_type.dtype, ir.Constant(I64, 0))
-    k = low.b.sext(k, I64) if k.type != I64 else k
-    n = ir.Constant(I64, shape[0])
-    bad = low.b.or_(low.b.icmp_signed("<", k, ir.Constant(I64, 0)), low.b.icmp_signed(">=", k, n))
-    # as the interpreter words it (ir/ops.py), and reads row 0 instead
-    low.flag_error(bad, f"'index' failed at run time: index {{value}} is out of range for a leading dim of {shape[0]}",
-                   op, k)
-    k = low.b.select(bad, ir.Constant(I64, 0), k)
+    k = low.row_number(i, ir.Constant(I64, 0), shape[0], op)
     row = math.prod(shape[1:])
     low.alias(op.result, x, low.elem_ptr(low.ptr[x], t.dtype, low.b.mul(k, ir.Constant(I64, row))))
 

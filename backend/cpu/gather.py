@@ -20,19 +20,9 @@ import math
 
 from llvmlite import ir
 
-from ...ir.core import Operation, Value
+from ...ir.core import Operation
 from ...ir.ops import reduction_axes
 from .codegen import I1, I64, LLVM_TYPES, PTR, Lowering, Scalar, _static, _strides
-
-
-def _row_index(low: Lowering, i: Value, n: ir.Value, rows: int, op: Operation, what: str) -> ir.Value:
-    """Element n of the index tensor i as an i64 row number, checked against [0, rows)."""
-    k = low.load(low.ptr[i], i.tensor_type.dtype, n)
-    k = low.b.sext(k, I64) if k.type != I64 else k
-    bad = low.b.or_(low.b.icmp_signed("<", k, ir.Constant(I64, 0)), low.b.icmp_signed(">=", k, ir.Constant(I64, rows)))
-    low.flag_error(bad, f"'{op.name}' failed at run time: {what} {{value}} is out of range for a leading dim of {rows}",
-                   op, k)  # worded as the interpreter's error
-    return low.b.select(bad, ir.Constant(I64, 0), k)
 
 
 def lower_gather(low: Lowering, op: Operation) -> None:
@@ -43,7 +33,7 @@ def lower_gather(low: Lowering, op: Operation) -> None:
     low.slot(op.result, op)
     dtype = x.tensor_type.dtype
     with low.for_range(math.prod(_static(i.tensor_type, op)), "g") as n:
-        k = _row_index(low, i, n, shape[0], op, "index")
+        k = low.row_number(i, n, shape[0], op)
         src = low.elem_ptr(low.ptr[x], dtype, low.b.mul(k, ir.Constant(I64, row)))
         dst = low.elem_ptr(low.ptr[op.result], dtype, low.b.mul(n, ir.Constant(I64, row)))
         low.memcpy(dst, src, row * itemsize)
@@ -64,7 +54,7 @@ def lower_scatter_add(low: Lowering, op: Operation) -> None:
     _memmove(low, out, low.ptr[base], (t.nbytes() or 0))
     add = Scalar(low, op, t.dtype)
     with low.for_range(math.prod(_static(i.tensor_type, op)), "s") as n:
-        k = _row_index(low, i, n, shape[0], op, "scatter_add index")
+        k = low.row_number(i, n, shape[0], op, "scatter_add index")
         dst = low.b.mul(k, ir.Constant(I64, row))
         src = low.b.mul(n, ir.Constant(I64, row))
         with low.for_range(row, "c") as j:
