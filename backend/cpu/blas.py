@@ -249,28 +249,33 @@ _choices: dict[str, dict[str, float]] | None = None
 _choices_lock = threading.Lock()
 
 
+def read_times(path: str) -> dict:
+    """A JSON file of measured times (this module's and blas_threads.py's), {} if absent or damaged."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return dict(json.load(f))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_times(path: str, ours: dict) -> None:
+    """Writes ours, merged into what the file holds now: another process may have measured
+    other shapes meanwhile, and keeps them (atomic: a reader never sees half a file)."""
+    from ...cache import atomic_write
+
+    merged = {**read_times(path), **ours}
+    atomic_write(path, json.dumps(merged, indent=1, sort_keys=True).encode())
+
+
 def _load_choices() -> dict[str, dict[str, float]]:
     global _choices
     if _choices is None:
-        try:
-            with open(_cache_file(), encoding="utf-8") as f:
-                _choices = dict(json.load(f))
-        except (OSError, ValueError):
-            _choices = {}
+        _choices = read_times(_cache_file())
     return _choices
 
 
 def _save_choices() -> None:
-    from ...cache import atomic_write
-
-    # Another process may have measured other shapes meanwhile: keep theirs too.
-    try:
-        with open(_cache_file(), encoding="utf-8") as f:
-            theirs = dict(json.load(f))
-    except (OSError, ValueError):
-        theirs = {}
-    merged = {**theirs, **(_choices or {})}
-    atomic_write(_cache_file(), json.dumps(merged, indent=1, sort_keys=True).encode())
+    write_times(_cache_file(), _choices or {})
 
 
 def threads() -> int:

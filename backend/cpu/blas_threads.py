@@ -16,7 +16,6 @@ while another pool's threads spin can be off by 5-10x (docs/performance-rnn.md).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import threading
 import time
@@ -79,24 +78,12 @@ _times: dict[str, float] | None = None
 def _load() -> dict[str, float]:
     global _times
     if _times is None:
-        try:
-            with open(_cache_file(), encoding="utf-8") as f:
-                _times = dict(json.load(f))
-        except (OSError, ValueError):
-            _times = {}
+        _times = blas.read_times(_cache_file())
     return _times
 
 
 def _save() -> None:
-    path = _cache_file()
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + f".{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(_times, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    blas.write_times(_cache_file(), _times or {})
 
 
 class NotMeasured(Exception):
