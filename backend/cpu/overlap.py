@@ -217,23 +217,38 @@ def _body_gemms(scan: Operation, ops: list[Operation] | None = None) -> list[tup
     return out
 
 
+class _Times:
+    """blas_threads.seconds for one family, asked for every shape a decision needs: a shape not
+    measured yet counts 0 and is noted, and `check` then raises NotMeasured naming them all
+    (so all of them are queued for the background measurer at once)."""
+
+    def __init__(self, family: str):
+        self.family = family
+        self.missing: list[tuple] = []
+
+    def __call__(self, *g: object, threads: int) -> float:
+        from . import blas_threads
+
+        try:
+            return blas_threads.seconds(self.family, *g, threads=threads)  # type: ignore[arg-type]
+        except blas_threads.NotMeasured as e:
+            self.missing.append(e.params)
+            return 0.0
+
+    def check(self) -> None:
+        from . import blas_threads
+
+        if self.missing:
+            raise blas_threads.NotMeasured(tuple(dict.fromkeys(self.missing)))
+
+
 def estimate(window: Window, family: str) -> dict[str, float]:
     """Milliseconds of the window's GEMMs: `without` (2-thread GEMMs, the deferred ones after the
     scan) and `with` (the scan's GEMMs on one thread here, the chunks on one thread on the
     worker, whichever is longer, plus the last chunk, which can only start after the last step).
     Elementwise work and waiting are not in the model: it decides between the two GEMM
     schedules, measured on this machine (blas_threads.py)."""
-    from . import blas_threads
-
-    missing: list[tuple] = []
-
-    def seconds(*g: object, threads: int) -> float:  # every shape asked for, the missing ones noted
-        try:
-            return blas_threads.seconds(family, *g, threads=threads)  # type: ignore[arg-type]
-        except blas_threads.NotMeasured as e:
-            missing.append(e.params)
-            return 0.0
-
+    seconds = _Times(family)
     steps = LoopView(window.scan).trip_count or 0
     body = _body_gemms(window.scan)
     main1 = steps * sum(seconds(*g, threads=1) for g in body)
@@ -244,8 +259,7 @@ def estimate(window: Window, family: str) -> dict[str, float]:
         for c in d.chunks:
             last = seconds(d.m, d.n, c.k1 - c.k0, True, False, threads=1)
             worker += last
-    if missing:
-        raise blas_threads.NotMeasured(tuple(dict.fromkeys(missing)))
+    seconds.check()
     return {"without_ms": 1e3 * (main2 + after2), "with_ms": 1e3 * max(main1 + last, worker),
             "scan_gemms_1thread_ms": 1e3 * main1, "scan_gemms_ms": 1e3 * main2,
             "deferred_ms": 1e3 * after2, "worker_1thread_ms": 1e3 * worker}
@@ -305,18 +319,11 @@ def plan(function: Function, family: str, schedule: dict[str, object]) -> list[W
 def _main_threads(function: Function, kept: list[Window], family: str) -> dict[str, object]:
     """The calling thread's other GEMMs: on one thread for the whole call when that measured
     faster (on a machine whose other core is busy, 2-thread GEMMs wait for it)."""
-    from . import blas_threads
-
-    missing: list[tuple] = []
-    one = both = 0.0
-    for g in _outside_gemms(function, kept):
-        try:
-            one += blas_threads.seconds(family, *g, threads=1)
-            both += blas_threads.seconds(family, *g, threads=0)
-        except blas_threads.NotMeasured as e:
-            missing.append(e.params)
-    if missing:
-        raise blas_threads.NotMeasured(tuple(missing))
+    seconds = _Times(family)
+    outside = _outside_gemms(function, kept)
+    one = sum(seconds(*g, threads=1) for g in outside)
+    both = sum(seconds(*g, threads=0) for g in outside)
+    seconds.check()
     return {"threads": 1 if one <= both else "all", "why": "measured model",
             "outside_1thread_ms": round(1e3 * one, 3), "outside_ms": round(1e3 * both, 3)}
 
