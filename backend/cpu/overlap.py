@@ -268,10 +268,11 @@ def estimate(window: Window, family: str) -> dict[str, float]:
 MARGIN = 0.75
 """The schedule is used when the model predicts it at least 25 % faster. The model counts GEMM
 times only, each measured alone; with the worker running, both threads' 1-thread GEMMs and
-OpenBLAS's own pool thread share the 2 cores, which the model does not see. Measured on a quiet
-machine (docs/performance-rnn.md): forced on, rnn-S went from 7.7 to 15.0 ms and gru-S from 25
-to 41; a two-layer GRU the model gave 27.8 against 29.4 ms ran 1.44x slower with it. Where it
-wins, on a loaded machine, the predicted gain was 1.3x-60x."""
+OpenBLAS's own pool thread share the 2 cores, which the model does not see. Forced on, on a
+quiet machine (`GIR_CPU_OVERLAP=0|1 python bench/rnn.py --models rnn,gru,lstm --sizes S
+--threads 2 --peers numpy`): rnn-S 8.1 -> 12.1 ms, gru-S 25.3 -> 37.7, lstm-S 34.8 -> 51.3;
+a two-layer GRU the model gave 27.8 against 29.4 ms ran 1.44x slower with it
+(bench/generic_cell.py). Where it won, on a loaded machine, the predicted gain was 1.3x-60x."""
 
 
 def plan(function: Function, family: str, schedule: dict[str, object]) -> list[Window]:

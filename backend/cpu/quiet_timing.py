@@ -2,10 +2,11 @@
 
 GEMM paths and the two-core schedule are chosen from times measured once and cached per
 machine. On a 2-core machine a 2-thread OpenBLAS GEMM that loses a core to another process
-does not get 2x slower but 10-100x (its threads spin at synchronisation points waiting for the
-preempted one): 16 ms instead of 0.14 ms for 32x256 @ 256x1024 with one busy loop beside it.
-One such number cached made a GRU step 1.6x slower for good (the two-core schedule switched on
-from a 2-thread time of 28 ms for that GEMM).
+slows down a lot (its threads spin at synchronisation points waiting for the preempted one):
+`python bench/gemm_disturbed.py` gives 0.135 ms alone and 0.253 ms with one busy process beside
+it for 32x256 @ 256x1024; with several test suites running it was 28 ms (a cached 2-thread time
+seen in `fn.stats.schedule`), and that one number switched the two-core schedule on and made a
+GRU step 1.6x slower for good.
 
 The sign of a disturbed round is in the kernel's accounting: the process's involuntary context
 switches (`ru_nivcsw`, all its threads: BLAS's pool included) grow while another task takes a
