@@ -150,8 +150,9 @@ def openblas() -> OpenBLAS | None:
     """NumPy's own OpenBLAS where its wheel bundles one, else SciPy's (GIR_OPENBLAS=numpy|scipy
     forces one). NumPy's is preferred because it is the pool NumPy's own matmuls use (two
     OpenBLAS pools in one process spin against each other on a 2-core machine) and because
-    it measured faster here: the per-step GEMM 32x256 @ 256x1024 took 0.127 ms with NumPy's
-    0.3.31 against 0.179 ms with SciPy's 0.3.30 on 2 threads (docs/backend.md)."""
+    it measured faster here: the per-step GEMM 32x256 @ 256x1024 took 0.132 ms with NumPy's
+    0.3.31 against 0.181 ms with SciPy's 0.3.30 on 2 threads (`python bench/openblas_libs.py`,
+    docs/backend.md)."""
     order = [_scipy_openblas, _numpy_openblas] if os.environ.get("GIR_OPENBLAS") == "scipy" else \
         [_numpy_openblas, _scipy_openblas]
     for find in order:
