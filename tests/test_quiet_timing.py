@@ -177,3 +177,25 @@ def test_a_first_compile_decides_the_two_core_schedule_without_waiting(monkeypat
     assert notes and all(not n["used"] and "not measured yet" in n["why"] for n in notes), notes
     assert layout.schedule["overlap_pending"] and not layout.measured
     assert blas._queued  # what it needs is queued for the background measurer
+
+
+@pytest.mark.parametrize(("ratio", "used"), [(0.85, False), (0.7, True)], ids=["15pct", "30pct"])
+def test_the_two_core_schedule_needs_a_predicted_25_percent_gain(monkeypatch: pytest.MonkeyPatch, ratio: float,
+                                                                 used: bool) -> None:
+    """overlap.MARGIN: a predicted 15 % gain leaves the schedule off (forced on, the S steps ran
+    1.5x slower on a quiet machine), 30 % turns it on."""
+    import gir
+    from gir.backend.cpu import overlap
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import DEFAULT_PIPELINE
+
+    monkeypatch.delenv("GIR_CPU_OVERLAP", raising=False)
+    if blas.threads() < 2 or blas_threads.unavailable("openblas"):
+        pytest.skip("the two-core schedule needs 2 BLAS threads")
+    monkeypatch.setattr(overlap, "estimate", lambda w, family: {"without_ms": 10.0, "with_ms": 10.0 * ratio})
+    monkeypatch.setattr(overlap, "_main_threads", lambda *a: {"threads": "all", "why": "test"})
+    module = gir.parse((Path(__file__).parent.parent / "examples" / "rnn.gir").read_text())
+    PassManager(DEFAULT_PIPELINE).run(module)
+    schedule: dict = {}
+    kept = overlap.plan(module.functions["rnn_grads"], "openblas", schedule)
+    assert bool(kept) == used and all(n["used"] == used for n in schedule["overlap"])
