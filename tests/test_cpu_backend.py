@@ -234,12 +234,18 @@ func @train(%data: tensor<{n}x{seq}>, %h0: tensor<{h}>, %wx0: tensor<{w}>, %wh0:
 """
 
 
-@pytest.mark.skipif(not HAS_MKL, reason="MKL (cblas_?gemm_pack) is not available")
-def test_training_loop_packs_once_per_minibatch(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["mkl-packed", "openblas-copy"])
+def test_training_loop_packs_once_per_minibatch(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Packs = N x (packed weights and directions): wh in the forward scan (h @ wh) and in the
     backward scan (dh @ wh^T), once per minibatch, whatever T is; wx is not packed (its product
-    is hoisted out of the loop). The trained weights equal the interpreter's."""
-    monkeypatch.setenv("GIR_GEMM_PATH", "mkl-packed")
+    is hoisted out of the loop). The trained weights equal the interpreter's. openblas-copy's
+    "pack" is the weight copied to the other orientation (the backward scan's wh^T becomes a
+    plain operand, the forward's wh a transposed one)."""
+    if path == "mkl-packed" and not HAS_MKL:
+        pytest.skip("MKL (cblas_?gemm_pack) is not available")
+    if path == "openblas-copy" and not blas.has_transpose_copy():
+        pytest.skip("this OpenBLAS has no ?omatcopy_")
+    monkeypatch.setenv("GIR_GEMM_PATH", path)
     packs = {}
     for n, t in [(3, 2), (3, 6), (2, 6)]:
         text = training_loop(n, t)
@@ -252,7 +258,7 @@ def test_training_loop_packs_once_per_minibatch(monkeypatch: pytest.MonkeyPatch)
         want = gir.jit(text, "train", device="interp")(*args)
         assert_all_close(got, want, what=f"train N={n} T={t}")
         assert not np.allclose(got[1], args[3])  # the weights moved
-        assert fn.stats.gemm_paths.get("mkl-packed", 0) == 2, fn.stats  # forward and backward
+        assert fn.stats.gemm_paths.get(path, 0) == 2, fn.stats  # forward and backward
         assert fn.stats.pack_calls == n * 2, fn.stats
         packs[n, t] = fn.stats.pack_calls
         assert fn.stats.gemm_calls > fn.stats.pack_calls * t
@@ -380,3 +386,56 @@ def test_cli_errors_exit_1_without_traceback(argv: list[str], tmp_path: Path) ->
     assert "error: no function @nope" in proc.stderr
     assert not (tmp_path / "x.o").exists()
 
+
+
+SCAN_WEIGHTS = """\
+func @f(%h0: tensor<4x6xDT>, %w: tensor<6x5xDT>, %v: tensor<6x5xDT>) -> (tensor<4x6xDT>, tensor<4x5xDT>) {
+  %vt = transpose %v {perm = [1, 0]} : tensor<5x6xDT>
+  %h = scan length 5 () carry (%c = %h0) {
+    %p = matmul %c, %w : tensor<4x5xDT>
+    %q = matmul %p, %vt : tensor<4x6xDT>
+    %n = tanh %q : tensor<4x6xDT>
+    yield (%n)
+  } : tensor<4x6xDT>
+  %last = matmul %h, %w : tensor<4x5xDT>
+  return %h, %last
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_openblas_copy_path_in_both_orientations(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """openblas-copy on a loop-invariant weight read as is (c @ w) and transposed (p @ v^T),
+    each copied once before the loop to the other orientation: the same results as the
+    interpreter; the product outside the loop keeps the plain path."""
+    if not blas.has_transpose_copy():
+        pytest.skip("this OpenBLAS has no ?omatcopy_")
+    monkeypatch.setenv("GIR_GEMM_PATH", "openblas-copy")
+    fn = run_both(SCAN_WEIGHTS.replace("DT", dtype), "f", seed=4, rtol=RTOL[dtype] if dtype == "f64" else 1e-5)
+    assert fn.stats.gemm_paths == {"openblas-copy": 2, "openblas": 1}, fn.stats
+    assert fn.stats.pack_calls == 2 and fn.stats.gemm_calls == 11, fn.stats
+
+
+@pytest.mark.parametrize("tb", [False, True])
+def test_gemm_caller_openblas_copy_equals_numpy(tb: bool) -> None:
+    """The measuring harness's openblas-copy caller computes the same product as NumPy (the
+    copy it makes outlives the call)."""
+    if not blas.has_transpose_copy():
+        pytest.skip("this OpenBLAS has no ?omatcopy_")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 7)).astype(np.float32)
+    b = rng.standard_normal((3, 7) if tb else (7, 3)).astype(np.float32)
+    c = np.zeros((4, 3), np.float32)
+    call = blas.gemm_caller("openblas-copy", "f32", 4, 3, 7, False, tb, a, b, c)
+    call()
+    np.testing.assert_allclose(c, a @ (b.T if tb else b), rtol=1e-5)
+
+
+def test_one_candidate_is_chosen_without_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a single candidate path (no MKL, not in a loop) nothing is measured or queued."""
+    monkeypatch.setattr(blas, "_candidates", lambda packable: ["openblas"])
+    monkeypatch.setattr(blas, "times_or_model", lambda params: pytest.fail("measured a shape with one path"))
+    monkeypatch.delenv("GIR_GEMM_PATH", raising=False)
+    assert blas.choose_path("f32", 3, 4, 5, False, False, False) == "openblas"
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
+    assert blas.is_measured([("f32", 3, 4, 5, False, False, False)])

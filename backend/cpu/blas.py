@@ -34,7 +34,7 @@ from . import quiet_timing
 
 FN_TABLE = (
     "mkl_sgemm", "mkl_dgemm", "mkl_sgemm_pack", "mkl_dgemm_pack", "mkl_sgemm_compute", "mkl_dgemm_compute",
-    "ob_sgemm", "ob_dgemm",
+    "ob_sgemm", "ob_dgemm", "ob_somatcopy", "ob_domatcopy",
 )
 """Slots of the function-pointer table passed to compiled code."""
 
@@ -96,6 +96,10 @@ def providers() -> Providers:
             except OSError as e:
                 mkl, notice = None, f"MKL could not be loaded ({e}); using OpenBLAS"
     table[FN_TABLE.index("ob_sgemm")], table[FN_TABLE.index("ob_dgemm")] = _openblas_gemms()
+    found = openblas()
+    if found is not None:
+        table[FN_TABLE.index("ob_somatcopy")], table[FN_TABLE.index("ob_domatcopy")] = \
+            found.omatcopy("s"), found.omatcopy("d")
     return Providers(mkl, table, notice)
 
 
@@ -116,6 +120,13 @@ class OpenBLAS:
 
     def gemm(self, s: str) -> int:
         return ctypes.cast(getattr(self.lib, f"{self.prefix}{s}gemm{self.suffix}"), ctypes.c_void_p).value or 0
+
+    def omatcopy(self, s: str) -> int:
+        """OpenBLAS's out-of-place transpose (`?omatcopy_`, an extension to BLAS); 0 if absent."""
+        try:
+            return ctypes.cast(getattr(self.lib, f"{self.prefix}{s}omatcopy{self.suffix}"), ctypes.c_void_p).value or 0
+        except AttributeError:
+            return 0
 
     @property
     def name(self) -> str:
@@ -212,7 +223,7 @@ def pack_size(dtype: str, m: int, n: int, k: int) -> int:
 # Choosing a path by measuring
 
 
-PATHS = ("mkl", "openblas", "mkl-packed")
+PATHS = ("mkl", "openblas", "mkl-packed", "openblas-copy")
 
 
 def _cache_file() -> str:
@@ -295,7 +306,14 @@ def measure_mode() -> str:
 
 
 def _candidates(packable: bool) -> list[str]:
-    return ["openblas"] + (["mkl"] + (["mkl-packed"] if packable else []) if providers().has_mkl else [])
+    ours = ["openblas"] + (["openblas-copy"] if packable and has_transpose_copy() else [])
+    return ours + (["mkl"] + (["mkl-packed"] if packable else []) if providers().has_mkl else [])
+
+
+def has_transpose_copy() -> bool:
+    """Whether the `openblas-copy` path can run: OpenBLAS's `?omatcopy_` in both precisions."""
+    table = providers().table
+    return bool(table[FN_TABLE.index("ob_somatcopy")] and table[FN_TABLE.index("ob_domatcopy")])
 
 
 def _key(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> str:
@@ -429,7 +447,7 @@ def times_or_model(params: tuple) -> tuple[dict[str, float], bool]:
     return model_times(*params), False
 
 
-FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas",)}
+FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas", "openblas-copy")}
 """A compiled function calls one provider only: MKL's and OpenBLAS's thread pools, both
 spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/performance.md)."""
 
@@ -439,7 +457,7 @@ def choose_family(sites: list[tuple[tuple, int]]) -> str:
     ((dtype, m, n, k, ta, tb, packable), times run per call)."""
     forced = os.environ.get("GIR_GEMM_PATH")
     if forced:
-        return "openblas" if forced == "openblas" else "mkl"
+        return "openblas" if forced in FAMILIES["openblas"] else "mkl"
     if not providers().has_mkl:
         return "openblas"
     totals = {family: 0.0 for family in FAMILIES}
@@ -452,12 +470,14 @@ def choose_family(sites: list[tuple[tuple, int]]) -> str:
 
 def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool,
                 family: str | None = None) -> str:
-    """'mkl', 'openblas' or 'mkl-packed' for this GEMM (within `family` if given): the fastest
-    measured path (the model's guess while it is not measured). GIR_GEMM_PATH forces one
-    (where it applies)."""
+    """One of PATHS for this GEMM (within `family` if given): the fastest measured path (the
+    model's guess while it is not measured). GIR_GEMM_PATH forces one (where it applies)."""
     forced = os.environ.get("GIR_GEMM_PATH")
-    if forced in _candidates(packable):
+    candidates = _candidates(packable)
+    if forced in candidates:
         return forced  # type: ignore[return-value]
+    if len(candidates) == 1:
+        return candidates[0]  # nothing to choose: nothing to measure
     times, _ = times_or_model((dtype, m, n, k, ta, tb, packable))
     allowed = [p for p in times if family is None or p in FAMILIES[family]]
     return min(allowed or list(times), key=times.__getitem__)
@@ -466,9 +486,9 @@ def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable
 def is_measured(sites: list[tuple]) -> bool:
     """Whether every GEMM shape in sites (path_times' arguments) has measured times now (a
     compiled function whose paths came from the model is compiled again once they do)."""
-    if os.environ.get("GIR_GEMM_PATH") or not providers().has_mkl or measure_mode() != "background":
+    if os.environ.get("GIR_GEMM_PATH") or measure_mode() != "background":
         return True  # nothing is chosen by measuring, or it is measured now, or never
-    return all(path_times(*p) is not None for p in sites)
+    return all(len(_candidates(p[-1])) == 1 or path_times(*p) is not None for p in sites)
 
 
 _GEMM_ARGS = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -532,6 +552,10 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
     scalar = ctypes.c_float if dtype == "f32" else ctypes.c_double
     lda = a.shape[1]
     ldb = b.shape[1]
+    if path == "openblas-copy":  # the weight copied to the other orientation once (not timed)
+        b, tb = np.ascontiguousarray(b.T), not tb
+        ldb = b.shape[1]
+        path = "openblas"
     pa, pb, pc = (x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c))
     if path == "openblas":
         fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 13))(prov.table[FN_TABLE.index(f"ob_{dtype[0:1]}gemm".replace(
@@ -545,7 +569,7 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
         refs = [ctypes.byref(x) for x in (tra, trb, ints[0], ints[1], ints[2], one)]
         args = refs + [pb, ctypes.byref(ints[3]), pa, ctypes.byref(ints[4]), ctypes.byref(zero), pc,
                        ctypes.byref(ints[5])]
-        return lambda: fn(*args)
+        return lambda: (fn(*args), b)  # holds b: for openblas-copy, the only reference to the copy
     mkl = prov.mkl
     assert mkl is not None
     prefix = "cblas_s" if dtype == "f32" else "cblas_d"

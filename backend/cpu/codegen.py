@@ -804,6 +804,11 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
                     [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(blas.CBLAS_PACKED), i32(m), i32(n), i32(k), pa, i32(lda),
                     packed, i32(ldb), ir.Constant(fty, 0.0), pc, i32(n)])
         return
+    if path == "openblas-copy":  # the weight, copied to the other orientation before the loop
+        copied = low.pack_slots.get(op)
+        assert copied is not None, "the enclosing scan copies this weight before its loop"
+        pb, tb = copied, not tb
+        ldb = k if tb else n
     # OpenBLAS, Fortran ABI, column-major: C^T = B^T A^T, every argument by reference; its
     # integers are 64-bit in NumPy's ILP64 build (blas.openblas()).
     fint = ir.IntType(blas.openblas_int_bits())
@@ -823,7 +828,8 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
 
 
 def _pack_weights(low: Lowering, scan: Operation) -> None:
-    """Before a scan's loop: pack the loop-invariant weight of every packed GEMM in its body."""
+    """Before a scan's loop: pack (mkl-packed) or copy to the other orientation (openblas-copy)
+    the loop-invariant weight of every GEMM in its body that takes one of those paths."""
     for op in scan.body:
         if not _is_gemm(op) or not _packable(op):
             continue
@@ -832,19 +838,48 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         dtype = op.result.tensor_type.dtype
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
-        if blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family) != "mkl-packed":  # type: ignore[arg-type]
-            continue
-        dest = low.alloc_pinned(blas.pack_size(dtype, m, n, k))  # type: ignore[arg-type]
-        low.pack_slots[op] = dest
-        fty = LLVM_TYPES[dtype]
-        s = "s" if dtype == "f32" else "d"
-        sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR])
-        i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
-        low.count(1)
-        _call_table(low, f"mkl_{s}gemm_pack", sig,
-                    [i32(blas.CBLAS_ROW_MAJOR), i32(blas.CBLAS_B_MATRIX),
-                    i32(blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS), i32(m), i32(n), i32(k),
-                    ir.Constant(fty, 1.0), low.ptr[b_src], i32(k if tb else n), dest])
+        path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family)  # type: ignore[arg-type]
+        if path == "mkl-packed":
+            low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
+        elif path == "openblas-copy":
+            low.pack_slots[op] = _transpose_copy(low, dtype, *((n, k) if tb else (k, n)), low.ptr[b_src])  # type: ignore[arg-type]
+
+
+def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: ir.Value) -> ir.Value:
+    dest = low.alloc_pinned(blas.pack_size(dtype, m, n, k))
+    fty = LLVM_TYPES[dtype]
+    s = "s" if dtype == "f32" else "d"
+    sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR])
+    i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
+    low.count(1)
+    _call_table(low, f"mkl_{s}gemm_pack", sig,
+                [i32(blas.CBLAS_ROW_MAJOR), i32(blas.CBLAS_B_MATRIX),
+                i32(blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS), i32(m), i32(n), i32(k),
+                ir.Constant(fty, 1.0), src, i32(k if tb else n), dest])
+    return dest
+
+
+def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Value) -> ir.Value:
+    """A new pinned cols x rows matrix: the transpose of the row-major rows x cols one at src,
+    through OpenBLAS's ?omatcopy_ (Fortran ABI: column-major, so the source is a cols x rows
+    matrix with leading dimension cols). Counted as a pack call."""
+    fty = LLVM_TYPES[dtype]
+    dest = low.alloc_pinned(rows * cols * (4 if dtype == "f32" else 8))
+    fint = ir.IntType(blas.openblas_int_bits())
+    with low.b.goto_block(low.entry):
+        low.b.position_at_start(low.entry)
+        order, trans, c_rows, c_cols, lda, ldb, alpha = [low.b.alloca(I8), low.b.alloca(I8)] + \
+            [low.b.alloca(fint) for _ in range(4)] + [low.b.alloca(fty)]
+    low.b.store(ir.Constant(I8, ord("C")), order)
+    low.b.store(ir.Constant(I8, ord("T")), trans)
+    for cell, value in ((c_rows, cols), (c_cols, rows), (lda, cols), (ldb, rows)):
+        low.b.store(ir.Constant(fint, value), cell)
+    low.b.store(ir.Constant(fty, 1.0), alpha)
+    low.count(1)
+    s = "s" if dtype == "f32" else "d"
+    _call_table(low, f"ob_{s}omatcopy", ir.FunctionType(ir.VoidType(), [PTR] * 9),
+                [order, trans, c_rows, c_cols, alpha, src, lda, dest, ldb])
+    return dest
 
 
 # ---------------------------------------------------------------------------------------------

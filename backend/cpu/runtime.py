@@ -463,7 +463,7 @@ def target_key() -> tuple:
             os.environ.get("GIR_CPU_OVERLAP", ""), opt_level())
 
 
-_CODEGEN_VERSION = "14"
+_CODEGEN_VERSION = "15"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
