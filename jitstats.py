@@ -40,7 +40,8 @@ class GemmChoice:
     where: str
     """The product's source location (file:line:col)."""
     path: str
-    """'mkl', 'mkl-packed' or 'openblas' (backend/cpu/blas.py measures and chooses)."""
+    """One of backend/cpu/blas.py's PATHS: 'mkl', 'mkl-packed', 'openblas' or 'openblas-copy'
+    (measured and chosen there)."""
     dtype: str
     m: int
     n: int

@@ -5,7 +5,11 @@ gir's whole step (docs/performance-rnn.md, "Issue 14").
 Phases, the shapes gir's pipeline makes for bench/rnn.py's lstm at S (T=50, batch 32, 256
 wide, gates fused to 1024): the input projection (1600x256 @ 256x1024), 50 forward per-step
 GEMMs (32x256 @ 256x1024, with one tanh between), 50 backward ones (32x1024 @ 1024x256), and
-three weight-gradient GEMMs (256x1600 @ 1600x1024). Median of 30 after one warm-up.
+the weight gradients as gir computes them (`fn.stats.compile.gemms`): dW = xs^T dG (256x1600 @
+1600x1024) and dU in two parts, h0^T dG_0 (256x32 @ 32x1024) plus the other 49 steps' stack
+(256x1568 @ 1568x1024). Median of 30 after one warm-up. (Until 2026-11-24 this counted three
+weight-gradient GEMMs of K=1600, one more than gir runs, and so overstated the GEMMs of a step
+by ~4.6 ms.)
 
     python bench/lstm_gemms.py [--threads 2]
 """
@@ -30,6 +34,8 @@ def phases(rng: np.random.Generator):  # noqa: ANN201
     g, h = np.empty((B, 4 * H), np.float32), np.zeros((B, H), np.float32)
     dg, dh, dw = np.empty((T, B, 4 * H), np.float32), np.empty((B, H), np.float32), np.empty((H, 4 * H), np.float32)
     x2 = xs.reshape(T * B, H)
+    hs = rng.standard_normal((T * B, H), dtype=np.float32)
+    du0, du = np.empty((H, 4 * H), np.float32), np.empty((H, 4 * H), np.float32)
 
     def run() -> np.ndarray:
         t0 = time.perf_counter()
@@ -42,8 +48,10 @@ def phases(rng: np.random.Generator):  # noqa: ANN201
         for t in range(T):
             np.matmul(dg[t], ut, out=dh)
         t3 = time.perf_counter()
-        for _ in range(3):
-            np.matmul(x2.T, dg.reshape(T * B, 4 * H), out=dw)
+        dg2 = dg.reshape(T * B, 4 * H)
+        np.matmul(x2.T, dg2, out=dw)
+        np.matmul(h.T, dg2[:B], out=du0)
+        np.matmul(hs[:T * B - B].T, dg2[B:], out=du)
         return np.array([t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3])
     return run
 
@@ -57,7 +65,7 @@ def main() -> None:
         run()
         ms = np.median([run() for _ in range(30)], axis=0) * 1e3
     print(f"threads={args.threads}: projection {ms[0]:.2f} ms, forward per-step GEMMs {ms[1]:.2f}, "
-          f"backward per-step GEMMs {ms[2]:.2f}, three weight-gradient GEMMs {ms[3]:.2f}; all {ms.sum():.2f} ms")
+          f"backward per-step GEMMs {ms[2]:.2f}, weight-gradient GEMMs {ms[3]:.2f}; all {ms.sum():.2f} ms")
 
 
 if __name__ == "__main__":
