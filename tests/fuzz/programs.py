@@ -69,7 +69,7 @@ class _Gen(LayoutSteps):
     def __init__(self, rng: random.Random, dtype: str, smooth: bool, h: int = 1, grad: bool = False,
                  unknown: set[int] | None = None, layout: float = 0.0):
         self.rng, self.dtype, self.smooth = rng, dtype, smooth
-        self.side = random.Random(hash(rng.getstate()))
+        self.side = random.Random(hash(rng.getstate()[1]))  # the state's ints: hash(None) varies per process
         """For choices added after the first campaigns (scans of a fixed `length`): drawn from a
         stream of their own, rng's draws stay as they were, so most programs of a seed are the
         ones earlier versions wrote (tests/test_fuzz_campaigns.py picks programs by index)."""
