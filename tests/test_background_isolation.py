@@ -111,6 +111,24 @@ def test_dropping_the_queue_forgets_what_was_queued(monkeypatch: pytest.MonkeyPa
     assert blas.wait_for_measurements(30) and ran == ["a", "b"]
 
 
+def test_a_task_queued_while_the_measurer_is_ending_still_runs(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """The measurer found the queue empty (under the lock) and is returning, but is still alive:
+    a task queued then gets a new worker instead of waiting for the next task to start one."""
+    _fresh_measurer(monkeypatch, tmp_path)
+    ending = threading.Event()
+    dying = threading.Thread(target=ending.wait, args=(30,), daemon=True)  # alive, takes nothing more
+    dying.start()
+    monkeypatch.setattr(blas, "_worker", dying)
+    monkeypatch.setattr(blas, "_worker_takes_more", False)
+    ran = threading.Event()
+    try:
+        blas.measure_in_background(("late",), ran.set)
+        assert ran.wait(30)
+    finally:
+        ending.set()
+
+
 SOURCE = """\
 func @isolated(%x: tensor<3x5xf32>, %w: tensor<5x2xf32>) -> tensor<3x2xf32> {
   return sigmoid(%x @ %w) - 0.25
