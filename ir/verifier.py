@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from ..errors import GirVerifyError
+from ..errors import GirTypeError, GirVerifyError
 from .core import Block, Function, Module, Operation, Value
 from .ops import REGISTRY, OpSpec, ShapeError, check_arity, infer_types, stamp_holds, type_stamp, verifier_declared
 from .types import Type, VarType
@@ -139,7 +139,12 @@ class Verifier:
         regions = op.regions
         if len(regions) != spec.num_regions:
             raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(regions)}", op.loc)
-        check_arity(spec, len(operands), op.segments, op.loc)
+        _arity(op, spec)
+        for region in regions:  # the type rule reads the body's yield groups: their sizes first
+            term = region.block.terminator
+            spec_of_term = REGISTRY.get(term.name) if term is not None else None
+            if spec_of_term is not None:
+                _arity(term, spec_of_term)  # type: ignore[arg-type]
         self.types(op, spec, types, results)
 
     def types(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
@@ -170,6 +175,15 @@ class Verifier:
         want = op.spec.callee_results(op, f.arg_types, f.result_types)
         if [r.type for r in op.results] != want:
             raise GirVerifyError(f"'{op.name}' of @{f.name} has the wrong result types", op.loc)
+
+
+def _arity(op: Operation, spec: OpSpec) -> None:
+    """ops.check_arity (operand count and group sizes) as a verifier error, so the pass manager
+    names the pass that broke it."""
+    try:
+        check_arity(spec, len(op.operands), op.segments, op.loc)
+    except GirTypeError as e:
+        raise GirVerifyError(e.message, e.loc) from None
 
 
 def call_cycle_error(cycle: Sequence[str], op: Operation) -> GirVerifyError:
