@@ -522,17 +522,43 @@ class ScanHoistInvariants(Pattern):
         return hoisted
 
 
-def _cse_key(op: Operation) -> tuple | None:
-    spec = op.spec
-    if op.regions or not spec.pure or spec.terminator or spec.interprocedural:
+def _cse_kinds() -> dict[str, bool]:
+    """The op kinds CSE may merge (pure, not a terminator, not a call), each with whether it is
+    commutative: looked up once per CSE walk rather than per op."""
+    return {name: spec.commutative for name, spec in REGISTRY.items()
+            if spec.pure and not spec.terminator and not spec.interprocedural}
+
+
+def _cse_key(op: Operation, kinds: dict[str, bool]) -> tuple | None:
+    """What two ops that compute the same value share: kind, operands (sorted where the kind is
+    commutative), attributes and result types; None for an op CSE leaves alone."""
+    commutative = kinds.get(op.name)
+    if commutative is None or op.regions:
         return None
     operands = [id(v) for v in op.operands]
-    if spec.commutative:
+    if commutative:
         operands.sort()
     attrs = op.attrs
     results = op.results
     types = (results[0].type,) if len(results) == 1 else tuple(r.type for r in results)
-    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), types)
+    return (op.name, tuple(operands), _freeze_attrs(attrs) if attrs else (), types)
+
+
+_SCALAR_NAMES = {int: "int", bool: "bool", str: "str"}
+
+
+def _freeze_attrs(attrs: dict[str, Any]) -> tuple:
+    """`_freeze(attrs)`, the same tuple, with the common case of one scalar attribute (a
+    constant's value) made without the general recursion."""
+    if len(attrs) == 1:
+        ((k, v),) = attrs.items()
+        kind = type(v)
+        if kind is float:
+            return ((k, ("float", repr(v))),)
+        name = _SCALAR_NAMES.get(kind)
+        if name is not None:
+            return ((k, (name, v)),)
+    return _freeze(attrs)
 
 
 def _freeze(x: Any) -> Any:
@@ -552,12 +578,13 @@ def cse(function: Function, rw: Rewriter) -> bool:
     start = time.perf_counter()
     changed = False
     scopes: list[dict[tuple, Operation]] = []
+    kinds = _cse_kinds()
 
     def walk(block: Block) -> None:
         nonlocal changed
         scopes.append({})
         for op in block:
-            key = _cse_key(op)
+            key = _cse_key(op, kinds)
             if key is not None:
                 stats.tried += 1
                 found = _lookup(scopes, key)
@@ -613,11 +640,16 @@ class Canonicalize(Pass):
         self.converged = True
         """Every function reached a round with nothing to do (so another run would do nothing)."""
         for f in module.functions.values():
-            for _ in range(10):  # patterns and CSE expose work for each other; a few rounds suffice
-                again = apply_patterns_greedily(f, patterns, rw)
-                again |= cse(f, rw)
-                changed |= again
-                if not again:
+            # Patterns and CSE expose work for each other; a few rounds suffice. CSE finds
+            # nothing in its own output, so after the first round, a round whose patterns
+            # changed nothing ends the loop without running CSE on IR it has already seen.
+            for round_ in range(10):
+                rewrote = apply_patterns_greedily(f, patterns, rw)
+                if not rewrote and round_ > 0:
+                    break
+                merged = cse(f, rw)
+                changed |= rewrote or merged
+                if not (rewrote or merged):
                     break
             else:
                 self.converged = False
