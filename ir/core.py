@@ -271,12 +271,12 @@ class Block:
 
     def num_ops(self) -> int:
         """The number of ops in this block and in the regions of its ops, at any depth."""
-        n = 0
+        n = self._len  # this block's own ops, kept by _link and unlink; then the nested ones
         op = self.first
         while op is not None:
-            n += 1
-            for region in op.regions:
-                n += region.block.num_ops()
+            if op.regions:
+                for region in op.regions:
+                    n += region.block.num_ops()
             op = op.next
         return n
 
