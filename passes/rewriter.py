@@ -140,7 +140,8 @@ class Rewriter:
 
     def erase(self, op: Operation) -> None:
         """Erases op (and its regions); operands whose definers may now be dead go on the worklist."""
-        n = 1 + sum(region.block.num_ops() for region in op.regions)
+        regions = op.regions
+        n = 1 + sum(region.block.num_ops() for region in regions) if regions else 1  # most ops: no generator
         if self.worklist is not None:
             for v in op.operands:
                 owner = v.defining_op

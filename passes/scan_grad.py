@@ -448,6 +448,10 @@ def _index0(rw: Rewriter, stack: Value, before: Operation) -> Value:
 class ScanGrad(Pass):
     name = "scan-grad"
     Options = ScanGradOptions
+    idempotent = True
+    """A run leaves no projection to hoist, no products to merge and no accumulation to push out
+    (tests/test_canonicalize_rounds.py runs it twice): the default pipeline's second run is
+    skipped when nothing changed the IR since the first (no `grad` for autodiff to expand)."""
 
     def run(self, module: Module, stats: PassStatistics) -> bool:
         rw = Rewriter(stats)

@@ -1,7 +1,8 @@
 """What canonicalize's loop of rounds relies on (passes/canonicalize.py): CSE finds nothing in
 its own output, so a round whose patterns changed nothing may end the loop without running
-CSE again; and a canonicalize run leaves nothing for another run to do. Checked on the programs
-of tests/test_opt_reference.py, after every pass of the default pipeline."""
+CSE again; and a canonicalize run leaves nothing for another run to do. Likewise scan-grad
+(`ScanGrad.idempotent`: the pass manager skips a run on IR that is unchanged since its last).
+Checked on the programs of tests/test_opt_reference.py, after every pass of the default pipeline."""
 
 from __future__ import annotations
 
@@ -44,3 +45,19 @@ def test_a_second_canonicalize_changes_nothing(path: str) -> None:
     before = print_module(module)
     assert not Canonicalize().run(module, PassStatistics())
     assert print_module(module) == before
+
+
+@pytest.mark.parametrize("path", INPUTS, ids=[Path(p).stem for p in INPUTS])
+def test_a_second_scan_grad_changes_nothing(path: str) -> None:
+    """ScanGrad.idempotent: the pass manager skips a second run on unchanged IR. Checked at each
+    point of the default pipeline where scan-grad could run, with its options' other settings."""
+    module = gir.load(str(REPO / path))
+    for spec in split_pipeline(DEFAULT_PIPELINE):
+        PassManager(spec).run(module)
+        for options in ("", "{merge=false}", "{hoist=false}", "{push-out=false}", "{max-extra-bytes=0}"):
+            copy = gir.parse(print_module(module))
+            PassManager(f"scan-grad{options}").run(copy)
+            printed = print_module(copy)
+            report = PassManager(f"scan-grad{options}").run(copy)
+            assert not report.records[0].changed, f"{path} after {spec}: scan-grad{options} ran again"
+            assert print_module(copy) == printed
