@@ -295,7 +295,16 @@ class Block:
         self._len += 1
 
     def append(self, op: Operation) -> Operation:
-        self._link(op, self.last, None)
+        # _link(op, self.last, None), inlined: the parser appends every op it makes
+        assert op.parent is None, "op is already in a block"
+        last = self.last
+        op.parent, op.prev, op.next = self, last, None
+        if last is None:
+            self.first = op
+        else:
+            last.next = op
+        self.last = op
+        self._len += 1
         return op
 
     def prepend(self, op: Operation) -> Operation:
