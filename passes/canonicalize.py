@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.core import Block, Function, Module, Operation, Value
+from ..ir.core import Block, Function, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, splat_value
 from ..ir.spec import fails_at_run_time
@@ -509,17 +509,32 @@ class ScanHoistInvariants(Pattern):
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
         hoisted = False
         runs = (LoopView(op).trip_count or 0) > 0
-        for inner in op.body:
+        body = op.body
+        for inner in body:
             spec = inner.spec
-            if inner.regions or not spec.pure or spec.terminator or spec.interprocedural:
-                continue
+            if inner.regions or not spec.pure or spec.terminator or spec.callee_results is not None:
+                continue  # (callee_results: spec.interprocedural, without the property call)
             if not runs and fails_at_run_time(inner):
                 continue  # out of a loop that may run no step, it would fail where the loop does not
-            if any(is_defined_inside(v, op) for v in inner.operands):
+            if not _all_outside(inner.operands, op, body):
                 continue
             rw.move_before(inner, op)  # its results are outside now, for the ops after it
             hoisted = True
         return hoisted
+
+
+def _all_outside(values: list[Value], scan: Operation, body: Block) -> bool:
+    """No value is defined inside scan (`is_defined_inside`), with the common answers first: a
+    result of an op of the body itself, or an argument of the body, is inside."""
+    for v in values:
+        if type(v) is OpResult:
+            if v.op.parent is body:
+                return False
+        elif v.defining_block is body:
+            return False
+        if is_defined_inside(v, scan):
+            return False
+    return True
 
 
 def _cse_kinds() -> dict[str, bool]:
