@@ -53,9 +53,10 @@ def _scans(module: Module) -> list[Operation]:
 def _is_seq_arg(scan: Operation, v: Value) -> Sequence | None:
     if v.defining_block is not scan.body:
         return None  # not even an argument of the body (most operands): no need to take the scan apart
-    for s in scan_parts(scan).sequences:
-        if s.arg is v:
-            return s
+    view = LoopView(scan)
+    for outer, arg in zip(view.sequences, view.element_args):
+        if arg is v:  # scan_parts(scan)'s Sequence, without taking the whole scan apart
+            return Sequence(outer, arg)
     return None
 
 
