@@ -7,7 +7,8 @@ the parser's tables and the measured GEMM times.
     objects/<key>.entry     object code keyed by the function after the passes (a second level:
                             the same IR reached from another text skips LLVM)
     parser-<hash>.lark      the LALR tables of frontend/grammar.lark (Lark's cache format)
-    parser-<hash>.terminals.json  the fast parser's terminal table (frontend/terminals.py)
+    parser-<hash>.terminals.json  the fast parser's terminal table, only where the one shipped in
+                            frontend/terminals_table.json does not match (another Lark version)
     gemm-times-<machine>.json  measured GEMM seconds per shape and path, per machine
     gemm-thread-times-<machine>.json  1- and 2-thread GEMM seconds (the two-core schedule)
 

@@ -164,7 +164,12 @@ def infer_types(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared
 def infer_types_noting(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
                        regions: Sequence[Region], segments: tuple[int, ...]) -> tuple[list[Type], bool]:
     """`infer_types`, and whether the rule read the declared types (InferContext.read_declared)."""
-    key = None if regions or spec.num_regions else _infer_key(spec, types, attrs, declared, segments)
+    if regions or spec.num_regions:
+        key = None
+    elif not attrs:  # _infer_key's first case, without the call (most ops)
+        key = (spec.name, tuple(types), (), None if declared is None else tuple(declared), segments)
+    else:
+        key = _infer_key(spec, types, attrs, declared, segments)
     if key is not None:
         hit = _INFERRED.get(key)
         if hit is not None:
