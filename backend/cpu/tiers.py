@@ -1,6 +1,6 @@
 """Tiered compilation: a first compile emits cheap code at once and -O3 code in the background.
 
-A first compile with nothing cached (runtime.compile_code) optimises the LLVM module with
+A first compile with nothing cached (llvm_jit.compile_code) optimises the LLVM module with
 `QUICK_PASSES` and emits it at the code generator's `QUICK_CODEGEN` level, so the function is
 callable after a fraction of -O3's time (bench/llvm_tiers.py measured the recipes; numbers in
 docs/performance.md, "Compile time"). The same LLVM IR is queued here as a `FinalCompile`: one
