@@ -177,3 +177,28 @@ def test_code_calling_a_missing_external_is_refused() -> None:
     code.layout.externals = [*code.layout.externals, "no_such_function"]
     with pytest.raises(GirError, match="no_such_function"):
         runtime.CPUFunction(fn.compiled.function, code=code)
+
+
+SHORT_SCRIPT = """\
+import json, sys
+import gir
+from gir.ir.interpreter import random_inputs
+fn = gir.jit(sys.argv[1], "f")
+out = fn(*random_inputs(fn.signature, 0))[0]
+print(json.dumps({"cache": fn.compiled.code.info.from_cache, "tier": fn.compiled.code.info.tier}))
+"""
+
+
+@pytest.mark.parametrize("exit_wait", ["3", "0"])
+def test_a_short_script_stores_its_final_code_at_exit(tmp_path: pathlib.Path, exit_wait: str) -> None:
+    """Tiered (the quick code ran and the process ended at once): exit finishes the -O3 compile
+    and stores it, so the second run hits; GIR_LLVM_EXIT_WAIT=0 stores nothing."""
+    path = tmp_path / "f.gir"
+    path.write_text(SOURCE)
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(gir.__file__).resolve().parent.parent),
+           "GIR_LLVM_EXIT_WAIT": exit_wait}
+    env.pop("GIR_LLVM_TIER")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", SHORT_SCRIPT, str(path)], env=env, check=True,
+                                      capture_output=True, text=True, timeout=300).stdout) for _ in range(2)]
+    assert runs[0]["cache"] == "" and runs[0]["tier"] in ("quick", "final")  # final: -O3 was quick to swap in
+    assert runs[1]["cache"] == ("compiled" if exit_wait != "0" else ""), runs
