@@ -1,9 +1,10 @@
-"""Compiling an LLVM module for the host CPU and calling it on NumPy arrays.
+"""Loading compiled code for the host CPU and calling it on NumPy arrays.
 
-The target is the host CPU with its features at optimisation level 3 (so fused loops are
-vectorised for, e.g., AVX2); a first compile runs quick code until that is ready (tiers.py).
-Arguments are checked against the signature before any native code runs; outputs are fresh
-arrays.
+Compiling is llvm_jit.py's (the host CPU with its features at optimisation level 3, so fused
+loops are vectorised for, e.g., AVX2; a first compile runs quick code until that is ready:
+tiers.py); this module imports LLVM only when it compiles or must load an object with LLVM's
+JIT linker: a compile-cache hit opens the code's shared library (native.py). Arguments are
+checked against the signature before any native code runs; outputs are fresh arrays.
 
 Threads: a `CPUFunction` may be called from several threads at once (ctypes releases the GIL
 for the native call, so calls do overlap). Its *workspace* (the arena, the pinned area of
