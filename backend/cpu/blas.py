@@ -452,12 +452,22 @@ def _measure_queue() -> None:
 
 
 def wait_for_measurements(timeout: float | None = None) -> bool:
-    """Blocks until the background measurer is idle; True when it is (for benchmarks, tests)."""
-    worker = _worker
-    if worker is not None:
-        worker.join(timeout)
-        return not worker.is_alive()
-    return True
+    """Blocks until the background measurer is idle (no worker alive and nothing queued); True
+    when it is (for benchmarks, tests). A worker may end and another start for a task queued
+    meanwhile: it waits for that one too (it used to return True while it ran)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _choices_lock:
+            worker, queued = _worker, bool(_queue)
+        if worker is None or not worker.is_alive():
+            if not queued or _stop.is_set():  # stopped at exit: what is queued never runs
+                return True
+            time.sleep(0.001)  # queued under the lock a moment ago: its worker is starting
+        else:
+            worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if deadline is not None and time.monotonic() >= deadline:
+            with _choices_lock:
+                return (_worker is None or not _worker.is_alive()) and not _queue
 
 
 def drop_queued_measurements(timeout: float | None = None) -> bool:
