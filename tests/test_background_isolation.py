@@ -164,13 +164,14 @@ def test_waiting_for_measurements_covers_a_worker_started_meanwhile(monkeypatch:
     """The measurer's worker ends when its queue is empty; a task queued just then starts a new
     worker. A wait that joined the old one returned True while the new one ran."""
     _fresh_measurer(monkeypatch, tmp_path)
-    second_gate, ran = threading.Event(), []
-    blas.measure_in_background(("first",), lambda: ran.append("first"))
+    first_gate, second_gate, ran = threading.Event(), threading.Event(), []
+    blas.measure_in_background(("first",), lambda: (first_gate.wait(30), ran.append("first")))
     old = blas._worker
-    assert old is not None
+    assert old is not None  # alive until first_gate: the wait below finds it running
     real_join = old.join
 
     def join_then_hand_over(timeout: float | None = None) -> None:
+        first_gate.set()
         real_join()  # the old worker found the queue empty and ended
         blas.measure_in_background(("second",), lambda: (second_gate.wait(30), ran.append("second")))
         assert blas._worker is not old  # a new worker runs the new task
