@@ -67,6 +67,7 @@ def host() -> tuple[str, str]:
     """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()  # inline asm: the team schedule's `pause` (codegen._Team)
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
@@ -427,11 +428,12 @@ class Workspace:
     def __init__(self, layout: Layout):
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(8, np.int64)
+        self.counters = np.zeros(32, np.int64)
         """GEMM calls, pack calls, the error code (layout.errors[code - 1]), the value its message
         names (an index out of range), and the
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
-        worker's GEMM calls."""
+        worker's GEMM calls; from 8 the team schedule's (codegen._Team), on cache lines of
+        their own."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
@@ -460,16 +462,17 @@ def target_key() -> tuple:
             blas.providers().has_mkl, blas.threads(), blas.openblas_int_bits(),
             blas.openblas().name if blas.openblas() else "cython_blas",
             os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
-            os.environ.get("GIR_CPU_OVERLAP", ""), opt_level())
+            os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), opt_level())
 
 
-_CODEGEN_VERSION = "15"
+_CODEGEN_VERSION = "16"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
 def _has_worker(layout: Layout) -> bool:
-    notes = layout.schedule.get("overlap")
-    return isinstance(notes, list) and any(n.get("used") for n in notes)
+    """Whether the code has a `gir_worker` to run beside gir_main (overlap.py or team.py)."""
+    return any(isinstance(notes, list) and any(n.get("used") for n in notes)
+               for notes in (layout.schedule.get("overlap"), layout.schedule.get("split")))
 
 
 def host_memory_bytes() -> int | None:
