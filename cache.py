@@ -7,7 +7,8 @@ the parser's tables and the measured GEMM times.
     objects/<key>.entry     object code keyed by the function after the passes (a second level:
                             the same IR reached from another text skips LLVM)
     parser-<hash>.lark      the LALR tables of frontend/grammar.lark (Lark's cache format)
-    parser-<hash>.terminals.json  the fast parser's terminal table (frontend/terminals.py)
+    parser-<hash>.terminals.json  the fast parser's terminal table, only where the one shipped in
+                            frontend/terminals_table.json does not match (another Lark version)
     gemm-times-<machine>.json  measured GEMM seconds per shape and path, per machine
     gemm-thread-times-<machine>.json  1- and 2-thread GEMM seconds (the two-core schedule)
 
@@ -88,16 +89,19 @@ def digest(*parts: Any) -> str:
 # Entries: a JSON header and a binary blob, checksummed
 
 
-def _entry_path(kind: str, key: str, suffix: str = ".entry") -> str:
-    return os.path.join(cache_root(), kind, key + suffix)
+def _entry_path(kind: str, key: str, suffix: str = ".entry", root: str | None = None) -> str:
+    return os.path.join(root or cache_root(), kind, key + suffix)
 
 
-def store(kind: str, key: str, meta: dict[str, Any], blob: bytes = b"", suffix: str = ".entry") -> None:
-    """Stores meta (JSON-able) and blob under key, then trims the cache to its bound."""
+def store(kind: str, key: str, meta: dict[str, Any], blob: bytes = b"", suffix: str = ".entry",
+          root: str | None = None) -> None:
+    """Stores meta (JSON-able) and blob under key, then trims the cache to its bound. root: the
+    cache folder (default: the current one); a background compile passes the folder its
+    compile looked up, so a store finishing after GIR_CACHE_DIR changed lands there."""
     header = json.dumps(meta, separators=(",", ":")).encode()
     payload = len(header).to_bytes(8, "little") + header + blob
-    if atomic_write(_entry_path(kind, key, suffix), MAGIC + hashlib.sha256(payload).digest() + payload):
-        trim()
+    if atomic_write(_entry_path(kind, key, suffix, root), MAGIC + hashlib.sha256(payload).digest() + payload):
+        trim(root=root)
 
 
 def load(kind: str, key: str, suffix: str = ".entry") -> tuple[dict[str, Any], bytes] | None:
@@ -145,9 +149,9 @@ def _names(folder: str) -> list[str]:
         return []
 
 
-def _entries() -> list[tuple[float, int, str]]:
+def _entries(root: str | None = None) -> list[tuple[float, int, str]]:
     out = []
-    root = cache_root()
+    root = root or cache_root()
     for kind in SUBDIRS:
         folder = os.path.join(root, kind)
         for name in _names(folder):
@@ -161,11 +165,12 @@ def _entries() -> list[tuple[float, int, str]]:
     return out
 
 
-def trim(limit: int | None = None) -> int:
-    """Deletes the least recently used entries until they take less than 90% of the bound
-    (when they take more than the bound); returns how many were deleted."""
+def trim(limit: int | None = None, root: str | None = None) -> int:
+    """Deletes the least recently used entries of root (default: the current cache folder)
+    until they take less than 90% of the bound (when they take more than the bound); returns
+    how many were deleted."""
     limit = max_bytes() if limit is None else limit
-    entries = _entries()
+    entries = _entries(root)
     total = sum(size for _, size, _ in entries)
     if total <= limit:
         return 0

@@ -100,18 +100,20 @@ def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
 # Compiled specialisations
 
 
-def store_compiled(key: str, compiled: Any) -> None:
-    """Stores a CPUFunction (with its `ir` text) under a specialisation key."""
+def store_compiled(key: str, compiled: Any, root: str | None = None) -> None:
+    """Stores a CPUFunction (with its `ir` text) under a specialisation key (in the cache folder
+    root; default: the current one)."""
     meta, obj = compiled.code.to_entry()
     meta["signature"] = signature_json(compiled.function)
     meta["ir"] = compiled.ir
     with timing.phase("cache: store"):
-        disk.store("compiled", key, meta, obj)
+        disk.store("compiled", key, meta, obj, root=root)
 
 
 def store_when_final(key: str, compiled: Any) -> None:
     """Stores compiled under key once it runs its final code (tiered compilation: after the
-    background -O3 compile, on that thread; at once otherwise), so the cache holds -O3 code."""
+    background -O3 compile, on that thread; at once otherwise), so the cache holds -O3 code:
+    in the cache folder of the lookup that missed, even if GIR_CACHE_DIR changed meanwhile."""
     when_final = getattr(compiled, "when_final", None)
     if when_final is None or compiled.code.final is None:
         store_compiled(key, compiled)
@@ -119,7 +121,8 @@ def store_when_final(key: str, compiled: Any) -> None:
     from .backend.cpu import tiers
 
     tiers.add_key(compiled.code.final, key)
-    when_final(lambda: store_compiled(key, compiled))
+    root = disk.cache_root()
+    when_final(lambda: store_compiled(key, compiled, root))
 
 
 def wait_for_background_store(key: str) -> None:

@@ -4,10 +4,11 @@ Every figure is taken in fresh processes (one per run; `--runs` runs, the median
 each with a cache directory prepared for the case:
 
 - first compile: `gir.jit(examples/<model>.gir, "<model>_grads")` with no compiled entry.
-  "tables only": the cache holds just the parser tables (what any earlier use of gir leaves;
-  `gir cache clear` removes them too), so GEMM paths come from the model and are measured in
-  the background; "GEMM measured": the GEMM times of this machine are there as well;
-  "nothing at all": an empty directory (the parser tables are built first).
+  "tables only": the cache holds what a parse of valid text leaves (nothing since the fast
+  parser's terminal table ships with gir; a parser-*.terminals.json built from Lark where the
+  shipped table's key does not match, e.g. another Lark version), so GEMM paths come from the
+  model and are measured in the background; "GEMM measured": the GEMM times of this machine are
+  there as well; "nothing at all": an empty directory.
 - cache hit: the same call after a compile, in a new process, and a second JitFunction of the
   same source in the same process.
 - `gir run examples/lstm.gir` warm (compiled before), as a whole process.
@@ -125,6 +126,7 @@ def prepare(base: Path, model: str) -> dict[str, Path]:
     """Cache directories: tables only; tables + GEMM times; tables + GEMM times + compiled."""
     tables, measured, compiled = base / "tables", base / f"measured-{model}", base / f"compiled-{model}"
     if not tables.exists():
+        tables.mkdir(parents=True)  # a parse may leave nothing (the shipped terminal table serves)
         run_child([sys.executable, "-c", "import gir; gir.parse('func @f(%x: tensor<f32>) -> tensor<f32> "
                    "{ return %x }')"], environment(tables))
     shutil.copytree(tables, measured)

@@ -121,21 +121,25 @@ class Operation:
         self.segments = segments
         """Sizes of the variadic operand groups named in the spec, in order."""
         n_names = len(result_names)
-        self.results = [
-            OpResult(t, self, i, result_names[i] if i < n_names else None)
-            for i, t in enumerate(result_types)
-        ]
+        if len(result_types) == 1:  # most ops: no comprehension, no enumerate (once per op made)
+            self.results = [OpResult(result_types[0], self, 0, result_names[0] if n_names else None)]
+        else:
+            self.results = [OpResult(t, self, i, result_names[i] if i < n_names else None)
+                            for i, t in enumerate(result_types)]
         self.regions: list[Region] = []
-        for region in regions:
-            self.add_region(region)
+        if regions:
+            for region in regions:
+                self.add_region(region)
         self.parent: Block | None = None
         self.prev: Operation | None = None
         self.next: Operation | None = None
         self.checked: tuple | None = None
         """What the verifier's type check last accepted (ops.type_stamp), or None."""
         self.operands: list[Value] = list(operands)
-        for i, value in enumerate(self.operands):
+        i = 0
+        for value in self.operands:
             value.uses[(self, i)] = None
+            i += 1
 
     # -- registry ---------------------------------------------------------------------------
     @property
@@ -267,12 +271,12 @@ class Block:
 
     def num_ops(self) -> int:
         """The number of ops in this block and in the regions of its ops, at any depth."""
-        n = 0
+        n = self._len  # this block's own ops, kept by _link and unlink; then the nested ones
         op = self.first
         while op is not None:
-            n += 1
-            for region in op.regions:
-                n += region.block.num_ops()
+            if op.regions:
+                for region in op.regions:
+                    n += region.block.num_ops()
             op = op.next
         return n
 
@@ -291,7 +295,16 @@ class Block:
         self._len += 1
 
     def append(self, op: Operation) -> Operation:
-        self._link(op, self.last, None)
+        # _link(op, self.last, None), inlined: the parser appends every op it makes
+        assert op.parent is None, "op is already in a block"
+        last = self.last
+        op.parent, op.prev, op.next = self, last, None
+        if last is None:
+            self.first = op
+        else:
+            last.next = op
+        self.last = op
+        self._len += 1
         return op
 
     def prepend(self, op: Operation) -> Operation:

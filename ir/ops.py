@@ -48,7 +48,7 @@ def make_op(
         raise GirTypeError(f"unknown op '{name}'", loc)
     attrs = normalize_attrs(spec, dict(attrs) if attrs else {}, loc) if attrs or spec.attrs else {}
     n_fixed, n_variadic = spec.arity
-    if n_variadic or len(operands) != n_fixed:  # check_arity's common case (a right fixed count) inlined
+    if n_variadic or segments or len(operands) != n_fixed:  # check_arity's common case inlined (right count, no sizes)
         check_arity(spec, len(operands), segments, loc)
     operand_types = [v.type for v in operands]
     written = list(declared) if declared is not None else None
@@ -164,7 +164,12 @@ def infer_types(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared
 def infer_types_noting(spec: OpSpec, types: list[Type], attrs: dict[str, Any], declared: list[TensorType] | None,
                        regions: Sequence[Region], segments: tuple[int, ...]) -> tuple[list[Type], bool]:
     """`infer_types`, and whether the rule read the declared types (InferContext.read_declared)."""
-    key = None if regions or spec.num_regions else _infer_key(spec, types, attrs, declared, segments)
+    if regions or spec.num_regions:
+        key = None
+    elif not attrs:  # _infer_key's first case, without the call (most ops)
+        key = (spec.name, tuple(types), (), None if declared is None else tuple(declared), segments)
+    else:
+        key = _infer_key(spec, types, attrs, declared, segments)
     if key is not None:
         hit = _INFERRED.get(key)
         if hit is not None:
@@ -219,13 +224,24 @@ def refines(inferred: Type, written: TensorType) -> bool:
 
 
 def check_arity(spec: OpSpec, n: int, segments: tuple[int, ...], loc: Location) -> None:
+    """The operand count, and `segments` (the sizes of the variadic operand groups): present
+    exactly when the spec has more than one variadic group (scan, yield), one non-negative size
+    per group, adding up with the fixed operands to n. Elsewhere segments are never read
+    (OpSpec.segment_range), so sizes there would be a pass's mistake that nothing else sees."""
     n_fixed, n_variadic = spec.arity
     if n_variadic == 0 and n != n_fixed:
         raise GirTypeError(f"'{spec.name}' takes {n_fixed} operand(s), got {n}", loc)
     if n_variadic and n < n_fixed:
         raise GirTypeError(f"'{spec.name}' takes at least {n_fixed} operand(s), got {n}", loc)
-    if n_variadic > 1 and (len(segments) != n_variadic or sum(segments) + n_fixed != n):
-        raise GirTypeError(f"'{spec.name}' operand groups do not add up", loc)
+    if n_variadic < 2 and segments:
+        groups = "no variadic operand group" if n_variadic == 0 else "one variadic operand group"
+        raise GirTypeError(f"'{spec.name}' has {groups} but carries operand group sizes {list(segments)}", loc)
+    if n_variadic > 1 and (len(segments) != n_variadic or min(segments) < 0 or sum(segments) + n_fixed != n):
+        sizes = ", ".join(f"{g.rstrip('*')}={s}" for g, s in zip((o for o in spec.operands if o.endswith("*")),
+                                                                  segments))
+        raise GirTypeError(f"'{spec.name}' operand groups do not add up: {n} operand(s), group sizes "
+                           f"{list(segments)}" + (f" ({sizes})" if len(segments) == n_variadic else "")
+                           + f" for {n_variadic} variadic group(s)", loc)
 
 
 DEVICES = ("cpu", "gpu")

@@ -14,6 +14,7 @@ from .spec import REGISTRY
 
 if TYPE_CHECKING:  # printer.py is imported by core.py, so it names IR nodes for type hints only
     from .core import Function, Module, Operation, Value
+    from .spec import OpSpec
 
 
 class _Names:
@@ -114,8 +115,12 @@ class Printer:
             lines.append(f"{indent}return{' ' + args if args else ''}{self.loc(op.loc)}")
         elif spec.interprocedural:
             lines.append(indent + self._results(op) + self._call(op) + self._types(op) + self.loc(op.loc))
+        elif len(op.results) == 1:  # most ops: `%r = name operands {attrs} : type`, with fewer calls
+            result = op.results[0]
+            text = f"{indent}{self.names[result]} = {self._generic(op, spec)} : {result.type}"
+            lines.append(text + self.loc(op.loc) if self.print_locations else text)
         else:
-            lines.append(indent + self._results(op) + self._generic(op) + self._types(op) + self.loc(op.loc))
+            lines.append(indent + self._results(op) + self._generic(op, spec) + self._types(op) + self.loc(op.loc))
 
     def _results(self, op: Operation) -> str:
         """`%a, %b = `, or nothing for an op without results."""
@@ -177,19 +182,17 @@ class Printer:
             text += " wrt (" + ", ".join(items) + ")"
         return text
 
-    def _generic(self, op: Operation) -> str:
+    def _generic(self, op: Operation, spec: OpSpec) -> str:
         """`name [literal] operands {attrs}`, the form every registry op prints in."""
-        spec = REGISTRY[op.name]
         text = op.name
         if spec.literal:
             text += " " + format_attr(op.attrs["value"])
         if op.operands:
             text += " " + ", ".join(self.names[v] for v in op.operands)
-        return text + self._attrs(op)
+        return text + self._attrs(op, spec) if op.attrs else text
 
-    def _attrs(self, op: Operation) -> str:
+    def _attrs(self, op: Operation, spec: OpSpec) -> str:
         """` {k = v, ...}` sorted by name, leaving out defaults, None and a literal's value."""
-        spec = REGISTRY[op.name]
         shown = {k: v for k, v in op.attrs.items()
                  if not (spec.literal and k == "value") and v != spec.attrs.get(k) and v is not None}
         if not shown:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from ..errors import GirVerifyError
+from ..errors import GirTypeError, GirVerifyError
 from .core import Block, Function, Module, Operation, Value
 from .ops import REGISTRY, OpSpec, ShapeError, check_arity, infer_types, stamp_holds, type_stamp, verifier_declared
 from .types import Type, VarType
@@ -84,12 +84,15 @@ class Verifier:
 
     def block(self, block: Block, visible: set[Value], terminator: str) -> None:
         defined: list[Value] = list(block.args)
-        visible.update(block.args)
+        visible.update(defined)
         last = block.last
+        # Bound methods and the registry's lookup, taken once: this loop runs once per op after
+        # the parse and after every pass that changed the IR (~2 us an op at 25k ops).
+        spec_of, issuperset, see, keep = REGISTRY.get, visible.issuperset, visible.update, defined.extend
         op = block.first
         while op is not None:
             name = op.name
-            spec = REGISTRY.get(name)
+            spec = spec_of(name)
             if spec is None:
                 raise GirVerifyError(f"unknown op '{name}'", op.loc)
             if op is last:
@@ -98,17 +101,17 @@ class Verifier:
             elif spec.terminator:
                 raise GirVerifyError(f"'{name}' must be the last op of its block", op.loc)
             operands = op.operands
-            if not visible.issuperset(operands):
+            if not issuperset(operands):
                 self.dominance(op, visible)
-            types = [v.type for v in operands]
             results = op.results
+            types = [v.type for v in operands]
             result_types = [r.type for r in results]
             stamp = op.checked
             regions = op.regions
             # The stamp (ops.type_stamp) is what the last passing check of the op's operand
             # types, region count, arity and result types saw: unchanged, the op passes them
             # again. The comparisons inline ops.stamp_holds but for the attributes.
-            if stamp is None or stamp[1] != types or stamp[2] != result_types or stamp[0] != name or regions \
+            if stamp is None or regions or stamp[1] != types or stamp[2] != result_types or stamp[0] != name \
                     or stamp[4] != op.segments or ((stamp[3] or op.attrs)
                                                    and not stamp_holds(stamp, op, types, result_types)):
                 self.checks(op, spec, types, result_types)
@@ -118,8 +121,8 @@ class Verifier:
             if regions:
                 for region in regions:
                     self.block(region.block, visible, "yield")
-            visible.update(results)
-            defined.extend(results)
+            see(results)
+            keep(results)
             op = op.next
         visible.difference_update(defined)
 
@@ -139,7 +142,12 @@ class Verifier:
         regions = op.regions
         if len(regions) != spec.num_regions:
             raise GirVerifyError(f"'{op.name}' needs {spec.num_regions} region(s), has {len(regions)}", op.loc)
-        check_arity(spec, len(operands), op.segments, op.loc)
+        _arity(op, spec)
+        for region in regions:  # the type rule reads the body's yield groups: their sizes first
+            term = region.block.terminator
+            spec_of_term = REGISTRY.get(term.name) if term is not None else None
+            if spec_of_term is not None:
+                _arity(term, spec_of_term)  # type: ignore[arg-type]
         self.types(op, spec, types, results)
 
     def types(self, op: Operation, spec: OpSpec, types: list[Type], results: list[Type]) -> None:
@@ -170,6 +178,15 @@ class Verifier:
         want = op.spec.callee_results(op, f.arg_types, f.result_types)
         if [r.type for r in op.results] != want:
             raise GirVerifyError(f"'{op.name}' of @{f.name} has the wrong result types", op.loc)
+
+
+def _arity(op: Operation, spec: OpSpec) -> None:
+    """ops.check_arity (operand count and group sizes) as a verifier error, so the pass manager
+    names the pass that broke it."""
+    try:
+        check_arity(spec, len(op.operands), op.segments, op.loc)
+    except GirTypeError as e:
+        raise GirVerifyError(e.message, e.loc) from None
 
 
 def call_cycle_error(cycle: Sequence[str], op: Operation) -> GirVerifyError:

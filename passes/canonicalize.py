@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.core import Block, Function, Module, Operation, Value
+from ..ir.core import Block, Function, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, splat_value
 from ..ir.spec import fails_at_run_time
@@ -509,30 +509,71 @@ class ScanHoistInvariants(Pattern):
     def match_and_rewrite(self, op: Operation, rw: Rewriter) -> bool:
         hoisted = False
         runs = (LoopView(op).trip_count or 0) > 0
-        for inner in op.body:
+        body = op.body
+        for inner in body:
             spec = inner.spec
-            if inner.regions or not spec.pure or spec.terminator or spec.interprocedural:
-                continue
+            if inner.regions or not spec.pure or spec.terminator or spec.callee_results is not None:
+                continue  # (callee_results: spec.interprocedural, without the property call)
             if not runs and fails_at_run_time(inner):
                 continue  # out of a loop that may run no step, it would fail where the loop does not
-            if any(is_defined_inside(v, op) for v in inner.operands):
+            if not _all_outside(inner.operands, op, body):
                 continue
             rw.move_before(inner, op)  # its results are outside now, for the ops after it
             hoisted = True
         return hoisted
 
 
-def _cse_key(op: Operation) -> tuple | None:
-    spec = op.spec
-    if op.regions or not spec.pure or spec.terminator or spec.interprocedural:
+def _all_outside(values: list[Value], scan: Operation, body: Block) -> bool:
+    """No value is defined inside scan (`is_defined_inside`), with the common answers first: a
+    result of an op of the body itself, or an argument of the body, is inside."""
+    for v in values:
+        if type(v) is OpResult:
+            if v.op.parent is body:
+                return False
+        elif v.defining_block is body:
+            return False
+        if is_defined_inside(v, scan):
+            return False
+    return True
+
+
+def _cse_kinds() -> dict[str, bool]:
+    """The op kinds CSE may merge (pure, not a terminator, not a call), each with whether it is
+    commutative: looked up once per CSE walk rather than per op."""
+    return {name: spec.commutative for name, spec in REGISTRY.items()
+            if spec.pure and not spec.terminator and not spec.interprocedural}
+
+
+def _cse_key(op: Operation, kinds: dict[str, bool]) -> tuple | None:
+    """What two ops that compute the same value share: kind, operands (sorted where the kind is
+    commutative), attributes and result types; None for an op CSE leaves alone."""
+    commutative = kinds.get(op.name)
+    if commutative is None or op.regions:
         return None
     operands = [id(v) for v in op.operands]
-    if spec.commutative:
+    if commutative:
         operands.sort()
     attrs = op.attrs
     results = op.results
     types = (results[0].type,) if len(results) == 1 else tuple(r.type for r in results)
-    return (op.name, tuple(operands), _freeze(attrs) if attrs else (), types)
+    return (op.name, tuple(operands), _freeze_attrs(attrs) if attrs else (), types)
+
+
+_SCALAR_NAMES = {int: "int", bool: "bool", str: "str"}
+
+
+def _freeze_attrs(attrs: dict[str, Any]) -> tuple:
+    """`_freeze(attrs)`, the same tuple, with the common case of one scalar attribute (a
+    constant's value) made without the general recursion."""
+    if len(attrs) == 1:
+        ((k, v),) = attrs.items()
+        kind = type(v)
+        if kind is float:
+            return ((k, ("float", repr(v))),)
+        name = _SCALAR_NAMES.get(kind)
+        if name is not None:
+            return ((k, (name, v)),)
+    return _freeze(attrs)
 
 
 def _freeze(x: Any) -> Any:
@@ -552,12 +593,13 @@ def cse(function: Function, rw: Rewriter) -> bool:
     start = time.perf_counter()
     changed = False
     scopes: list[dict[tuple, Operation]] = []
+    kinds = _cse_kinds()
 
     def walk(block: Block) -> None:
         nonlocal changed
         scopes.append({})
         for op in block:
-            key = _cse_key(op)
+            key = _cse_key(op, kinds)
             if key is not None:
                 stats.tried += 1
                 found = _lookup(scopes, key)
@@ -613,11 +655,16 @@ class Canonicalize(Pass):
         self.converged = True
         """Every function reached a round with nothing to do (so another run would do nothing)."""
         for f in module.functions.values():
-            for _ in range(10):  # patterns and CSE expose work for each other; a few rounds suffice
-                again = apply_patterns_greedily(f, patterns, rw)
-                again |= cse(f, rw)
-                changed |= again
-                if not again:
+            # Patterns and CSE expose work for each other; a few rounds suffice. CSE finds
+            # nothing in its own output, so after the first round, a round whose patterns
+            # changed nothing ends the loop without running CSE on IR it has already seen.
+            for round_ in range(10):
+                rewrote = apply_patterns_greedily(f, patterns, rw)
+                if not rewrote and round_ > 0:
+                    break
+                merged = cse(f, rw)
+                changed |= rewrote or merged
+                if not (rewrote or merged):
                     break
             else:
                 self.converged = False

@@ -140,7 +140,8 @@ class Rewriter:
 
     def erase(self, op: Operation) -> None:
         """Erases op (and its regions); operands whose definers may now be dead go on the worklist."""
-        n = 1 + sum(region.block.num_ops() for region in op.regions)
+        regions = op.regions
+        n = 1 + sum(region.block.num_ops() for region in regions) if regions else 1  # most ops: no generator
         if self.worklist is not None:
             for v in op.operands:
                 owner = v.defining_op
@@ -215,12 +216,14 @@ def apply_patterns_greedily(function: Function, patterns: Sequence[Pattern], rew
             op = worklist.pop()
             if op.parent is None:  # erased meanwhile
                 continue
+            start = clock()
             for p, name, stats in by_kind.get(op.name, ()):
                 stats.tried += 1
                 rewriter.current = name
-                start = clock()
                 applied = p.match_and_rewrite(op, rewriter)
-                stats.seconds += clock() - start
+                end = clock()  # one read per try: the end of this try is the start of the next
+                stats.seconds += end - start
+                start = end
                 if applied:
                     stats.applied += 1
                     changed = True

@@ -53,9 +53,10 @@ def _scans(module: Module) -> list[Operation]:
 def _is_seq_arg(scan: Operation, v: Value) -> Sequence | None:
     if v.defining_block is not scan.body:
         return None  # not even an argument of the body (most operands): no need to take the scan apart
-    for s in scan_parts(scan).sequences:
-        if s.arg is v:
-            return s
+    view = LoopView(scan)
+    for outer, arg in zip(view.sequences, view.element_args):
+        if arg is v:  # scan_parts(scan)'s Sequence, without taking the whole scan apart
+            return Sequence(outer, arg)
     return None
 
 
@@ -448,6 +449,10 @@ def _index0(rw: Rewriter, stack: Value, before: Operation) -> Value:
 class ScanGrad(Pass):
     name = "scan-grad"
     Options = ScanGradOptions
+    idempotent = True
+    """A run leaves no projection to hoist, no products to merge and no accumulation to push out
+    (tests/test_canonicalize_rounds.py runs it twice): the default pipeline's second run is
+    skipped when nothing changed the IR since the first (no `grad` for autodiff to expand)."""
 
     def run(self, module: Module, stats: PassStatistics) -> bool:
         rw = Rewriter(stats)

@@ -439,3 +439,19 @@ def test_one_candidate_is_chosen_without_measuring(monkeypatch: pytest.MonkeyPat
     assert blas.choose_path("f32", 3, 4, 5, False, False, False) == "openblas"
     monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
     assert blas.is_measured([("f32", 3, 4, 5, False, False, False)])
+
+
+def test_a_choice_changing_while_lowering_keeps_the_packed_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background measurement can finish between the scan packing (or copying) a weight and
+    the GEMM's lowering, so that choose_path answers differently the second time: the GEMM
+    keeps the path its weight was prepared for (it once asserted: 'the enclosing scan copies
+    this weight before its loop', in tests/test_accepted_programs.py under CI)."""
+    monkeypatch.delenv("GIR_GEMM_PATH", raising=False)
+    answers = iter(["openblas"] * 2)  # the two weights' preparation; every later answer differs
+
+    def flipping(dtype, m, n, k, ta, tb, packable, family=None):  # noqa: ANN001, ANN202
+        return next(answers, "openblas-copy") if packable else "openblas"
+
+    monkeypatch.setattr(blas, "choose_path", flipping)
+    fn = run_both(SCAN_WEIGHTS.replace("DT", "f32"), "f", seed=5, rtol=1e-5)
+    assert fn.stats.gemm_paths == {"openblas": 3}, fn.stats

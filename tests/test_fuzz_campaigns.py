@@ -104,3 +104,22 @@ def test_differential_slice_of_layout_ops_casts_gathers_scatters_and_calls() -> 
     counters = _slice(differential.run_one, 0, sorted(set(picks.values())))
     assert counters["error_mode_programs"] >= 3 and counters["error_mode_gpu"] >= 1, counters
     assert counters["grad_fd_checked"] >= 5, counters
+
+
+def test_a_seed_writes_the_same_programs_in_every_process() -> None:
+    """A finding is reported as (seed, index): another process must write the same program
+    (hash(None), in a random state, differs per process before Python 3.12)."""
+    import hashlib
+    import subprocess
+
+    code = ("import sys, hashlib; sys.path.insert(0, sys.argv[1]); import differential; "
+            "texts = ''.join(differential.program_for(5, i).text for i in range(60)); "
+            "print(hashlib.sha256(texts.encode()).hexdigest())")
+    here = hashlib.sha256("".join(differential.program_for(5, i).text for i in range(60)).encode()).hexdigest()
+    fuzz = str(Path(__file__).resolve().parent / "fuzz")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code, fuzz], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONHASHSEED": "random"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == here
+    assert sum("length" in differential.program_for(5, i).text for i in range(60)) >= 3  # the fixed-length scans

@@ -258,6 +258,8 @@ def machine_key() -> str:
 
 
 _choices: dict[str, dict[str, float]] | None = None
+"""The measured times of `_choices_path`, in memory (None: read it again)."""
+_choices_path: str | None = None
 _choices_lock = threading.Lock()
 
 
@@ -270,24 +272,24 @@ def read_times(path: str) -> dict:
         return {}
 
 
-def write_times(path: str, ours: dict) -> None:
-    """Writes ours, merged into what the file holds now: another process may have measured
-    other shapes meanwhile, and keeps them (atomic: a reader never sees half a file)."""
+def write_times(path: str, ours: dict, drop: tuple[str, ...] = ()) -> None:
+    """Writes ours, merged into what the file holds now less the keys `drop`: another process
+    may have measured other shapes meanwhile, and keeps them (atomic: a reader never sees half
+    a file)."""
     from ...cache import atomic_write
 
-    merged = {**read_times(path), **ours}
+    merged = {k: v for k, v in read_times(path).items() if k not in drop} | ours
     atomic_write(path, json.dumps(merged, indent=1, sort_keys=True).encode())
 
 
 def _load_choices() -> dict[str, dict[str, float]]:
-    global _choices
-    if _choices is None:
-        _choices = read_times(_cache_file())
+    """The times of the cache folder in use now: read again when GIR_CACHE_DIR names another
+    folder than the one read (times measured for one folder are not copied into another)."""
+    global _choices, _choices_path
+    path = _cache_file()
+    if _choices is None or path != _choices_path:
+        _choices, _choices_path = read_times(path), path
     return _choices
-
-
-def _save_choices() -> None:
-    write_times(_cache_file(), _choices or {})
 
 
 def threads() -> int:
@@ -337,19 +339,22 @@ def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable:
             return {c: found[c] for c in candidates}
     elif measure_mode() != "now":
         return None
-    _store(key, *_measure_all(candidates, dtype, m, n, k, ta, tb))
-    with _choices_lock:
-        return {c: _load_choices()[key][c] for c in candidates}
+    entry = _store(_cache_file(), key, *_measure_all(candidates, dtype, m, n, k, ta, tb))
+    return {c: entry[c] for c in candidates}
 
 
 _retried: set[str] = set()
 
 
-def _store(key: str, times: dict[str, float], disturbed: bool) -> None:
+def _store(path: str, key: str, times: dict[str, float], disturbed: bool) -> dict[str, float]:
+    """Stores a measurement into the times file `path` (the one in use when it was asked for:
+    a background measurement finishing after GIR_CACHE_DIR changed still goes to the folder it
+    was measured for), merged with a provisional entry there; returns the entry."""
     with _choices_lock:
-        choices = _load_choices()
-        choices[key] = quiet_timing.merge(choices.get(key), times, disturbed)
-        _save_choices()
+        choices = _load_choices() if path == _cache_file() else read_times(path)
+        entry = choices[key] = quiet_timing.merge(choices.get(key), times, disturbed)
+        write_times(path, {key: entry})
+        return entry
 
 
 def model_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool) -> dict[str, float]:
@@ -376,48 +381,59 @@ def _vendor() -> str:
         return platform.processor().lower()
 
 
-_queue: list[Callable[[], None]] = []
+_queue: list[tuple[tuple, Callable[[], None]]] = []
+"""(key, task) of the measurements waiting for the background measurer."""
 _worker: threading.Thread | None = None
 _stop = threading.Event()
 
 
 def measure_later(params: tuple) -> None:
     """Queues a shape (path_times' arguments) for the background measurer."""
+    path, key = _cache_file(), _key(*params)  # where and under what it is stored: known now
+
     def task() -> None:
         dtype, m, n, k, ta, tb, packable = params
         measured = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
         if not _stop.is_set():
-            _store(_key(*params), *measured)
-    measure_in_background(("paths",) + tuple(params), task)
+            _store(path, key, *measured)
+    measure_in_background(("paths", path) + tuple(params), task)
 
 
 def measure_in_background(key: tuple, task: Callable[[], None]) -> None:
     """Queues a measurement (GEMM paths here, GEMM thread times in blas_threads.py) for the one
     background measurer, which runs them one by one: two measuring at once on 2 cores would
-    only disturb each other. Nothing is queued unless GIR_GEMM_MEASURE is 'background'."""
-    global _worker
+    only disturb each other. Nothing is queued unless GIR_GEMM_MEASURE is 'background'. A task
+    writes to the times file it was queued for (key names it), never to the cache folder
+    current when it finishes."""
+    global _worker, _worker_takes_more
     if measure_mode() != "background":
         return
     with _choices_lock:
         if key not in _queued:
             _queued.add(key)
-            _queue.append(task)
-        if _worker is None or not _worker.is_alive():
+            _queue.append((key, task))
+        if _worker is None or not _worker.is_alive() or not _worker_takes_more:
             _worker = threading.Thread(target=_measure_queue, name="gir-gemm-measure", daemon=True)
+            _worker_takes_more = True
             _worker.start()
 
 
 _queued: set[tuple] = set()
+_worker_takes_more = False
+"""False once the worker found the queue empty (under the lock) and is ending: it may still be
+alive for a moment, but a task queued now needs a new worker."""
 
 
 def _measure_queue() -> None:
     """Runs the queued measurements one by one, each saving what it measured (so a process that
     exits early keeps it). Runs while the program does."""
-    while not _stop.is_set():
+    global _worker_takes_more
+    while True:
         with _choices_lock:
-            if not _queue:
+            if _stop.is_set() or not _queue:
+                _worker_takes_more = False
                 return
-            task = _queue.pop(0)
+            _, task = _queue.pop(0)
         task()
 
 
@@ -428,6 +444,16 @@ def wait_for_measurements(timeout: float | None = None) -> bool:
         worker.join(timeout)
         return not worker.is_alive()
     return True
+
+
+def drop_queued_measurements(timeout: float | None = None) -> bool:
+    """Drops the measurements queued and not started, then waits for the running one (at most
+    timeout seconds); True when the measurer is idle. Tests call it after each test (a test's
+    measurements belong to its own cache folder and its own monkeypatched state)."""
+    with _choices_lock:
+        _queued.difference_update(key for key, _ in _queue)  # may be queued again later
+        _queue.clear()
+    return wait_for_measurements(timeout)
 
 
 @atexit.register

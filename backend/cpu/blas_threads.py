@@ -73,17 +73,17 @@ def _cache_file() -> str:
 
 
 _times: dict[str, float] | None = None
+"""The times of `_times_path`, in memory (None: read it again)."""
+_times_path: str | None = None
 
 
 def _load() -> dict[str, float]:
-    global _times
-    if _times is None:
-        _times = blas.read_times(_cache_file())
+    """The times of the cache folder in use now (read again when GIR_CACHE_DIR changes)."""
+    global _times, _times_path
+    path = _cache_file()
+    if _times is None or path != _times_path:
+        _times, _times_path = blas.read_times(path), path
     return _times
-
-
-def _save() -> None:
-    blas.write_times(_cache_file(), _times or {})
 
 
 class NotMeasured(Exception):
@@ -114,17 +114,18 @@ def seconds(family: str, m: int, n: int, k: int, ta: bool, tb: bool, threads: in
     key = _key(family, m, n, k, ta, tb)
     times = _load()
     params = (family, m, n, k, ta, tb)
+    path = _cache_file()  # a measurement in the background stores here, wherever GIR_CACHE_DIR points then
     if f"{key} t1" not in times:
         mode = blas.measure_mode()
         if mode != "now":
-            blas.measure_in_background(("threads",) + params, lambda: _measure_into(key, params))
+            blas.measure_in_background(("threads", path) + params, lambda: _measure_into(path, key, params))
             raise NotMeasured(params)
-        _measure_into(key, params)
+        _measure_into(path, key, params)
         _retried.add(key)
     value = times[f"{key} t{1 if threads == 1 else 0}"]
     if quiet_timing.provisional(times.get(f"{key} {quiet_timing.DISTURBED}")) and key not in _retried:
         _retried.add(key)  # measured only in disturbed rounds: again, once per process, meanwhile
-        blas.measure_in_background(("threads",) + params, lambda: _measure_into(key, params))
+        blas.measure_in_background(("threads", path) + params, lambda: _measure_into(path, key, params))
     return value
 
 
@@ -132,17 +133,20 @@ _retried: set[str] = set()
 _lock = threading.Lock()
 
 
-def _measure_into(key: str, params: tuple) -> None:
-    """Measures (1 and all threads) and stores the entry, merged with a provisional one."""
+def _measure_into(path: str, key: str, params: tuple) -> None:
+    """Measures (1 and all threads) and stores the entry into the times file `path` (the one in
+    use when the measurement was asked for), merged with a provisional one."""
     measured = _measure(*params)
     with _lock:
-        times = _load()
+        times = _load() if path == _cache_file() else blas.read_times(path)
         old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED)
                if f"{key} {part}" in times}
         entry = quiet_timing.merge(old or None, *measured)
-        times.pop(f"{key} {quiet_timing.DISTURBED}", None)
-        times.update({f"{key} {part}": value for part, value in entry.items()})
-        _save()
+        disturbed = f"{key} {quiet_timing.DISTURBED}"
+        times.pop(disturbed, None)
+        ours = {f"{key} {part}": value for part, value in entry.items()}
+        times.update(ours)
+        blas.write_times(path, ours, drop=(disturbed,))  # a clean measurement ends the provisional count
 
 
 def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[dict[str, float], bool]:

@@ -166,6 +166,9 @@ class Lowering:
         """A view -> the value whose storage it lives in."""
         self.layout = Layout()
         self.pack_slots: dict[Operation, ir.Value] = {}
+        self.loop_paths: dict[Operation, str] = {}
+        """A GEMM with a loop-invariant weight -> the path chosen when its scan packed (or
+        copied) the weight: a background measurement finishing in between must not change it."""
         sites = _gemm_sites(function)
         self.layout.provisional += [list(p) for p, _ in sites if not blas.is_measured([p])]
         self.gemm_family = blas.choose_family(sites)
@@ -794,7 +797,9 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     else:
         if not blas.is_measured([(dtype, m, n, k, ta, tb, packable)]):  # asked first: it may be measured meanwhile
             low.layout.provisional.append([dtype, m, n, k, ta, tb, packable])
-        path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
+        path = low.loop_paths.get(op) if packable else None
+        if path is None:
+            path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
         low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
@@ -858,6 +863,7 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
         path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family)  # type: ignore[arg-type]
+        low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)
         if path == "mkl-packed":
             low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
         elif path == "openblas-copy":
@@ -1246,7 +1252,9 @@ class _Team:
         n = op.operands[1].tensor_type.shape[-1]
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         packable = _packable(op)
-        path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)  # type: ignore[arg-type]
+        path = low.loop_paths.get(op) if packable else None
+        if path is None:
+            path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)  # type: ignore[arg-type]
         low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))  # type: ignore[arg-type]
         pb = low.ptr[b_src]
         if path == "openblas-copy":

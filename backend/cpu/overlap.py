@@ -274,7 +274,8 @@ quiet machine (`GIR_CPU_OVERLAP=0|1 python bench/rnn.py --models rnn,gru,lstm --
 a two-layer GRU the model gave 27.8 against 29.4 ms ran 1.44x slower with it
 (bench/generic_cell.py). The margin was 25 % until a quiet machine's thread times gave rnn-S
 4.64 against 7.12 ms (a predicted 1.53x gain, `fn.stats.schedule`), and the step ran 12.5-13.4
-ms with the schedule against 7.3 ms without (`GIR_CPU_OVERLAP=auto|0`, interleaved, 2026-11-24).
+ms with the schedule against 7.3 ms without (`GIR_CPU_OVERLAP=auto|0 python bench/rnn_steps.py
+rnn 100`, alternated, 2026-11-24; re-run later with `=1|0`: 17.7-19.7 against 9.5-13.5 ms).
 Where it won, on a loaded machine, the predicted gain was 1.3x-60x: only the large ones stay."""
 
 

@@ -205,7 +205,8 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     code = _llvm_compile(llvm_ir, layout, -1, lower)
     # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
     # with one lock, so loading it while the background holds that lock would wait for -O3
-    code.final = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key), key if disk.enabled() else None)
+    root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
+    code.final = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key, root), key if root else None)
     return code
 
 
@@ -229,9 +230,10 @@ def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
     return Code(obj, layout, optimized_ir, llvm_ir, info)
 
 
-def _final_code(llvm_ir: str, layout: Layout, key: str) -> Code:
+def _final_code(llvm_ir: str, layout: Layout, key: str, root: str | None) -> Code:
     """The -O3 code of llvm_ir, on the background thread: a target machine of its own; stored in
-    the object cache. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
+    the object cache of folder root (None: not stored), the one the compile looked up, wherever
+    GIR_CACHE_DIR points when the job ends. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
     with one lock, so a context of its own would buy no concurrency, and Python may free such a
     context before the module parsed into it (a use after free)."""
     opt = opt_level()
@@ -252,8 +254,8 @@ def _final_code(llvm_ir: str, layout: Layout, key: str) -> Code:
     seconds = {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": c3 - c2, "llvm_opt_cpu": c2 - c1,
                "llvm_emit_cpu": c3 - c2}  # CPU seconds of the background thread (its wall clock is shared)
     code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
-    if disk.enabled():
-        disk.store("objects", key, *code.to_entry())
+    if root is not None:
+        disk.store("objects", key, *code.to_entry(), root=root)
     return code
 
 

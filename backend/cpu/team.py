@@ -108,7 +108,7 @@ def plan(function: Function, family: str, schedule: dict[str, object], worker_us
         big = any(k == "rows" for k in kinds.values())
         use = bool(kinds) and not nested and (chosen == "1" or big)
         reason = ("nested loop in the body" if nested else "nothing large enough to split" if not use
-                  else "elementwise loops of at least %d elements" % MIN_ELEMENTS if chosen == "auto"
+                  else f"elementwise loops of at least {MIN_ELEMENTS} elements" if chosen == "auto"
                   else "GIR_CPU_SPLIT=1")
         notes.append({"scan": str(scan.loc), "used": use, "why": reason,
                       "split_loops": sum(k == "rows" for k in kinds.values()),

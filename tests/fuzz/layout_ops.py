@@ -11,7 +11,8 @@ Every builder returns `(expression, shape)` or None where it does not apply. Ind
 range by construction: a gather reads `%ids` (values in [0, H)) from a value of leading dim H,
 a scalar index is a literal below the leading dim. Programs with `?` dims keep the invariant
 of programs.py (a dim's size tells whether it is `?`): a step that makes new dims is taken
-only where neither its operand nor its result has a dim of a `?` size.
+only where neither its operand nor its result has a dim of a `?` size; but a `reshape` of a
+value with one `?` axis keeps that axis as `-1` and rearranges the static ones around it.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def _kw(spec: OpSpec, attr: str, value: object) -> str:
 
 
 class LayoutSteps:
-    """Needs from the host: rng, is_float, dtype, smooth, grad, h, ids (Val | None), unknown
-    (set of `?` sizes), lit(), unary(), fresh(), emit()."""
+    """Needs from the host: rng, side (a second random stream), is_float, dtype, smooth, grad, h,
+    ids (Val | None), unknown (set of `?` sizes), lit(), unary(), fresh(), emit()."""
 
     rng: random.Random
 
@@ -94,6 +95,8 @@ class LayoutSteps:
             return True
         if kind == "index" and len(after) < len(before):  # a row: no new dim
             return True
+        if kind == "reshape":  # a `?` axis is only ever written -1 (_reshape_unknown): kept, not made
+            return sum(d in self.unknown for d in before) == sum(d in self.unknown for d in after)
         return not any(d in self.unknown for d in before + after)
 
     # -- one builder per registry kind ---------------------------------------------------------
@@ -122,7 +125,37 @@ class LayoutSteps:
         written = list(new)
         if size and r.random() < 0.5:
             written[r.randrange(len(written))] = -1
+        if any(d in self.unknown for d in s):  # (rng's draws above kept: a seed's other programs stay)
+            return self._reshape_unknown(a)
         return f"reshape({a.name}, {_kw(REGISTRY['reshape'], 'shape', written)})", tuple(new)
+
+    def _reshape_unknown(self, a) -> tuple[str, Shape] | None:
+        """A reshape of a value with one `?` axis: that axis written `-1` (so the result's dim
+        there is `?`, the operand's size), the static axes merged, split, or given a unit axis
+        around it. None where the static dims hold a 0 (`-1` would be ambiguous), where two axes
+        are `?`, or where a new static dim has a `?` size (its type would not tell)."""
+        r, s = self.side, a.shape  # type: ignore[attr-defined]
+        unknown_axes = [i for i, d in enumerate(s) if d in self.unknown]
+        if len(unknown_axes) != 1 or any(d == 0 for i, d in enumerate(s) if i != unknown_axes[0]):
+            return None
+        j = unknown_axes[0]
+        marked: list[int | None] = [None if i == j else d for i, d in enumerate(s)]  # None: the `?` axis
+        options = [marked[:i] + [1] + marked[i:] for i in range(len(s) + 1)]
+        for i in range(len(s) - 1):
+            if i != j and i + 1 != j:
+                options.append(marked[:i] + [s[i] * s[i + 1]] + marked[i + 2:])
+        for i, d in enumerate(marked):
+            if d is not None and d > 1:
+                options += [marked[:i] + [f, d // f] + marked[i + 1:] for f in (2, 3) if d % f == 0]
+            if d == 1:
+                options.append(marked[:i] + marked[i + 1:])
+        options = [o for o in options if not any(d in self.unknown for d in o if d is not None)]
+        if not options:
+            return None
+        new = r.choice(options)
+        written = [-1 if d is None else d for d in new]
+        return f"reshape({a.name}, {_kw(REGISTRY['reshape'], 'shape', written)})", \
+            tuple(s[j] if d is None else d for d in new)
 
     def _slice(self, pool: list, a) -> tuple[str, Shape] | None:
         r, s = self.rng, a.shape

@@ -69,6 +69,10 @@ class _Gen(LayoutSteps):
     def __init__(self, rng: random.Random, dtype: str, smooth: bool, h: int = 1, grad: bool = False,
                  unknown: set[int] | None = None, layout: float = 0.0):
         self.rng, self.dtype, self.smooth = rng, dtype, smooth
+        self.side = random.Random(hash(rng.getstate()[1]))  # the state's ints: hash(None) varies per process
+        """For choices added after the first campaigns (scans of a fixed `length`): drawn from a
+        stream of their own, rng's draws stay as they were, so most programs of a seed are the
+        ones earlier versions wrote (tests/test_fuzz_campaigns.py picks programs by index)."""
         self.is_float = dtype.startswith("f")
         self.lines: list[str] = []
         self.counter = 0
@@ -192,17 +196,27 @@ class _Gen(LayoutSteps):
         self.emit(f"{name} = {expr}")
         return Val(name, shape)
 
-    def scan(self, pool: list[Val], xs: Val, h: int, w: Val | None, type_of: Callable[[Shape], str]) -> list[Val]:
-        """The SSA form: `%c.., %s.. = scan [reverse] (%x in xs) carry (%c = init) { ... yield (..) stack (..) }`."""
-        r = self.rng
-        elem = Val(self.fresh("x"), xs.shape[1:])
+    def scan(self, pool: list[Val], xs: Val | None, h: int, w: Val | None,
+             type_of: Callable[[Shape], str]) -> list[Val]:
+        """The SSA form: `%c.., %s.. = scan [reverse] [length N] (%x in xs) carry (%c = init) {
+        ... yield (..) stack (..) }`. Without xs (or in 30% of scans over one) `scan length N ()`
+        with no sequence, N from 0, 1, 2, 3, 5 but a `?` size (a stack's leading dim is then N,
+        written as a number); over a sequence of a static length, `length T` is written in 20%."""
+        r, side = self.rng, self.side
+        length = None
+        if xs is None or side.random() < 0.3:
+            length, xs = side.choice([n for n in (0, 1, 2, 3, 5) if n not in self.unknown]), None
+        elif xs.shape[0] not in self.unknown and side.random() < 0.2:
+            length = xs.shape[0]
+        trips = length if xs is None else xs.shape[0]
+        elem = Val(self.fresh("x"), xs.shape[1:]) if xs is not None else None
         inits = [self.pick(pool) for _ in range(r.randint(1, 2))]
         args = [Val(self.fresh("a"), v.shape) for v in inits]
         binds = ", ".join(f"{a.name} = {v.name}" for a, v in zip(args, inits))
         head = len(self.lines)
         self.emit("")  # the scan's first line, written once its results are known
         self.depth += 1
-        inner = pool + [elem] + args
+        inner = pool + ([elem] if elem is not None else []) + args
         for _ in range(r.randint(1, 4)):
             self.grow(inner, h, w)
         yielded = []
@@ -218,12 +232,13 @@ class _Gen(LayoutSteps):
         self.emit(f"yield ({', '.join(yielded)}) stack ({', '.join(v.name for v in stacked)})")
         self.depth -= 1
         finals = [Val(self.fresh("f"), a.shape) for a in args]
-        stacks = [Val(self.fresh("s"), (xs.shape[0],) + v.shape) for v in stacked]
+        stacks = [Val(self.fresh("s"), (trips,) + v.shape) for v in stacked]
         types = ", ".join(type_of(v.shape) for v in finals + stacks)
         self.emit(f"}} : {types}")
         results = ", ".join(v.name for v in finals + stacks)
-        mods = "reverse " if r.random() < 0.5 else ""
-        line = f"{results} = scan {mods}({elem.name} in {xs.name}) carry ({binds}) {{"
+        mods = ("reverse " if r.random() < 0.5 else "") + (f"length {length} " if length is not None else "")
+        seqs = f"{elem.name} in {xs.name}" if elem is not None and xs is not None else ""
+        line = f"{results} = scan {mods}({seqs}) carry ({binds}) {{"
         self.lines[head] = "  " * (self.depth + 1) + line
         return finals + stacks
 
@@ -423,6 +438,8 @@ def generate(rng: random.Random, want_grad: bool | None = None, want_error: bool
         pool += g.loop(pool, xs, h, w, nest=0 if big else 1) if rng.random() < 0.7 else g.scan(pool, xs, h, w, type_of)
         for _ in range(rng.randint(0, 3)):
             g.grow(pool, h, w)
+    elif g.side.random() < 0.25:  # a loop of a fixed length over no sequence
+        pool += g.scan(pool, None, h, w, type_of)
     sig = ", ".join(f"%{n}: tensor<{'x'.join(written[n] + (dtype,))}>" for n in params)
     args = _inputs(rng, dtype, [shapes[n] for n in params])
     if ids is not None:
