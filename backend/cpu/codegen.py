@@ -188,9 +188,9 @@ class Lowering:
         self.worker = _Worker(self, overlap.plan(function, self.gemm_family, self.layout.schedule))
         """The second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         self.rows: tuple[ir.Value, ir.Value] | None = None
-        """While a team task is emitted: the range of the outer loop dimension it covers."""
-        self.team = _Team(self, team.plan(function, self.gemm_family, self.layout.schedule, bool(self.worker.tasks)))
-        """Or the team schedule: scan steps split across both threads (team.py)."""
+        """While a split loop's task is emitted: the range of the outer loop dimension it covers."""
+        self.team = _Split(self, team.plan(function, self.gemm_family, self.layout.schedule, bool(self.worker.tasks)))
+        """Or the split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
         n_args = len(function.args)
         n_outs = len(function.result_types)
         self.arena = self._load_ptr(self.buffers, n_args + n_outs)
@@ -347,7 +347,7 @@ def _nest(low: Lowering, shape: list[int], idx: list[ir.Value]) -> Iterator[list
     if not shape:
         yield idx
         return
-    # In a team task (_Team), the outer loop covers this thread's rows only.
+    # In a split loop's task (_Split), the outer loop covers this call's rows only.
     start, stop = low.rows if low.rows is not None and not idx else (None, shape[0])
     with low.for_range(stop, f"d{len(idx)}", start) as i, _nest(low, shape[1:], idx + [i]) as inner:
         yield inner
@@ -787,20 +787,14 @@ def _call_table(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Va
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
                pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool, beta: float = 0.0,
-               counter: int | None = 0, block_of: int | None = None, forced: str | None = None) -> None:
-    """C = A B (+ C when beta is 1) through the chosen path; counts the call in counters[counter]
-    (None: the caller counts). `block_of`: B and C are a block of `n` columns of matrices
-    `block_of` wide (their leading dimensions; OpenBLAS paths only). `forced`: this path, not
-    the chosen one, and no site recorded."""
-    if forced is not None:  # a team task's half: its site was recorded by the caller
-        path = forced
-    else:
-        if not blas.is_measured([(dtype, m, n, k, ta, tb, packable)]):  # asked first: it may be measured meanwhile
-            low.layout.provisional.append([dtype, m, n, k, ta, tb, packable])
-        path = low.loop_paths.get(op) if packable else None
-        if path is None:
-            path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
-        low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
+               counter: int = 0) -> None:
+    """C = A B (+ C when beta is 1) through the chosen path; counts the call in counters[counter]."""
+    if not blas.is_measured([(dtype, m, n, k, ta, tb, packable)]):  # asked first: it may be measured meanwhile
+        low.layout.provisional.append([dtype, m, n, k, ta, tb, packable])
+    path = low.loop_paths.get(op) if packable else None
+    if path is None:
+        path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
+    low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
     i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
@@ -808,8 +802,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     ldb = k if tb else n
     t_a = blas.CBLAS_TRANS if ta else blas.CBLAS_NO_TRANS
     t_b = blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS
-    if counter is not None:
-        low.count(counter)
+    low.count(counter)
     if path == "mkl":
         sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR, I32, fty, PTR, I32])
         _call_table(low, f"mkl_{s}gemm", sig,
@@ -830,9 +823,6 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
         assert copied is not None, "the enclosing scan copies this weight before its loop"
         pb, tb = copied, not tb
         ldb = k if tb else n
-    ldc = n
-    if block_of is not None:
-        ldb, ldc = (k if tb else block_of), block_of
     # OpenBLAS, Fortran ABI, column-major: C^T = B^T A^T, every argument by reference; its
     # integers are 64-bit in NumPy's ILP64 build (blas.openblas()).
     fint = ir.IntType(blas.openblas_int_bits())
@@ -843,7 +833,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     tra, trb, cn, cm, ck, cldb, clda, cldc, one, zero = cells
     for cell, value in ((tra, ord("T" if tb else "N")), (trb, ord("T" if ta else "N"))):
         low.b.store(ir.Constant(I8, value), cell)
-    for cell, value in ((cn, n), (cm, m), (ck, k), (cldb, ldb), (clda, lda), (cldc, ldc)):
+    for cell, value in ((cn, n), (cm, m), (ck, k), (cldb, ldb), (clda, lda), (cldc, n)):
         low.b.store(ir.Constant(fint, value), cell)
     low.b.store(ir.Constant(fty, 1.0), one)
     low.b.store(ir.Constant(fty, beta), zero)
@@ -924,7 +914,6 @@ def lower_scan(low: Lowering, op: Operation) -> None:
     _pack_weights(low, op)
     carry_args = loop.carry_args
     low.worker.enter(op)
-    low.team.enter(op)
     with low.for_range(steps, "t") as i:
         t = low.b.sub(ir.Constant(I64, steps - 1), i) if loop.reverse else i
         for arg, seq in zip(loop.element_args, loop.sequences):
@@ -956,7 +945,6 @@ def lower_scan(low: Lowering, op: Operation) -> None:
             if v is not arg:
                 low.memcpy(low.ptr[arg], src, v.tensor_type.nbytes() or 0)
         low.worker.step_done(op, i)
-    low.team.leave(op)
     for c in loop.carries:
         low.ptr[c.result] = low.ptr[c.arg]
 
@@ -1114,252 +1102,112 @@ class _Worker:
         b.ret_void()
 
 
-class _Team:
-    """Emits team.py's schedule. In gir_main, for each split op of a team scan: publish it
-    (counters[TASK] its task number, counters[ARGS] the pointers it reads and writes, then
-    counters[CMD] the command's sequence number), run the first half (rows or columns), and
-    spin until the worker's counters[DONE] reaches that number. Each split op is outlined
-    once as `gir_task<j>(args, counters, fns, lo, hi)`. `gir_worker` sleeps on the futex word
-    counters[FUTEX] outside team scans and spins on counters[CMD] inside them; task 0 parks it,
-    task 1 ends it. The words sit on cache lines of their own (counters is i64[32])."""
+class _Split:
+    """Emits team.py's split loops. Each is outlined once as `gir_task<j>(m, n, k, args, lda,
+    b)`, OpenBLAS's legacy level-1 routine signature (its float `alpha` comes in a vector
+    register, so it is left out): `args` holds the pointers the loop reads and writes, then
+    counters and fns; n is the row count, m the rows of this call, and `b` (advanced by
+    OpenBLAS by `unit` bytes a row from 0) says where they start. In the scan body, the loop
+    is a call of `blas_level1_thread`, which runs the first rows here and the rest on
+    OpenBLAS's pool thread, and returns when both are done."""
 
-    CMD, TASK, ARGS, DONE, FUTEX = 8, 9, 10, 16, 24
-    PARK, EXIT = 0, 1
-    SPINS = 4096
-    """Spins (with `pause`) before each wait yields the core: a handshake takes ~0.3 us, and a
-    thread that lost its core to another process must not spin through a whole time slice."""
-
-    def __init__(self, low: Lowering, split: dict[Operation, str]):
+    def __init__(self, low: Lowering, split: set[Operation]):
         self.low = low
         self.split = split
-        self.scans = team.team_scans(split)
-        self.tasks: list[tuple[ir.Function, int, int]] = []
-        """Per outlined op: the function and the worker's half (lo, hi)."""
-        self.seq: ir.Value | None = None
-        """gir_main's command counter (an alloca), made at the first team scan."""
-        self.saved: ir.Value | None = None
-        """The BLAS thread setting before the current team scan."""
-
-    def _word(self, slot: int) -> ir.Value:
-        return self.low.b.gep(self.low.counters, [ir.Constant(I64, slot)], source_etype=I64)
-
-    def _extern(self, name: str, ty: ir.FunctionType) -> ir.Function:
-        fn = self.low.module.globals.get(name)
-        return fn if fn is not None else ir.Function(self.low.module, ty, name=name)
-
-    def _threads(self, n: ir.Value) -> ir.Value:
-        return self.low.b.call(self._extern("gir_ob_threads_local", ir.FunctionType(I32, [I32])), [n])
-
-    def _futex(self, op: int, value: int) -> None:
-        syscall = self._extern("gir_syscall", ir.FunctionType(I64, [I64], var_arg=True))
-        self.low.b.call(syscall, [ir.Constant(I64, 202), self._word(self.FUTEX), ir.Constant(I32, op),
-                                  ir.Constant(I32, value), ir.Constant(PTR, None)])
-
-    def _spin_until(self, slot: int, target: ir.Value) -> None:
-        """Waits until counters[slot] >= target: `pause` for SPINS rounds, then yielding."""
-        low = self.low
-        b = low.b
-        with b.goto_block(low.entry):
-            b.position_at_start(low.entry)
-            spins = b.alloca(I64)
-        b.store(ir.Constant(I64, 0), spins)
-        head, relax, done = (low.fn.append_basic_block(x) for x in ("team.spin", "team.relax", "team.go"))
-        b.branch(head)
-        b.position_at_end(head)
-        v = b.load_atomic(self._word(slot), "acquire", 8, typ=I64)
-        b.cbranch(b.icmp_signed(">=", v, target), done, relax)
-        b.position_at_end(relax)
-        n = b.add(b.load(spins, typ=I64), ir.Constant(I64, 1))
-        b.store(n, spins)
-        with b.if_else(b.icmp_signed(">", n, ir.Constant(I64, self.SPINS))) as (then, otherwise):
-            with then:
-                b.call(self._extern("gir_sched_yield", ir.FunctionType(I32, [])), [])
-            with otherwise:
-                if llvm_triple_is_x86():
-                    b.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "pause", "", side_effect=True), [])
-        b.branch(head)
-        b.position_at_end(done)
-
-    def _post(self, task: int, args: ir.Value | None) -> ir.Value:
-        """Publishes a command; returns its sequence number."""
-        b = self.low.b
-        assert self.seq is not None
-        n = b.add(b.load(self.seq, typ=I64), ir.Constant(I64, 1))
-        b.store(n, self.seq)
-        b.store(ir.Constant(I64, task), self._word(self.TASK))
-        b.store(b.ptrtoint(args, I64) if args is not None else ir.Constant(I64, 0), self._word(self.ARGS))
-        b.atomic_rmw("xchg", self._word(self.CMD), n, "release")  # (llvmlite's store_atomic needs typed pointers)
-        return n
-
-    def enter(self, scan: Operation) -> None:
-        """Before a team scan's loop: BLAS to one thread here, and wake the worker."""
-        if scan not in self.scans:
-            return
-        low, b = self.low, self.low.b
-        if self.seq is None:
-            with b.goto_block(low.entry):
-                b.position_at_start(low.entry)
-                self.seq = b.alloca(I64)
-                self.saved = b.alloca(I32)
-            b.store(ir.Constant(I64, 0), self.seq)  # the entry block's first stores: before any scan
-        b.store(self._threads(ir.Constant(I32, 1)), self.saved)
-        b.atomic_rmw("xchg", self._word(self.FUTEX), ir.Constant(I64, 1), "release")
-        self._futex(1 | 128, 1)  # FUTEX_WAKE_PRIVATE
-
-    def leave(self, scan: Operation) -> None:
-        """After its loop: the worker parks (sleeps), BLAS threads back."""
-        if scan not in self.scans:
-            return
-        b = self.low.b
-        b.atomic_rmw("xchg", self._word(self.FUTEX), ir.Constant(I64, 0), "release")
-        self._spin_until(self.DONE, self._post(self.PARK, None))
-        self._threads(b.load(self.saved, typ=I32))
-
-    def finish(self) -> None:
-        """At the end of gir_main: the worker returns."""
-        if not self.scans:
-            return
-        self.low.b.atomic_rmw("xchg", self._word(self.FUTEX), ir.Constant(I64, 1), "release")
-        self._post(self.EXIT, None)
-        self._futex(1 | 128, 1)
+        self.count = 0
+        self.alpha: ir.GlobalVariable | None = None
+        """32 zero bytes: OpenBLAS reads `alpha` through this pointer."""
 
     def run(self, op: Operation) -> None:
-        """A split op in the loop body: publish it, run this thread's half, wait for the other."""
-        low = self.low
+        """A split loop in the scan body."""
+        low, b = self.low, self.low.b
         for r in op.results:
             low.slot(r, op)
-        values, gemm = self._operands(op)
+        values = [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results] + [low.counters, low.fns]
         args = low.alloc(8 * len(values))
         for i, p in enumerate(values):
-            low.b.store(low.b.ptrtoint(p, I64), low.b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8))
-        fn, half = self._outline(op, values, gemm)
-        seq = self._post(len(self.tasks) + 1, args)
-        low.b.call(fn, [args, low.counters, low.fns, ir.Constant(I64, 0), ir.Constant(I64, half)])
-        self._spin_until(self.DONE, seq)
-        if gemm is not None:
-            low.count(0)
-            low.count(0)
+            b.store(b.ptrtoint(p, I64), b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8))
+        entry = team.level1_entry()
+        assert entry is not None, "team.plan splits loops only where the probe found the entry"
+        task = self._outline(op, len(values), entry[2])
+        if self.alpha is None:
+            self.alpha = ir.GlobalVariable(low.module, ir.ArrayType(I64, 4), name="gir_split_alpha")
+            self.alpha.initializer = ir.Constant(ir.ArrayType(I64, 4), [0] * 4)
+            self.alpha.global_constant = True
+        sig = ir.FunctionType(I32, [I32, I64, I64, I64, PTR, PTR, I64, PTR, I64, PTR, I64, PTR, I32])
+        level1 = low.module.globals.get("gir_ob_level1_thread") or ir.Function(low.module, sig, "gir_ob_level1_thread")
+        rows = ir.Constant(I64, int(op.results[0].tensor_type.shape[0]))  # type: ignore[arg-type]
+        null, zero = ir.Constant(PTR, None), ir.Constant(I64, 0)
+        b.call(level1, [ir.Constant(I32, entry[1]), rows, rows, zero, self.alpha, args, zero, null,
+                        ir.Constant(I64, 1), null, zero, task, ir.Constant(I32, 2)])
 
-    def _operands(self, op: Operation) -> tuple[list[ir.Value], tuple | None]:
-        """The pointers a task reads and writes, and for a GEMM its parameters."""
+    def _outline(self, op: Operation, n_values: int, unit: int) -> ir.Function:
+        """`gir_task<j>`: op's loop over rows [b / unit, b / unit + m). The pointers come from
+        memory, so LLVM cannot tell the results from the operands and does not vectorize the
+        loop (~4x slower than gir_main's); the task checks at run time that no result overlaps
+        an operand and then runs a copy of the loop whose result pointers are `noalias`."""
         low = self.low
-        if self.split[op] == "rows":
-            return [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results], None
-        a_src, ta = _gemm_operand(op.operands[0])
-        b_src, tb = _gemm_operand(op.operands[1])
-        dtype = op.result.tensor_type.dtype
-        k = op.operands[0].tensor_type.shape[-1]
-        n = op.operands[1].tensor_type.shape[-1]
-        m = math.prod(_static(op.result.tensor_type, op)[:-1])
-        packable = _packable(op)
-        path = low.loop_paths.get(op) if packable else None
-        if path is None:
-            path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)  # type: ignore[arg-type]
-        low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))  # type: ignore[arg-type]
-        pb = low.ptr[b_src]
-        if path == "openblas-copy":
-            pb, tb = low.pack_slots[op], not tb
-        return [low.ptr[a_src], pb, low.ptr[op.result]], (dtype, m, n, k, ta, tb)
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR]),
+                         name=f"gir_task{self.count}")
+        self.count += 1
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        m, _, _, args, _, start = fn.args
+        loaded = [b.inttoptr(b.load(b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8), typ=I64), PTR)
+                  for i in range(n_values)]
+        lo = b.udiv(b.ptrtoint(start, I64), ir.Constant(I64, unit))
+        call = [lo, b.add(lo, m), *loaded]
+        fast, slow = self._body(op, fn.name, True), self._body(op, fn.name, False)
+        with b.if_else(self._overlap(b, op, loaded)) as (overlap, apart):
+            with overlap:
+                b.call(slow, call)
+            with apart:
+                b.call(fast, call)
+        b.ret_void()
+        return fn
 
-    def _outline(self, op: Operation, values: list[ir.Value], gemm: tuple | None) -> tuple[ir.Function, int]:
-        """`gir_task<j>` for op (made once): its half given (lo, hi); returns it and the first half's end."""
+    @staticmethod
+    def _overlap(b: ir.IRBuilder, op: Operation, ptrs: list[ir.Value]) -> ir.Value:
+        """Whether any result's storage overlaps any operand's (an i1)."""
+        values = list(op.operands) + list(op.results)
+        ranges = []
+        for v, p in zip(values, ptrs):
+            begin = b.ptrtoint(p, I64)
+            ranges.append((begin, b.add(begin, ir.Constant(I64, v.tensor_type.nbytes() or 0))))
+        hit: ir.Value = ir.Constant(I1, 0)
+        for r0, r1 in ranges[len(op.operands):]:
+            for o0, o1 in ranges[:len(op.operands)]:
+                hit = b.or_(hit, b.and_(b.icmp_unsigned("<", r0, o1), b.icmp_unsigned("<", o0, r1)))
+        return hit
+
+    def _body(self, op: Operation, name: str, noalias: bool) -> ir.Function:
+        """`<name>.fast|slow(lo, hi, operands..., results..., counters, fns)`: op's loop over
+        rows [lo, hi); with noalias, the result pointers are `noalias`."""
         low = self.low
         saved = (low.fn, low.entry, low.b, low.counters, low.fns, low.ptr, low.stack_rows)
-        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, I64, I64]),
-                         name=f"gir_task{len(self.tasks)}")
+        n = len(op.operands) + len(op.results)
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [I64, I64] + [PTR] * (n + 2)),
+                         name=f"{name}.{'fast' if noalias else 'slow'}")
+        fn.linkage = "internal"
+        lo, hi, *ptrs = fn.args
+        if noalias:
+            for p in ptrs[len(op.operands):n]:
+                p.add_attribute("noalias")
         low.fn, low.entry = fn, fn.append_basic_block("entry")
         low.b = ir.IRBuilder(low.entry)
-        args, low.counters, low.fns, lo, hi = fn.args
+        low.counters, low.fns = ptrs[n:]
         low.ptr, low.stack_rows = dict(low.ptr), {}
-        loaded = [low.b.inttoptr(low.b.load(low.b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8), typ=I64), PTR)
-                  for i in range(len(values))]
-        if gemm is None:
-            for v, p in zip(list(op.operands) + list(op.results), loaded):
-                low.ptr[v] = p
-            for r, p in zip(op.results, loaded[len(op.operands):]):
-                low.stack_rows[r] = p  # slot() returns it
-            rows = int(op.results[0].tensor_type.shape[0])  # type: ignore[arg-type]
-            half, whole = rows // 2, rows
-            low.rows = (lo, hi)
-            try:
-                LOWER[op.name](low, op)
-            finally:
-                low.rows = None
-        else:
-            half, whole = self._gemm_halves(op, loaded, gemm, lo)
+        for v, p in zip(list(op.operands) + list(op.results), ptrs):
+            low.ptr[v] = p
+        for r, p in zip(op.results, ptrs[len(op.operands):n]):
+            low.stack_rows[r] = p  # slot() returns it
+        low.rows = (lo, hi)
+        try:
+            LOWER[op.name](low, op)
+        finally:
+            low.rows = None
         low.b.ret_void()
         low.fn, low.entry, low.b, low.counters, low.fns, low.ptr, low.stack_rows = saved
-        self.tasks.append((fn, half, whole))
-        return fn, half
-
-    def _gemm_halves(self, op: Operation, loaded: list[ir.Value], gemm: tuple, lo: ir.Value) -> tuple[int, int]:
-        """A GEMM task: columns [0, half) when lo is 0, else [half, n), each a one-thread call."""
-        low = self.low
-        dtype, m, n, k, ta, tb = gemm
-        item = 4 if dtype == "f32" else 8
-        half = n // 2
-        pa, pb, pc = loaded
-        with low.b.if_else(low.b.icmp_signed("==", lo, ir.Constant(I64, 0))) as (first, second):
-            for block, c0, width in ((first, 0, half), (second, half, n - half)):
-                with block:
-                    pb_i = low.b.gep(pb, [ir.Constant(I64, c0 * (k if tb else 1) * item)], source_etype=I8)
-                    pc_i = low.b.gep(pc, [ir.Constant(I64, c0 * item)], source_etype=I8)
-                    _emit_gemm(low, op, dtype, m, width, k, ta, tb, pa, pb_i, pc_i, False, counter=None,
-                               block_of=n, forced="openblas")
-        return half, n
-
-    def emit(self) -> None:
-        """`void gir_worker(ptr buffers, ptr counters, ptr fns)`: sleep until a team scan starts,
-        then run the second half of every task published, until told to park or to end."""
-        if not self.scans:
-            return
-        low = self.low
-        fn = ir.Function(low.module, low.fn.function_type, name="gir_worker")
-        low.fn, low.entry = fn, fn.append_basic_block("entry")
-        low.b = b = ir.IRBuilder(low.entry)
-        low.buffers, low.counters, low.fns = fn.args
-        last = b.alloca(I64)
-        b.store(ir.Constant(I64, 0), last)
-        self._threads(ir.Constant(I32, 1))
-        sleep, wait, awake = (fn.append_basic_block(x) for x in ("sleep", "sleep.wait", "awake"))
-        b.branch(sleep)
-        b.position_at_end(sleep)
-        word = b.load_atomic(self._word(self.FUTEX), "acquire", 8, typ=I64)
-        b.cbranch(b.icmp_signed("!=", word, ir.Constant(I64, 0)), awake, wait)
-        b.position_at_end(wait)
-        self._futex(0 | 128, 0)  # FUTEX_WAIT_PRIVATE while the word is 0
-        b.branch(sleep)
-        b.position_at_end(awake)
-        self._spin_until(self.CMD, b.add(b.load(last, typ=I64), ir.Constant(I64, 1)))
-        seq = b.load_atomic(self._word(self.CMD), "acquire", 8, typ=I64)
-        b.store(seq, last)
-        task = b.load(self._word(self.TASK), typ=I64)
-        args = b.inttoptr(b.load(self._word(self.ARGS), typ=I64), PTR)
-        end, after = fn.append_basic_block("end"), fn.append_basic_block("task.done")
-        park = fn.append_basic_block("park")
-        switch = b.switch(task, after)
-        switch.add_case(ir.Constant(I64, self.PARK), park)
-        switch.add_case(ir.Constant(I64, self.EXIT), end)
-        for j, (task_fn, half, whole) in enumerate(self.tasks):
-            block = fn.append_basic_block(f"task{j}")
-            switch.add_case(ir.Constant(I64, j + 2), block)
-            b.position_at_end(block)
-            b.call(task_fn, [args, low.counters, low.fns, ir.Constant(I64, half), ir.Constant(I64, whole)])
-            b.branch(after)
-        b.position_at_end(after)
-        b.atomic_rmw("xchg", self._word(self.DONE), seq, "release")
-        b.branch(awake)
-        b.position_at_end(park)
-        b.atomic_rmw("xchg", self._word(self.DONE), seq, "release")
-        b.branch(sleep)
-        b.position_at_end(end)
-        b.ret_void()
-
-
-def llvm_triple_is_x86() -> bool:
-    import llvmlite.binding as llvm
-
-    return llvm.get_process_triple().startswith(("x86_64", "i686", "i386"))
+        return fn
 
 
 def _stack_rows(low: Lowering, loop: LoopView, t: ir.Value) -> dict[Value, ir.Value]:
@@ -1419,8 +1267,6 @@ def lower_function(function: Function, plan: MemoryPlan | None = None) -> tuple[
     for v, out in zip(returned, low.out_ptrs):
         low.memcpy(out, low.ptr[v], v.tensor_type.nbytes() or 0)
     low.worker.end()
-    low.team.finish()
     low.b.ret_void()
     low.worker.emit()
-    low.team.emit()
     return low.module, low.layout

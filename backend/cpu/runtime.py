@@ -35,7 +35,7 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
-from . import blas, blas_threads, tiers
+from . import blas, blas_threads, team, tiers
 from .codegen import Layout, lower_function
 
 
@@ -67,7 +67,6 @@ def host() -> tuple[str, str]:
     """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    llvm.initialize_native_asmparser()  # inline asm: the team schedule's `pause` (codegen._Team)
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
@@ -276,6 +275,7 @@ def _load(code: Code) -> _Entry:
     """Links code's object into this process."""
     blas.bind_symbols()
     blas_threads.bind_symbols()
+    team.bind_symbols()
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
     engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
     engine.finalize_object()
@@ -430,12 +430,11 @@ class Workspace:
     def __init__(self, layout: Layout):
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(32, np.int64)
+        self.counters = np.zeros(8, np.int64)
         """GEMM calls, pack calls, the error code (layout.errors[code - 1]), the value its message
         names (an index out of range), and the
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
-        worker's GEMM calls; from 8 the team schedule's (codegen._Team), on cache lines of
-        their own."""
+        worker's GEMM calls."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
@@ -472,9 +471,8 @@ _CODEGEN_VERSION = "16"
 
 
 def _has_worker(layout: Layout) -> bool:
-    """Whether the code has a `gir_worker` to run beside gir_main (overlap.py or team.py)."""
-    return any(isinstance(notes, list) and any(n.get("used") for n in notes)
-               for notes in (layout.schedule.get("overlap"), layout.schedule.get("split")))
+    notes = layout.schedule.get("overlap")
+    return isinstance(notes, list) and any(n.get("used") for n in notes)
 
 
 def host_memory_bytes() -> int | None:

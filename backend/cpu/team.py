@@ -1,67 +1,96 @@
-"""The team schedule: gir splits each step of a scan across the two cores itself.
+"""The split schedule: a scan step's large elementwise loops run on both cores, on OpenBLAS's
+own thread pool.
 
-A recurrent step is a few per-step GEMMs and elementwise loops over a small batch. With
-OpenBLAS's own threads, only the GEMMs run on both cores: the elementwise loops run on the
-calling thread while OpenBLAS's second thread spins (about 5 ms of a 32 ms LSTM-S step,
-docs/performance-rnn.md). In the team schedule the calling thread and one worker thread of
-gir's own (`gir_worker`) share every step:
+A recurrent step is a few per-step GEMMs and elementwise loops over a small batch. The GEMMs
+run on OpenBLAS's two threads; the elementwise loops ran on the calling thread alone while
+OpenBLAS's second thread spun, waiting for the next GEMM (about 5 ms of a 32 ms LSTM-S
+step, docs/performance-rnn.md). Here a split loop is handed to OpenBLAS's `blas_level1_thread`
+(the entry its own level-1 routines use to run on its pool): the calling thread runs the
+first half of the loop's rows, OpenBLAS's pool thread, already spinning between GEMMs, the
+rest. No third thread: a first design with a worker thread of gir's own ran slower (56 against
+36 ms per LSTM-S step), because on a 2-core machine three spinning threads (the caller,
+gir's worker, OpenBLAS's pool thread) take turns on two cores (docs/performance-rnn.md,
+"Splitting the step across two threads").
 
-- an elementwise (fused) loop is split by its outer dimension: the calling thread runs the
-  first half of the rows, the worker the rest;
-- a per-step GEMM is split by columns of its result, each half a one-thread BLAS call (two
-  one-thread GEMMs on column halves measured 119 against 133 us for OpenBLAS's own 2-thread
-  split of a 32x256 @ 256x1024 product);
-- everything else (reductions across rows, copies, small loops) runs on the calling thread
-  alone, as before.
-
-Each split op is one handshake: the calling thread publishes the op (a task number and the
-pointers it reads and writes), runs its half, and waits for the worker's; both threads spin
-during the scan (BLAS on one thread each), and the worker sleeps on a futex outside it, so
-the 2-thread GEMMs outside the scan keep both cores.
-
-This module is the analysis (IR only): which scans run as a team and which of their ops are
-split, with the reasons in `fn.stats.schedule["split"]`. codegen.py emits the code.
+This module is the analysis (IR only) and the probe of the OpenBLAS entry; codegen.py
+(`_Split`) emits the calls. The decision per loop and its reason are in
+`fn.stats.schedule["split"]`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+from functools import cache
 
 from ...ir.core import Function, Operation
 from ...ir.types import FLOAT_DTYPES
 
 MIN_ELEMENTS = 4096
-"""An elementwise loop is split only from this many elements (a 32x128 block): below it the
-handshake (~0.3 us) is a large part of the loop."""
-
-MIN_COLUMNS = 64
-"""A per-step GEMM is split only from this many result columns (32 per thread)."""
+"""A loop is split only from this many elements (a 32x128 block). The hand-off to OpenBLAS's
+pool and back costs about 1 us (bench/rnn_split.py); a 4096-element loop of float work takes
+several."""
 
 
 def mode() -> str:
-    """GIR_CPU_SPLIT: `auto` (default), `1` (every candidate scan), `0` (never)."""
+    """GIR_CPU_SPLIT: `auto` (default: split loops the model says gain), `1` (every loop that
+    can be split), `0` (never)."""
     return os.environ.get("GIR_CPU_SPLIT", "auto")
 
 
-def split_kind(op: Operation) -> str | None:
-    """'rows' (an elementwise loop split by its outer dimension), 'cols' (a GEMM split by result
-    columns) or None (runs on the calling thread)."""
-    if op.name == "fused" or op.spec.is_elementwise:
-        return "rows" if _rows_splittable(op) else None
-    if op.name == "matmul" and _cols_splittable(op):
-        return "cols"
+@cache
+def level1_entry() -> tuple[int, int, int] | None:
+    """(address of OpenBLAS's blas_level1_thread, its mode word, the bytes `b` advances per
+    row) where calling it with a probe routine splits rows across two threads as expected;
+    None otherwise. The mode's precision bits differ between OpenBLAS versions (0.3.31: 2 is
+    single precision; with an unknown one the routine is silently not called), so they are
+    found by calling it, not assumed."""
+    from . import blas
+
+    found = blas.openblas()
+    lib = found.lib if found is not None else None
+    if lib is None or not hasattr(lib, "blas_level1_thread"):
+        return None
+    fn = lib.blas_level1_thread
+    long = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int, long, long, long, ctypes.c_void_p, ctypes.c_void_p, long,
+                   ctypes.c_void_p, long, ctypes.c_void_p, long, ctypes.c_void_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    calls: list[tuple[int, int, int]] = []
+    routine = ctypes.CFUNCTYPE(None, long, long, long, ctypes.c_void_p, long, ctypes.c_void_p)(
+        lambda m, n, k, a, lda, b: calls.append((m, n, b or 0)))
+    alpha = (ctypes.c_double * 4)()
+    for word in (2, 0):  # single precision: 0.3.10 and later, then earlier
+        calls.clear()
+        address = ctypes.cast(routine, ctypes.c_void_p)
+        fn(word, 33, 33, 0, ctypes.addressof(alpha), None, 0, None, 1, None, 0, address, 2)
+        if len(calls) == 2 and sorted(c[0] for c in calls) == [16, 17]:
+            first, second = sorted(calls, key=lambda c: c[2])
+            if first[2] == 0 and second[2] % first[0] == 0 and second[2] > 0:
+                return ctypes.cast(fn, ctypes.c_void_p).value or 0, word, second[2] // first[0]
     return None
 
 
-def _rows_splittable(op: Operation) -> bool:
+def bind_symbols() -> None:
+    """`gir_ob_level1_thread`, the entry split loops call (if the probe found it)."""
+    import llvmlite.binding as llvm
+
+    entry = level1_entry()
+    if entry is not None:
+        llvm.add_symbol("gir_ob_level1_thread", entry[0])
+
+
+def splittable(op: Operation) -> bool:
+    """An elementwise (fused) loop whose results are static, float, of one shape, at least
+    2 rows: its rows can be written by two threads independently."""
+    if not (op.name == "fused" or op.spec.is_elementwise):
+        return False
     types = [r.tensor_type for r in op.results]
     if not types or not all(t.is_static and t.rank >= 1 for t in types):
         return False
     shape = tuple(types[0].shape)
     if any(tuple(t.shape) != shape for t in types) or int(shape[0]) < 2:  # type: ignore[arg-type]
-        return False
-    if math.prod(int(d) for d in shape) < MIN_ELEMENTS:  # type: ignore[arg-type]
         return False
     # Float results only: integer ops can flag errors (division by zero), and one error slot
     # is shared by both threads.
@@ -69,56 +98,35 @@ def _rows_splittable(op: Operation) -> bool:
     return all(r.tensor_type.dtype in (*FLOAT_DTYPES, "i1") for o in inner for r in o.results)
 
 
-def _cols_splittable(op: Operation) -> bool:
-    if op.result.tensor_type.dtype not in op.spec.gemm_dtypes:
-        return False
-    b = op.operands[1].tensor_type
-    a = op.operands[0].tensor_type
-    if b.rank != 2 or not (a.is_static and b.is_static and op.result.tensor_type.is_static):
-        return False
-    return int(op.result.tensor_type.shape[-1]) >= MIN_COLUMNS  # type: ignore[arg-type]
+def elements(op: Operation) -> int:
+    return math.prod(int(d) for d in op.results[0].tensor_type.shape)  # type: ignore[arg-type]
 
 
-def plan(function: Function, family: str, schedule: dict[str, object], worker_used: bool) -> dict[Operation, str]:
-    """The split ops of every scan run as a team (op -> split_kind), the decision and its
-    reasons written to schedule["split"]."""
-    from . import blas_threads  # lazily: it loads BLAS
+def plan(function: Function, family: str, schedule: dict[str, object], worker_used: bool) -> set[Operation]:
+    """The loops in scan bodies to split; the decision and its reasons in schedule["split"]."""
+    from . import blas  # lazily: it loads BLAS
 
     scans = [op for op in function.body if op.name == "scan"]
     if not scans:
-        return {}
+        return set()
     chosen = mode()
-    why = None
-    if chosen == "0":
-        why = "GIR_CPU_SPLIT=0"
-    elif worker_used:
-        why = "the two-core schedule (overlap.py) has the worker"
-    elif family != "openblas":
-        why = "the function calls MKL (only OpenBLAS GEMMs are split)"
-    else:
-        why = blas_threads.unavailable(family)
+    why = ("GIR_CPU_SPLIT=0" if chosen == "0"
+           else "the two-core schedule (overlap.py) uses the second core" if worker_used
+           else "the function calls MKL (only OpenBLAS's pool is used)" if family != "openblas"
+           else f"BLAS runs on {blas.threads()} thread" if blas.threads() < 2
+           else "OpenBLAS's blas_level1_thread is not usable here" if level1_entry() is None
+           else None)
     if why is not None:
         schedule["split"] = "off: " + why
-        return {}
-    out: dict[Operation, str] = {}
+        return set()
+    out: set[Operation] = set()
     notes = []
     for scan in scans:
-        kinds = {op: k for op in scan.body if (k := split_kind(op)) is not None}
-        nested = any(op.spec.loop for op in scan.body)
-        big = any(k == "rows" for k in kinds.values())
-        use = bool(kinds) and not nested and (chosen == "1" or big)
-        reason = ("nested loop in the body" if nested else "nothing large enough to split" if not use
-                  else f"elementwise loops of at least {MIN_ELEMENTS} elements" if chosen == "auto"
-                  else "GIR_CPU_SPLIT=1")
-        notes.append({"scan": str(scan.loc), "used": use, "why": reason,
-                      "split_loops": sum(k == "rows" for k in kinds.values()),
-                      "split_gemms": sum(k == "cols" for k in kinds.values())})
-        if use:
-            out.update(kinds)
+        loops = [op for op in scan.body if splittable(op)]
+        large = [op for op in loops if chosen == "1" or elements(op) >= MIN_ELEMENTS]
+        out.update(large)
+        notes.append({"scan": str(scan.loc), "used": bool(large), "split_loops": len(large),
+                      "loops": [f"{op.loc} {op.name} {elements(op)}" for op in large],
+                      "why": "GIR_CPU_SPLIT=1" if chosen == "1" else f"loops of at least {MIN_ELEMENTS} elements"})
     schedule["split"] = notes
     return out
-
-
-def team_scans(parallel: dict[Operation, str]) -> set[Operation]:
-    """The scans whose bodies hold the split ops."""
-    return {op.parent_op for op in parallel if op.parent_op is not None}
