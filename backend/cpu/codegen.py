@@ -185,12 +185,15 @@ class Lowering:
         """A value stacked by the scan step being lowered -> its row of the stack (written in place)."""
         self.layout.schedule["stack_copies_avoided"] = 0
         self.layout.schedule["stack_copies"] = 0
-        self.worker = _Worker(self, overlap.plan(function, self.gemm_family, self.layout.schedule))
-        """The second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         self.rows: tuple[ir.Value, ir.Value] | None = None
         """While a split loop's task is emitted: the range of the outer loop dimension it covers."""
-        self.team = _Split(self, team.plan(function, self.gemm_family, self.layout.schedule, bool(self.worker.tasks)))
-        """Or the split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
+        self.team = _Split(self, team.plan(function, self.gemm_family if sites else None, self.layout.schedule))
+        """The split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
+        if self.team.split:  # it measured faster than the two-core schedule where both applied
+            self.layout.schedule["overlap"] = "off: the split schedule (team.py) uses the second core"
+        windows = [] if self.team.split else overlap.plan(function, self.gemm_family, self.layout.schedule)
+        self.worker = _Worker(self, windows)
+        """Or the second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         n_args = len(function.args)
         n_outs = len(function.result_types)
         self.arena = self._load_ptr(self.buffers, n_args + n_outs)

@@ -275,7 +275,7 @@ def _load(code: Code) -> _Entry:
     """Links code's object into this process."""
     blas.bind_symbols()
     blas_threads.bind_symbols()
-    team.bind_symbols()
+    team.bind_symbols(code.layout.schedule)
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
     engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
     engine.finalize_object()

@@ -72,13 +72,25 @@ def level1_entry() -> tuple[int, int, int] | None:
     return None
 
 
-def bind_symbols() -> None:
-    """`gir_ob_level1_thread`, the entry split loops call (if the probe found it)."""
+def used(schedule: dict[str, object]) -> bool:
+    """Whether code laid out with this schedule splits loops (calls `gir_ob_level1_thread`)."""
+    notes = schedule.get("split")
+    return isinstance(notes, list) and any(n.get("used") for n in notes)
+
+
+def bind_symbols(schedule: dict[str, object]) -> None:
+    """`gir_ob_level1_thread`, the entry split loops call, for code that calls it (the probe
+    runs once per process, only then: code from the disk cache was planned elsewhere)."""
     import llvmlite.binding as llvm
 
+    if not used(schedule):
+        return
     entry = level1_entry()
-    if entry is not None:
-        llvm.add_symbol("gir_ob_level1_thread", entry[0])
+    if entry is None:
+        from ...errors import GirError
+
+        raise GirError("this code splits loops on OpenBLAS's pool, and blas_level1_thread is not usable here")
+    llvm.add_symbol("gir_ob_level1_thread", entry[0])
 
 
 def splittable(op: Operation) -> bool:
@@ -102,17 +114,21 @@ def elements(op: Operation) -> int:
     return math.prod(int(d) for d in op.results[0].tensor_type.shape)  # type: ignore[arg-type]
 
 
-def plan(function: Function, family: str, schedule: dict[str, object], worker_used: bool) -> set[Operation]:
-    """The loops in scan bodies to split; the decision and its reasons in schedule["split"]."""
-    from . import blas  # lazily: it loads BLAS
+def plan(function: Function, family: str | None, schedule: dict[str, object]) -> set[Operation]:
+    """The loops in scan bodies to split (family: the function's GEMM provider, None without
+    GEMMs); the decision and its reasons in schedule["split"].
+    Asked before the two-core schedule (overlap.py): where both apply, the split measured
+    faster (gru-S 1.045x, gru-M 1.03x, rnn-S even; bench/rnn_split.py, docs/performance-rnn.md),
+    unless GIR_CPU_OVERLAP asks for that schedule."""
+    from . import blas, overlap  # lazily: they load BLAS
 
     scans = [op for op in function.body if op.name == "scan"]
     if not scans:
         return set()
     chosen = mode()
     why = ("GIR_CPU_SPLIT=0" if chosen == "0"
-           else "the two-core schedule (overlap.py) uses the second core" if worker_used
-           else "the function calls MKL (only OpenBLAS's pool is used)" if family != "openblas"
+           else f"GIR_CPU_OVERLAP={overlap.mode()} asks for the two-core schedule" if overlap.mode() in ("1", "whole")
+           else "the function's GEMMs run on MKL (its threads would spin beside OpenBLAS's)" if family == "mkl"
            else f"BLAS runs on {blas.threads()} thread" if blas.threads() < 2
            else "OpenBLAS's blas_level1_thread is not usable here" if level1_entry() is None
            else None)
