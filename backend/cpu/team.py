@@ -27,10 +27,12 @@ from functools import cache
 from ...ir.core import Function, Operation
 from ...ir.types import FLOAT_DTYPES
 
-MIN_ELEMENTS = 4096
-"""A loop is split only from this many elements (a 32x128 block). The hand-off to OpenBLAS's
-pool and back costs about 1 us (bench/rnn_split.py); a 4096-element loop of float work takes
-several."""
+MIN_ELEMENTS = 1024
+"""A loop is split only from this many elements. `python bench/split_loops.py` (an LSTM-like
+cell, quiet machine): split/unsplit per step 1.33x faster at 512 elements (8x64), 1.64x at
+2048, 1.59-1.72x from 4096 to 65536; below 1024 the hand-off to OpenBLAS's pool and back
+(~1 us) is most of the gain, and the 256-element loops of an LSTM's backward step are not
+measured, so they stay on the calling thread."""
 
 
 def mode() -> str:
