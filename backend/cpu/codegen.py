@@ -1127,9 +1127,12 @@ class _Split:
         for r in op.results:
             low.slot(r, op)
         values = [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results] + [low.counters, low.fns]
-        args = low.alloc(8 * len(values))
+        with b.goto_block(low.entry):  # on gir_main's stack: the arena is memplan's (and per call anyway)
+            b.position_at_start(low.entry)
+            words = b.alloca(I64, size=ir.Constant(I64, len(values)))
         for i, p in enumerate(values):
-            b.store(b.ptrtoint(p, I64), b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8))
+            b.store(b.ptrtoint(p, I64), b.gep(words, [ir.Constant(I64, i)]))
+        args = b.bitcast(words, PTR)
         entry = team.level1_entry()
         assert entry is not None, "team.plan splits loops only where the probe found the entry"
         task = self._outline(op, len(values), entry[2])
