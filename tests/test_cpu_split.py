@@ -11,6 +11,7 @@ which loops were split and why.
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -148,14 +149,21 @@ def test_two_threads_call_one_function(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _split_notes(fn)[0]["used"]
 
 
-def test_process_exits_after_split_calls(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("pool", ["", "1"])
+def test_process_exits_after_split_calls(pool: str) -> None:
+    """No thread of gir's to end: the process exits. With OpenBLAS's pool started with one
+    thread (OPENBLAS_NUM_THREADS=1) nothing is split (its other half would wait forever)."""
     code = (f"import numpy as np, gir\nsrc = {LOOPS.format(R=16, C=64, T='f32')!r}\n"
             "fn = gir.jit(src, 'f')\n"
             "args = [np.ones(s, np.float32) for s in ((5, 16, 64), (16, 64), (64,))]\n"
             "for _ in range(3): fn(*args)\nprint(fn.stats.schedule['split'])\n")
-    env = {**__import__("os").environ, "GIR_CPU_SPLIT": "1"}
+    env = {**os.environ, "GIR_CPU_SPLIT": "1"}
+    if pool:
+        env["OPENBLAS_NUM_THREADS"] = pool
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    if pool:
+        assert "off:" in done.stdout, done.stdout
 
 
 def test_loop_writing_its_carry_in_place(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -463,7 +463,8 @@ def target_key() -> tuple:
             blas.providers().has_mkl, blas.threads(), blas.openblas_int_bits(),
             blas.openblas().name if blas.openblas() else "cython_blas",
             os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
-            os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), opt_level())
+            os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), team.pool_threads(),
+            opt_level())
 
 
 _CODEGEN_VERSION = "16"

@@ -41,13 +41,32 @@ def mode() -> str:
     return os.environ.get("GIR_CPU_SPLIT", "auto")
 
 
-@cache
 def level1_entry() -> tuple[int, int, int] | None:
     """(address of OpenBLAS's blas_level1_thread, its mode word, the bytes `b` advances per
     row) where calling it with a probe routine splits rows across two threads as expected;
     None otherwise. The mode's precision bits differ between OpenBLAS versions (0.3.31: 2 is
     single precision; with an unknown one the routine is silently not called), so they are
-    found by calling it, not assumed."""
+    found by calling it, not assumed. Never called with a pool of one thread (OpenBLAS's
+    `blas_num_threads`, read each time): it has no second thread to run the other half, and
+    the call would wait forever."""
+    return _probe() if pool_threads() >= 2 else None
+
+
+def pool_threads() -> int:
+    """Threads of OpenBLAS's pool, the caller's included (its `blas_num_threads`; 0 when not
+    known). Part of the compiled code's cache key (runtime.target_key): code that splits
+    loops must not be loaded where the pool has one thread."""
+    from . import blas
+
+    found = blas.openblas()
+    try:
+        return ctypes.c_int.in_dll(found.lib, "blas_num_threads").value if found is not None else 0
+    except ValueError:  # not exported
+        return 0
+
+
+@cache
+def _probe() -> tuple[int, int, int] | None:
     from . import blas
 
     found = blas.openblas()
@@ -132,7 +151,8 @@ def plan(function: Function, family: str | None, schedule: dict[str, object]) ->
            else f"GIR_CPU_OVERLAP={overlap.mode()} asks for the two-core schedule" if overlap.mode() in ("1", "whole")
            else "the function's GEMMs run on MKL (its threads would spin beside OpenBLAS's)" if family == "mkl"
            else f"BLAS runs on {blas.threads()} thread" if blas.threads() < 2
-           else "OpenBLAS's blas_level1_thread is not usable here" if level1_entry() is None
+           else "OpenBLAS's blas_level1_thread is not usable here (not exported, or a pool of one thread)"
+           if level1_entry() is None
            else None)
     if why is not None:
         schedule["split"] = "off: " + why
