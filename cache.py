@@ -249,7 +249,8 @@ def build_fingerprint() -> str:
         here = os.path.dirname(os.path.abspath(__file__))
         stamps = []
         for folder, dirs, names in os.walk(here):
-            dirs[:] = sorted(d for d in dirs if d not in ("tests", "bench", "docs", "examples", "__pycache__"))
+            dirs[:] = sorted(d for d in dirs if d not in ("tests", "bench", "docs", "examples", "__pycache__")
+                             and not d.startswith("."))  # .git, .venv: not gir's code, and slow to walk
             for name in sorted(names):
                 if name.endswith((".py", ".lark")):
                     st = os.stat(os.path.join(folder, name))

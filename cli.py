@@ -303,7 +303,8 @@ def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) 
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from .backend.cpu.runtime import CPUFunction, target_machine
+    from .backend.cpu.llvm_jit import target_machine
+    from .backend.cpu.runtime import CPUFunction
     from .passes.memory.plan import MemoryPlan
     from .shapes import specialise_entry
 

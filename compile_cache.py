@@ -103,7 +103,7 @@ def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
 def store_compiled(key: str, compiled: Any, root: str | None = None) -> None:
     """Stores a CPUFunction (with its `ir` text) under a specialisation key (in the cache folder
     root; default: the current one)."""
-    meta, obj = compiled.code.to_entry()
+    meta, obj = compiled.code.to_entry(shared=True)  # a hit in a new process loads it without LLVM
     meta["signature"] = signature_json(compiled.function)
     meta["ir"] = compiled.ir
     with timing.phase("cache: store"):

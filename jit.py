@@ -97,7 +97,8 @@ class JitFunction:
                 found = compile_cache.load_compiled(key)
             if found is not None:
                 found.compile_seconds = {}  # nothing was compiled: the time is the load's
-                timer.stats.threads = _blas_threads()
+                # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
+                # which a hit's code does only at its first call
                 found.compile_stats = timer.finish(found)
                 return found
             timer.cancel()
@@ -119,7 +120,7 @@ class JitFunction:
             timer.cancel()
         for r in report.records:  # a pass that runs twice (canonicalize) counts its total
             timer.stats.passes[r.spec] = timer.stats.passes.get(r.spec, 0.0) + r.seconds
-        timer.stats.threads = _blas_threads() if self.device == "cpu" else None
+        timer.stats.threads = _blas_threads(compiled) if self.device == "cpu" else None
         compiled.compile_stats = timer.finish(compiled)
         return compiled
 
@@ -186,6 +187,8 @@ class JitFunction:
         ran = getattr(stats, "compile", None)  # the CPU's CompileInfo of the code that ran (its tier)
         stats.compile = getattr(current, "compile_stats", None)
         if stats.compile is not None:
+            if stats.compile.threads is None and stats.compile.device == "cpu":
+                stats.compile.threads = _blas_threads(current)
             stats.compile = stats.compile.for_code(ran)
         return stats
 
@@ -209,11 +212,12 @@ class InterpretedStats:
     compile: Any = None
 
 
-def _blas_threads() -> int | None:
-    from .backend.cpu.blas import threads
+def _blas_threads(compiled: Any) -> int | None:
+    """The threads compiled's GEMMs run on (None: not known)."""
+    from .backend.cpu.blas import threads_of
 
     try:
-        return threads()
+        return threads_of([g.path for g in compiled.layout.gemms])
     except Exception:  # noqa: BLE001 - a report must not fail a compile
         return None
 

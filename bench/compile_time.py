@@ -100,6 +100,7 @@ def environment(cache_dir: Path, tier: str | None = None) -> dict[str, str]:
     if tier is not None:
         env["GIR_LLVM_TIER"] = tier
     env.pop("GIR_GEMM_MEASURE", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: gir's modules load from their .pyc files
     env["PYTHONPATH"] = str(ROOT.parent) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

@@ -29,7 +29,7 @@ import gir  # noqa: E402
 import llvmlite.binding as llvm  # noqa: E402
 import numpy as np  # noqa: E402
 import rnn  # noqa: E402
-from gir.backend.cpu import runtime  # noqa: E402
+from gir.backend.cpu import llvm_jit, runtime  # noqa: E402
 
 RECIPES = {  # name: (passes, TargetMachine codegen level)
     "O0/cg0": ("none", 0),
@@ -46,10 +46,10 @@ def compile_recipe(llvm_ir: str, passes: str, cg: int) -> tuple[bytes, float]:
     c0 = time.thread_time()
     mod = llvm.parse_assembly(llvm_ir)
     if passes == "cheap":
-        runtime.optimize_quick(mod)
+        llvm_jit.optimize_quick(mod)
     elif passes != "none":
-        runtime.optimize(mod, int(passes[1]))
-    obj = runtime.new_target_machine(cg).emit_object(mod)
+        llvm_jit.optimize(mod, int(passes[1]))
+    obj = llvm_jit.new_target_machine(cg).emit_object(mod)
     return obj, time.thread_time() - c0
 
 

@@ -157,3 +157,25 @@ def test_a_background_llvm_compile_finishing_late_stores_into_its_own_folder(mon
     assert list((first / "objects").glob("*.entry")) and list((first / "compiled").glob("*.entry"))
     monkeypatch.setenv("GIR_CACHE_DIR", str(first))
     assert gir.jit(SOURCE, "isolated").compiled.code.info.from_cache == "compiled"
+
+
+def test_waiting_for_measurements_covers_a_worker_started_meanwhile(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """The measurer's worker ends when its queue is empty; a task queued just then starts a new
+    worker. A wait that joined the old one returned True while the new one ran."""
+    _fresh_measurer(monkeypatch, tmp_path)
+    second_gate, ran = threading.Event(), []
+    blas.measure_in_background(("first",), lambda: ran.append("first"))
+    old = blas._worker
+    assert old is not None
+    real_join = old.join
+
+    def join_then_hand_over(timeout: float | None = None) -> None:
+        real_join()  # the old worker found the queue empty and ended
+        blas.measure_in_background(("second",), lambda: (second_gate.wait(30), ran.append("second")))
+        assert blas._worker is not old  # a new worker runs the new task
+        threading.Timer(0.2, second_gate.set).start()
+
+    old.join = join_then_hand_over  # type: ignore[method-assign]
+    assert blas.wait_for_measurements(30)
+    assert ran == ["first", "second"]

@@ -61,7 +61,7 @@ def test_a_hit_skips_parsing_passes_and_llvm(monkeypatch: pytest.MonkeyPatch) ->
     jit_module = sys.modules["gir.jit"]  # `gir.jit` is the function
     monkeypatch.setattr(jit_module, "parse", boom)
     monkeypatch.setattr(jit_module, "PassManager", boom)
-    monkeypatch.setattr("gir.backend.cpu.runtime.lower_function", boom)
+    monkeypatch.setattr("gir.backend.cpu.llvm_jit.lower_function", boom)
     second = gir.jit(SOURCE, "f")
     assert second.compiled.code.info.from_cache == "compiled"
     np.testing.assert_array_equal(second(*_args())[0], want)

@@ -14,7 +14,7 @@ import gir
 import numpy as np
 import pytest
 from gir import cache, compile_cache
-from gir.backend.cpu import tiers
+from gir.backend.cpu import runtime, tiers
 from gir.ir.interpreter import random_inputs
 
 RNN = """\
@@ -71,14 +71,14 @@ def _held_back(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return gate
 
 
-def _stored(root: Path) -> list[dict]:
-    """The headers of the object-code entries in the cache (objects/ and compiled/*.entry)."""
+def _stored(root: Path) -> list[runtime.Code]:
+    """The code of the object-code entries in the cache (objects/ and compiled/*.entry)."""
     found = []
     for path in sorted(root.glob("*/*.entry")):
         key = path.name[: -len(".entry")]
-        meta = cache.load(path.parent.name, key)
-        assert meta is not None
-        found.append(meta[0])
+        entry = cache.load(path.parent.name, key)
+        assert entry is not None
+        found.append(runtime.Code.from_entry(*entry, path.parent.name))
     return found
 
 
@@ -118,8 +118,8 @@ def test_caches_hold_the_final_code(monkeypatch: pytest.MonkeyPatch, own_cache: 
     shapes = tuple(tuple(a.shape) for a in _inputs(0))
     tiers.wait_for_key(compile_cache.specialisation_key(fn._cache_key, shapes))
     stored = _stored(own_cache)
-    assert len(stored) == 2 and all(m["opt_level"] == 3 for m in stored)  # objects/ and compiled/
-    assert all(m["optimized_ir"] == fn.compiled.optimized_ir for m in stored)
+    assert len(stored) == 2 and all(c.info.opt_level == 3 for c in stored)  # objects/ and compiled/
+    assert all(c.optimized_ir == fn.compiled.optimized_ir for c in stored)
     again = gir.jit(RNN, "grads")  # waits for a store still pending in this process, then loads it
     info = again.compiled.code.info
     assert info.from_cache == "compiled" and info.opt_level == 3 and info.tier == ""
@@ -223,7 +223,7 @@ def test_gir_run_waits_so_its_cache_fills(tmp_path: Path, own_cache: Path, capsy
     path.write_text(RNN)
     assert main(["run", str(path), "--repeat", "3"]) == 0
     stored = _stored(own_cache)  # waited for the -O3 code: both caches hold it
-    assert len(stored) == 2 and all(m["opt_level"] == 3 for m in stored)
+    assert len(stored) == 2 and all(c.info.opt_level == 3 for c in stored)
     assert main(["run", str(path), "-v"]) == 0
     assert "code cache: hit" in capsys.readouterr().err
 

@@ -9,8 +9,8 @@ model's guess and is measured in a background thread, so a first compile does no
 a shape (GIR_GEMM_MEASURE): on an AMD EPYC OpenBLAS wins large GEMMs while MKL's packed path can win
 small ones; on Intel CPUs packing is known to pay. Where MKL cannot be loaded, OpenBLAS alone.
 
-Compiled code never holds a process address: it gets a table of function pointers
-(`FN_TABLE` order) at every call, so object code can be cached on disk and reloaded.
+Compiled code never holds a process address: it gets a table of function pointers at every
+call (externals.py; `FN_TABLE` is its first part), so object code can be cached on disk and reloaded.
 """
 
 from __future__ import annotations
@@ -196,19 +196,6 @@ def openblas_int_bits() -> int:
     return found.int_bits if found is not None else 32
 
 
-def symbol(slot: str) -> str:
-    return "gir_" + slot
-
-
-def bind_symbols() -> None:
-    """Tells LLVM's JIT linker where each gir_<slot> BLAS entry is in this process."""
-    import llvmlite.binding as llvm
-
-    for slot, address in zip(FN_TABLE, providers().table):
-        if address:
-            llvm.add_symbol(symbol(slot), address)
-
-
 def pack_size(dtype: str, m: int, n: int, k: int) -> int:
     """Bytes MKL needs to pack the B operand of an (m, n, k) GEMM."""
     mkl = providers().mkl
@@ -297,6 +284,33 @@ def threads() -> int:
     if mkl is not None:
         return int(mkl.mkl_get_max_threads())
     return os.cpu_count() or 1
+
+
+def threads_of(paths: list[str]) -> int:
+    """The threads GEMMs taking `paths` run on now: OpenBLAS's count when none is MKL's (asking
+    OpenBLAS is free; MKL's first call costs ~8 ms: a cache hit whose code calls only OpenBLAS
+    does not start MKL to report it)."""
+    found = openblas()
+    if found is None or any(p in FAMILIES["mkl"] for p in paths):
+        return threads()
+    try:
+        return int(getattr(found.lib, f"{found.prefix}openblas_get_num_threads{found.suffix}")())
+    except (AttributeError, OSError):
+        return threads()
+
+
+def thread_setting() -> tuple:
+    """What decides how many threads BLAS starts with, for cache keys: the environment and the
+    CPUs this process may run on (read without starting MKL). A count changed in-process
+    (threadpoolctl) is not in it: code cached for another count runs correctly, with GEMM paths
+    measured for that count."""
+    env = tuple(os.environ.get(v, "") for v in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                  "MKL_DYNAMIC"))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return (*env, cpus)
 
 
 def measure_mode() -> str:
@@ -438,12 +452,22 @@ def _measure_queue() -> None:
 
 
 def wait_for_measurements(timeout: float | None = None) -> bool:
-    """Blocks until the background measurer is idle; True when it is (for benchmarks, tests)."""
-    worker = _worker
-    if worker is not None:
-        worker.join(timeout)
-        return not worker.is_alive()
-    return True
+    """Blocks until the background measurer is idle (no worker alive and nothing queued); True
+    when it is (for benchmarks, tests). A worker may end and another start for a task queued
+    meanwhile: it waits for that one too (it used to return True while it ran)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _choices_lock:
+            worker, queued = _worker, bool(_queue)
+        if worker is None or not worker.is_alive():
+            if not queued or _stop.is_set():  # stopped at exit: what is queued never runs
+                return True
+            time.sleep(0.001)  # queued under the lock a moment ago: its worker is starting
+        else:
+            worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if deadline is not None and time.monotonic() >= deadline:
+            with _choices_lock:
+                return (_worker is None or not _worker.is_alive()) and not _queue
 
 
 def drop_queued_measurements(timeout: float | None = None) -> bool:

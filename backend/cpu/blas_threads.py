@@ -52,17 +52,15 @@ def unavailable(family: str) -> str | None:
     return None
 
 
-def bind_symbols() -> None:
-    """The externals the schedule's code calls: syscall (futex), sched_yield, the setters."""
-    import llvmlite.binding as llvm
+EXTERNALS = ("syscall", "sched_yield", "ob_threads_local", "mkl_threads_local")
+"""The schedule's entries of the externals table (externals.py): futex, yield, the setters."""
 
+
+def addresses() -> list[int]:
+    """The EXTERNALS' addresses in this process (0: none here)."""
     libc = ctypes.CDLL(None)
-    llvm.add_symbol("gir_syscall", ctypes.cast(libc.syscall, ctypes.c_void_p).value)
-    llvm.add_symbol("gir_sched_yield", ctypes.cast(libc.sched_yield, ctypes.c_void_p).value)
-    for family, name in (("openblas", "gir_ob_threads_local"), ("mkl", "gir_mkl_threads_local")):
-        address = local_setter(family)
-        if address:
-            llvm.add_symbol(name, address)
+    return [ctypes.cast(libc.syscall, ctypes.c_void_p).value or 0,
+            ctypes.cast(libc.sched_yield, ctypes.c_void_p).value or 0, local_setter("openblas"), local_setter("mkl")]
 
 
 def _cache_file() -> str:

@@ -3,9 +3,11 @@
 The generated function is `void gir_main(ptr buffers, ptr counters, ptr fns)`:
 `buffers` holds the argument pointers, then the output pointers, then the arena and the pinned
 area (packed weights, which never move); `counters` is i64[4] (GEMM calls, pack calls, an
-error flag, unused); `fns` is reserved. BLAS is called through external symbols `gir_<slot>`
-that the runtime binds to the chosen provider's addresses, so object code holds no process
-address and could be cached on disk.
+error flag, unused); `fns` is the table of external functions (`externals.SLOTS` order: BLAS,
+syscall, sched_yield, the BLAS thread setters), filled by the runtime. Every external call loads
+its pointer from `fns`, so object code holds no process address and names no symbol beyond
+libc's and libm's: it is cached on disk, and links as it is into a shared library that a
+cache hit loads without LLVM (runtime.py).
 
 Storage: every value that needs memory gets a 64-byte aligned slot in the arena (one per value;
 the memory plan of memplan can replace this layout). Views need none: `reshape`, contiguous
@@ -22,12 +24,12 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
 
-from ...errors import GirError, Location
+from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Function, Operation, Value
 from ...ir.interpreter import empty_reduction
@@ -37,7 +39,8 @@ from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
-from . import blas, mathlib, overlap, team
+from . import blas, externals, mathlib, overlap, team
+from .layout import GemmSite, Layout
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -101,54 +104,6 @@ def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | No
     if plan is None or plan.function is not function:
         plan = plan_memory(function)
     return plan if plan.supported else None
-
-
-@dataclass
-class GemmSite:
-    key: str
-    path: str
-    dtype: str
-    m: int
-    n: int
-    k: int
-    ta: bool
-    tb: bool
-
-
-@dataclass
-class Layout:
-    """Where things are, for the runtime: arena size, pinned size, what was chosen."""
-
-    arena_bytes: int = 0
-    pinned_bytes: int = 0
-    gemms: list[GemmSite] = field(default_factory=list)
-    planned_bytes: int = 0
-    """The part of the arena memplan placed (0 when every value has its own slot)."""
-    errors: list[tuple[str, object]] = field(default_factory=list)
-    """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
-    provisional: list[list] = field(default_factory=list)
-    """GEMM shapes (blas.path_times' arguments) whose path or family came from the model, not a
-    measurement (measured in the background: a later compile refines them)."""
-    schedule: dict[str, object] = field(default_factory=dict)
-    """How the work was laid out, for `fn.stats.schedule`: stacked values written in place
-    (their rows of the stack) or copied per step, and the two-core schedule (overlap.py)."""
-
-    @property
-    def measured(self) -> bool:
-        """Every GEMM path and the two-core schedule were decided from measured times."""
-        return not self.provisional and not self.schedule.get("overlap_pending")
-
-    def to_json(self) -> dict:
-        return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
-                "gemms": [g.__dict__ for g in self.gemms],
-                "errors": [[m, loc.to_json()] for m, loc in self.errors],  # type: ignore[attr-defined]
-                "provisional": self.provisional, "schedule": self.schedule}
-
-    @classmethod
-    def from_json(cls, data: dict) -> Layout:
-        return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
-                   data.get("planned_bytes", 0), [(m, Location.from_json(loc)) for m, loc in data["errors"]],
-                   data.get("provisional", []), dict(data.get("schedule", {})))
 
 
 class Lowering:
@@ -778,14 +733,13 @@ def _naive_matmul(low: Lowering, op: Operation) -> None:
         low.store(low.b.load(cell, typ=ty), low.ptr[op.result], dtype, low.linear(idx, _strides(out_shape)))
 
 
-def _call_table(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Value]) -> None:
-    """Calls BLAS entry `slot` through the external symbol `gir_<slot>`, which the runtime binds
-    to the provider's address when it loads the code (llvm.add_symbol)."""
-    name = blas.symbol(slot)
-    fn = low.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(low.module, sig, name=name)
-    low.b.call(fn, args)
+def call_external(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Value]) -> ir.Value:
+    """Calls external `slot` through the table `fns` (module docstring); the layout lists the
+    slots the code uses, so the runtime refuses to run it where one of them is missing."""
+    if slot not in low.layout.externals:
+        low.layout.externals.append(slot)
+    cell = low.b.gep(low.fns, [ir.Constant(I64, externals.index(slot))], source_etype=PTR)
+    return low.b.call(low.b.load(cell, typ=sig.as_pointer()), args)
 
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
@@ -808,7 +762,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     low.count(counter)
     if path == "mkl":
         sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR, I32, fty, PTR, I32])
-        _call_table(low, f"mkl_{s}gemm", sig,
+        call_external(low, f"mkl_{s}gemm", sig,
                     [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(t_b), i32(m), i32(n), i32(k),
                                                   ir.Constant(fty, 1.0), pa, i32(lda), pb, i32(ldb),
                                                   ir.Constant(fty, beta), pc, i32(n)])
@@ -817,7 +771,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
         packed = low.pack_slots.get(op)
         assert packed is not None, "the enclosing scan packs this weight before its loop"
         sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [PTR, I32, PTR, I32, fty, PTR, I32])
-        _call_table(low, f"mkl_{s}gemm_compute", sig,
+        call_external(low, f"mkl_{s}gemm_compute", sig,
                     [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(blas.CBLAS_PACKED), i32(m), i32(n), i32(k), pa, i32(lda),
                     packed, i32(ldb), ir.Constant(fty, 0.0), pc, i32(n)])
         return
@@ -841,7 +795,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     low.b.store(ir.Constant(fty, 1.0), one)
     low.b.store(ir.Constant(fty, beta), zero)
     sig = ir.FunctionType(ir.VoidType(), [PTR] * 13)
-    _call_table(low, f"ob_{s}gemm", sig, [tra, trb, cn, cm, ck, one, pb, cldb, pa, clda, zero, pc, cldc])
+    call_external(low, f"ob_{s}gemm", sig, [tra, trb, cn, cm, ck, one, pb, cldb, pa, clda, zero, pc, cldc])
 
 
 def _pack_weights(low: Lowering, scan: Operation) -> None:
@@ -870,7 +824,7 @@ def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: 
     sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR])
     i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
     low.count(1)
-    _call_table(low, f"mkl_{s}gemm_pack", sig,
+    call_external(low, f"mkl_{s}gemm_pack", sig,
                 [i32(blas.CBLAS_ROW_MAJOR), i32(blas.CBLAS_B_MATRIX),
                 i32(blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS), i32(m), i32(n), i32(k),
                 ir.Constant(fty, 1.0), src, i32(k if tb else n), dest])
@@ -895,7 +849,7 @@ def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Val
     low.b.store(ir.Constant(fty, 1.0), alpha)
     low.count(1)
     s = "s" if dtype == "f32" else "d"
-    _call_table(low, f"ob_{s}omatcopy", ir.FunctionType(ir.VoidType(), [PTR] * 9),
+    call_external(low, f"ob_{s}omatcopy", ir.FunctionType(ir.VoidType(), [PTR] * 9),
                 [order, trans, c_rows, c_cols, alpha, src, lda, dest, ldb])
     return dest
 
@@ -990,12 +944,12 @@ class _Worker:
         with b.goto_block(self.low.entry):
             b.position_at_start(self.low.entry)
             cell = b.alloca(I32)
-        b.store(b.call(self._threads_fn(), [ir.Constant(I32, 1)]), cell)
+        b.store(self._set_threads(ir.Constant(I32, 1)), cell)
         self.saved = cell
 
     def _restore(self) -> None:
         if self.saved is not None:
-            self.low.b.call(self._threads_fn(), [self.low.b.load(self.saved, typ=I32)])
+            self._set_threads(self.low.b.load(self.saved, typ=I32))
 
     def begin(self) -> None:
         if self.whole:
@@ -1005,14 +959,10 @@ class _Worker:
         if self.whole:
             self._restore()
 
-    def _threads_fn(self) -> ir.Function:
-        name = "gir_mkl_threads_local" if self.low.gemm_family == "mkl" else "gir_ob_threads_local"
-        fn = self.low.module.globals.get(name)
-        return fn if fn is not None else ir.Function(self.low.module, ir.FunctionType(I32, [I32]), name=name)
-
-    def _extern(self, name: str, ty: ir.FunctionType) -> ir.Function:
-        fn = self.low.module.globals.get(name)
-        return fn if fn is not None else ir.Function(self.low.module, ty, name=name)
+    def _set_threads(self, count: ir.Value) -> ir.Value:
+        """This thread's BLAS threads to count; returns the previous setting."""
+        slot = "mkl_threads_local" if self.low.gemm_family == "mkl" else "ob_threads_local"
+        return call_external(self.low, slot, ir.FunctionType(I32, [I32]), [count])
 
     def _word(self, slot: int) -> ir.Value:
         return self.low.b.gep(self.low.counters, [ir.Constant(I64, slot)], source_etype=I64)
@@ -1022,9 +972,9 @@ class _Worker:
         return self._word(slot)
 
     def _futex(self, op: int, value: int) -> None:
-        syscall = self._extern("gir_syscall", ir.FunctionType(I64, [I64], var_arg=True))
-        self.low.b.call(syscall, [ir.Constant(I64, 202), self._word(self.FUTEX), ir.Constant(I32, op),
-                                  ir.Constant(I32, value), ir.Constant(PTR, None)])
+        call_external(self.low, "syscall", ir.FunctionType(I64, [I64], var_arg=True),
+                      [ir.Constant(I64, 202), self._word(self.FUTEX), ir.Constant(I32, op), ir.Constant(I32, value),
+                       ir.Constant(PTR, None)])
 
     def _spin_until(self, slot: int, target: int) -> None:
         """Waits (yielding the core) until counters[slot] >= target."""
@@ -1035,7 +985,7 @@ class _Worker:
         v = b.load_atomic(self._word(slot), "acquire", 8, typ=I64)
         b.cbranch(b.icmp_signed(">=", v, ir.Constant(I64, target)), done, wait)
         b.position_at_end(wait)
-        b.call(self._extern("gir_sched_yield", ir.FunctionType(I32, [])), [])
+        call_external(self.low, "sched_yield", ir.FunctionType(I32, []), [])
         b.branch(head)
         b.position_at_end(done)
 
@@ -1092,7 +1042,7 @@ class _Worker:
         self._futex(0 | 128, 0)  # FUTEX_WAIT_PRIVATE while the word is 0
         b.branch(head)
         b.position_at_end(awake)
-        b.call(self._threads_fn(), [ir.Constant(I32, 1)])
+        self._set_threads(ir.Constant(I32, 1))
         for index, (trigger, d, c) in enumerate(self.tasks):
             self._spin_until(self.PROGRESS, trigger)
             item = d.op.result.tensor_type.numpy_dtype.itemsize
@@ -1141,11 +1091,11 @@ class _Split:
             self.alpha.initializer = ir.Constant(ir.ArrayType(I64, 4), [0] * 4)
             self.alpha.global_constant = True
         sig = ir.FunctionType(I32, [I32, I64, I64, I64, PTR, PTR, I64, PTR, I64, PTR, I64, PTR, I32])
-        level1 = low.module.globals.get("gir_ob_level1_thread") or ir.Function(low.module, sig, "gir_ob_level1_thread")
         rows = ir.Constant(I64, int(op.results[0].tensor_type.shape[0]))  # type: ignore[arg-type]
         null, zero = ir.Constant(PTR, None), ir.Constant(I64, 0)
-        b.call(level1, [ir.Constant(I32, entry[1]), rows, rows, zero, self.alpha, args, zero, null,
-                        ir.Constant(I64, 1), null, zero, task, ir.Constant(I32, 2)])
+        call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), rows, rows, zero, self.alpha,
+                                                     args, zero, null, ir.Constant(I64, 1), null, zero, task,
+                                                     ir.Constant(I32, 2)])
 
     def _outline(self, op: Operation, n_values: int, unit: int) -> ir.Function:
         """`gir_task<j>`: op's loop over rows [b / unit, b / unit + m). The pointers come from

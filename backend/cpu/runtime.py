@@ -1,9 +1,10 @@
-"""Compiling an LLVM module for the host CPU and calling it on NumPy arrays.
+"""Loading compiled code for the host CPU and calling it on NumPy arrays.
 
-The target is the host CPU with its features at optimisation level 3 (so fused loops are
-vectorised for, e.g., AVX2); a first compile runs quick code until that is ready (tiers.py).
-Arguments are checked against the signature before any native code runs; outputs are fresh
-arrays.
+Compiling is llvm_jit.py's (the host CPU with its features at optimisation level 3, so fused
+loops are vectorised for, e.g., AVX2; a first compile runs quick code until that is ready:
+tiers.py); this module imports LLVM only when it compiles or must load an object with LLVM's
+JIT linker: a compile-cache hit opens the code's shared library (native.py). Arguments are
+checked against the signature before any native code runs; outputs are fresh arrays.
 
 Threads: a `CPUFunction` may be called from several threads at once (ctypes releases the GIL
 for the native call, so calls do overlap). Its *workspace* (the arena, the pinned area of
@@ -18,16 +19,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import llvmlite.binding as llvm
 import numpy as np
 
-from ... import cache as disk
 from ... import timing
 from ...cache import build_fingerprint, digest
 from ...errors import GirArgumentError, GirError
@@ -35,8 +35,8 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
-from . import blas, blas_threads, team, tiers
-from .codegen import Layout, lower_function
+from . import blas, externals, native, team, tiers
+from .layout import Layout
 
 
 def opt_level() -> int:
@@ -51,58 +51,6 @@ def opt_level() -> int:
 DEFAULT_OPT = 3
 """Chosen by measurement (docs/performance.md, "Compile time"): compile seconds against the
 run time of the bench/rnn.py training steps."""
-
-
-def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
-    """The host CPU with all its features. An execution engine takes ownership of the target
-    machine it is given, so every engine gets a machine of its own."""
-    cpu, features = host()
-    target = llvm.Target.from_default_triple()
-    return target.create_target_machine(cpu=cpu, features=features, opt=opt_level() if opt is None else opt,
-                                        codemodel="jitdefault")
-
-
-@cache
-def host() -> tuple[str, str]:
-    """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-
-
-@cache
-def _target_machine(opt: int) -> llvm.TargetMachine:
-    return new_target_machine(opt)
-
-
-def target_machine() -> llvm.TargetMachine:
-    """A machine for optimising and printing assembly; never handed to an engine."""
-    return _target_machine(opt_level())
-
-
-def optimize(mod: llvm.ModuleRef, opt: int | None = None, tm: llvm.TargetMachine | None = None) -> None:
-    """LLVM's -O<opt> pipeline; tm: a target machine of the caller's own (another thread)."""
-    opt = opt_level() if opt is None else opt
-    if opt == 0:
-        return
-    pto = llvm.create_pipeline_tuning_options(speed_level=opt)
-    pto.loop_vectorization = opt >= 2
-    pto.slp_vectorization = opt >= 2
-    pb = llvm.create_pass_builder(tm if tm is not None else _target_machine(opt), pto)
-    pb.getModulePassManager().run(mod, pb)
-
-
-def optimize_quick(mod: llvm.ModuleRef) -> None:
-    """The quick tier's passes (tiers.QUICK_PASSES): values in registers instead of stack
-    slots, then instcombine and simplifycfg; no loop passes, no vectorisation."""
-    if tiers.QUICK_PASSES == "none":
-        return
-    pb = llvm.create_pass_builder(_target_machine(tiers.QUICK_CODEGEN), llvm.create_pipeline_tuning_options(0))
-    pm = llvm.create_new_module_pass_manager()
-    pm.add_sroa_pass()
-    pm.add_instruction_combine_pass()
-    pm.add_simplify_cfg_pass()
-    pm.run(mod, pb)
 
 
 @dataclass
@@ -149,17 +97,32 @@ class Code:
     info: CompileInfo
     final: tiers.FinalCompile | None = None
     """Quick code's background -O3 compile (its `code` is this function's final Code)."""
+    shared: bytes | None = None
+    """obj linked into a shared library (native.py), when it came from a cache entry that has one."""
 
-    def to_entry(self) -> tuple[dict, bytes]:
-        meta = {"layout": self.layout.to_json(), "optimized_ir": self.optimized_ir, "llvm_ir": self.llvm_ir,
-                "opt_level": self.info.opt_level, "seconds": self.info.seconds}
-        return meta, self.obj
+    def to_entry(self, shared: bool = False) -> tuple[dict, bytes]:
+        """(meta, blob) of a cache entry; shared: the blob adds the object linked into a shared
+        library (where a linker is found), which a hit in a new process loads without LLVM.
+        The IR texts are parts of the blob, not of the JSON meta: decoding them costs nothing."""
+        library = native.link(self.obj) if shared else None
+        parts = {"object": self.obj, "llvm_ir": self.llvm_ir.encode(), "optimized_ir": self.optimized_ir.encode()}
+        if library is not None:
+            parts["shared"] = library
+        meta = {"layout": self.layout.to_json(), "opt_level": self.info.opt_level, "seconds": self.info.seconds,
+                "parts": [[name, len(data)] for name, data in parts.items()]}
+        return meta, b"".join(parts.values())
 
     @classmethod
-    def from_entry(cls, meta: dict, obj: bytes, source: str) -> Code:
+    def from_entry(cls, meta: dict, blob: bytes, source: str) -> Code:
         layout = Layout.from_json(meta["layout"])
         info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), layout.measured)
-        return cls(obj, layout, meta["optimized_ir"], meta["llvm_ir"], info)
+        parts, at = {}, 0
+        for name, size in meta["parts"]:
+            parts[str(name)], at = blob[at : at + int(size)], at + int(size)
+        if at != len(blob):
+            raise ValueError("parts do not add up to the blob")
+        return cls(parts["object"], layout, parts["optimized_ir"].decode(), parts["llvm_ir"].decode(), info,
+                   shared=parts.get("shared"))
 
     def stale(self) -> bool:
         """Its GEMM paths came from the model, or its two-core schedule was decided without
@@ -172,90 +135,6 @@ class Code:
             return False
         return (blas_threads.is_measured([tuple(p) for p in pending])  # type: ignore[union-attr]
                 and (not provisional or blas.is_measured([tuple(p) for p in provisional])))
-
-
-def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> Code:
-    """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
-    function (printed after the passes) from the object cache. tiered (default: tiers.enabled())
-    and a miss: quick code now, and the -O3 compile as `code.final` (tiers.py; CPUFunction
-    queues it)."""
-    key = cache_key(function, plan)
-    tiers.wait_for_key(key)
-    with timing.phase("cache: object lookup"):
-        found = disk.load("objects", key) if disk.enabled() else None
-    if found is not None:
-        try:
-            code = Code.from_entry(found[0], found[1], "objects")
-            if not code.stale():
-                return code
-        except (KeyError, TypeError, ValueError):
-            pass  # another format: compile again
-    t0 = time.perf_counter()
-    with timing.phase("backend: lower to LLVM IR"):
-        module, layout = lower_function(function, plan)
-        llvm_ir = str(module)
-    lower = time.perf_counter() - t0
-    if not (tiers.enabled() if tiered is None else tiered):
-        code = _llvm_compile(llvm_ir, layout, opt_level(), lower)
-        if disk.enabled():
-            with timing.phase("cache: store"):
-                disk.store("objects", key, *code.to_entry())
-        return code
-    code = _llvm_compile(llvm_ir, layout, -1, lower)
-    # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
-    # with one lock, so loading it while the background holds that lock would wait for -O3
-    root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
-    code.final = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key, root), key if root else None)
-    return code
-
-
-def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
-    """Parses, optimises (opt -1: the quick tier) and emits llvm_ir (LLVM's global context)."""
-    t1 = time.perf_counter()
-    with timing.phase("LLVM: parse and verify"):
-        mod = llvm.parse_assembly(llvm_ir)
-        mod.verify()
-    t2, c2 = time.perf_counter(), time.thread_time()
-    with timing.phase(f"LLVM: optimise (-O{opt})" if opt >= 0 else "LLVM: optimise (quick tier)"):
-        optimize_quick(mod) if opt < 0 else optimize(mod, opt)
-        optimized_ir = str(mod)
-    t3, c3 = time.perf_counter(), time.thread_time()
-    with timing.phase("LLVM: emit object"):
-        obj = _target_machine(tiers.QUICK_CODEGEN if opt < 0 else opt).emit_object(mod)
-    t4, c4 = time.perf_counter(), time.thread_time()
-    seconds = {"lower": lower, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3,
-               "llvm_opt_cpu": c3 - c2, "llvm_emit_cpu": c4 - c3}
-    info = CompileInfo(max(opt, 0), "", seconds, layout.measured, "quick" if opt < 0 else "")
-    return Code(obj, layout, optimized_ir, llvm_ir, info)
-
-
-def _final_code(llvm_ir: str, layout: Layout, key: str, root: str | None) -> Code:
-    """The -O3 code of llvm_ir, on the background thread: a target machine of its own; stored in
-    the object cache of folder root (None: not stored), the one the compile looked up, wherever
-    GIR_CACHE_DIR points when the job ends. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
-    with one lock, so a context of its own would buy no concurrency, and Python may free such a
-    context before the module parsed into it (a use after free)."""
-    opt = opt_level()
-    tm = new_target_machine(opt)
-    c0 = time.thread_time()
-    mod = llvm.parse_assembly(llvm_ir)
-    mod.verify()
-    c1 = time.thread_time()
-    if tiers.stopping():
-        raise RuntimeError("process exiting")
-    optimize(mod, opt, tm)
-    optimized_ir = str(mod)
-    c2 = time.thread_time()
-    if tiers.stopping():
-        raise RuntimeError("process exiting")
-    obj = tm.emit_object(mod)
-    c3 = time.thread_time()
-    seconds = {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": c3 - c2, "llvm_opt_cpu": c2 - c1,
-               "llvm_emit_cpu": c3 - c2}  # CPU seconds of the background thread (its wall clock is shared)
-    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
-    if root is not None:
-        disk.store("objects", key, *code.to_entry(), root=root)
-    return code
 
 
 @dataclass
@@ -272,17 +151,19 @@ class _Entry:
 
 
 def _load(code: Code) -> _Entry:
-    """Links code's object into this process."""
-    blas.bind_symbols()
-    blas_threads.bind_symbols()
-    team.bind_symbols(code.layout.schedule)
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
-    engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
-    engine.finalize_object()
+    """Links code into this process: its shared library with the system's dynamic loader when it
+    has one (a compile-cache hit: no LLVM loaded), else its object with LLVM's JIT linker."""
+    externals.check(code.layout.externals)
     signature = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-    native = signature(engine.get_function_address("gir_main"))
-    worker = signature(engine.get_function_address("gir_worker")) if _has_worker(code.layout) else None
-    return _Entry(code, engine, native, worker)
+    owner: Any = native.load(code.shared) if code.shared is not None else None
+    if owner is not None:
+        main = native.address(owner, "gir_main")
+        worker = native.address(owner, "gir_worker") if has_worker(code.layout) else None
+    else:
+        from .llvm_jit import load_object
+
+        owner, main, worker = load_object(code)
+    return _Entry(code, owner, signature(main), signature(worker) if worker else None)
 
 
 class CPUFunction:
@@ -294,6 +175,8 @@ class CPUFunction:
         without a body, as the compile cache rebuilds it). tiered: see compile_code."""
         self.function = function
         if code is None:
+            from .llvm_jit import compile_code
+
             code = compile_code(function, plan, tiered)
         self.layout, self.llvm_ir = code.layout, code.llvm_ir
         self.from_cache = bool(code.info.from_cache)
@@ -311,8 +194,7 @@ class CPUFunction:
         self._final = code.final
         self.final_error: BaseException | None = None
         """Why the background -O3 compile failed, if it did (the quick code keeps running)."""
-        self.fns = blas.providers().table_array()
-        self._fns_ptr = ctypes.cast(self.fns, ctypes.c_void_p)
+        self._fns_ptr = ctypes.cast(externals.table(), ctypes.c_void_p)
         self._local = threading.local()
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
         self._last_stats: Stats | None = None
@@ -364,8 +246,9 @@ class CPUFunction:
         """The host assembly (made on first access: printing it costs as much as compiling)."""
         entry = self._entry
         if entry.asm is None:
-            opt = tiers.QUICK_CODEGEN if entry.code.info.tier == "quick" else entry.code.info.opt_level
-            entry.asm = _target_machine(opt).emit_assembly(llvm.parse_assembly(entry.code.optimized_ir))
+            from .llvm_jit import assembly
+
+            entry.asm = assembly(entry.code)
         return entry.asm
 
     @classmethod
@@ -456,22 +339,41 @@ def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
 def target_key() -> tuple:
     """What the same IR compiles differently for: gir and llvmlite versions, LLVM's level, the
     host CPU and its features, and what decides GEMM paths (MKL present, threads, a forced
-    path, the arena switch)."""
+    path, the arena switch). Computed without loading LLVM, as a cache hit needs it."""
     from ... import __version__
 
-    return (__version__, _CODEGEN_VERSION, llvm.llvm_version_info, llvm.get_process_triple(), *host(),
-            blas.providers().has_mkl, blas.threads(), blas.openblas_int_bits(),
+    return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
+            blas.openblas_int_bits(),
             blas.openblas().name if blas.openblas() else "cython_blas",
             os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
             os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), team.pool_threads(),
             opt_level())
 
 
-_CODEGEN_VERSION = "16"
+@cache
+def host_id() -> tuple[str, ...]:
+    """The host as the caches key it, without loading LLVM: llvmlite's version (it fixes LLVM's),
+    the OS and machine, and the CPU's vendor, model and feature flags (/proc/cpuinfo; where
+    there is none, what `uname` says)."""
+    import llvmlite
+
+    uname = os.uname()
+    cpu: tuple[str, ...] = (uname.version,)
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read(1 << 16).split("\n\n", 1)[0]
+        fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+        cpu = tuple(fields.get(k, "").strip() for k in ("vendor_id", "cpu family", "model", "model name", "flags"))
+    except OSError:
+        pass
+    return (llvmlite.__version__, sys.platform, uname.machine, *cpu)
+
+
+_CODEGEN_VERSION = "17"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
-def _has_worker(layout: Layout) -> bool:
+def has_worker(layout: Layout) -> bool:
     notes = layout.schedule.get("overlap")
     return isinstance(notes, list) and any(n.get("used") for n in notes)
 
@@ -516,5 +418,5 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[offset : offset + max(nbytes, 1)]
 
 
-__all__ = ["CPUFunction", "Code", "CompileInfo", "Layout", "Stats", "Workspace", "check_fits", "compile_code",
+__all__ = ["CPUFunction", "Code", "CompileInfo", "Layout", "Stats", "Workspace", "check_fits",
            "host_memory_bytes"]

@@ -93,25 +93,21 @@ def _probe() -> tuple[int, int, int] | None:
     return None
 
 
-def used(schedule: dict[str, object]) -> bool:
-    """Whether code laid out with this schedule splits loops (calls `gir_ob_level1_thread`)."""
-    notes = schedule.get("split")
-    return isinstance(notes, list) and any(n.get("used") for n in notes)
+EXTERNALS = ("ob_level1_thread",)
+"""The split schedule's entry of the externals table (externals.py)."""
 
 
-def bind_symbols(schedule: dict[str, object]) -> None:
-    """`gir_ob_level1_thread`, the entry split loops call, for code that calls it (the probe
-    runs once per process, only then: code from the disk cache was planned elsewhere)."""
-    import llvmlite.binding as llvm
+def addresses() -> list[int]:
+    """The EXTERNALS' addresses in this process: blas_level1_thread where OpenBLAS exports it
+    and its pool has a second thread (0 otherwise, and externals.py refuses code calling it).
+    Not probed here (a compile-cache hit must stay cheap): the mode word the code was compiled
+    with was probed on the same library, which is in the cache key, as is the pool's size."""
+    from . import blas
 
-    if not used(schedule):
-        return
-    entry = level1_entry()
-    if entry is None:
-        from ...errors import GirError
-
-        raise GirError("this code splits loops on OpenBLAS's pool, and blas_level1_thread is not usable here")
-    llvm.add_symbol("gir_ob_level1_thread", entry[0])
+    found = blas.openblas()
+    if found is None or pool_threads() < 2 or not hasattr(found.lib, "blas_level1_thread"):
+        return [0]
+    return [ctypes.cast(found.lib.blas_level1_thread, ctypes.c_void_p).value or 0]
 
 
 def splittable(op: Operation) -> bool:

@@ -1,6 +1,6 @@
 """Tiered compilation: a first compile emits cheap code at once and -O3 code in the background.
 
-A first compile with nothing cached (runtime.compile_code) optimises the LLVM module with
+A first compile with nothing cached (llvm_jit.compile_code) optimises the LLVM module with
 `QUICK_PASSES` and emits it at the code generator's `QUICK_CODEGEN` level, so the function is
 callable after a fraction of -O3's time (bench/llvm_tiers.py measured the recipes; numbers in
 docs/performance.md, "Compile time"). The same LLVM IR is queued here as a `FinalCompile`: one
@@ -17,10 +17,12 @@ queued, and a compile started while a job runs waits for that job's current stag
 passes or code emission, up to about 0.6 s for the LSTM step) at its first LLVM call.
 
 `GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
-level also does. At process exit the queue is dropped and the running job is given
-`EXIT_WAIT` seconds to finish; the thread is a daemon, so exit never waits longer. A process
-that exits before its -O3 code is ready stores nothing (the next one compiles again); `gir run`
-waits for it (`wait_all`), so its cache fills.
+level also does. At process exit, jobs whose code a cache will store are finished first, for
+up to `exit_finish()` seconds in all (GIR_LLVM_EXIT_WAIT, default 3), so a short script's next
+run loads its -O3 code from the compile cache (a shared library: ~16 ms) instead of compiling
+again; then the queue is dropped and a job still running is given `EXIT_WAIT` seconds to stop
+at its next stage; the thread is a daemon, so exit never waits longer. `gir run` waits for
+every job (`wait_all`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,16 @@ QUICK_CODEGEN = 1
 cheap passes + level 1 costs 0.10 of -O3's LLVM time and runs steps 1.4x slower; level 0 (fast
 instruction selection) 0.02-0.03 and 1.8-1.9x slower; the -O1 pipeline 0.25-0.45 and 1.4-1.5x."""
 EXIT_WAIT = 0.5
-"""Seconds process exit waits for a running background compile."""
+"""Seconds process exit waits for a running background compile to stop."""
+
+
+def exit_finish() -> float:
+    """GIR_LLVM_EXIT_WAIT: seconds process exit spends finishing the jobs a cache will store
+    (default 3; 0: none, the next process compiles again)."""
+    try:
+        return max(0.0, float(os.environ.get("GIR_LLVM_EXIT_WAIT", "3")))
+    except ValueError:
+        return 3.0
 
 
 def enabled() -> bool:
@@ -181,12 +192,17 @@ def stopping() -> bool:
 
 @atexit.register
 def _at_exit() -> None:
-    """Drops the queue and waits at most EXIT_WAIT seconds for the running job."""
+    """Finishes the jobs a cache will store (at most exit_finish() seconds), then drops the
+    queue and waits at most EXIT_WAIT seconds for a running job to stop."""
     global _stopping
-    _stopping = True
     thread = _thread
     if thread is None or not thread.is_alive():
+        _stopping = True
         return
+    deadline = time.monotonic() + exit_finish()
+    for job in list(_pending_keys.values()):
+        job.wait(max(0.0, deadline - time.monotonic()))
+    _stopping = True
     deadline = time.monotonic() + EXIT_WAIT
     while _running is not None and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -1,0 +1,59 @@
+"""What the runtime needs to know about compiled code besides its bytes: the arena and pinned
+sizes, the GEMM paths chosen, the run-time error messages, the schedule and the externals it
+calls. Stored with the object code in the caches (to_json), so this module needs no LLVM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...errors import Location
+
+
+@dataclass
+class GemmSite:
+    key: str
+    path: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    ta: bool
+    tb: bool
+
+
+@dataclass
+class Layout:
+    """Where things are, for the runtime: arena size, pinned size, what was chosen."""
+
+    arena_bytes: int = 0
+    pinned_bytes: int = 0
+    gemms: list[GemmSite] = field(default_factory=list)
+    planned_bytes: int = 0
+    """The part of the arena memplan placed (0 when every value has its own slot)."""
+    errors: list[tuple[str, object]] = field(default_factory=list)
+    """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
+    provisional: list[list] = field(default_factory=list)
+    """GEMM shapes (blas.path_times' arguments) whose path or family came from the model, not a
+    measurement (measured in the background: a later compile refines them)."""
+    schedule: dict[str, object] = field(default_factory=dict)
+    """How the work was laid out, for `fn.stats.schedule`: stacked values written in place
+    (their rows of the stack) or copied per step, and the two-core schedule (overlap.py)."""
+    externals: list[str] = field(default_factory=list)
+    """The slots of the `fns` table the code calls (externals.SLOTS)."""
+
+    @property
+    def measured(self) -> bool:
+        """Every GEMM path and the two-core schedule were decided from measured times."""
+        return not self.provisional and not self.schedule.get("overlap_pending")
+
+    def to_json(self) -> dict:
+        return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
+                "gemms": [g.__dict__ for g in self.gemms],
+                "errors": [[m, loc.to_json()] for m, loc in self.errors],  # type: ignore[attr-defined]
+                "provisional": self.provisional, "schedule": self.schedule, "externals": self.externals}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Layout:
+        return cls(data["arena_bytes"], data["pinned_bytes"], [GemmSite(**g) for g in data["gemms"]],
+                   data.get("planned_bytes", 0), [(m, Location.from_json(loc)) for m, loc in data["errors"]],
+                   data.get("provisional", []), dict(data.get("schedule", {})), list(data.get("externals", [])))

@@ -1,0 +1,174 @@
+"""LLVM's part of the CPU backend: lowering to LLVM IR (codegen.py), LLVM's passes, emitting an
+object, and loading one with LLVM's JIT linker. Imported only when something is compiled or
+a cached object cannot be loaded as a shared library: a compile-cache hit runs without
+loading LLVM (runtime.py, native.py)."""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from typing import Any
+
+import llvmlite.binding as llvm
+
+from ... import cache as disk
+from ... import timing
+from ...ir.core import Function
+from ...passes.memory.plan import MemoryPlan
+from . import tiers
+from .codegen import lower_function
+from .layout import Layout
+from .runtime import Code, CompileInfo, cache_key, has_worker, opt_level
+
+
+def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
+    """The host CPU with all its features. An execution engine takes ownership of the target
+    machine it is given, so every engine gets a machine of its own. Position-independent code:
+    the final code's object is also linked into a shared library (native.py)."""
+    cpu, features = host()
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(cpu=cpu, features=features, opt=opt_level() if opt is None else opt,
+                                        reloc="pic", codemodel="jitdefault")
+
+
+@cache
+def host() -> tuple[str, str]:
+    """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+@cache
+def _target_machine(opt: int) -> llvm.TargetMachine:
+    return new_target_machine(opt)
+
+
+def target_machine() -> llvm.TargetMachine:
+    """A machine for optimising and printing assembly; never handed to an engine."""
+    return _target_machine(opt_level())
+
+
+def optimize(mod: llvm.ModuleRef, opt: int | None = None, tm: llvm.TargetMachine | None = None) -> None:
+    """LLVM's -O<opt> pipeline; tm: a target machine of the caller's own (another thread)."""
+    opt = opt_level() if opt is None else opt
+    if opt == 0:
+        return
+    pto = llvm.create_pipeline_tuning_options(speed_level=opt)
+    pto.loop_vectorization = opt >= 2
+    pto.slp_vectorization = opt >= 2
+    pb = llvm.create_pass_builder(tm if tm is not None else _target_machine(opt), pto)
+    pb.getModulePassManager().run(mod, pb)
+
+
+def optimize_quick(mod: llvm.ModuleRef) -> None:
+    """The quick tier's passes (tiers.QUICK_PASSES): values in registers instead of stack
+    slots, then instcombine and simplifycfg; no loop passes, no vectorisation."""
+    if tiers.QUICK_PASSES == "none":
+        return
+    pb = llvm.create_pass_builder(_target_machine(tiers.QUICK_CODEGEN), llvm.create_pipeline_tuning_options(0))
+    pm = llvm.create_new_module_pass_manager()
+    pm.add_sroa_pass()
+    pm.add_instruction_combine_pass()
+    pm.add_simplify_cfg_pass()
+    pm.run(mod, pb)
+
+
+def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> Code:
+    """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
+    function (printed after the passes) from the object cache. tiered (default: tiers.enabled())
+    and a miss: quick code now, and the -O3 compile as `code.final` (tiers.py; CPUFunction
+    queues it)."""
+    key = cache_key(function, plan)
+    tiers.wait_for_key(key)
+    with timing.phase("cache: object lookup"):
+        found = disk.load("objects", key) if disk.enabled() else None
+    if found is not None:
+        try:
+            code = Code.from_entry(found[0], found[1], "objects")
+            if not code.stale():
+                return code
+        except (KeyError, TypeError, ValueError):
+            pass  # another format: compile again
+    t0 = time.perf_counter()
+    with timing.phase("backend: lower to LLVM IR"):
+        module, layout = lower_function(function, plan)
+        llvm_ir = str(module)
+    lower = time.perf_counter() - t0
+    if not (tiers.enabled() if tiered is None else tiered):
+        code = _llvm_compile(llvm_ir, layout, opt_level(), lower)
+        if disk.enabled():
+            with timing.phase("cache: store"):
+                disk.store("objects", key, *code.to_entry())
+        return code
+    code = _llvm_compile(llvm_ir, layout, -1, lower)
+    # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
+    # with one lock, so loading it while the background holds that lock would wait for -O3
+    root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
+    code.final = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key, root), key if root else None)
+    return code
+
+
+def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
+    """Parses, optimises (opt -1: the quick tier) and emits llvm_ir (LLVM's global context)."""
+    t1 = time.perf_counter()
+    with timing.phase("LLVM: parse and verify"):
+        mod = llvm.parse_assembly(llvm_ir)
+        mod.verify()
+    t2, c2 = time.perf_counter(), time.thread_time()
+    with timing.phase(f"LLVM: optimise (-O{opt})" if opt >= 0 else "LLVM: optimise (quick tier)"):
+        optimize_quick(mod) if opt < 0 else optimize(mod, opt)
+        optimized_ir = str(mod)
+    t3, c3 = time.perf_counter(), time.thread_time()
+    with timing.phase("LLVM: emit object"):
+        obj = _target_machine(tiers.QUICK_CODEGEN if opt < 0 else opt).emit_object(mod)
+    t4, c4 = time.perf_counter(), time.thread_time()
+    seconds = {"lower": lower, "llvm_parse": t2 - t1, "llvm_opt": t3 - t2, "llvm_emit": t4 - t3,
+               "llvm_opt_cpu": c3 - c2, "llvm_emit_cpu": c4 - c3}
+    info = CompileInfo(max(opt, 0), "", seconds, layout.measured, "quick" if opt < 0 else "")
+    return Code(obj, layout, optimized_ir, llvm_ir, info)
+
+
+def _final_code(llvm_ir: str, layout: Layout, key: str, root: str | None) -> Code:
+    """The -O3 code of llvm_ir, on the background thread: a target machine of its own; stored in
+    the object cache of folder root (None: not stored), the one the compile looked up, wherever
+    GIR_CACHE_DIR points when the job ends. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
+    with one lock, so a context of its own would buy no concurrency, and Python may free such a
+    context before the module parsed into it (a use after free)."""
+    opt = opt_level()
+    tm = new_target_machine(opt)
+    c0 = time.thread_time()
+    mod = llvm.parse_assembly(llvm_ir)
+    mod.verify()
+    c1 = time.thread_time()
+    if tiers.stopping():
+        raise RuntimeError("process exiting")
+    optimize(mod, opt, tm)
+    optimized_ir = str(mod)
+    c2 = time.thread_time()
+    if tiers.stopping():
+        raise RuntimeError("process exiting")
+    obj = tm.emit_object(mod)
+    c3 = time.thread_time()
+    seconds = {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": c3 - c2, "llvm_opt_cpu": c2 - c1,
+               "llvm_emit_cpu": c3 - c2}  # CPU seconds of the background thread (its wall clock is shared)
+    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
+    if root is not None:
+        disk.store("objects", key, *code.to_entry(), root=root)
+    return code
+
+
+def load_object(code: Code) -> tuple[Any, Any, Any]:
+    """Links code's object into this process with LLVM's JIT linker: (engine, gir_main, gir_worker
+    or None); the engine owns the code, so it lives as long as a call holds it."""
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
+    engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
+    engine.finalize_object()
+    worker = engine.get_function_address("gir_worker") if has_worker(code.layout) else None
+    return engine, engine.get_function_address("gir_main"), worker
+
+
+def assembly(code: Code) -> str:
+    """The host assembly of code's optimised LLVM IR (as costly as compiling it)."""
+    opt = tiers.QUICK_CODEGEN if code.info.tier == "quick" else code.info.opt_level
+    return _target_machine(opt).emit_assembly(llvm.parse_assembly(code.optimized_ir))
