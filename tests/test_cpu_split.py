@@ -189,3 +189,21 @@ def test_loop_computed_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     for _ in range(2):
         assert_all_close(fn(*args), gir.jit(src, "f", device="interp")(*args))
     assert _split_notes(fn)[0]["split_loops"] == 3
+
+
+def test_one_blas_thread_set_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code compiled with two BLAS threads, called with one set (threadpoolctl): each split
+    loop reads OpenBLAS's setting and runs whole on the calling thread."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setenv("GIR_CPU_SPLIT", "1")
+    src = LOOPS.format(R=32, C=96, T="f32")
+    fn = gir.jit(src, "f")
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((5, 32, 96), (32, 96), (96,))]
+    want = gir.jit(src, "f", device="interp")(*args)
+    assert_all_close(fn(*args), want)
+    with threadpoolctl.threadpool_limits(limits=1):
+        for _ in range(2):
+            assert_all_close(fn(*args), want, what="one BLAS thread")
+    assert_all_close(fn(*args), want, what="two again")
+    assert _split_notes(fn)[0]["used"]

@@ -1093,9 +1093,21 @@ class _Split:
         sig = ir.FunctionType(I32, [I32, I64, I64, I64, PTR, PTR, I64, PTR, I64, PTR, I64, PTR, I32])
         rows = ir.Constant(I64, int(op.results[0].tensor_type.shape[0]))  # type: ignore[arg-type]
         null, zero = ir.Constant(PTR, None), ir.Constant(I64, 0)
-        call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), rows, rows, zero, self.alpha,
-                                                     args, zero, null, ir.Constant(I64, 1), null, zero, task,
-                                                     ir.Constant(I32, 2)])
+        with b.if_else(b.icmp_signed(">=", self._blas_threads(), ir.Constant(I32, 2))) as (both, alone):
+            with both:
+                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), rows, rows, zero,
+                                                             self.alpha, args, zero, null, ir.Constant(I64, 1),
+                                                             null, zero, task, ir.Constant(I32, 2)])
+            with alone:  # OpenBLAS set to one thread now: the whole loop here
+                b.call(task, [rows, rows, zero, args, zero, null])
+
+    def _blas_threads(self) -> ir.Value:
+        """OpenBLAS's thread setting now (an i32 read through the externals table)."""
+        low = self.low
+        if "ob_cpu_number" not in low.layout.externals:
+            low.layout.externals.append("ob_cpu_number")
+        cell = low.b.gep(low.fns, [ir.Constant(I64, externals.index("ob_cpu_number"))], source_etype=PTR)
+        return low.b.load(low.b.load(cell, typ=PTR), typ=I32)
 
     def _outline(self, op: Operation, n_values: int, unit: int) -> ir.Function:
         """`gir_task<j>`: op's loop over rows [b / unit, b / unit + m). The pointers come from

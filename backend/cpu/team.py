@@ -49,7 +49,7 @@ def level1_entry() -> tuple[int, int, int] | None:
     found by calling it, not assumed. Never called with a pool of one thread (OpenBLAS's
     `blas_num_threads`, read each time): it has no second thread to run the other half, and
     the call would wait forever."""
-    return _probe() if pool_threads() >= 2 else None
+    return _probe() if pool_threads() >= 2 and all(addresses()) else None
 
 
 def pool_threads() -> int:
@@ -93,8 +93,11 @@ def _probe() -> tuple[int, int, int] | None:
     return None
 
 
-EXTERNALS = ("ob_level1_thread",)
-"""The split schedule's entry of the externals table (externals.py)."""
+EXTERNALS = ("ob_level1_thread", "ob_cpu_number")
+"""The split schedule's entries of the externals table (externals.py): OpenBLAS's
+blas_level1_thread, and the address of its `blas_cpu_number`, the thread count set now
+(threadpoolctl, openblas_set_num_threads), which the code reads before each split loop: at 1
+it runs the loop on the calling thread alone."""
 
 
 def addresses() -> list[int]:
@@ -106,8 +109,12 @@ def addresses() -> list[int]:
 
     found = blas.openblas()
     if found is None or pool_threads() < 2 or not hasattr(found.lib, "blas_level1_thread"):
-        return [0]
-    return [ctypes.cast(found.lib.blas_level1_thread, ctypes.c_void_p).value or 0]
+        return [0, 0]
+    try:
+        setting = ctypes.addressof(ctypes.c_int.in_dll(found.lib, "blas_cpu_number"))
+    except ValueError:  # not exported
+        return [0, 0]
+    return [ctypes.cast(found.lib.blas_level1_thread, ctypes.c_void_p).value or 0, setting]
 
 
 def splittable(op: Operation) -> bool:
