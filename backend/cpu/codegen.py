@@ -305,8 +305,11 @@ def _nest(low: Lowering, shape: list[int], idx: list[ir.Value]) -> Iterator[list
     if not shape:
         yield idx
         return
-    # In a split loop's task (_Split), the outer loop covers this call's rows only.
-    start, stop = low.rows if low.rows is not None and not idx else (None, shape[0])
+    # In a split loop's task (_Split), the op's outer loop covers this call's rows only (taken
+    # once: another loop the lowering might emit covers its whole range).
+    start, stop = None, shape[0]
+    if low.rows is not None and not idx:
+        (start, stop), low.rows = low.rows, None
     with low.for_range(stop, f"d{len(idx)}", start) as i, _nest(low, shape[1:], idx + [i]) as inner:
         yield inner
 
