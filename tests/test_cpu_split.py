@@ -207,3 +207,22 @@ def test_one_blas_thread_set_at_run_time(monkeypatch: pytest.MonkeyPatch) -> Non
             assert_all_close(fn(*args), want, what="one BLAS thread")
     assert_all_close(fn(*args), want, what="two again")
     assert _split_notes(fn)[0]["used"]
+
+
+def test_split_code_from_the_compile_cache(tmp_path: pathlib.Path) -> None:
+    """A second process loads the split code from the cache (the shared library where there is
+    a linker) without probing OpenBLAS or loading LLVM, and gets the interpreter's results."""
+    code = (f"import sys, numpy as np, gir\nsrc = {LOOPS.format(R=24, C=64, T='f32')!r}\n"
+            "fn = gir.jit(src, 'f')\n"
+            "rng = np.random.default_rng(0)\n"
+            "args = [rng.standard_normal(s).astype(np.float32) for s in ((5, 24, 64), (24, 64), (64,))]\n"
+            "got = fn(*args)\nwant = gir.jit(src, 'f', device='interp')(*args)\n"
+            "err = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))\n"
+            "print(fn.compiled.from_cache, fn.stats.schedule['split'][0]['used'], err < 1e-4)\n")
+    env = {**os.environ, "GIR_CPU_SPLIT": "1", "GIR_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+            for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 0, done.stderr
+    assert runs[0].stdout.split() == ["False", "True", "True"], runs[0].stdout
+    assert runs[1].stdout.split() == ["True", "True", "True"], runs[1].stdout
