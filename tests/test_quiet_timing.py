@@ -165,6 +165,7 @@ def test_a_first_compile_decides_the_two_core_schedule_without_waiting(monkeypat
 
     monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("GIR_CPU_OVERLAP", raising=False)
+    monkeypatch.setenv("GIR_CPU_SPLIT", "0")  # else the split schedule (team.py) takes the second core first
     _fresh_background(monkeypatch)
     monkeypatch.setattr(blas_threads, "_times", None)
     monkeypatch.setattr(blas, "_measure_queue", lambda: None)  # queued, never run here

@@ -39,7 +39,7 @@ from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
-from . import blas, externals, mathlib, overlap
+from . import blas, externals, mathlib, overlap, team
 from .layout import GemmSite, Layout
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -140,8 +140,15 @@ class Lowering:
         """A value stacked by the scan step being lowered -> its row of the stack (written in place)."""
         self.layout.schedule["stack_copies_avoided"] = 0
         self.layout.schedule["stack_copies"] = 0
-        self.worker = _Worker(self, overlap.plan(function, self.gemm_family, self.layout.schedule))
-        """The second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
+        self.rows: tuple[ir.Value, ir.Value] | None = None
+        """While a split loop's task is emitted: the range of the outer loop dimension it covers."""
+        self.team = _Split(self, team.plan(function, self.gemm_family if sites else None, self.layout.schedule))
+        """The split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
+        if self.team.split:  # it measured faster than the two-core schedule where both applied
+            self.layout.schedule["overlap"] = "off: the split schedule (team.py) uses the second core"
+        windows = [] if self.team.split else overlap.plan(function, self.gemm_family, self.layout.schedule)
+        self.worker = _Worker(self, windows)
+        """Or the second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         n_args = len(function.args)
         n_outs = len(function.result_types)
         self.arena = self._load_ptr(self.buffers, n_args + n_outs)
@@ -206,7 +213,7 @@ class Lowering:
         self.b.store(value, self.elem_ptr(base, dtype, index))
 
     @contextmanager
-    def for_range(self, count: int | ir.Value, name: str = "i") -> Iterator[ir.Value]:
+    def for_range(self, count: int | ir.Value, name: str = "i", start: ir.Value | None = None) -> Iterator[ir.Value]:
         b = self.b
         count = ir.Constant(I64, count) if isinstance(count, int) else count
         pre = b.block
@@ -216,7 +223,7 @@ class Lowering:
         b.branch(header)
         b.position_at_end(header)
         i = b.phi(I64, name=name)
-        i.add_incoming(ir.Constant(I64, 0), pre)
+        i.add_incoming(start if start is not None else ir.Constant(I64, 0), pre)
         b.cbranch(b.icmp_signed("<", i, count), body, end)
         b.position_at_end(body)
         yield i
@@ -278,6 +285,9 @@ class Lowering:
                 return list(op.operands)
             if op in self.folded:
                 continue
+            if op in self.team.split:
+                self.team.run(op)
+                continue
             lower = LOWER.get(op.name)
             if lower is None:
                 raise GirError(f"the CPU backend cannot compile '{op.name}'", op.loc)
@@ -295,7 +305,12 @@ def _nest(low: Lowering, shape: list[int], idx: list[ir.Value]) -> Iterator[list
     if not shape:
         yield idx
         return
-    with low.for_range(shape[0], f"d{len(idx)}") as i, _nest(low, shape[1:], idx + [i]) as inner:
+    # In a split loop's task (_Split), the op's outer loop covers this call's rows only (taken
+    # once: another loop the lowering might emit covers its whole range).
+    start, stop = None, shape[0]
+    if low.rows is not None and not idx:
+        (start, stop), low.rows = low.rows, None
+    with low.for_range(stop, f"d{len(idx)}", start) as i, _nest(low, shape[1:], idx + [i]) as inner:
         yield inner
 
 
@@ -1041,6 +1056,129 @@ class _Worker:
             # lda/ldb of a chunk are the whole operands' (m, n): the chunk is a block of rows
             b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, index + 1), "release")
         b.ret_void()
+
+
+class _Split:
+    """Emits team.py's split loops. Each is outlined once as `gir_task<j>(m, n, k, args, lda,
+    b)`, OpenBLAS's legacy level-1 routine signature (its float `alpha` comes in a vector
+    register, so it is left out): `args` holds the pointers the loop reads and writes, then
+    counters and fns; n is the row count, m the rows of this call, and `b` (advanced by
+    OpenBLAS by `unit` bytes a row from 0) says where they start. In the scan body, the loop
+    is a call of `blas_level1_thread`, which runs the first rows here and the rest on
+    OpenBLAS's pool thread, and returns when both are done."""
+
+    def __init__(self, low: Lowering, split: set[Operation]):
+        self.low = low
+        self.split = split
+        self.count = 0
+        self.alpha: ir.GlobalVariable | None = None
+        """32 zero bytes: OpenBLAS reads `alpha` through this pointer."""
+
+    def run(self, op: Operation) -> None:
+        """A split loop in the scan body."""
+        low, b = self.low, self.low.b
+        for r in op.results:
+            low.slot(r, op)
+        values = [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results] + [low.counters, low.fns]
+        with b.goto_block(low.entry):  # on gir_main's stack: the arena is memplan's (and per call anyway)
+            b.position_at_start(low.entry)
+            words = b.alloca(I64, size=ir.Constant(I64, len(values)))
+        for i, p in enumerate(values):
+            b.store(b.ptrtoint(p, I64), b.gep(words, [ir.Constant(I64, i)]))
+        args = b.bitcast(words, PTR)
+        entry = team.level1_entry()
+        assert entry is not None, "team.plan splits loops only where the probe found the entry"
+        task = self._outline(op, len(values), entry[2])
+        if self.alpha is None:
+            self.alpha = ir.GlobalVariable(low.module, ir.ArrayType(I64, 4), name="gir_split_alpha")
+            self.alpha.initializer = ir.Constant(ir.ArrayType(I64, 4), [0] * 4)
+            self.alpha.global_constant = True
+        sig = ir.FunctionType(I32, [I32, I64, I64, I64, PTR, PTR, I64, PTR, I64, PTR, I64, PTR, I32])
+        rows = ir.Constant(I64, int(op.results[0].tensor_type.shape[0]))  # type: ignore[arg-type]
+        null, zero = ir.Constant(PTR, None), ir.Constant(I64, 0)
+        with b.if_else(b.icmp_signed(">=", self._blas_threads(), ir.Constant(I32, 2))) as (both, alone):
+            with both:
+                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), rows, rows, zero,
+                                                             self.alpha, args, zero, null, ir.Constant(I64, 1),
+                                                             null, zero, task, ir.Constant(I32, 2)])
+            with alone:  # OpenBLAS set to one thread now: the whole loop here
+                b.call(task, [rows, rows, zero, args, zero, null])
+
+    def _blas_threads(self) -> ir.Value:
+        """OpenBLAS's thread setting now (an i32 read through the externals table)."""
+        low = self.low
+        if "ob_cpu_number" not in low.layout.externals:
+            low.layout.externals.append("ob_cpu_number")
+        cell = low.b.gep(low.fns, [ir.Constant(I64, externals.index("ob_cpu_number"))], source_etype=PTR)
+        return low.b.load(low.b.load(cell, typ=PTR), typ=I32)
+
+    def _outline(self, op: Operation, n_values: int, unit: int) -> ir.Function:
+        """`gir_task<j>`: op's loop over rows [b / unit, b / unit + m). The pointers come from
+        memory, so LLVM cannot tell the results from the operands and does not vectorize the
+        loop (~4x slower than gir_main's); the task checks at run time that no result overlaps
+        an operand and then runs a copy of the loop whose result pointers are `noalias`."""
+        low = self.low
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [I64, I64, I64, PTR, I64, PTR]),
+                         name=f"gir_task{self.count}")
+        self.count += 1
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        m, _, _, args, _, start = fn.args
+        loaded = [b.inttoptr(b.load(b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8), typ=I64), PTR)
+                  for i in range(n_values)]
+        lo = b.udiv(b.ptrtoint(start, I64), ir.Constant(I64, unit))
+        call = [lo, b.add(lo, m), *loaded]
+        fast, slow = self._body(op, fn.name, True), self._body(op, fn.name, False)
+        with b.if_else(self._overlap(b, op, loaded)) as (overlap, apart):
+            with overlap:
+                b.call(slow, call)
+            with apart:
+                b.call(fast, call)
+        b.ret_void()
+        return fn
+
+    @staticmethod
+    def _overlap(b: ir.IRBuilder, op: Operation, ptrs: list[ir.Value]) -> ir.Value:
+        """Whether any result's storage overlaps any operand's (an i1)."""
+        values = list(op.operands) + list(op.results)
+        ranges = []
+        for v, p in zip(values, ptrs):
+            begin = b.ptrtoint(p, I64)
+            ranges.append((begin, b.add(begin, ir.Constant(I64, v.tensor_type.nbytes() or 0))))
+        hit: ir.Value = ir.Constant(I1, 0)
+        for r0, r1 in ranges[len(op.operands):]:
+            for o0, o1 in ranges[:len(op.operands)]:
+                hit = b.or_(hit, b.and_(b.icmp_unsigned("<", r0, o1), b.icmp_unsigned("<", o0, r1)))
+        return hit
+
+    def _body(self, op: Operation, name: str, noalias: bool) -> ir.Function:
+        """`<name>.fast|slow(lo, hi, operands..., results..., counters, fns)`: op's loop over
+        rows [lo, hi); with noalias, the result pointers are `noalias`."""
+        low = self.low
+        saved = (low.fn, low.entry, low.b, low.counters, low.fns, low.ptr, low.stack_rows)
+        n = len(op.operands) + len(op.results)
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [I64, I64] + [PTR] * (n + 2)),
+                         name=f"{name}.{'fast' if noalias else 'slow'}")
+        fn.linkage = "internal"
+        lo, hi, *ptrs = fn.args
+        if noalias:
+            for p in ptrs[len(op.operands):n]:
+                p.add_attribute("noalias")
+        low.fn, low.entry = fn, fn.append_basic_block("entry")
+        low.b = ir.IRBuilder(low.entry)
+        low.counters, low.fns = ptrs[n:]
+        low.ptr, low.stack_rows = dict(low.ptr), {}
+        for v, p in zip(list(op.operands) + list(op.results), ptrs):
+            low.ptr[v] = p
+        for r, p in zip(op.results, ptrs[len(op.operands):n]):
+            low.stack_rows[r] = p  # slot() returns it
+        low.rows = (lo, hi)
+        try:
+            LOWER[op.name](low, op)
+        finally:
+            low.rows = None
+        low.b.ret_void()
+        low.fn, low.entry, low.b, low.counters, low.fns, low.ptr, low.stack_rows = saved
+        return fn
 
 
 def _stack_rows(low: Lowering, loop: LoopView, t: ir.Value) -> dict[Value, ir.Value]:

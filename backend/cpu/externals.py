@@ -13,10 +13,11 @@ import ctypes
 from functools import cache
 
 from ...errors import GirError
-from . import blas, blas_threads
+from . import blas, blas_threads, team
 
-SLOTS: tuple[str, ...] = blas.FN_TABLE + blas_threads.EXTERNALS
-"""The table's order: the BLAS entries (blas.FN_TABLE), then the two-core schedule's."""
+SLOTS: tuple[str, ...] = blas.FN_TABLE + blas_threads.EXTERNALS + team.EXTERNALS
+"""The table's order: the BLAS entries (blas.FN_TABLE), the two-core schedule's, the split
+schedule's."""
 
 
 def index(slot: str) -> int:
@@ -26,7 +27,7 @@ def index(slot: str) -> int:
 @cache
 def table() -> ctypes.Array:
     """This process's table (the addresses never change while it runs: built once)."""
-    addresses = blas.providers().table + blas_threads.addresses()
+    addresses = blas.providers().table + blas_threads.addresses() + team.addresses()
     return (ctypes.c_void_p * len(SLOTS))(*addresses)
 
 

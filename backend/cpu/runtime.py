@@ -35,7 +35,7 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
-from . import blas, externals, native, tiers
+from . import blas, externals, native, team, tiers
 from .layout import Layout
 
 
@@ -346,7 +346,8 @@ def target_key() -> tuple:
             blas.openblas_int_bits(),
             blas.openblas().name if blas.openblas() else "cython_blas",
             os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
-            os.environ.get("GIR_CPU_OVERLAP", ""), opt_level())
+            os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), team.pool_threads(),
+            opt_level())
 
 
 @cache
@@ -368,7 +369,7 @@ def host_id() -> tuple[str, ...]:
     return (llvmlite.__version__, sys.platform, uname.machine, *cpu)
 
 
-_CODEGEN_VERSION = "16"
+_CODEGEN_VERSION = "17"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 

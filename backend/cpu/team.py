@@ -1,0 +1,173 @@
+"""The split schedule: a scan step's large elementwise loops run on both cores, on OpenBLAS's
+own thread pool.
+
+A recurrent step is a few per-step GEMMs and elementwise loops over a small batch. The GEMMs
+run on OpenBLAS's two threads; the elementwise loops ran on the calling thread alone while
+OpenBLAS's second thread spun, waiting for the next GEMM (about 5 ms of a 32 ms LSTM-S
+step, docs/performance-rnn.md). Here a split loop is handed to OpenBLAS's `blas_level1_thread`
+(the entry its own level-1 routines use to run on its pool): the calling thread runs the
+first half of the loop's rows, OpenBLAS's pool thread, already spinning between GEMMs, the
+rest. No third thread: a first design with a worker thread of gir's own ran slower (56 against
+36 ms per LSTM-S step), because on a 2-core machine three spinning threads (the caller,
+gir's worker, OpenBLAS's pool thread) take turns on two cores (docs/performance-rnn.md,
+"Splitting the step across two threads").
+
+This module is the analysis (IR only) and the probe of the OpenBLAS entry; codegen.py
+(`_Split`) emits the calls. The decision per loop and its reason are in
+`fn.stats.schedule["split"]`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from functools import cache
+
+from ...ir.core import Function, Operation
+from ...ir.types import FLOAT_DTYPES
+
+MIN_ELEMENTS = 1024
+"""A loop is split only from this many elements. `python bench/split_loops.py` (an LSTM-like
+cell, quiet machine): split/unsplit per step 1.33x faster at 512 elements (8x64), 1.64x at
+2048, 1.59-1.72x from 4096 to 65536; below 1024 the hand-off to OpenBLAS's pool and back
+(~1 us) is most of the gain, and the 256-element loops of an LSTM's backward step are not
+measured, so they stay on the calling thread."""
+
+
+def mode() -> str:
+    """GIR_CPU_SPLIT: `auto` (default: split loops the model says gain), `1` (every loop that
+    can be split), `0` (never)."""
+    return os.environ.get("GIR_CPU_SPLIT", "auto")
+
+
+def level1_entry() -> tuple[int, int, int] | None:
+    """(address of OpenBLAS's blas_level1_thread, its mode word, the bytes `b` advances per
+    row) where calling it with a probe routine splits rows across two threads as expected;
+    None otherwise. The mode's precision bits differ between OpenBLAS versions (0.3.31: 2 is
+    single precision; with an unknown one the routine is silently not called), so they are
+    found by calling it, not assumed. Never called with a pool of one thread (OpenBLAS's
+    `blas_num_threads`, read each time): it has no second thread to run the other half, and
+    the call would wait forever."""
+    return _probe() if pool_threads() >= 2 and all(addresses()) else None
+
+
+def pool_threads() -> int:
+    """Threads of OpenBLAS's pool, the caller's included (its `blas_num_threads`; 0 when not
+    known). Part of the compiled code's cache key (runtime.target_key): code that splits
+    loops must not be loaded where the pool has one thread."""
+    from . import blas
+
+    found = blas.openblas()
+    try:
+        return ctypes.c_int.in_dll(found.lib, "blas_num_threads").value if found is not None else 0
+    except ValueError:  # not exported
+        return 0
+
+
+@cache
+def _probe() -> tuple[int, int, int] | None:
+    from . import blas
+
+    found = blas.openblas()
+    lib = found.lib if found is not None else None
+    if lib is None or not hasattr(lib, "blas_level1_thread"):
+        return None
+    fn = lib.blas_level1_thread
+    long = ctypes.c_int64
+    fn.argtypes = [ctypes.c_int, long, long, long, ctypes.c_void_p, ctypes.c_void_p, long,
+                   ctypes.c_void_p, long, ctypes.c_void_p, long, ctypes.c_void_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    calls: list[tuple[int, int, int]] = []
+    routine = ctypes.CFUNCTYPE(None, long, long, long, ctypes.c_void_p, long, ctypes.c_void_p)(
+        lambda m, n, k, a, lda, b: calls.append((m, n, b or 0)))
+    alpha = (ctypes.c_double * 4)()
+    for word in (2, 0):  # single precision: 0.3.10 and later, then earlier
+        calls.clear()
+        address = ctypes.cast(routine, ctypes.c_void_p)
+        fn(word, 33, 33, 0, ctypes.addressof(alpha), None, 0, None, 1, None, 0, address, 2)
+        if len(calls) == 2 and sorted(c[0] for c in calls) == [16, 17]:
+            first, second = sorted(calls, key=lambda c: c[2])
+            if first[2] == 0 and second[2] % first[0] == 0 and second[2] > 0:
+                return ctypes.cast(fn, ctypes.c_void_p).value or 0, word, second[2] // first[0]
+    return None
+
+
+EXTERNALS = ("ob_level1_thread", "ob_cpu_number")
+"""The split schedule's entries of the externals table (externals.py): OpenBLAS's
+blas_level1_thread, and the address of its `blas_cpu_number`, the thread count set now
+(threadpoolctl, openblas_set_num_threads), which the code reads before each split loop: at 1
+it runs the loop on the calling thread alone."""
+
+
+def addresses() -> list[int]:
+    """The EXTERNALS' addresses in this process: blas_level1_thread where OpenBLAS exports it
+    and its pool has a second thread (0 otherwise, and externals.py refuses code calling it).
+    Not probed here (a compile-cache hit must stay cheap): the mode word the code was compiled
+    with was probed on the same library, which is in the cache key, as is the pool's size."""
+    from . import blas
+
+    found = blas.openblas()
+    if found is None or pool_threads() < 2 or not hasattr(found.lib, "blas_level1_thread"):
+        return [0, 0]
+    try:
+        setting = ctypes.addressof(ctypes.c_int.in_dll(found.lib, "blas_cpu_number"))
+    except ValueError:  # not exported
+        return [0, 0]
+    return [ctypes.cast(found.lib.blas_level1_thread, ctypes.c_void_p).value or 0, setting]
+
+
+def splittable(op: Operation) -> bool:
+    """An elementwise (fused) loop whose results are static, float, of one shape, at least
+    2 rows: its rows can be written by two threads independently."""
+    if not (op.name == "fused" or op.spec.is_elementwise):
+        return False
+    types = [r.tensor_type for r in op.results]
+    if not types or not all(t.is_static and t.rank >= 1 for t in types):
+        return False
+    shape = tuple(types[0].shape)
+    if any(tuple(t.shape) != shape for t in types) or int(shape[0]) < 2:  # type: ignore[arg-type]
+        return False
+    # Float results only: integer ops can flag errors (division by zero), and one error slot
+    # is shared by both threads.
+    inner = list(op.body) if op.name == "fused" else [op]
+    return all(r.tensor_type.dtype in (*FLOAT_DTYPES, "i1") for o in inner for r in o.results)
+
+
+def elements(op: Operation) -> int:
+    return math.prod(int(d) for d in op.results[0].tensor_type.shape)  # type: ignore[arg-type]
+
+
+def plan(function: Function, family: str | None, schedule: dict[str, object]) -> set[Operation]:
+    """The loops in scan bodies to split (family: the function's GEMM provider, None without
+    GEMMs); the decision and its reasons in schedule["split"].
+    Asked before the two-core schedule (overlap.py): where both apply, the split measured
+    faster (gru-S 1.045x, gru-M 1.03x, rnn-S even; bench/rnn_split.py, docs/performance-rnn.md),
+    unless GIR_CPU_OVERLAP asks for that schedule."""
+    from . import blas, overlap  # lazily: they load BLAS
+
+    scans = [op for op in function.body if op.name == "scan"]
+    if not scans:
+        return set()
+    chosen = mode()
+    why = ("GIR_CPU_SPLIT=0" if chosen == "0"
+           else f"GIR_CPU_OVERLAP={overlap.mode()} asks for the two-core schedule" if overlap.mode() in ("1", "whole")
+           else "the function's GEMMs run on MKL (its threads would spin beside OpenBLAS's)" if family == "mkl"
+           else f"BLAS runs on {blas.threads()} thread" if blas.threads() < 2
+           else "OpenBLAS's blas_level1_thread is not usable here (not exported, or a pool of one thread)"
+           if level1_entry() is None
+           else None)
+    if why is not None:
+        schedule["split"] = "off: " + why
+        return set()
+    out: set[Operation] = set()
+    notes = []
+    for scan in scans:
+        loops = [op for op in scan.body if splittable(op)]
+        large = [op for op in loops if chosen == "1" or elements(op) >= MIN_ELEMENTS]
+        out.update(large)
+        notes.append({"scan": str(scan.loc), "used": bool(large), "split_loops": len(large),
+                      "loops": [f"{op.loc} {op.name} {elements(op)}" for op in large],
+                      "why": "GIR_CPU_SPLIT=1" if chosen == "1" else f"loops of at least {MIN_ELEMENTS} elements"})
+    schedule["split"] = notes
+    return out
