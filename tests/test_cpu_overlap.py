@@ -8,22 +8,11 @@ thread runs at every call), and `fn.stats` says what ran.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import gir
 import numpy as np
 import pytest
 from gir.testing import assert_all_close
-
-BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
-
-
-def _module(name: str):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(f"_gir_bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+from rnn_cases import bench_module, training_step
 
 
 def _overlap_notes(fn) -> list:  # noqa: ANN001
@@ -33,12 +22,7 @@ def _overlap_notes(fn) -> list:  # noqa: ANN001
 
 @pytest.mark.parametrize("model", ["rnn", "gru", "lstm"])
 def test_training_step_with_worker_matches_interpreter(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    rnn = _module("rnn")
-    T, B, I, H = 7, 3, 4, 5  # noqa: E741
-    src = rnn.gir_source(model, T, B, I, H)
-    p = rnn.make_inputs(model, T, B, I, H, 0)
-    args = [p["xs"]] + [p[n] for n in rnn.param_names(model)]
-    want = gir.jit(src, f"{model}_grads", device="interp")(*args)
+    src, args, want = training_step(model, 7, 3, 4, 5)
     monkeypatch.setenv("GIR_CPU_OVERLAP", "1")
     fn = gir.jit(src, f"{model}_grads")
     for _ in range(3):
@@ -58,7 +42,7 @@ def test_training_step_with_worker_matches_interpreter(model: str, monkeypatch: 
 
 @pytest.mark.parametrize("model", ["peephole-lstm", "stacked-gru"])
 def test_generic_cells_take_the_fast_paths(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    cell = _module("generic_cell")
+    cell = bench_module("generic_cell")
     src = cell.source(model, 6, 3, 4, 5)
     xs = cell.inputs(model, 6, 3, 4, 5)
     want = gir.jit(src, "grads", device="interp")(*xs)

@@ -10,7 +10,6 @@ which loops were split and why.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 import subprocess
@@ -21,15 +20,7 @@ import gir
 import numpy as np
 import pytest
 from gir.testing import assert_all_close
-
-BENCH = pathlib.Path(__file__).resolve().parent.parent / "bench"
-
-
-def _rnn():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("_gir_bench_rnn", BENCH / "rnn.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+from rnn_cases import training_step
 
 
 def _split_notes(fn) -> list:  # noqa: ANN001
@@ -41,12 +32,7 @@ def _split_notes(fn) -> list:  # noqa: ANN001
 
 @pytest.mark.parametrize("model,batch", [("rnn", 3), ("gru", 5), ("lstm", 2), ("lstm", 7)])
 def test_training_step_split_matches_interpreter(model: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    rnn = _rnn()
-    T, I, H = 6, 4, 9  # noqa: E741
-    src = rnn.gir_source(model, T, batch, I, H)
-    p = rnn.make_inputs(model, T, batch, I, H, 0)
-    args = [p["xs"]] + [p[n] for n in rnn.param_names(model)]
-    want = gir.jit(src, f"{model}_grads", device="interp")(*args)
+    src, args, want = training_step(model, 6, batch, 4, 9)
     monkeypatch.setenv("GIR_CPU_SPLIT", "1")
     fn = gir.jit(src, f"{model}_grads")
     for _ in range(3):

@@ -9,7 +9,6 @@ schedule's worker thread and from several threads at once.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import os
 import pathlib
@@ -24,6 +23,7 @@ from gir.backend.cpu import externals, native, runtime
 from gir.errors import GirError
 from gir.ir.interpreter import random_inputs
 from gir.testing import assert_all_close
+from rnn_cases import training_step
 
 SOURCE = """\
 func @f(%x: tensor<5x7xf32>, %w: tensor<7x3xf32>) -> tensor<5x3xf32> {
@@ -145,27 +145,15 @@ def test_shared_library_code_is_safe_from_several_threads() -> None:
     assert not errors, errors
 
 
-def _bench_rnn():  # noqa: ANN202
-    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "rnn.py"
-    spec = importlib.util.spec_from_file_location("_gir_bench_rnn_native", path)
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
 @needs_linker
 def test_the_two_core_schedule_runs_from_the_shared_library(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIR_CPU_OVERLAP", "1")  # gir_worker, the futex and the thread setters: all externals
-    rnn = _bench_rnn()
-    src = rnn.gir_source("gru", 6, 3, 4, 5)
-    p = rnn.make_inputs("gru", 6, 3, 4, 5, 0)
-    args = [p["xs"]] + [p[n] for n in rnn.param_names("gru")]
+    src, args, want = training_step("gru", 6, 3, 4, 5)
     gir.jit(src, "gru_grads")
     fn = gir.jit(src, "gru_grads")
     if isinstance(fn.stats.schedule.get("overlap"), str):
         pytest.skip(f"two-core schedule unavailable here: {fn.stats.schedule['overlap']}")
     assert isinstance(fn.compiled._entry.engine, native.Library) and fn.compiled._entry.worker is not None
-    want = gir.jit(src, "gru_grads", device="interp")(*args)
     for _ in range(3):
         assert_all_close(list(fn(*args)), list(want), what="gru with the worker, shared library")
 
