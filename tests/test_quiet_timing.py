@@ -201,3 +201,31 @@ def test_the_two_core_schedule_needs_a_predicted_2x_gain(monkeypatch: pytest.Mon
     schedule: dict = {}
     kept = overlap.plan(module.functions["rnn_grads"], "openblas", schedule)
     assert bool(kept) == used and all(n["used"] == used for n in schedule["overlap"])
+
+
+def test_exit_stops_a_measurement_at_its_next_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At exit (quiet_timing.STOP, set by blas's atexit hook) a measurement stops after the round
+    it is in, instead of holding process exit for up to a second; the background worker ends
+    quietly and nothing is stored."""
+    calls: list[str] = []
+
+    def first_round_then_exit() -> float:
+        calls.append("a")
+        quiet_timing.STOP.set()
+        return 1e-3
+
+    try:
+        with pytest.raises(quiet_timing.Stopped):
+            quiet_timing.best_clean_rounds({"a": first_round_then_exit}, min_rounds=5, max_rounds=10)
+        assert calls == ["a"]  # one round, not five
+        quiet_timing.STOP.clear()
+        stored: list[object] = []
+
+        def task() -> None:  # as blas.measure_later's: measure, then store
+            stored.append(quiet_timing.best_clean_rounds({"a": first_round_then_exit}))
+
+        monkeypatch.setattr(blas, "_queue", [(("k",), task), (("never",), lambda: stored.append("never"))])
+        blas._measure_queue()  # the task stops in its first round; Stopped does not escape the worker
+        assert not stored and calls == ["a", "a"]
+    finally:
+        quiet_timing.STOP.clear()

@@ -398,7 +398,8 @@ def _vendor() -> str:
 _queue: list[tuple[tuple, Callable[[], None]]] = []
 """(key, task) of the measurements waiting for the background measurer."""
 _worker: threading.Thread | None = None
-_stop = threading.Event()
+_stop = quiet_timing.STOP
+"""Set at exit: the worker takes no further task, and the one it runs stops at its next round."""
 
 
 def measure_later(params: tuple) -> None:
@@ -448,7 +449,10 @@ def _measure_queue() -> None:
                 _worker_takes_more = False
                 return
             _, task = _queue.pop(0)
-        task()
+        try:
+            task()
+        except quiet_timing.Stopped:
+            return  # the process is exiting
 
 
 def wait_for_measurements(timeout: float | None = None) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 from collections.abc import Callable
 
 CLEAN_SWITCHES = 2
@@ -34,6 +35,14 @@ ATTEMPTS = 3
 """A disturbed entry is measured again (in the background: a compile never waits for it) until
 a clean measurement or this many disturbed ones; on a machine that is always busy the busy
 time is the one it gets."""
+
+
+STOP = threading.Event()
+"""Set at process exit (blas.py): a measurement in progress stops at its next round."""
+
+
+class Stopped(Exception):
+    """A measurement stopped by STOP: nothing of it is stored."""
 
 
 def involuntary_switches() -> int:
@@ -49,6 +58,8 @@ def best_clean_rounds(rounds: dict[str, Callable[[], float]], min_rounds: int = 
     clean: dict[str, float] = {}
     any_: dict[str, float] = {}
     for done in range(1, max_rounds + 1):
+        if STOP.is_set():  # exiting: a round takes milliseconds, the whole measurement up to ~1 s
+            raise Stopped
         for name, run in rounds.items():
             before = involuntary_switches()
             seconds = run()
