@@ -11,8 +11,8 @@ Oracle, per program:
 - `gir.interpret` (the reference) and `gir.jit(..., device="cpu")` agree within gir.testing's
   tolerances, or both raise a `GirError` (an integer division by zero, a `max` over an empty
   axis); nothing else escapes;
-- every `--gpu-every`-th small program: the same for device="gpu";
-- every `--threads-every`-th program: 4 threads calling one compiled function on inputs of
+- every GPU_EVERY-th small program: the same for device="gpu";
+- every THREADS_EVERY-th program: 4 threads calling one compiled function on inputs of
   their own get what sequential calls got;
 - a `grad` program: the CPU backend's gradients equal the interpreter's (after the default
   pipeline expands `grad`), and the interpreter's equal central differences of the loss
