@@ -180,3 +180,20 @@ def test_waiting_for_measurements_covers_a_worker_started_meanwhile(monkeypatch:
     old.join = join_then_hand_over  # type: ignore[method-assign]
     assert blas.wait_for_measurements(30)
     assert ran == ["first", "second"]
+
+
+def test_a_failing_measurement_does_not_end_the_measurer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A task that raises leaves its shape unmeasured; the tasks queued behind it still run and
+    the wait for them returns (it waited forever on a worker that had died with tasks queued)."""
+    _fresh_measurer(monkeypatch, tmp_path)
+    gate, ran = threading.Event(), []
+
+    def fails() -> None:
+        assert gate.wait(30)
+        raise RuntimeError("a BLAS path that cannot be measured here")
+
+    blas.measure_in_background(("fails",), fails)
+    blas.measure_in_background(("after",), lambda: ran.append("after"))
+    gate.set()
+    assert blas.wait_for_measurements(30)
+    assert ran == ["after"]

@@ -453,6 +453,8 @@ def _measure_queue() -> None:
             task()
         except quiet_timing.Stopped:
             return  # the process is exiting
+        except Exception:  # noqa: BLE001 - a measurement that fails leaves its shape unmeasured (the
+            continue  # model's path stays); it must not end the measurer with tasks queued behind it
 
 
 def wait_for_measurements(timeout: float | None = None) -> bool:
@@ -461,14 +463,13 @@ def wait_for_measurements(timeout: float | None = None) -> bool:
     meanwhile: it waits for that one too (it used to return True while it ran)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        with _choices_lock:
+        with _choices_lock:  # a task is queued and its worker started under this lock: seen together
             worker, queued = _worker, bool(_queue)
         if worker is None or not worker.is_alive():
-            if not queued or _stop.is_set():  # stopped at exit: what is queued never runs
-                return True
-            time.sleep(0.001)  # queued under the lock a moment ago: its worker is starting
-        else:
-            worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            # stopped at exit, what is queued never runs; else a dead worker with tasks left
+            # (it cannot end so: it survives failing tasks) would never become idle
+            return not queued or _stop.is_set()
+        worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if deadline is not None and time.monotonic() >= deadline:
             with _choices_lock:
                 return (_worker is None or not _worker.is_alive()) and not _queue

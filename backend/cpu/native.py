@@ -15,7 +15,6 @@ from __future__ import annotations
 import _ctypes
 import ctypes
 import os
-import threading
 
 from ... import cache as disk
 
@@ -70,33 +69,29 @@ class Library:
             pass
 
 
-_counter = iter(range(1 << 62))
-_counter_lock = threading.Lock()
-
-
 def load(data: bytes) -> Library | None:
-    """Opens a library from its bytes, or None where this process cannot."""
+    """Opens a library from its bytes, or None where this process cannot. The file is created
+    with a name of its own (O_EXCL: no other process, container or host sharing the cache
+    folder can write to it while it is opened) and deleted once open."""
     if not enabled():
         return None
-    with _counter_lock:
-        n = next(_counter)
-    for folder in (os.path.join(disk.cache_root(), "compiled"), None):
-        if folder is None:
-            import tempfile
+    import tempfile
 
-            folder = tempfile.gettempdir()
-        path = os.path.join(folder, f"load.tmp.{os.getpid()}.{n}.so")  # `.tmp.`: the cache's trim skips it
+    for folder in (os.path.join(disk.cache_root(), "compiled"), None):
+        path = None
         try:
-            with open(path, "wb") as f:
+            fd, path = tempfile.mkstemp(prefix="load.tmp.", suffix=".so", dir=folder)  # `.tmp.`: trim skips it
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
             return Library(ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW))
         except OSError:
-            continue  # unwritable, or mounted noexec: the next folder
+            continue  # unwritable, or mounted noexec: the next folder (None: the system's temporary one)
         finally:
-            try:
-                os.unlink(path)  # the mapping stays valid; nothing is left on disk
-            except OSError:
-                pass
+            if path is not None:
+                try:
+                    os.unlink(path)  # the mapping stays valid; nothing is left on disk
+                except OSError:
+                    pass
     return None
 
 

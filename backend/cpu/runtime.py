@@ -352,21 +352,35 @@ def target_key() -> tuple:
 
 @cache
 def host_id() -> tuple[str, ...]:
-    """The host as the caches key it, without loading LLVM: llvmlite's version (it fixes LLVM's),
-    the OS and machine, and the CPU's vendor, model and feature flags (/proc/cpuinfo; where
-    there is none, what `uname` says)."""
+    """The host as the caches key it: llvmlite's version (it fixes LLVM's), the OS and machine,
+    and the CPU: its /proc/cpuinfo entry (vendor, model, flags; on ARM implementer, part and
+    features) without the fields that change while it runs, read without loading LLVM (a cache
+    hit never does); where there is no /proc/cpuinfo, LLVM's host CPU name and features (code
+    compiled for the host CPU must never be loaded on another one)."""
+    import platform
+
     import llvmlite
 
-    uname = os.uname()
-    cpu: tuple[str, ...] = (uname.version,)
+    cpu = _cpuinfo()
+    if not cpu:
+        from .llvm_jit import host
+
+        cpu = host()
+    return (llvmlite.__version__, sys.platform, platform.machine(), *cpu)
+
+
+_VOLATILE_CPUINFO = ("cpu mhz", "bogomips", "processor", "core id", "apicid", "initial apicid")
+
+
+def _cpuinfo() -> tuple[str, ...]:
+    """The first CPU's /proc/cpuinfo entry as sorted `key=value` strings (() where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
-            first = f.read(1 << 16).split("\n\n", 1)[0]
-        fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
-        cpu = tuple(fields.get(k, "").strip() for k in ("vendor_id", "cpu family", "model", "model name", "flags"))
+            first = f.read(1 << 17).strip().split("\n\n", 1)[0]
     except OSError:
-        pass
-    return (llvmlite.__version__, sys.platform, uname.machine, *cpu)
+        return ()
+    pairs = (line.split(":", 1) for line in first.splitlines() if ":" in line)
+    return tuple(sorted(f"{k.strip()}={v.strip()}" for k, v in pairs if k.strip().lower() not in _VOLATILE_CPUINFO))
 
 
 _CODEGEN_VERSION = "17"
