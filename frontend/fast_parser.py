@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import Location
@@ -476,23 +477,21 @@ class FastParser:
 
     # -- surface expressions -------------------------------------------------------------------
     def expr(self) -> ast.Expr:
-        """sum: product (("+" | "-") product)*, left-associative (a left-deep chain)."""
-        lhs = self.product()
-        kinds = self.kinds
-        while kinds[self.i] in _SUM:
-            op = self.tok(self.i)
-            self.i += 1
-            lhs = ast.Binary(op, lhs, self.product())
-        return lhs
+        """sum: product (("+" | "-") product)*"""
+        return self._chain(_SUM, self.product)
 
     def product(self) -> ast.Expr:
         """product: unary (("*" | "/" | "@") unary)*"""
-        lhs = self.unary()
+        return self._chain(_PRODUCT, self.unary)
+
+    def _chain(self, ops: frozenset[str], operand: Callable[[], ast.Expr]) -> ast.Expr:
+        """operand (op operand)* for op in ops, left-associative (a left-deep chain)."""
+        lhs = operand()
         kinds = self.kinds
-        while kinds[self.i] in _PRODUCT:
+        while kinds[self.i] in ops:
             op = self.tok(self.i)
             self.i += 1
-            lhs = ast.Binary(op, lhs, self.unary())
+            lhs = ast.Binary(op, lhs, operand())
         return lhs
 
     def unary(self) -> ast.Expr:
