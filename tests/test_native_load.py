@@ -174,8 +174,9 @@ def test_code_calling_a_missing_external_is_refused() -> None:
     code = fn.compiled.code
     assert code.layout.externals and set(code.layout.externals) <= set(externals.SLOTS)
     code.layout.externals = [*code.layout.externals, "no_such_function"]
-    with pytest.raises(GirError, match="no_such_function"):
+    with pytest.raises(GirError, match="no_such_function") as raised:
         runtime.CPUFunction(fn.compiled.function, code=code)
+    assert raised.value.loc == fn.compiled.function.loc  # the function's file:line:col
 
 
 SHORT_SCRIPT = """\

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 from functools import cache
 
-from ...errors import GirError
+from ...errors import GirError, Location
 from . import blas, blas_threads, team
 
 SLOTS: tuple[str, ...] = blas.FN_TABLE + blas_threads.EXTERNALS + team.EXTERNALS
@@ -31,10 +31,11 @@ def table() -> ctypes.Array:
     return (ctypes.c_void_p * len(SLOTS))(*addresses)
 
 
-def check(used: list[str]) -> None:
-    """Refuses code that calls a slot this process has no function for (it would jump to 0)."""
+def check(used: list[str], loc: Location | None = None) -> None:
+    """Refuses code that calls a slot this process has no function for (it would jump to 0),
+    at the compiled function's location."""
     fns = table()
     missing = [slot for slot in used if slot not in SLOTS or not fns[index(slot)]]
     if missing:
         raise GirError(f"compiled code calls {', '.join(missing)}, which this process does not provide "
-                       "(compiled for another BLAS setup? GIR_CACHE=0 compiles it again)")
+                       "(compiled for another BLAS setup? GIR_CACHE=0 compiles it again)", loc)

@@ -153,7 +153,6 @@ class _Entry:
 def _load(code: Code) -> _Entry:
     """Links code into this process: its shared library with the system's dynamic loader when it
     has one (a compile-cache hit: no LLVM loaded), else its object with LLVM's JIT linker."""
-    externals.check(code.layout.externals)
     signature = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
     owner: Any = native.load(code.shared) if code.shared is not None else None
     if owner is not None:
@@ -186,6 +185,7 @@ class CPUFunction:
             "emit-object": s.get("llvm_emit", 0.0)}
         """Seconds per backend stage, as `fn.stats.compile` names them (jitstats.py)."""
         check_fits(function, self.layout.arena_bytes + self.layout.pinned_bytes, host_memory_bytes(), "this machine")
+        externals.check(code.layout.externals, function.loc)  # the final code calls what the quick code does
         clock = time.perf_counter()
         with timing.phase("backend: load object"):
             self._entry = _load(code)
