@@ -51,6 +51,7 @@ def one_model(model: str, size: str, rounds: int, a_env: dict[str, str], b_env: 
     out_a, out_b = step_a(), step_b()
     err = max(float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(a))), 1e-30) for a, b in zip(out_a, out_b))
     print(f"{model}-{size}: B's split: {fn_b.stats.schedule.get('split')}")
+    print(f"{model}-{size}: GEMM paths A {fn_a.stats.gemm_paths}, B {fn_b.stats.gemm_paths}")
     print(f"{model}-{size}: max relative difference B vs A: {err:.1e}")
     times: dict[str, list[float]] = {"A": [], "B": []}
     for _ in range(3):

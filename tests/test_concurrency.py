@@ -146,8 +146,10 @@ def hammer(device: str, size: Size) -> None:
     assert len(set(gemm_calls)) == 1 and gemm_calls[0] > 0, sorted(set(gemm_calls))
 
 
-@pytest.mark.parametrize("path", ["default", "mkl-packed"])
+@pytest.mark.parametrize("path", ["default", "mkl-packed", "gir-packed"])
 def test_cpu_concurrent_calls(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if path == "gir-packed":  # gir's kernel, split across OpenBLAS's pool from several callers at once
+        monkeypatch.setenv("GIR_GEMM_PATH", "gir-packed")
     if path == "mkl-packed":
         if not blas.providers().has_mkl:
             pytest.skip("no MKL here: nothing is packed")

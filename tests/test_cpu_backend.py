@@ -234,7 +234,7 @@ func @train(%data: tensor<{n}x{seq}>, %h0: tensor<{h}>, %wx0: tensor<{w}>, %wh0:
 """
 
 
-@pytest.mark.parametrize("path", ["mkl-packed", "openblas-copy"])
+@pytest.mark.parametrize("path", ["mkl-packed", "openblas-copy", "gir-packed"])
 def test_training_loop_packs_once_per_minibatch(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Packs = N x (packed weights and directions): wh in the forward scan (h @ wh) and in the
     backward scan (dh @ wh^T), once per minibatch, whatever T is; wx is not packed (its product

@@ -210,7 +210,7 @@ def pack_size(dtype: str, m: int, n: int, k: int) -> int:
 # Choosing a path by measuring
 
 
-PATHS = ("mkl", "openblas", "mkl-packed", "openblas-copy")
+PATHS = ("mkl", "openblas", "mkl-packed", "openblas-copy", "gir-packed")
 
 
 def _cache_file() -> str:
@@ -324,7 +324,8 @@ def measure_mode() -> str:
 
 
 def _candidates(packable: bool) -> list[str]:
-    ours = ["openblas"] + (["openblas-copy"] if packable and has_transpose_copy() else [])
+    ours = ["openblas"] + (["openblas-copy"] if packable and has_transpose_copy() else []) + \
+        (["gir-packed"] if packable and os.environ.get("GIR_PACKED_GEMM", "1") != "0" else [])
     return ours + (["mkl"] + (["mkl-packed"] if packable else []) if providers().has_mkl else [])
 
 
@@ -381,9 +382,11 @@ def model_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable
     intel = "intel" in _vendor()
     out = {}
     for c in _candidates(packable):
-        rate = 1.0 if (c == "openblas") != intel else 0.8
+        rate = 1.0 if (c in FAMILIES["openblas"]) != intel else 0.8
         if c == "mkl-packed":
             rate *= 1.05
+        elif c == "gir-packed":  # 1.2-1.3x OpenBLAS on one core of an EPYC (bench/packed_gemm.py)
+            rate *= 1.1
         out[c] = flops / (rate * 1e11) + 2e-6
     return out
 
@@ -504,7 +507,7 @@ def times_or_model(params: tuple) -> tuple[dict[str, float], bool]:
     return model_times(*params), False
 
 
-FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas", "openblas-copy")}
+FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas", "openblas-copy", "gir-packed")}
 """A compiled function calls one provider only: MKL's and OpenBLAS's thread pools, both
 spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/performance.md)."""
 
@@ -613,6 +616,8 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
         b, tb = np.ascontiguousarray(b.T), not tb
         ldb = b.shape[1]
         path = "openblas"
+    if path == "gir-packed":
+        return _packed_caller(dtype, m, n, k, ta, tb, a, b, c)
     pa, pb, pc = (x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c))
     if path == "openblas":
         fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 13))(prov.table[FN_TABLE.index(f"ob_{dtype[0:1]}gemm".replace(
@@ -648,3 +653,29 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
                                      ctypes.c_void_p, ctypes.c_int]
     pp = packed.ctypes.data_as(ctypes.c_void_p)
     return lambda: (compute(CBLAS_ROW_MAJOR, t_a, CBLAS_PACKED, m, n, k, pa, lda, pp, ldb, 0.0, pc, n), packed)
+
+
+def _packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
+                   a: np.ndarray, b: np.ndarray, c: np.ndarray):  # noqa: ANN202
+    """gemm_caller's `gir-packed`: the weight packed once (not timed), each call run as compiled
+    code runs it: on both threads through OpenBLAS's blas_level1_thread when its pool and
+    setting have two, else on this thread (packed_gemm.py, codegen.py `_Split.dispatch`)."""
+    from . import llvm_jit, packed_gemm, team  # lazily: LLVM
+
+    entry = team.level1_entry()
+    shape = packed_gemm.Shape(dtype, m, n, k, ta, tb)
+    engine, pack, task = llvm_jit.packed_functions(shape, entry[2] if entry is not None else 1)
+    packed = np.zeros(shape.packed_bytes // c.itemsize, c.dtype)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(pack)(b.ctypes.data, packed.ctypes.data)
+    args = (ctypes.c_int64 * packed_gemm.TASK_ARGS)(c.ctypes.data, a.ctypes.data, packed.ctypes.data)
+    long = ctypes.c_int64
+    blocks = shape.blocks
+    keep = (engine, packed, args, a, c)
+    if entry is None or blocks < 2 or team.cpu_number() < 2:
+        alone = ctypes.CFUNCTYPE(None, long, long, long, ctypes.c_void_p, long, ctypes.c_void_p)(task)
+        return lambda: (alone(blocks, blocks, 0, ctypes.addressof(args), 0, None), keep)
+    both = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, long, long, long, ctypes.c_void_p, ctypes.c_void_p, long,
+                            ctypes.c_void_p, long, ctypes.c_void_p, long, ctypes.c_void_p, ctypes.c_int)(entry[0])
+    alpha = (ctypes.c_double * 4)()
+    call = (entry[1], blocks, blocks, 0, ctypes.addressof(alpha), ctypes.addressof(args), 0, None, 1, None, 0, task, 2)
+    return lambda: (both(*call), keep, alpha)

@@ -39,7 +39,7 @@ from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
-from . import blas, externals, mathlib, overlap, team
+from . import blas, externals, mathlib, overlap, packed_gemm, team
 from .layout import GemmSite, Layout
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -778,6 +778,13 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
                     [i32(blas.CBLAS_ROW_MAJOR), i32(t_a), i32(blas.CBLAS_PACKED), i32(m), i32(n), i32(k), pa, i32(lda),
                     packed, i32(ldb), ir.Constant(fty, 0.0), pc, i32(n)])
         return
+    if path == "gir-packed":  # gir's own kernel on the weight packed before the loop
+        packed = low.pack_slots.get(op)
+        assert packed is not None, "the enclosing scan packs this weight before its loop"
+        shape = packed_gemm.Shape(dtype, m, n, k, ta, tb, beta)
+        task = packed_gemm.emit_task(low.module, shape, _level1_unit())
+        low.team.dispatch(task, shape.blocks, [pc, pa, packed])
+        return
     if path == "openblas-copy":  # the weight, copied to the other orientation before the loop
         copied = low.pack_slots.get(op)
         assert copied is not None, "the enclosing scan copies this weight before its loop"
@@ -816,6 +823,8 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)
         if path == "mkl-packed":
             low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
+        elif path == "gir-packed":
+            low.pack_slots[op] = _gir_pack(low, packed_gemm.Shape(dtype, m, n, k, ta, tb), low.ptr[b_src])  # type: ignore[arg-type]
         elif path == "openblas-copy":
             low.pack_slots[op] = _transpose_copy(low, dtype, *((n, k) if tb else (k, n)), low.ptr[b_src])  # type: ignore[arg-type]
 
@@ -832,6 +841,22 @@ def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: 
                 i32(blas.CBLAS_TRANS if tb else blas.CBLAS_NO_TRANS), i32(m), i32(n), i32(k),
                 ir.Constant(fty, 1.0), src, i32(k if tb else n), dest])
     return dest
+
+
+def _gir_pack(low: Lowering, shape: packed_gemm.Shape, src: ir.Value) -> ir.Value:
+    """The weight at src packed into panels for gir's kernel (packed_gemm.py), in pinned memory.
+    Counted as a pack call."""
+    dest = low.alloc_pinned(shape.packed_bytes)
+    low.count(1)
+    low.b.call(packed_gemm.emit_pack(low.module, shape), [src, dest])
+    return dest
+
+
+def _level1_unit() -> int:
+    """The bytes OpenBLAS advances a level-1 routine's `b` by per row (1 where its entry is not
+    used: the task then runs all rows from 0)."""
+    entry = team.level1_entry()
+    return entry[2] if entry is not None else 1
 
 
 def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Value) -> ir.Value:
@@ -1076,10 +1101,20 @@ class _Split:
 
     def run(self, op: Operation) -> None:
         """A split loop in the scan body."""
-        low, b = self.low, self.low.b
+        low = self.low
         for r in op.results:
             low.slot(r, op)
         values = [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results] + [low.counters, low.fns]
+        entry = team.level1_entry()
+        assert entry is not None, "team.plan splits loops only where the probe found the entry"
+        rows = int(op.results[0].tensor_type.shape[0])  # type: ignore[arg-type]
+        self.dispatch(self._outline(op, len(values), entry[2]), rows, values)
+
+    def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value]) -> None:
+        """Runs `task` (OpenBLAS's level-1 routine signature) over `rows` rows, its `args` the
+        addresses `values`: through `blas_level1_thread` on both threads when OpenBLAS is set
+        to two or more now and the entry was found, else on this thread alone."""
+        low, b = self.low, self.low.b
         with b.goto_block(low.entry):  # on gir_main's stack: the arena is memplan's (and per call anyway)
             b.position_at_start(low.entry)
             words = b.alloca(I64, size=ir.Constant(I64, len(values)))
@@ -1087,22 +1122,22 @@ class _Split:
             b.store(b.ptrtoint(p, I64), b.gep(words, [ir.Constant(I64, i)]))
         args = b.bitcast(words, PTR)
         entry = team.level1_entry()
-        assert entry is not None, "team.plan splits loops only where the probe found the entry"
-        task = self._outline(op, len(values), entry[2])
+        null, zero, count = ir.Constant(PTR, None), ir.Constant(I64, 0), ir.Constant(I64, rows)
+        if entry is None or rows < 2:
+            b.call(task, [count, count, zero, args, zero, null])
+            return
         if self.alpha is None:
             self.alpha = ir.GlobalVariable(low.module, ir.ArrayType(I64, 4), name="gir_split_alpha")
             self.alpha.initializer = ir.Constant(ir.ArrayType(I64, 4), [0] * 4)
             self.alpha.global_constant = True
         sig = ir.FunctionType(I32, [I32, I64, I64, I64, PTR, PTR, I64, PTR, I64, PTR, I64, PTR, I32])
-        rows = ir.Constant(I64, int(op.results[0].tensor_type.shape[0]))  # type: ignore[arg-type]
-        null, zero = ir.Constant(PTR, None), ir.Constant(I64, 0)
         with b.if_else(b.icmp_signed(">=", self._blas_threads(), ir.Constant(I32, 2))) as (both, alone):
             with both:
-                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), rows, rows, zero,
+                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), count, count, zero,
                                                              self.alpha, args, zero, null, ir.Constant(I64, 1),
                                                              null, zero, task, ir.Constant(I32, 2)])
             with alone:  # OpenBLAS set to one thread now: the whole loop here
-                b.call(task, [rows, rows, zero, args, zero, null])
+                b.call(task, [count, count, zero, args, zero, null])
 
     def _blas_threads(self) -> ir.Value:
         """OpenBLAS's thread setting now (an i32 read through the externals table)."""

@@ -172,3 +172,19 @@ def assembly(code: Code) -> str:
     """The host assembly of code's optimised LLVM IR (as costly as compiling it)."""
     opt = tiers.QUICK_CODEGEN if code.info.tier == "quick" else code.info.opt_level
     return _target_machine(opt).emit_assembly(llvm.parse_assembly(code.optimized_ir))
+
+
+def packed_functions(shape: Any, unit: int) -> tuple[Any, int, int]:
+    """(engine, address of gir_pack_<tag>, of gir_ptask_<tag>) of packed_gemm.py's functions for
+    shape (a packed_gemm.Shape), compiled at -O3 in a module of their own: blas.py measures them,
+    on the measurer's thread, so with target machines of their own (as the -O3 tier's: a
+    machine shared with a compile on another thread crashed LLVM's instruction selection)."""
+    from . import packed_gemm
+
+    mod = llvm.parse_assembly(str(packed_gemm.standalone(shape, unit)))
+    mod.verify()
+    optimize(mod, 3, new_target_machine(3))
+    engine = llvm.create_mcjit_compiler(mod, new_target_machine(3))
+    engine.finalize_object()
+    return (engine, engine.get_function_address(f"gir_pack_{shape.tag}"),
+            engine.get_function_address(f"gir_ptask_{shape.tag}"))

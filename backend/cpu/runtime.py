@@ -347,6 +347,7 @@ def target_key() -> tuple:
             blas.openblas().name if blas.openblas() else "cython_blas",
             os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
             os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), team.pool_threads(),
+            os.environ.get("GIR_PACKED_GEMM", ""),
             opt_level())
 
 
@@ -383,7 +384,7 @@ def _cpuinfo() -> tuple[str, ...]:
     return tuple(sorted(f"{k.strip()}={v.strip()}" for k, v in pairs if k.strip().lower() not in _VOLATILE_CPUINFO))
 
 
-_CODEGEN_VERSION = "17"
+_CODEGEN_VERSION = "18"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 

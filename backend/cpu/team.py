@@ -65,6 +65,18 @@ def pool_threads() -> int:
         return 0
 
 
+def cpu_number() -> int:
+    """OpenBLAS's thread setting now (its `blas_cpu_number`; 1 when not known), as the compiled
+    code reads it before handing work to the pool."""
+    from . import blas
+
+    found = blas.openblas()
+    try:
+        return ctypes.c_int.in_dll(found.lib, "blas_cpu_number").value if found is not None else 1
+    except ValueError:  # not exported
+        return 1
+
+
 @cache
 def _probe() -> tuple[int, int, int] | None:
     from . import blas

@@ -1,0 +1,61 @@
+"""gir's packed-weight GEMM (backend/cpu/packed_gemm.py, the `gir-packed` path) against the BLAS
+paths, at the per-step GEMM shapes of bench/rnn.py's models, on 1 and 2 threads.
+
+    python bench/packed_gemm.py [--sizes S,M] [--threads 2,1]
+
+Each shape is timed the way gir chooses a path (blas._measure_all: the paths interleaved within a
+round, the best undisturbed round of at least five, the weight packed or copied once and not
+timed), with OpenBLAS's pool limited by threadpoolctl. Prints microseconds and GFLOP/s per path
+and the ratio of the best BLAS path to gir-packed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rnn  # noqa: E402
+from gir.backend.cpu import blas  # noqa: E402
+
+GATES = {"rnn": 1, "gru": 3, "lstm": 4}
+
+
+def shapes(size: str) -> list[tuple[str, tuple]]:
+    """(label, path_times' arguments) of the step's GEMMs with a loop-invariant weight: the
+    forward h @ U (hidden x gates*hidden) and the backward dG @ U^T."""
+    _, batch, _, hidden = rnn.SIZES[size]
+    out = []
+    for model in ("rnn", "gru", "lstm"):
+        g = GATES[model] * hidden
+        out.append((f"{model}-{size} h@U", ("f32", batch, g, hidden, False, False, True)))
+        out.append((f"{model}-{size} dG@U^T", ("f32", batch, hidden, g, False, True, True)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="S,M")
+    ap.add_argument("--threads", default="2,1")
+    args = ap.parse_args()
+    paths = [p for p in ("openblas", "openblas-copy", "gir-packed") if p in blas._candidates(True)]
+    print(f"| shape | m x n x k | threads | {' | '.join(paths)} | best BLAS / gir-packed |")
+    print("|---|---|---:|" + "---:|" * len(paths) + "---:|")
+    for threads in (int(t) for t in args.threads.split(",")):
+        for size in args.sizes.split(","):
+            for label, (dtype, m, n, k, ta, tb, _) in shapes(size):
+                with threadpool_limits(threads):
+                    times, disturbed = blas._measure_all(paths, dtype, m, n, k, ta, tb)
+                flops = 2.0 * m * n * k
+                cells = [f"{times[p] * 1e6:.1f} us · {flops / times[p] / 1e9:.0f} GF/s" for p in paths]
+                blas_best = min(times[p] for p in paths if p != "gir-packed")
+                note = " (disturbed)" if disturbed else ""
+                print(f"| {label} | {m}x{n}x{k} | {threads} | {' | '.join(cells)} | "
+                      f"{blas_best / times['gir-packed']:.2f}x{note} |")
+
+
+if __name__ == "__main__":
+    main()
