@@ -32,7 +32,8 @@ def _run_kernel(shape: packed_gemm.Shape, a: np.ndarray, b: np.ndarray, c: np.nd
     """Packs b and runs blocks [0, split) and [split, blocks) as two calls of the task."""
     engine, pack, task = llvm_jit.packed_functions(shape, 8)
     packed = np.full(shape.packed_bytes // c.itemsize, np.nan, c.dtype)  # padding must be written
-    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(pack)(b.ctypes.data, packed.ctypes.data)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(pack)(
+        b.ctypes.data, packed.ctypes.data, shape.n, shape.k)
     assert not np.isnan(packed).any()
     args = (ctypes.c_int64 * 3)(c.ctypes.data, a.ctypes.data, packed.ctypes.data)
     long = ctypes.c_int64

@@ -666,7 +666,8 @@ def _packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
     shape = packed_gemm.Shape(dtype, m, n, k, ta, tb)
     engine, pack, task = llvm_jit.packed_functions(shape, entry[2] if entry is not None else 1)
     packed = np.zeros(shape.packed_bytes // c.itemsize, c.dtype)
-    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(pack)(b.ctypes.data, packed.ctypes.data)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(pack)(
+        b.ctypes.data, packed.ctypes.data, n, k)
     args = (ctypes.c_int64 * packed_gemm.TASK_ARGS)(c.ctypes.data, a.ctypes.data, packed.ctypes.data)
     long = ctypes.c_int64
     blocks = shape.blocks

@@ -848,7 +848,8 @@ def _gir_pack(low: Lowering, shape: packed_gemm.Shape, src: ir.Value) -> ir.Valu
     Counted as a pack call."""
     dest = low.alloc_pinned(shape.packed_bytes)
     low.count(1)
-    low.b.call(packed_gemm.emit_pack(low.module, shape), [src, dest])
+    sizes = [ir.Constant(I64, shape.n), ir.Constant(I64, shape.k)]
+    low.b.call(packed_gemm.emit_pack(low.module, shape), [src, dest, *sizes])
     return dest
 
 

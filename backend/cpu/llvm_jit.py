@@ -175,7 +175,7 @@ def assembly(code: Code) -> str:
 
 
 def packed_functions(shape: Any, unit: int) -> tuple[Any, int, int]:
-    """(engine, address of gir_pack_<tag>, of gir_ptask_<tag>) of packed_gemm.py's functions for
+    """(engine, address of gir_pack_<dtype>_<tb>, of gir_ptask_<tag>) of packed_gemm.py's functions for
     shape (a packed_gemm.Shape), compiled at -O3 in a module of their own: blas.py measures them,
     on the measurer's thread, so with target machines of their own (as the -O3 tier's: a
     machine shared with a compile on another thread crashed LLVM's instruction selection)."""
@@ -186,5 +186,5 @@ def packed_functions(shape: Any, unit: int) -> tuple[Any, int, int]:
     optimize(mod, 3, new_target_machine(3))
     engine = llvm.create_mcjit_compiler(mod, new_target_machine(3))
     engine.finalize_object()
-    return (engine, engine.get_function_address(f"gir_pack_{shape.tag}"),
+    return (engine, engine.get_function_address(f"gir_pack_{shape.dtype}_{int(shape.tb)}"),
             engine.get_function_address(f"gir_ptask_{shape.tag}"))

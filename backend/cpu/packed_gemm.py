@@ -121,42 +121,41 @@ def _fma(module: ir.Module, vec: ir.VectorType) -> ir.Function:
 
 
 def emit_pack(module: ir.Module, s: Shape) -> ir.Function:
-    """`gir_pack_<tag>(src, dest)`: the weight into panels; the last panel's missing columns
-    are zeros. A full panel's row is a contiguous copy of the source's (vectorised) unless tb."""
-    fn = _function(module, f"gir_pack_{s.tag}", [PTR, PTR], internal=False)
+    """`gir_pack_<dtype>_<tb>(src, dest, n, k)`: the k x n weight (n x k when tb) at src into
+    panels at dest; the last panel's missing columns are zeros. One function per dtype and
+    orientation, its sizes arguments: with constant sizes LLVM unrolled the transposed pack
+    into 0.6 MB of IR (0.5 s to compile one shape), and a pack runs once per scan."""
+    fn = _function(module, f"gir_pack_{s.dtype}_{int(s.tb)}", [PTR, PTR, I64, I64], internal=False)
     if fn.blocks:
         return fn
-    src, dest = fn.args
+    fn.attributes.add("noinline")  # inlined into gir_main, its sizes would be constants again
+    src, dest, n, k = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     ty, w = TYPES[s.dtype], s.width
-    full = s.n // w
 
     def put(p: ir.Value, kk: ir.Value, j: ir.Value, value: ir.Value) -> None:
-        at = b.add(b.mul(b.add(b.mul(p, _const(s.k)), kk), _const(w)), j)
+        at = b.add(b.mul(b.add(b.mul(p, k), kk), _const(w)), j)
         b.store(value, b.gep(dest, [at], source_etype=ty))
 
     def get(col: ir.Value, kk: ir.Value) -> ir.Value:
-        at = b.add(b.mul(col, _const(s.k)), kk) if s.tb else b.add(b.mul(kk, _const(s.n)), col)
+        at = b.add(b.mul(col, k), kk) if s.tb else b.add(b.mul(kk, n), col)
         return b.load(b.gep(src, [at], source_etype=ty), typ=ty)
 
-    def copy(p: ir.Value, cols: int) -> None:
+    with _counted(b, _const(0), b.udiv(b.add(n, _const(w - 1)), _const(w)), "p") as p:
+        first = b.mul(p, _const(w))
+        left = b.sub(n, first)
+        cols = b.select(b.icmp_signed("<", left, _const(w)), left, _const(w))
         # The source read along its rows: kk inner when tb (1.5x faster than reading down its
         # columns, 236 against 355 us for a 1024 x 256 weight, timed by hand; the panel being
         # written, k x width, stays in L1).
-        outer, inner = (("j", cols), ("kk", s.k)) if s.tb else (("kk", s.k), ("j", cols))
-        with _counted(b, _const(0), _const(outer[1]), outer[0]) as i:
-            with _counted(b, _const(0), _const(inner[1]), inner[0]) as i2:
+        outer, inner = (cols, k) if s.tb else (k, cols)
+        with _counted(b, _const(0), outer, "i") as i:
+            with _counted(b, _const(0), inner, "i2") as i2:
                 kk, j = (i2, i) if s.tb else (i, i2)
-                put(p, kk, j, get(b.add(b.mul(p, _const(w)), j), kk))
-        if cols < w:
-            with _counted(b, _const(0), _const(s.k), "kz") as kk:
-                with _counted(b, _const(cols), _const(w), "z") as j:
-                    put(p, kk, j, ir.Constant(ty, 0.0))
-
-    with _counted(b, _const(0), _const(full), "p") as p:
-        copy(p, w)
-    if s.n % w:
-        copy(_const(full), s.n % w)
+                put(p, kk, j, get(b.add(first, j), kk))
+        with _counted(b, _const(0), k, "kz") as kk:
+            with _counted(b, cols, _const(w), "z") as j:
+                put(p, kk, j, ir.Constant(ty, 0.0))
     b.ret_void()
     return fn
 
@@ -293,7 +292,7 @@ def emit_task(module: ir.Module, s: Shape, unit: int, internal: bool = True) -> 
 
 
 def standalone(s: Shape, unit: int) -> ir.Module:
-    """A module of its own with `gir_pack_<tag>` and `gir_ptask_<tag>` (for measuring)."""
+    """A module of its own with `gir_pack_<dtype>_<tb>` and `gir_ptask_<tag>` (for measuring)."""
     module = ir.Module(name=f"packed_{s.tag}")
     emit_pack(module, s)
     emit_task(module, s, unit, internal=False)
