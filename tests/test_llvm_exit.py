@@ -60,3 +60,14 @@ def test_exit_while_the_final_tier_compiles(run: int, tmp_path: pathlib.Path) ->
     _exits_cleanly(TIERED, [str(run), str(pathlib.Path(__file__).parent)],
                    {"GIR_CACHE_DIR": str(tmp_path), "GIR_LLVM_EXIT_WAIT": "0", "GIR_LLVM_TIER": "1",
                     "GIR_GEMM_MEASURE": "off"})
+
+
+def test_the_llvm_lock_is_found() -> None:
+    """llvm_exit reads llvmlite's private lock: a llvmlite that moved it would silently bring
+    the crash back, so this fails instead."""
+    from gir.backend.cpu import llvm_exit, llvm_jit
+
+    llvm_jit.host()  # loads LLVM
+    lock = llvm_exit.llvm_lock()
+    assert lock is not None and lock.acquire(timeout=10)
+    lock.release()

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import atexit
 import sys
-import threading
+from typing import Any
 
 
-def llvm_lock() -> threading.RLock | None:
+def llvm_lock() -> Any:
     """llvmlite's process-wide LLVM lock, if llvmlite is loaded (None otherwise: no thread can
     be inside LLVM through it, and exit must not load it)."""
     ffi = sys.modules.get("llvmlite.binding.ffi")
     wrapper = getattr(getattr(ffi, "lib", None), "_lock", None)
     lock = getattr(wrapper, "_lock", None)
-    return lock if hasattr(lock, "acquire") else None  # type: ignore[return-value]
+    return lock if hasattr(lock, "acquire") else None
 
 
 def hold_llvm() -> None:
@@ -44,4 +44,5 @@ def hold_llvm() -> None:
 
 
 def register() -> None:
+    """Registers `hold_llvm` to run at exit (after every handler registered later)."""
     atexit.register(hold_llvm)
