@@ -137,3 +137,70 @@ def test_every_shape_is_a_whole_number_of_panels_and_blocks() -> None:
         assert s.panels * s.width >= n > (s.panels - 1) * s.width
         assert s.blocks * packed_gemm.MR >= m > (s.blocks - 1) * packed_gemm.MR
         assert s.packed_bytes == s.panels * s.width * k * (4 if dtype == "f32" else 8)
+
+
+VIEWS_AND_NESTING = {
+    # the weight invariant in the inner loop only, written by the outer one: packed per outer step
+    "nested": ("""
+func @f(%xss: tensor<3x4x5x6xf32>, %w0: tensor<6x6xf32>) -> tensor<3x5x6xf32> {
+  %w = %w0
+  for %xs in %xss {
+    %h = zeros(shape=[5, 6], dtype="f32")
+    for %x in %xs {
+      %h = tanh(%h @ %w + %x)
+    }
+    %w = %w * 0.9 + 0.01
+    collect %h into %hs
+  }
+  return %hs
+}""", [(3, 4, 5, 6), (6, 6)], 3),
+    # views as weights (a strided slice, a transposed slice) and a transposed left operand, m != k
+    "views": ("""
+func @f(%xs: tensor<3x5x30xf32>, %big: tensor<14x30xf32>, %ut: tensor<8x30xf32>, %h0: tensor<7x5xf32>)
+    -> tensor<3x5x30xf32> {
+  %w = slice(%big, starts=[0, 0], limits=[14, 30], steps=[2, 1])
+  %u = transpose(slice(%ut, starts=[1, 0], limits=[8, 30]))
+  %h = %h0
+  for %x in %xs {
+    %y = tanh(transpose(%h) @ %w + %x)
+    %h = transpose(%y @ %u)
+    collect %y into %ys
+  }
+  return %ys
+}""", [(3, 5, 30), (14, 30), (8, 30), (7, 5)], 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VIEWS_AND_NESTING))
+def test_nested_scans_and_view_weights_match_interpreter(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, shapes, packs = VIEWS_AND_NESTING[case]
+    rng = np.random.default_rng(5)
+    args = [(rng.standard_normal(s) * 0.4).astype(np.float32) for s in shapes]
+    want = gir.jit(src, "f", device="interp")(*args)
+    monkeypatch.setenv("GIR_GEMM_PATH", "gir-packed")
+    fn = gir.jit(src, "f")
+    assert_all_close(fn(*args), want, what=case)
+    assert fn.stats.gemm_paths.get("gir-packed", 0) >= 1 and fn.stats.pack_calls == packs, fn.stats
+
+
+UNKNOWN_ROWS = """
+func @f(%xs: tensor<4x?x9xf32>, %h0: tensor<?x9xf32>, %w: tensor<9x9xf32>) -> tensor<?x9xf32> {
+  %h = %h0
+  for %x in %xs {
+    %h = tanh(%h @ %w + %x)
+  }
+  return %h
+}
+"""
+
+
+def test_unknown_rows_take_the_path_per_specialisation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gir.jit specialises `?` on the arguments: each batch size gets a kernel of its own
+    (docs/backend.md, the path's limits)."""
+    monkeypatch.setenv("GIR_GEMM_PATH", "gir-packed")
+    fn = gir.jit(UNKNOWN_ROWS, "f")
+    rng = np.random.default_rng(6)
+    for batch in (3, 10):
+        args = [rng.standard_normal(s).astype(np.float32) * 0.4 for s in ((4, batch, 9), (batch, 9), (9, 9))]
+        assert_all_close(fn(*args), gir.jit(UNKNOWN_ROWS, "f", device="interp")(*args), what=f"batch {batch}")
+        assert fn.stats.gemm_paths == {"gir-packed": 1}, fn.stats

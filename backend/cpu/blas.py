@@ -656,7 +656,7 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
 
 
 def _packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
-                   a: np.ndarray, b: np.ndarray, c: np.ndarray):  # noqa: ANN202
+                   a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], object]:
     """gemm_caller's `gir-packed`: the weight packed once (not timed), each call run as compiled
     code runs it: on both threads through OpenBLAS's blas_level1_thread when its pool and
     setting have two, else on this thread (packed_gemm.py, codegen.py `_Split.dispatch`)."""

@@ -779,12 +779,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
                     packed, i32(ldb), ir.Constant(fty, 0.0), pc, i32(n)])
         return
     if path == "gir-packed":  # gir's own kernel on the weight packed before the loop
-        packed = low.pack_slots.get(op)
-        assert packed is not None, "the enclosing scan packs this weight before its loop"
-        shape = packed_gemm.Shape(dtype, m, n, k, ta, tb, beta)
-        task = packed_gemm.emit_task(low.module, shape, _level1_unit())
-        low.team.dispatch(task, shape.blocks, [pc, pa, packed])
-        return
+        return _gir_packed_gemm(low, op, packed_gemm.Shape(dtype, m, n, k, ta, tb, beta), pa, pc)
     if path == "openblas-copy":  # the weight, copied to the other orientation before the loop
         copied = low.pack_slots.get(op)
         assert copied is not None, "the enclosing scan copies this weight before its loop"
@@ -851,6 +846,15 @@ def _gir_pack(low: Lowering, shape: packed_gemm.Shape, src: ir.Value) -> ir.Valu
     sizes = [ir.Constant(I64, shape.n), ir.Constant(I64, shape.k)]
     low.b.call(packed_gemm.emit_pack(low.module, shape), [src, dest, *sizes])
     return dest
+
+
+def _gir_packed_gemm(low: Lowering, op: Operation, shape: packed_gemm.Shape, pa: ir.Value, pc: ir.Value) -> None:
+    """C = A times op's weight as `_gir_pack` packed it before the loop: the row blocks split
+    across OpenBLAS's pool (`_Split.dispatch`)."""
+    packed = low.pack_slots.get(op)
+    assert packed is not None, "the enclosing scan packs this weight before its loop"
+    task = packed_gemm.emit_task(low.module, shape, _level1_unit())
+    low.team.dispatch(task, shape.blocks, [pc, pa, packed])
 
 
 def _level1_unit() -> int:

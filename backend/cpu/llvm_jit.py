@@ -177,8 +177,9 @@ def assembly(code: Code) -> str:
 def packed_functions(shape: Any, unit: int) -> tuple[Any, int, int]:
     """(engine, address of gir_pack_<dtype>_<tb>, of gir_ptask_<tag>) of packed_gemm.py's functions for
     shape (a packed_gemm.Shape), compiled at -O3 in a module of their own: blas.py measures them,
-    on the measurer's thread, so with target machines of their own (as the -O3 tier's: a
-    machine shared with a compile on another thread crashed LLVM's instruction selection)."""
+    on the measurer's thread, with target machines of their own as the -O3 tier's (an engine
+    owns the machine it is given). A crash of LLVM's instruction selection once blamed on a
+    shared machine was a process exiting while this ran (llvm_exit.py)."""
     from . import packed_gemm
 
     mod = llvm.parse_assembly(str(packed_gemm.standalone(shape, unit)))

@@ -79,10 +79,6 @@ class Shape:
         return f"{self.dtype}_{self.m}x{self.n}x{self.k}_{int(self.ta)}{int(self.tb)}_{int(self.beta)}"
 
 
-def supported(dtype: str) -> bool:
-    return dtype in LANES
-
-
 @contextmanager
 def _counted(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, name: str) -> Iterator[ir.Value]:
     """for (i = lo; i < hi; i++): yields i with the builder in the body."""

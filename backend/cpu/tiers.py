@@ -21,8 +21,9 @@ level also does. At process exit, jobs whose code a cache will store are finishe
 up to `exit_finish()` seconds in all (GIR_LLVM_EXIT_WAIT, default 3), so a short script's next
 run loads its -O3 code from the compile cache (a shared library: ~16 ms) instead of compiling
 again; then the queue is dropped and a job still running is given `EXIT_WAIT` seconds to stop
-at its next stage; the thread is a daemon, so exit never waits longer. `gir run` waits for
-every job (`wait_all`).
+at its next stage; past that, exit still waits for the LLVM call in progress (llvm_exit.py: a
+process exiting inside LLVM crashed), never for the rest of the job. `gir run` waits for every
+job (`wait_all`).
 """
 
 from __future__ import annotations
