@@ -141,9 +141,9 @@ def emit_pack(module: ir.Module, s: Shape) -> ir.Function:
         first = b.mul(p, _const(w))
         left = b.sub(n, first)
         cols = b.select(b.icmp_signed("<", left, _const(w)), left, _const(w))
-        # The source read along its rows: kk inner when tb (1.5x faster than reading down its
-        # columns, 236 against 355 us for a 1024 x 256 weight, timed by hand; the panel being
-        # written, k x width, stays in L1).
+        # The source read along its rows: kk inner when tb (the panel being written, k x
+        # width, stays in L1). Reading down its columns took 355 us for LSTM-S's 1024 x 256
+        # weight (timed once by hand), this order 234 us (`python bench/packed_gemm.py --pack`).
         outer, inner = (cols, k) if s.tb else (k, cols)
         with _counted(b, _const(0), outer, "i") as i:
             with _counted(b, _const(0), inner, "i2") as i2:
