@@ -39,7 +39,7 @@ from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from ...passes.memory.plan import MemoryPlan
 from ...passes.memory.planner import plan_memory
-from . import blas, externals, mathlib, overlap, packed_gemm, team
+from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
 from .layout import GemmSite, Layout
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -214,22 +214,9 @@ class Lowering:
 
     @contextmanager
     def for_range(self, count: int | ir.Value, name: str = "i", start: ir.Value | None = None) -> Iterator[ir.Value]:
-        b = self.b
         count = ir.Constant(I64, count) if isinstance(count, int) else count
-        pre = b.block
-        header = self.fn.append_basic_block(f"{name}.header")
-        body = self.fn.append_basic_block(f"{name}.body")
-        end = self.fn.append_basic_block(f"{name}.end")
-        b.branch(header)
-        b.position_at_end(header)
-        i = b.phi(I64, name=name)
-        i.add_incoming(start if start is not None else ir.Constant(I64, 0), pre)
-        b.cbranch(b.icmp_signed("<", i, count), body, end)
-        b.position_at_end(body)
-        yield i
-        i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
-        b.branch(header)
-        b.position_at_end(end)
+        with ir_loops.counted(self.b, start if start is not None else ir.Constant(I64, 0), count, name) as i:
+            yield i
 
     @contextmanager
     def loop_nest(self, shape: tuple[int, ...]) -> Iterator[list[ir.Value]]:

@@ -22,11 +22,11 @@ into the compiled function's module, blas.py into a module of their own to measu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from llvmlite import ir
+
+from .ir_loops import counted
 
 MR = 4
 """Rows of A in a register tile."""
@@ -79,23 +79,6 @@ class Shape:
         return f"{self.dtype}_{self.m}x{self.n}x{self.k}_{int(self.ta)}{int(self.tb)}_{int(self.beta)}"
 
 
-@contextmanager
-def _counted(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, name: str) -> Iterator[ir.Value]:
-    """for (i = lo; i < hi; i++): yields i with the builder in the body."""
-    pre = b.block
-    head, body, done = (b.append_basic_block(f"{name}.{s}") for s in ("head", "body", "done"))
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(I64, name)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), body, done)
-    b.position_at_end(body)
-    yield i
-    i.add_incoming(b.add(i, ir.Constant(I64, 1)), b.block)
-    b.branch(head)
-    b.position_at_end(done)
-
-
 def _const(x: int) -> ir.Constant:
     return ir.Constant(I64, x)
 
@@ -137,7 +120,7 @@ def emit_pack(module: ir.Module, s: Shape) -> ir.Function:
         at = b.add(b.mul(col, k), kk) if s.tb else b.add(b.mul(kk, n), col)
         return b.load(b.gep(src, [at], source_etype=ty), typ=ty)
 
-    with _counted(b, _const(0), b.udiv(b.add(n, _const(w - 1)), _const(w)), "p") as p:
+    with counted(b, _const(0), b.udiv(b.add(n, _const(w - 1)), _const(w)), "p") as p:
         first = b.mul(p, _const(w))
         left = b.sub(n, first)
         cols = b.select(b.icmp_signed("<", left, _const(w)), left, _const(w))
@@ -145,12 +128,12 @@ def emit_pack(module: ir.Module, s: Shape) -> ir.Function:
         # width, stays in L1). Reading down its columns took 355 us for LSTM-S's 1024 x 256
         # weight (timed once by hand), this order 234 us (`python bench/packed_gemm.py --pack`).
         outer, inner = (cols, k) if s.tb else (k, cols)
-        with _counted(b, _const(0), outer, "i") as i:
-            with _counted(b, _const(0), inner, "i2") as i2:
+        with counted(b, _const(0), outer, "i") as i:
+            with counted(b, _const(0), inner, "i2") as i2:
                 kk, j = (i2, i) if s.tb else (i, i2)
                 put(p, kk, j, get(b.add(first, j), kk))
-        with _counted(b, _const(0), k, "kz") as kk:
-            with _counted(b, cols, _const(w), "z") as j:
+        with counted(b, _const(0), k, "kz") as kk:
+            with counted(b, cols, _const(w), "z") as j:
                 put(p, kk, j, ir.Constant(ty, 0.0))
     b.ret_void()
     return fn
@@ -251,14 +234,14 @@ def emit_rows(module: ir.Module, s: Shape) -> ir.Function:
             b.call(_tile(module, s, rows, cols), [pc, pa, pb])
 
         top = b.select(b.icmp_signed("<", hi, _const(full_blocks)), hi, _const(full_blocks))
-        with _counted(b, lo, top, "blk") as blk:
+        with counted(b, lo, top, "blk") as blk:
             tile(blk, MR)
         if short_rows:  # the last block, when in [lo, hi)
             inside = b.and_(b.icmp_signed("<=", lo, _const(full_blocks)), b.icmp_signed(">", hi, _const(full_blocks)))
             with b.if_then(inside):
                 tile(_const(full_blocks), short_rows)
 
-    with _counted(b, _const(0), _const(full_panels), "p") as p:
+    with counted(b, _const(0), _const(full_panels), "p") as p:
         panel(p, w)
     if short_cols:
         panel(_const(full_panels), short_cols)
