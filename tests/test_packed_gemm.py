@@ -17,7 +17,7 @@ import itertools
 import gir
 import numpy as np
 import pytest
-from gir.backend.cpu import blas, llvm_jit, packed_gemm
+from gir.backend.cpu import blas, llvm_jit, packed_gemm, team
 from gir.testing import assert_all_close
 from rnn_cases import training_step
 from threadpoolctl import threadpool_limits
@@ -120,6 +120,10 @@ def test_training_step_on_the_packed_path_matches_interpreter(model: str, monkey
     fn = gir.jit(src, f"{model}_grads")
     assert_all_close(fn(*args), want, what=model)
     assert fn.stats.gemm_paths.get("gir-packed", 0) == 2, fn.stats  # forward h @ U, backward dG @ U^T
+    notes = fn.stats.schedule["packed_gemm"]  # how each one's work is split, for the user
+    assert len(notes) == 2 and all(n["row_blocks"] == 2 for n in notes), notes  # batch 6: blocks of 4 rows
+    usable = team.level1_entry() is not None
+    assert all(n["threads"].startswith("both") == usable for n in notes), notes
 
 
 def test_offered_only_for_a_loop_invariant_weight(monkeypatch: pytest.MonkeyPatch) -> None:

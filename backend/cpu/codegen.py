@@ -842,6 +842,13 @@ def _gir_packed_gemm(low: Lowering, op: Operation, shape: packed_gemm.Shape, pa:
     assert packed is not None, "the enclosing scan packs this weight before its loop"
     task = packed_gemm.emit_task(low.module, shape, _level1_unit())
     low.team.dispatch(task, shape.blocks, [pc, pa, packed])
+    threads = ("the calling thread (one row block)" if shape.blocks < 2
+               else "the calling thread (OpenBLAS's blas_level1_thread is not usable here)"
+               if team.level1_entry() is None
+               else "both, through blas_level1_thread, while OpenBLAS is set to two or more threads at run time")
+    low.layout.schedule.setdefault("packed_gemm", []).append(
+        {"gemm": f"{op.loc}", "shape": f"{shape.m}x{shape.k} @ {shape.k}x{shape.n}", "row_blocks": shape.blocks,
+         "threads": threads})
 
 
 def _level1_unit() -> int:
