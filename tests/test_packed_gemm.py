@@ -208,3 +208,27 @@ def test_unknown_rows_take_the_path_per_specialisation(monkeypatch: pytest.Monke
         args = [rng.standard_normal(s).astype(np.float32) * 0.4 for s in ((4, batch, 9), (batch, 9), (9, 9))]
         assert_all_close(fn(*args), gir.jit(UNKNOWN_ROWS, "f", device="interp")(*args), what=f"batch {batch}")
         assert fn.stats.gemm_paths == {"gir-packed": 1}, fn.stats
+
+
+def test_quick_tier_leaves_the_kernel_to_the_o3_code(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """Tiered compile with the model's paths (gir-packed for the loop-invariant weights): the
+    quick code takes BLAS paths (its compile skips the kernels) and says so; the -O3 code,
+    lowered again in the background, takes gir-packed; both give the interpreter's results."""
+    from gir.backend.cpu import tiers
+
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "off")
+    monkeypatch.setenv("GIR_LLVM_TIER", "1")
+    monkeypatch.delenv("GIR_LLVM_OPT", raising=False)
+    src, args, want = training_step("gru", 5, 6, 4, 12)
+    fn = gir.jit(src, "gru_grads")
+    assert_all_close(fn(*args), want, what="quick code")
+    if fn.stats.compile.cache != "miss":
+        pytest.skip("compiled code came from a cache")
+    assert "gir-packed" not in fn.stats.gemm_paths, fn.stats
+    assert "quick_tier" in fn.stats.schedule, fn.stats.schedule
+    assert tiers.wait_all(60)
+    assert_all_close(fn(*args), want, what="-O3 code")  # the call that swaps it in
+    assert_all_close(fn(*args), want, what="-O3 code")
+    assert fn.stats.gemm_paths.get("gir-packed", 0) == 2, fn.stats
+    assert "quick_tier" not in fn.stats.schedule, fn.stats.schedule

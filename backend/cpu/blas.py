@@ -529,9 +529,10 @@ def choose_family(sites: list[tuple[tuple, int]]) -> str:
 
 
 def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool,
-                family: str | None = None) -> str:
-    """One of PATHS for this GEMM (within `family` if given): the fastest measured path (the
-    model's guess while it is not measured). GIR_GEMM_PATH forces one (where it applies)."""
+                family: str | None = None, exclude: tuple[str, ...] = ()) -> str:
+    """One of PATHS for this GEMM (within `family` if given, never one of `exclude`): the
+    fastest measured path (the model's guess while it is not measured). GIR_GEMM_PATH forces
+    one (where it applies)."""
     forced = os.environ.get("GIR_GEMM_PATH")
     candidates = _candidates(packable)
     if forced in candidates:
@@ -539,8 +540,8 @@ def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable
     if len(candidates) == 1:
         return candidates[0]  # nothing to choose: nothing to measure
     times, _ = times_or_model((dtype, m, n, k, ta, tb, packable))
-    allowed = [p for p in times if family is None or p in FAMILIES[family]]
-    return min(allowed or list(times), key=times.__getitem__)
+    allowed = [p for p in times if (family is None or p in FAMILIES[family]) and p not in exclude]
+    return min(allowed or [p for p in times if p not in exclude], key=times.__getitem__)
 
 
 def is_measured(sites: list[tuple]) -> bool:

@@ -107,8 +107,12 @@ def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | No
 
 
 class Lowering:
-    def __init__(self, function: Function, plan: MemoryPlan | None = None):
+    def __init__(self, function: Function, plan: MemoryPlan | None = None, quick: bool = False):
         self.function = function
+        self.quick = quick
+        """Lowered for the quick tier (tiers.py): no `gir-packed` GEMMs, whose kernels cost the
+        quick compile ~40 ms and pay only in long runs; the -O3 code is lowered again with them
+        (llvm_jit.compile_code), where `schedule["quick_tier"]` says so."""
         self.module = ir.Module(name=f"gir.{function.name}")
         fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR])
         self.fn = ir.Function(self.module, fnty, name="gir_main")
@@ -802,6 +806,9 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
         path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family)  # type: ignore[arg-type]
+        if path == "gir-packed" and low.quick and os.environ.get("GIR_GEMM_PATH") != path:
+            path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family, exclude=(path,))  # type: ignore[arg-type]
+            low.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
         low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)
         if path == "mkl-packed":
             low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
@@ -1264,8 +1271,10 @@ LOWER = _lowerings()
 """Op kind -> lowering function."""
 
 
-def lower_function(function: Function, plan: MemoryPlan | None = None) -> tuple[ir.Module, Layout]:
-    low = Lowering(function, plan)
+def lower_function(function: Function, plan: MemoryPlan | None = None, quick: bool = False) -> tuple[ir.Module, Layout]:
+    """function as an LLVM module and the layout the runtime needs; quick: for the quick tier
+    (`Lowering.quick`)."""
+    low = Lowering(function, plan, quick)
     body = function.body
     low.worker.begin()
     returned = low.block(body)

@@ -91,11 +91,12 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         except (KeyError, TypeError, ValueError):
             pass  # another format: compile again
     t0 = time.perf_counter()
+    tiered = tiers.enabled() if tiered is None else tiered
     with timing.phase("backend: lower to LLVM IR"):
-        module, layout = lower_function(function, plan)
+        module, layout = lower_function(function, plan, quick=tiered)
         llvm_ir = str(module)
     lower = time.perf_counter() - t0
-    if not (tiers.enabled() if tiered is None else tiered):
+    if not tiered:
         code = _llvm_compile(llvm_ir, layout, opt_level(), lower)
         if disk.enabled():
             with timing.phase("cache: store"):
@@ -105,8 +106,19 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
     # with one lock, so loading it while the background holds that lock would wait for -O3
     root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
-    code.final = tiers.FinalCompile(lambda: _final_code(llvm_ir, layout, key, root), key if root else None)
+    if "quick_tier" in layout.schedule:  # the -O3 code takes gir-packed where the quick code did not
+        job = lambda: _final_code(*_lowered(function, plan), key, root)  # noqa: E731
+    else:
+        job = lambda: _final_code(llvm_ir, layout, key, root)  # noqa: E731
+    code.final = tiers.FinalCompile(job, key if root else None)
     return code
+
+
+def _lowered(function: Function, plan: MemoryPlan | None) -> tuple[str, Layout]:
+    """function lowered for the -O3 tier (on the background thread: the IR is not changed once
+    compiled, and what lowering reads of BLAS measurements is under their locks)."""
+    module, layout = lower_function(function, plan)
+    return str(module), layout
 
 
 def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:

@@ -177,15 +177,14 @@ class CPUFunction:
             from .llvm_jit import compile_code
 
             code = compile_code(function, plan, tiered)
-        self.layout, self.llvm_ir = code.layout, code.llvm_ir
         self.from_cache = bool(code.info.from_cache)
         s = {} if self.from_cache else code.info.seconds
         self.compile_seconds: dict[str, float] = {} if not s else {
             "codegen": s.get("lower", 0.0) + s.get("llvm_parse", 0.0), "llvm-optimize": s.get("llvm_opt", 0.0),
             "emit-object": s.get("llvm_emit", 0.0)}
         """Seconds per backend stage, as `fn.stats.compile` names them (jitstats.py)."""
-        check_fits(function, self.layout.arena_bytes + self.layout.pinned_bytes, host_memory_bytes(), "this machine")
-        externals.check(code.layout.externals, function.loc)  # the final code calls what the quick code does
+        check_fits(function, code.layout.arena_bytes + code.layout.pinned_bytes, host_memory_bytes(), "this machine")
+        externals.check(code.layout.externals, function.loc)
         clock = time.perf_counter()
         with timing.phase("backend: load object"):
             self._entry = _load(code)
@@ -210,7 +209,24 @@ class CPUFunction:
         if job.code is None:
             self.final_error = job.error
             return
+        try:  # lowered again, the final code may call other externals and need more memory
+            externals.check(job.code.layout.externals, self.function.loc)
+            layout = job.code.layout
+            check_fits(self.function, layout.arena_bytes + layout.pinned_bytes, host_memory_bytes(), "this machine")
+        except GirError as e:
+            self.final_error = e
+            return
         self._entry = _load(job.code)
+
+    @property
+    def layout(self) -> Layout:
+        """The layout of the code calls run now: the final code's can differ from the quick
+        code's (llvm_jit.compile_code lowers it again when the quick tier left gir-packed out)."""
+        return self._entry.code.layout
+
+    @property
+    def llvm_ir(self) -> str:
+        return self._entry.code.llvm_ir
 
     @property
     def code(self) -> Code:
@@ -264,11 +280,14 @@ class CPUFunction:
         found = getattr(self._local, "stats", None) or self._last_stats
         return found if found is not None else Stats(compile=self.code.info)
 
-    def workspace(self) -> Workspace:
-        """This thread's working memory (allocated on its first call)."""
+    def workspace(self, layout: Layout | None = None) -> Workspace:
+        """This thread's working memory for code of `layout` (default: the code calls run now),
+        allocated on its first call, and again when the final code needs more than the quick
+        code's."""
+        layout = layout if layout is not None else self.layout
         ws = getattr(self._local, "workspace", None)
-        if ws is None:
-            ws = self._local.workspace = Workspace(self.layout)
+        if ws is None or not ws.fits(layout):
+            ws = self._local.workspace = Workspace(layout)
         return ws
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
@@ -278,13 +297,14 @@ class CPUFunction:
             if not a.flags.c_contiguous:
                 raise GirArgumentError(f"argument %{f.args[i].name_hint} of @{f.name} must be C-contiguous "
                                        "(use np.ascontiguousarray)", f.loc)
-        ws = self.workspace()
+        entry = self._entry  # once: both entry points and the layout of this call come from the same code
+        layout = entry.code.layout
+        ws = self.workspace(layout)
         outs = [np.empty(t.shape, t.numpy_dtype) for t in f.result_types]  # type: ignore[arg-type]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
         counters = ws.counters
         counters[:] = 0
-        entry = self._entry  # once: both entry points of this call come from the same code
         start = time.perf_counter()
         worker = None
         if entry.worker is not None:  # ctypes releases the GIL: the two run at once
@@ -295,14 +315,14 @@ class CPUFunction:
             worker.join()
         seconds = time.perf_counter() - start
         if counters[2]:
-            message, loc = self.layout.errors[int(counters[2]) - 1]
+            message, loc = layout.errors[int(counters[2]) - 1]
             message = message.replace("{value}", str(int(counters[3])))  # the offending index (flag_error)
             raise GirError(message if "at run time" in message else f"{message} at run time", loc)  # type: ignore[arg-type]
         paths: dict[str, int] = {}
-        for g in self.layout.gemms:
+        for g in layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
         self._local.stats = self._last_stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths,
-                                                     entry.code.info, self.layout.schedule)
+                                                     entry.code.info, layout.schedule)
         return outs
 
 
@@ -311,6 +331,7 @@ class Workspace:
     (packed weights) and the counters, sized by the layout."""
 
     def __init__(self, layout: Layout):
+        self.sizes = (layout.arena_bytes, layout.pinned_bytes)
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
         self.counters = np.zeros(8, np.int64)
@@ -321,6 +342,9 @@ class Workspace:
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
+
+    def fits(self, layout: Layout) -> bool:
+        return layout.arena_bytes <= self.sizes[0] and layout.pinned_bytes <= self.sizes[1]
 
 
 # ---------------------------------------------------------------------------------------------
