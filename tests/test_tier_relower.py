@@ -186,3 +186,35 @@ def test_two_core_schedule_with_the_relowered_code(model: str, monkeypatch: pyte
     assert fn.stats.gemm_paths.get("gir-packed", 0) > 0, fn.stats.gemm_paths
     assert fn.stats.compile.tier == "final"
     assert quick is not None and fn.stats.schedule.get("overlap") is not None
+
+
+def test_final_code_is_lowered_under_the_compiles_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A switch changed after `gir.jit` returned (here GIR_PACKED_GEMM=0, while an earlier job
+    still holds the background thread) must not change the code cached under the key of the
+    environment the function was compiled in. (Before: the job lowered the final code under
+    GIR_PACKED_GEMM=0 and both caches stored it under the default environment's key: the next
+    compile there was a hit without gir-packed.) Now the job makes no code; the quick code
+    keeps running and `final_error` says why."""
+    release = threading.Event()
+    blocker = tiers.submit(tiers.FinalCompile(lambda: release.wait(30)))
+    try:
+        src, args, want = training_step("gru", 5, 6, 4, 12)
+        fn = gir.jit(src, "gru_grads")
+        assert_all_close(fn(*args), want, what="quick code")
+        _relowered(fn)
+        monkeypatch.setenv("GIR_PACKED_GEMM", "0")  # for what this process compiles next
+    finally:
+        release.set()
+    assert blocker.wait(30) and tiers.wait_all(60)
+    assert_all_close(fn(*args), want, what="after the job")
+    if fn.compiled.tier == "final":
+        assert fn.stats.gemm_paths.get("gir-packed", 0) > 0, fn.stats.gemm_paths
+    else:
+        assert "changed" in str(fn.compiled.final_error), fn.compiled.final_error
+    monkeypatch.delenv("GIR_PACKED_GEMM")
+    again = gir.jit(src, "gru_grads")  # what the caches hold under the first compile's key
+    assert_all_close(again(*args), want, what="compiled again")
+    if again.compiled.tier == "quick":
+        _swapped(again)
+        assert_all_close(again(*args), want, what="compiled again, -O3 code")
+    assert again.stats.gemm_paths.get("gir-packed", 0) > 0, (again.stats.compile.cache, again.stats.gemm_paths)
