@@ -218,3 +218,33 @@ def test_final_code_is_lowered_under_the_compiles_environment(monkeypatch: pytes
         _swapped(again)
         assert_all_close(again(*args), want, what="compiled again, -O3 code")
     assert again.stats.gemm_paths.get("gir-packed", 0) > 0, (again.stats.compile.cache, again.stats.gemm_paths)
+
+
+def test_store_when_final_reads_the_code_once() -> None:
+    """compile_cache.store_when_final with the swap landing between its reads of `compiled.code`
+    (the first the quick code, the next the final code, whose `final` is None): it registers
+    the store with the quick code's job (before: `tiers.add_key(None, key)`, an AttributeError
+    out of gir.jit)."""
+    from types import SimpleNamespace
+
+    from gir import compile_cache
+
+    job = tiers.FinalCompile(lambda: None)
+    quick, final = SimpleNamespace(final=job), SimpleNamespace(final=None)
+    later: list[object] = []
+
+    class Swapping:
+        reads = 0
+
+        @property
+        def code(self) -> SimpleNamespace:
+            self.reads += 1
+            return quick if self.reads == 1 else final
+
+        def when_final(self, callback: object) -> None:
+            later.append(callback)
+
+    compile_cache.store_when_final("review2-key", Swapping())
+    assert tiers._pending_keys.get("review2-key") is job and len(later) == 1
+    job.cancel()
+    assert "review2-key" not in tiers._pending_keys
