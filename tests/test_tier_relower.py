@@ -18,6 +18,7 @@ import gir
 import numpy as np
 import pytest
 from gir.backend.cpu import tiers
+from gir.backend.cpu.runtime import has_worker
 from gir.testing import assert_all_close
 from rnn_cases import training_step
 
@@ -186,6 +187,7 @@ def test_two_core_schedule_with_the_relowered_code(model: str, monkeypatch: pyte
     assert fn.stats.gemm_paths.get("gir-packed", 0) > 0, fn.stats.gemm_paths
     assert fn.stats.compile.tier == "final"
     assert quick is not None and fn.stats.schedule.get("overlap") is not None
+    assert has_worker(fn.compiled.layout), fn.stats.schedule.get("overlap")  # the final code's gir_worker ran
 
 
 def test_final_code_is_lowered_under_the_compiles_environment(monkeypatch: pytest.MonkeyPatch) -> None:
