@@ -115,12 +115,13 @@ def store_when_final(key: str, compiled: Any) -> None:
     background -O3 compile, on that thread; at once otherwise), so the cache holds -O3 code:
     in the cache folder of the lookup that missed, even if GIR_CACHE_DIR changed meanwhile."""
     when_final = getattr(compiled, "when_final", None)
-    if when_final is None or compiled.code.final is None:
+    final = compiled.code.final if when_final is not None else None  # read once: the swap may come between two reads
+    if final is None:
         store_compiled(key, compiled)
         return
     from .backend.cpu import tiers
 
-    tiers.add_key(compiled.code.final, key)
+    tiers.add_key(final, key)
     root = disk.cache_root()
     when_final(lambda: store_compiled(key, compiled, root))
 

@@ -189,7 +189,8 @@ class JitFunction:
         if stats.compile is not None:
             if stats.compile.threads is None and stats.compile.device == "cpu":
                 stats.compile.threads = _blas_threads(current)
-            stats.compile = stats.compile.for_code(ran)
+            # `ran` is final only once current runs the final code (the swap is one way): its layout
+            stats.compile = stats.compile.for_code(ran, getattr(current, "layout", None))
         return stats
 
     @property

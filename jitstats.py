@@ -75,12 +75,17 @@ class CompileStats:
     """The BLAS threads the code runs GEMMs with (CPU)."""
     gemms: list[GemmChoice] = field(default_factory=list)
 
-    def for_code(self, info: Any) -> CompileStats:
-        """These stats with the tier and LLVM level of the code that ran (a backend CompileInfo)."""
+    def for_code(self, info: Any, layout: Any = None) -> CompileStats:
+        """These stats with the tier and LLVM level of the code that ran (a backend CompileInfo)
+        and, given its layout, its GEMM paths: the final code of a tiered compile is lowered
+        again where the quick code left gir-packed out (backend/cpu/llvm_jit.compile_code)."""
         tier, level = getattr(info, "tier", None), getattr(info, "opt_level", None)
         if tier is None or (tier == self.tier and level == self.opt_level):
             return self
-        return replace(self, tier=tier, opt_level=level)
+        if layout is None:
+            return replace(self, tier=tier, opt_level=level)
+        return replace(self, tier=tier, opt_level=level, gemm_measured=getattr(info, "gemm_measured", None),
+                       gemms=gemm_choices(layout))
 
     def describe(self) -> str:
         """Several lines for `gir run -v` (stderr)."""
@@ -151,10 +156,7 @@ class CompileTimer:
         if info is not None:  # the CPU backend's CompileInfo
             s.cache = {"compiled": "hit", "objects": "hit (object code)"}.get(info.from_cache, "miss")
             s.opt_level, s.gemm_measured, s.tier = info.opt_level, info.gemm_measured, info.tier
-        layout = getattr(compiled, "layout", None)
-        for g in getattr(layout, "gemms", None) or []:
-            transposed = ("a" if g.ta else "") + ("b" if g.tb else "")
-            s.gemms.append(GemmChoice(g.key, g.path, g.dtype, g.m, g.n, g.k, transposed))
+        s.gemms += gemm_choices(getattr(compiled, "layout", None))
         if self.announced:
             _say(f"gir: compiled @{s.entry} in {s.seconds:.1f} s (code cache: {s.cache})")
         return s
@@ -162,6 +164,15 @@ class CompileTimer:
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+
+
+def gemm_choices(layout: Any) -> list[GemmChoice]:
+    """The GEMMs of a backend layout (CPU) and their paths; [] without one."""
+    out = []
+    for g in getattr(layout, "gemms", None) or []:
+        transposed = ("a" if g.ta else "") + ("b" if g.tb else "")
+        out.append(GemmChoice(g.key, g.path, g.dtype, g.m, g.n, g.k, transposed))
+    return out
 
 
 def progress_wanted() -> bool:

@@ -18,7 +18,7 @@ from ...passes.memory.plan import MemoryPlan
 from . import tiers
 from .codegen import lower_function
 from .layout import Layout
-from .runtime import Code, CompileInfo, cache_key, has_worker, opt_level
+from .runtime import Code, CompileInfo, cache_key, has_worker, opt_level, target_key
 
 
 def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
@@ -107,16 +107,24 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     # with one lock, so loading it while the background holds that lock would wait for -O3
     root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
     if "quick_tier" in layout.schedule:  # the -O3 code takes gir-packed where the quick code did not
-        job = lambda: _final_code(*_lowered(function, plan), key, root)  # noqa: E731
+        switches = target_key()  # the environment `key` was made in: the job lowers under it or not at all
+        job = lambda: _final_code(*_lowered(function, plan, switches), key, root)  # noqa: E731
     else:
         job = lambda: _final_code(llvm_ir, layout, key, root)  # noqa: E731
     code.final = tiers.FinalCompile(job, key if root else None)
     return code
 
 
-def _lowered(function: Function, plan: MemoryPlan | None) -> tuple[str, Layout]:
+def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple) -> tuple[str, Layout]:
     """function lowered for the -O3 tier (on the background thread: the IR is not changed once
-    compiled, and what lowering reads of BLAS measurements is under their locks)."""
+    compiled, and what lowering reads of BLAS measurements is under their locks). Lowering
+    reads the GIR_* switches of target_key (GIR_PACKED_GEMM, GIR_CPU_OVERLAP, ...) when the job
+    runs: if one changed since the quick compile (the job may wait behind others), code lowered
+    now would go into the caches under the key of another environment, so none is made (the
+    quick code keeps running; CPUFunction.final_error says why)."""
+    if target_key() != switches:
+        raise RuntimeError("a switch of the cache key (GIR_*, BLAS threads) changed between the quick compile and "
+                           "its -O3 job: the final code is not lowered under another environment")
     module, layout = lower_function(function, plan)
     return str(module), layout
 

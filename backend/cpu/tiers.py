@@ -4,7 +4,8 @@ A first compile with nothing cached (llvm_jit.compile_code) optimises the LLVM m
 `QUICK_PASSES` and emits it at the code generator's `QUICK_CODEGEN` level, so the function is
 callable after a fraction of -O3's time (bench/llvm_tiers.py measured the recipes; numbers in
 docs/performance.md, "Compile time"). The same LLVM IR is queued here as a `FinalCompile` (or,
-where the quick code left gir-packed GEMMs out, the function lowered again by the job): one
+where the quick code left gir-packed GEMMs out, the function lowered again by the job, which
+makes no code if a switch of the cache key changed since the quick compile): one
 daemon thread ("gir-llvm-final") runs the queue, each job with a target machine of its own
 (ctypes releases the GIL, so it can run on the second core). When the -O3 object is ready it goes into the object cache,
 then the job's callbacks run: the `CPUFunction` loads it and swaps its entry points between
