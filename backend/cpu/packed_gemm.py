@@ -7,7 +7,7 @@ the weight is packed once per scan, before its loop, into panels of `width` colu
 panel holds its columns' k-th weights, contiguous), and each step's product runs a register
 tile of MR rows x NV vectors over K: 4 x 24 floats on AVX2, 12 accumulators in 12 of the 16
 vector registers, one FMA per accumulator per k, three vector loads and four broadcasts. On
-this EPYC it runs at 87-93 GFLOP/s on one core where OpenBLAS's one-thread GEMM reaches 66-78
+this EPYC it runs at 84-92 GFLOP/s on one core where OpenBLAS's one-thread GEMM reaches 64-80
 (`python bench/packed_gemm.py`). Whether a shape takes it is measured beside the BLAS paths
 (blas.py).
 

@@ -56,25 +56,24 @@ def pool_threads() -> int:
     """Threads of OpenBLAS's pool, the caller's included (its `blas_num_threads`; 0 when not
     known). Part of the compiled code's cache key (runtime.target_key): code that splits
     loops must not be loaded where the pool has one thread."""
-    from . import blas
-
-    found = blas.openblas()
-    try:
-        return ctypes.c_int.in_dll(found.lib, "blas_num_threads").value if found is not None else 0
-    except ValueError:  # not exported
-        return 0
+    return _openblas_int("blas_num_threads", 0)
 
 
 def cpu_number() -> int:
     """OpenBLAS's thread setting now (its `blas_cpu_number`; 1 when not known), as the compiled
     code reads it before handing work to the pool."""
+    return _openblas_int("blas_cpu_number", 1)
+
+
+def _openblas_int(name: str, default: int) -> int:
+    """An int OpenBLAS exports (default when there is no OpenBLAS or it does not export it)."""
     from . import blas
 
     found = blas.openblas()
     try:
-        return ctypes.c_int.in_dll(found.lib, "blas_cpu_number").value if found is not None else 1
+        return ctypes.c_int.in_dll(found.lib, name).value if found is not None else default
     except ValueError:  # not exported
-        return 1
+        return default
 
 
 @cache
