@@ -361,11 +361,12 @@ class _FunctionEmitter:
         args = [self.expr(e) for e in g.args]
         self.check_arguments(fname, callee, args, "grad passes")
         rt = callee.result_types
-        if len(rt) != 1 or rt[0].shape != () or rt[0].dtype not in FLOAT_DTYPES:
-            raise GirTypeError(f"grad needs {fname} to return one float scalar, it returns "
+        if not rt or rt[0].shape != () or rt[0].dtype not in FLOAT_DTYPES:
+            # results after the first are auxiliary values, passed through (has_aux)
+            raise GirTypeError(f"grad needs {fname} to return a float scalar first, it returns "
                                + (", ".join(map(str, rt)) or "nothing"), self.loc(fname))
         positions = [self.wrt_position(item, g.args, args) for item in g.wrt]
-        declared = [rt[0]] + [callee.arg_types[p] for p in positions]
+        declared = list(rt) + [callee.arg_types[p] for p in positions]
         if g.types is not None and list(g.types) != declared:
             raise GirTypeError("grad produces " + ", ".join(map(str, declared)) + " but the written type is "
                                + ", ".join(map(str, g.types)), self.loc(g.keyword))

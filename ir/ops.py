@@ -450,6 +450,11 @@ _elementwise("tanh", "hyperbolic tangent", 1, _infer_float_unary, np.tanh)
 _elementwise("sigmoid", "1 / (1 + exp(-x))", 1, _infer_float_unary, _sigmoid)
 _elementwise("relu", "max(x, 0)", 1, _infer_numeric_unary, lambda x: np.maximum(x, x.dtype.type(0)))
 _elementwise("sqrt", "square root", 1, _infer_float_unary, _quiet(np.sqrt))
+_elementwise("sin", "sine (radians)", 1, _infer_float_unary, _quiet(np.sin))
+_elementwise("cos", "cosine (radians)", 1, _infer_float_unary, _quiet(np.cos))
+# The identity whose gradient is zero (jax.lax.stop_gradient): an op of its own, as nothing
+# composed of the others blocks a cotangent; the backends compute it as a copy.
+_elementwise("stop_gradient", "x, with no gradient flowing back through it", 1, _infer_unary, lambda x: x.copy())
 for _name, _fn in [("lt", np.less), ("le", np.less_equal), ("gt", np.greater),
                    ("ge", np.greater_equal), ("eq", np.equal), ("ne", np.not_equal)]:
     _elementwise(_name, f"comparison ({_fn.__name__}), gives i1", 2, _infer_compare, _fn)
@@ -908,8 +913,10 @@ register(OpSpec("return", "ends a function: `return %a, %b`", ("values*",), _no_
 register(OpSpec("yield", "ends a loop body: `yield (%carry, ...) stack (%v, ...)`", ("carries*", "stacks*"),
                 _no_results, pure=False, terminator=True, category="structural", own_syntax=True))
 def _grad_results(op: Operation, args: Sequence[Type], results: Sequence[Type]) -> list[Type]:
-    """The callee's scalar result, then one gradient per `wrt` position, typed as that argument."""
-    return list(results[:1]) + [args[p] for p in op.attrs["wrt"]]
+    """The callee's results (the first the scalar that is differentiated, the others auxiliary
+    values passed through, as `jax.grad(has_aux=True)`), then one gradient per `wrt` position,
+    typed as that argument."""
+    return list(results) + [args[p] for p in op.attrs["wrt"]]
 
 
 register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("args*",), _infer_declared_any,
@@ -918,7 +925,7 @@ register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("a
                 # The callee's body is not a region of the call: an op there may fail, so an
                 # unused call stays until inline exposes its ops, which then have their own facts.
                 may_fail=lambda op: True))
-register(OpSpec("grad", "f's scalar result and its gradients wrt the listed argument positions",
+register(OpSpec("grad", "f's results (the first a scalar) and the first's gradients wrt the listed argument positions",
                 ("args*",), _infer_declared_any, attrs={"callee": REQUIRED, "wrt": REQUIRED},
                 category="structural", callee_results=_grad_results, own_syntax=True,
                 may_fail=lambda op: True))  # runs the callee, as `call` does

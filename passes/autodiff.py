@@ -524,7 +524,7 @@ def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:
             args[p] = rw.value("broadcast", [args[p]], before=grad, attrs={"shape": list(args[p].tensor_type.shape)})
     new_ops, returned = inline_call(rw, callee, args, grad)
     new_ops = inline_calls(rw, module, new_ops)
-    (loss,) = returned
+    loss, *aux = returned  # aux: the callee's other results (has_aux), passed through
     emitter = Emitter(rw, anchor=grad)
     bp = Backprop(rw, emitter, fwd=lambda v: v)
     rw.current = "reverse-mode"
@@ -535,7 +535,7 @@ def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:
         g = bp.adj.get(args[p])
         grads.append(g if g is not None else emitter.zeros(args[p].tensor_type, grad.loc))
     rw.current = "expand-grad"
-    rw.replace_op(grad, [loss] + grads)
+    rw.replace_op(grad, [loss, *aux] + grads)
 
 
 class Autodiff(Pass):

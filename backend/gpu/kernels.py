@@ -166,6 +166,9 @@ PRIMITIVES: dict[str, Callable[[Scalar, list[str]], str]] = {
     "sqrt": lambda s, a: f"({s.dtype}(math.sqrt({a[0]})) if {a[0]} >= 0 else {literal(math.nan, s.dtype)})",
     "tanh": lambda s, a: f"{s.dtype}(math.tanh({a[0]}))",
     "abs": lambda s, a: _wrap(s.dtype, f"abs({a[0]})"),
+    # math.sin of an infinity raises where CUDA gives nan: guard it (a nan passes through).
+    "sin": lambda s, a: f"({s.dtype}(math.sin({a[0]})) if abs({a[0]}) != math.inf else {literal(math.nan, s.dtype)})",
+    "cos": lambda s, a: f"({s.dtype}(math.cos({a[0]})) if abs({a[0]}) != math.inf else {literal(math.nan, s.dtype)})",
     "cast": _cast,
 }
 """ir/scalar.py's primitive -> its Python expression (statements, for floordiv)."""
