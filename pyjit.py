@@ -23,7 +23,7 @@ import numpy as np
 from .errors import GirArgumentError
 from .frontend.python import numpy_api
 from .frontend.python.pytree import TreeDef, flatten, unflatten
-from .frontend.python.tracer import current_frame, default_dtype, is_weak, register_internal_file
+from .frontend.python.tracer import current_frame, is_weak, register_internal_file, weak_argument_dtype
 from .frontend.python.transforms import Spec, Traced, trace_entry
 from .ir.types import DTYPES
 
@@ -125,7 +125,7 @@ def _as_array(leaf: Any, i: int) -> Any:
     if isinstance(leaf, np.ndarray):
         return leaf
     if is_weak(leaf):
-        return np.asarray(leaf, dtype=DTYPES[default_dtype(leaf)] if not isinstance(leaf, np.generic) else None)
+        return np.asarray(leaf, dtype=DTYPES[weak_argument_dtype(leaf)] if not isinstance(leaf, np.generic) else None)
     if isinstance(leaf, Spec):
         raise GirArgumentError("gir.spec describes an argument for gir.trace; a jitted function needs arrays")
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import Location
 from ...ir.ops import ONE_ARGUMENT_ALIASES
-from ...ir.types import DTYPES, INT_DTYPES, TensorType
+from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from .tracer import (
     GirTraceAttributeError,
     GirTraceError,
@@ -28,6 +28,7 @@ from .tracer import (
     dtype_of,
     emit1,
     is_weak,
+    result_dtype,
     to_value,
     user_location,
     values_of,
@@ -65,7 +66,16 @@ def _binary(name: str, a: Any, b: Any, loc: Location) -> Any:
                             "use gir.mean, or trace with concrete sizes (gir.jit specialises on the arguments)", loc)
     if not (_operand_like(a) and _operand_like(b)):
         return NotImplemented
-    return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
+    return _weak_if(emit1(name, _promoted(name, a, b, loc), loc=loc), a, b)
+
+
+def _promoted(name: str, a: Any, b: Any, loc: Location) -> list[Any]:
+    """The operands of binary op `name`, promoted; `/` of integers or bools is true division
+    (NumPy, JAX): both become the default float, f32."""
+    dtype = result_dtype([a, b])
+    if name == "div" and dtype is not None and dtype not in FLOAT_DTYPES:
+        dtype = "f32"
+    return values_of([a, b], loc, dtype)
 
 
 def _weak_unary(out: Tracer, x: Any) -> Tracer:
@@ -119,7 +129,7 @@ negative = _unary_fn("neg", "-x, elementwise.")
 def _binary_fn(name: str, public: str, doc: str) -> Callable[[Any, Any], Any]:
     def f(a: Any, b: Any) -> Any:
         loc = user_location()
-        return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
+        return _weak_if(emit1(name, _promoted(name, a, b, loc), loc=loc), a, b)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = doc
     return traceable(f)
@@ -547,7 +557,15 @@ def _bin(name: str, reflected: bool = False) -> Callable[[Tracer, Any], Any]:
 
 def _install() -> None:
     methods: dict[str, Any] = {
-        "__floordiv__": _floordiv,
+        "__floordiv__": lambda self, o: _floordiv(self, o),
+        "__rfloordiv__": lambda self, o: _floordiv(self, o, True),
+        "__mod__": lambda self, o: _mod(self, o),
+        "__rmod__": lambda self, o: _mod(self, o, True),
+        "__invert__": _invert,
+        "__round__": _round,
+        "__trunc__": _concrete("math.trunc()"),
+        "__floor__": _concrete("math.floor()"),
+        "__ceil__": _concrete("math.ceil()"),
         "__rand__": _bin("and", True),
         "__ror__": _bin("or", True),
         "__matmul__": lambda self, o: _matmul(self, o, user_location()),
@@ -585,11 +603,43 @@ def _install() -> None:
         setattr(Tracer, name, method)
 
 
-def _floordiv(self: Tracer, other: Any) -> Any:
+def _floordiv(self: Tracer, other: Any, reflected: bool = False) -> Any:
+    """a // b on integers: the `div` op, which floors on integers (as NumPy's //)."""
+    loc = user_location(2)
+    a, b = (other, self) if reflected else (self, other)
+    if not _operand_like(other):
+        return NotImplemented
+    dtype = result_dtype([a, b])
+    if dtype not in INT_DTYPES:
+        raise GirTraceError(f"// on {dtype}: gir has no floor for floats yet; use / (or integers with "
+                            ".astype('int32'))", loc)
+    return _weak_if(emit1("div", values_of([a, b], loc, dtype), loc=loc), a, b)
+
+
+def _mod(self: Tracer, other: Any, reflected: bool = False) -> Any:
+    """a % b on integers: a - (a // b) * b, the sign of b as in Python and NumPy."""
+    loc = user_location(2)
+    a, b = (other, self) if reflected else (self, other)
+    if not _operand_like(other):
+        return NotImplemented
+    dtype = result_dtype([a, b])
+    if dtype not in INT_DTYPES:
+        raise GirTraceError(f"% on {dtype}: gir has no floor for floats yet, so % works on integers only", loc)
+    va, vb = values_of([a, b], loc, dtype)
+    q = emit1("div", [va, vb], loc=loc)
+    return _weak_if(emit1("sub", [va, emit1("mul", [q.value, vb], loc=loc).value], loc=loc), a, b)
+
+
+def _invert(self: Tracer) -> Any:
+    """~x: logical not of a bool tensor (integers have no bitwise ops in gir)."""
     loc = user_location()
-    if self.type.dtype not in INT_DTYPES:
-        raise GirTraceError("// on floats is not supported; write gir's / (and a floor, when there is one)", loc)
-    return _binary("div", self, other, loc)
+    if self.type.dtype != "i1":
+        raise GirTraceError(f"~ on {self.type}: gir has no bitwise not; ~ works on bool tensors (comparisons)", loc)
+    return emit1("eq", [to_value(self, loc=loc), to_value(False, "i1", loc)], loc=loc)
+
+
+def _round(self: Tracer, ndigits: Any = None) -> Any:
+    raise GirTraceError("round() of a traced value: gir has no rounding op yet", user_location())
 
 
 def _len(self: Tracer) -> int:

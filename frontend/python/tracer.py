@@ -262,12 +262,23 @@ def is_weak(x: Any) -> bool:
 
 
 def default_dtype(x: Any) -> str:
-    """The dtype of a weak scalar standing alone (as JAX without x64: f32, i32)."""
+    """The dtype of a weak scalar standing alone (as JAX without x64: f32, i32; an int that
+    does not fit 32 bits is i64)."""
     if isinstance(x, (bool, np.bool_)):
         return "i1"
     if isinstance(x, (int, np.integer)):
-        return "i32"
+        return "i32" if -2**31 <= int(x) < 2**31 else "i64"
     return "f32"
+
+
+def weak_argument_dtype(x: Any) -> str:
+    """The dtype a Python scalar argument of a traced function is passed as: the widest of its
+    kind (f64, i64), so that `lr = 0.1` meets f64 tensors as 0.1, not as 0.1 rounded to f32;
+    it is narrowed to the dtype of any tensor it meets (`_weak_as`) or, standing alone, to
+    `default_dtype` (`to_value`)."""
+    if isinstance(x, (bool, np.bool_)):
+        return "i1"
+    return "i64" if isinstance(x, (int, np.integer)) else "f64"
 
 
 def constant(value: Any, dtype: str, loc: Location | None = None) -> Value:
@@ -276,13 +287,19 @@ def constant(value: Any, dtype: str, loc: Location | None = None) -> Value:
         value = value.item()
     if dtype in INT_DTYPES and isinstance(value, float):
         if not value.is_integer():
-            raise GirTraceError(f"the float {value} is combined with an {dtype} tensor; cast one of them "
-                                "(x.astype(...)) first", loc)
+            raise GirTraceError(f"the float {value} is used as an {dtype}; convert the tensor with "
+                                ".astype(float) first", loc)
         value = int(value)
+    if dtype in INT_DTYPES and isinstance(value, int) and not isinstance(value, bool):
+        bits = 31 if dtype == "i32" else 63
+        if not -2**bits <= value < 2**bits:
+            raise GirTraceError(f"the integer {value} does not fit {dtype}; convert the tensor with "
+                                ".astype('int64') (or to a float) first", loc)
     if dtype in FLOAT_DTYPES and isinstance(value, int):  # bools too: printed as 1.0, as a float is
         value = float(value)
     if dtype == "i1" and not isinstance(value, bool):
-        raise GirTraceError(f"the number {value} is combined with an i1 (bool) tensor; compare or cast first", loc)
+        raise GirTraceError(f"the number {value} is used as an i1 (bool); compare, or convert with .astype "
+                            "first", loc)
     return emit("constant", [], attrs={"value": value}, declared=[TensorType((), dtype)], loc=loc).result
 
 
@@ -299,8 +316,13 @@ def array_constant(a: np.ndarray, loc: Location | None = None) -> Value:
 
 
 def to_value(x: Any, dtype: str | None = None, loc: Location | None = None) -> Value:
-    """A Tracer, Python/NumPy scalar (as `dtype`, else its default) or NumPy array as a Value."""
+    """A Tracer, Python/NumPy scalar (as `dtype`, else its default) or NumPy array as a Value.
+    A weak float argument standing alone (no `dtype`) is narrowed to f32, as JAX's weak f32
+    (a weak int stays i64: narrowing could wrap it)."""
     if isinstance(x, Tracer):
+        if x.weak and dtype is None and x.type.dtype == "f64":
+            v = resolve(x)
+            return emit("cast", [v], declared=[v.tensor_type.with_dtype("f32")], loc=loc or user_location(2)).result
         return resolve(x)
     loc = loc or user_location(2)
     if is_weak(x):
@@ -312,27 +334,77 @@ def to_value(x: Any, dtype: str | None = None, loc: Location | None = None) -> V
     raise GirTraceError(f"a {type(x).__name__} cannot be used as a tensor in a traced function", loc)
 
 
-def values_of(xs: Sequence[Any], loc: Location) -> list[Value]:
-    """Operands of one op: weak scalars take the dtype of the first (strong) tensor among them."""
-    dtype = next((v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak), None)
-    if dtype is None:
-        dtype = next((dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN), None)
-    if dtype is None:  # weak scalars only: a float one wins (`n / lr` is a float, as in JAX)
-        weak = [v.type.dtype for v in xs if isinstance(v, Tracer)]
-        dtype = next((d for d in weak if d in FLOAT_DTYPES), weak[0] if weak else None)
-    return [_weak_as(x, dtype, loc) if isinstance(x, Tracer) and x.weak else to_value(x, dtype, loc) for x in xs]
+PROMOTION_ORDER = ("i1", "i32", "i64", "f32", "f64")
+"""JAX's type lattice on gir's dtypes, a chain: bool < int32 < int64 < float32 < float64 (JAX
+promotes int64 with float32 to float32 as well; NumPy would give float64)."""
+
+
+def promote(dtypes: Sequence[str]) -> str:
+    """The join of strongly typed dtypes on the lattice."""
+    return max(dtypes, key=PROMOTION_ORDER.index)
+
+
+def _weak_kind(x: Any) -> str:
+    """bool, int or float: the kind of a weak operand (a Python scalar or weak argument)."""
+    if isinstance(x, Tracer):
+        d = x.type.dtype
+    else:
+        d = "i1" if isinstance(x, (bool, np.bool_)) else "i32" if isinstance(x, (int, np.integer)) else "f32"
+    return "bool" if d == "i1" else "int" if d in INT_DTYPES else "float"
+
+
+def result_dtype(xs: Sequence[Any]) -> str | None:
+    """The dtype operands of one op are promoted to (JAX's weak-type rules): the join of the
+    strongly typed ones (tensors, arrays), raised to the default float (f32) by a weak float
+    next to integers and to i32 by a weak int next to bools; weak operands alone keep their
+    kind (a float one wins) at the widest precision among them."""
+    strong = [v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak]
+    strong += [dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN]
+    weak = [v for v in xs if (isinstance(v, Tracer) and v.weak) or (not isinstance(v, (Tracer, np.ndarray))
+                                                                   and is_weak(v))]
+    kinds = {_weak_kind(v) for v in weak}
+    if strong:
+        d = promote(strong)
+        if "float" in kinds and d not in FLOAT_DTYPES:
+            return "f32"
+        if "int" in kinds and d == "i1":
+            return "i32"
+        return d
+    traced = [v.type.dtype for v in weak if isinstance(v, Tracer)]
+    if not weak:
+        return None
+    kind = "float" if "float" in kinds else "int" if "int" in kinds else "bool"
+    same_kind = [d for d in traced if _weak_kind_of_dtype(d) == kind]
+    if same_kind:
+        return promote(same_kind)
+    return next((default_dtype(v) for v in weak if not isinstance(v, Tracer) and _weak_kind(v) == kind), None)
+
+
+def _weak_kind_of_dtype(d: str) -> str:
+    return "bool" if d == "i1" else "int" if d in INT_DTYPES else "float"
+
+
+def values_of(xs: Sequence[Any], loc: Location, dtype: str | None = None) -> list[Value]:
+    """Operands of one op, promoted to one dtype (`result_dtype`, or `dtype` when given):
+    tensors of a lower dtype are cast up, weak scalars take the dtype."""
+    dtype = dtype or result_dtype(xs)
+    out = []
+    for x in xs:
+        if isinstance(x, Tracer) and x.weak:
+            out.append(_weak_as(x, dtype, loc))
+            continue
+        v = to_value(x, dtype, loc)
+        if dtype is not None and v.tensor_type.dtype != dtype and isinstance(x, (Tracer, np.ndarray)):
+            v = emit("cast", [v], declared=[v.tensor_type.with_dtype(dtype)], loc=loc).result
+        out.append(v)
+    return out
 
 
 def _weak_as(x: Tracer, dtype: str | None, loc: Location) -> Value:
-    """A weak scalar argument cast to the dtype of the tensor it meets: a float to a wider or
-    narrower float, an int to any int or float (JAX's weak types); otherwise kept as it is
-    (the op's type rule then reports the mismatch)."""
-    have = x.type.dtype
-    if dtype is None or dtype == have or dtype == "i1":
-        return resolve(x)
-    if have in FLOAT_DTYPES and dtype not in FLOAT_DTYPES:
-        return resolve(x)
+    """A weak scalar argument cast to the dtype of the tensor it meets."""
     v = resolve(x)
+    if dtype is None or dtype == x.type.dtype:
+        return v
     return emit("cast", [v], declared=[v.tensor_type.with_dtype(dtype)], loc=loc).result
 
 

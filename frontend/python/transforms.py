@@ -34,7 +34,6 @@ from .tracer import (
     Tracer,
     block_scope,
     current_frame,
-    default_dtype,
     dtype_of,
     emit,
     finish_function,
@@ -45,6 +44,7 @@ from .tracer import (
     resolve,
     to_value,
     user_location,
+    weak_argument_dtype,
     wrap,
 )
 
@@ -101,7 +101,7 @@ def _leaf_type(leaf: Any, loc: Location) -> TensorType:
         raise GirTraceError("a traced value is passed to gir.trace/gir.jit: call the function directly inside a "
                             "trace", loc)
     if is_weak(leaf) and not isinstance(leaf, np.generic):
-        return TensorType((), default_dtype(leaf))
+        return TensorType((), weak_argument_dtype(leaf))
     shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
     if shape is None or dtype is None:
         raise GirTraceError(f"an argument leaf of type {type(leaf).__name__} is neither an array, a scalar nor "
@@ -319,7 +319,10 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
             raise GirTraceError(f"argnums {a} is out of range for {len(args)} argument(s)", loc)
     nums = [a % len(args) for a in nums]
     leaves, names, trees = flatten_args(fun, args)
-    values = [to_value(leaf, loc=loc) for leaf in leaves]
+    # a weak argument of the caller is passed at its full precision (to_value would narrow it)
+    values = [resolve(leaf) if isinstance(leaf, Tracer)
+              else to_value(leaf, weak_argument_dtype(leaf) if is_weak(leaf) and not isinstance(leaf, np.generic)
+                            else None, loc=loc) for leaf in leaves]
     # a Python scalar (or a weak scalar argument of the caller) stays weakly typed in the callee
     weak = [leaf.weak if isinstance(leaf, Tracer) else is_weak(leaf) and not isinstance(leaf, np.generic)
             for leaf in leaves]
