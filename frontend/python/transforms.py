@@ -284,9 +284,6 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
     loc = user_location(2)
     if not callable(fun):
         raise GirTraceError(f"gir.grad takes a Python function, not {type(fun).__name__}", loc)
-    if has_aux:
-        raise GirTraceError("has_aux=True is not supported yet: return the auxiliary values from a second "
-                            "function", loc)
     ok = isinstance(argnums, int) or (isinstance(argnums, (tuple, list)) and argnums
                                       and all(isinstance(a, int) for a in argnums))
     if not ok or isinstance(argnums, bool):
@@ -302,7 +299,7 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
         # Keyword arguments are not differentiated (as in JAX); traced values among them reach
         # the callee as captured values of the caller.
         bound = functools.partial(fun, **kwargs) if kwargs else fun
-        return _grad_call(bound, argnums, with_value, args, frame, user_location())
+        return _grad_call(bound, argnums, with_value, args, frame, user_location(), has_aux)
 
     base = func_name(getattr(fun, "__name__", "f"))
     differentiated.__name__ = f"{base}_value_and_grad" if with_value else f"{base}_grad"
@@ -311,7 +308,10 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
 
 
 def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Sequence[Any], frame: Frame,
-               loc: Location) -> Any:
+               loc: Location, has_aux: bool = False) -> Any:
+    """The `grad` op of fun at args. With has_aux, fun returns (loss, aux) and the result is
+    JAX's: `(grads, aux)` for grad, `((loss, aux), grads)` for value_and_grad; the aux leaves
+    are further results of the callee, which the `grad` op passes through."""
     _check_arity(fun, args)
     nums = [argnums] if isinstance(argnums, int) else list(argnums)
     for a in nums:
@@ -326,29 +326,35 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
     # a Python scalar (or a weak scalar argument of the caller) stays weakly typed in the callee
     weak = [leaf.weak if isinstance(leaf, Tracer) else is_weak(leaf) and not isinstance(leaf, np.generic)
             for leaf in leaves]
-    callee, out = _trace_callee(fun, values, names, trees, frame, loc, weak)
+    callee, out, aux_tree = _trace_callee(fun, values, names, trees, frame, loc, weak, has_aux)
     starts = [sum(t.num_leaves for t in trees[:i]) for i in range(len(trees))]
     wrt = [p for a in nums for p in range(starts[a], starts[a] + trees[a].num_leaves)]
     for p in wrt:
         if values[p].tensor_type.dtype not in FLOAT_DTYPES:
             raise GirTraceError(f"gir.grad with respect to %{names[p]} of type {values[p].type}: gradients need "
                                 "float arguments", loc)
-    declared = [out] + [values[p].tensor_type for p in wrt]
+    declared = list(out) + [values[p].tensor_type for p in wrt]
     extra = list(callee.captures)  # caller values fun closes over: passed after its own arguments
     op = emit("grad", values + extra, attrs={"callee": callee.function.name, "wrt": wrt}, declared=declared, loc=loc)
-    value, *grads = wrap(op, frame)
+    value, *rest = wrap(op, frame)
+    aux_leaves, grads = rest[:len(out) - 1], rest[len(out) - 1:]
     grad_trees, start = [], 0
     for a in nums:
         n = trees[a].num_leaves
         grad_trees.append(unflatten(trees[a], grads[start:start + n]))
         start += n
     result = grad_trees[0] if isinstance(argnums, int) else tuple(grad_trees)
+    if has_aux:
+        aux = unflatten(aux_tree, aux_leaves)
+        return ((value, aux), result) if with_value else (result, aux)
     return (value, result) if with_value else result
 
 
 def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str], trees: list[TreeDef],
-                  frame: Frame, loc: Location, weak: Sequence[bool] = ()) -> tuple[Frame, TensorType]:
-    """fun traced into a function of the caller's module; (its frame, its scalar result type)."""
+                  frame: Frame, loc: Location, weak: Sequence[bool] = (),
+                  has_aux: bool = False) -> tuple[Frame, list[TensorType], TreeDef | None]:
+    """fun traced into a function of the caller's module; (its frame, its result types: the
+    scalar, then the aux leaves', the aux structure)."""
     named = fun.func if isinstance(fun, functools.partial) else fun  # keyword arguments bound by gir.grad
     floc = function_location(named)
     function = new_function(func_name(getattr(named, "__name__", "f")), frame.module,
@@ -358,6 +364,14 @@ def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str]
         weak = list(weak) + [False] * (len(function.args) - len(weak))
         tracers = [Tracer(a, callee, function.body, weak=w) for a, w in zip(function.args, weak)]
         out = fun(*unflatten_args(trees, tracers))
+        aux_values, aux_tree = [], None
+        if has_aux:
+            if not isinstance(out, (tuple, list)) or len(out) != 2:
+                raise GirTraceError(f"gir.grad(has_aux=True) needs {function.name} to return a pair (loss, aux), "
+                                    f"it returns a {type(out).__name__}", loc)
+            out, aux = out
+            aux_leaves, _, aux_tree = flatten(aux)
+            aux_values = [to_value(leaf, loc=floc) for leaf in aux_leaves]
         if not isinstance(out, Tracer):
             raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar tensor, it returns a "
                                 f"{type(out).__name__}", loc)
@@ -365,6 +379,6 @@ def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str]
         t = result.tensor_type
         if t.shape != () or t.dtype not in FLOAT_DTYPES:
             raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar, it returns {t}", loc)
-        finish_function(function, frame.module, [result], floc)
-    return callee, t
+        finish_function(function, frame.module, [result, *aux_values], floc)
+    return callee, [t, *(v.tensor_type for v in aux_values)], aux_tree
 
