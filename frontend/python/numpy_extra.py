@@ -590,7 +590,7 @@ def _einsum2(terms: list[str], xs: list[Tracer], out: str, loc: Location) -> Tra
     def arranged(x: Tracer, term: str, order: list[str], groups: list[list[str]]) -> Tracer:
         perm = [term.index(c) for c in order]
         x = _transpose(x, perm, loc) if perm != list(range(len(perm))) else x
-        dims = [-1 if size[g[0]] is None and len(g) == 1 else int(np.prod([size[c] for c in g])) for g in groups]
+        dims = [-1 if len(g) == 1 and size[g[0]] is None else int(np.prod([size[c] for c in g])) for g in groups]
         return _reshape(x, [*dims], loc)
 
     nb = [c for c in batch]
