@@ -338,6 +338,8 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
     op = emit("grad", values + extra, attrs={"callee": callee.function.name, "wrt": wrt}, declared=declared, loc=loc)
     value, *rest = wrap(op, frame)
     aux_leaves, grads = rest[:len(out) - 1], rest[len(out) - 1:]
+    for g, p in zip(grads, wrt):
+        g.weak = weak[p]  # the gradient of a weak scalar is weak too (f32 standing alone), as in JAX
     grad_trees, start = [], 0
     for a in nums:
         n = trees[a].num_leaves
