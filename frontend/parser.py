@@ -41,8 +41,9 @@ def _parser() -> Any:
     return lark_parser()
 
 
-def parse(text: str | bytes, filename: str = "<string>") -> Module:
+def parse(text: str | bytes, filename: str | os.PathLike[str] = "<string>") -> Module:
     """Parses gir text (surface or SSA form) into a verified Module."""
+    filename = os.fspath(filename)
     from ..ir.verifier import verify
     from .emitter import emit_module
 
@@ -71,11 +72,12 @@ def parse(text: str | bytes, filename: str = "<string>") -> Module:
     return module
 
 
-def load(path: str) -> Module:
+def load(path: str | os.PathLike[str]) -> Module:
     if not isinstance(path, (str, os.PathLike)):  # open(0) would read standard input
         raise GirArgumentError(f"gir.load takes a path (a str or os.PathLike), not {type(path).__name__}")
     with timing.phase("parse"):
-        return parse(read_source(path), filename=path)
+        # locations hold the file name as a str (the printer quotes it, diagnostics compare it)
+        return parse(read_source(path), filename=os.fspath(path))
 
 
 def read_source(path: str) -> str:

@@ -205,8 +205,14 @@ def _axes(axis: Any, loc: Location) -> list[int] | None:
 
 def _reduce(kind: str, x: Any, axis: Any, keepdims: bool, loc: Location) -> Tracer:
     name = ONE_ARGUMENT_ALIASES.get(kind, kind)
-    return emit1(name, [to_value(x, loc=loc)], attrs={"axes": _axes(axis, loc), "keepdims": bool(keepdims)},
-                 loc=loc)
+    v = to_value(x, loc=loc)
+    # NumPy and JAX: the sum of bools counts them (int32), the mean of integers is a float
+    dtype = v.tensor_type.dtype
+    cast_to = "i32" if kind == "sum" and dtype == "i1" else "f32" if kind == "mean" and dtype not in FLOAT_DTYPES \
+        else None
+    if cast_to is not None:
+        v = emit1("cast", [v], declared=[v.tensor_type.with_dtype(cast_to)], loc=loc).value
+    return emit1(name, [v], attrs={"axes": _axes(axis, loc), "keepdims": bool(keepdims)}, loc=loc)
 
 
 def _reduction_fn(kind: str, doc: str) -> Callable[..., Any]:
