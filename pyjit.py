@@ -23,7 +23,13 @@ import numpy as np
 from .errors import GirArgumentError
 from .frontend.python import numpy_api
 from .frontend.python.pytree import TreeDef, flatten, unflatten
-from .frontend.python.tracer import current_frame, is_weak, register_internal_file, weak_argument_dtype
+from .frontend.python.tracer import (
+    current_frame,
+    hides_gir_frames,
+    is_weak,
+    register_internal_file,
+    weak_argument_dtype,
+)
 from .frontend.python.transforms import Spec, Traced, trace_entry
 from .ir.types import DTYPES
 
@@ -44,6 +50,7 @@ class PythonJit:
         self.__name__ = getattr(fn, "__name__", "jitted")
         self.__doc__ = getattr(fn, "__doc__", None)
 
+    @hides_gir_frames
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if current_frame() is not None:
             return self.fn(*args, **kwargs)  # called inside a trace (jit of a jitted function): inlined, as JAX does

@@ -6,6 +6,8 @@ interpreter and the CPU backend."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gir
 import gir.numpy as gnp
 import numpy as np
@@ -359,3 +361,34 @@ def test_fused_gate_slicing_keeps_a_variable_batch_whole(device) -> None:
     w = RNG.standard_normal((5, 1))
     g = gir.jit(gir.grad(lambda g: gir.sum(gates(g) * w)), device=device)(gx)
     np.testing.assert_allclose(g, fd_grad(lambda g: float((numpy_gates(g) * w).sum()), gx), atol=1e-7)
+
+
+def test_trace_errors_hide_girs_own_frames(monkeypatch) -> None:
+    import traceback
+
+    def model(x, w):
+        return gir.tanh(x) @ w
+
+    def gir_frames(err: BaseException) -> list[str]:
+        package = str(Path(gir.__file__).parent)
+        return [f.filename for f in traceback.extract_tb(err.__traceback__)
+                if f.filename.startswith(package) and "/tests/" not in f.filename]
+
+    args = (np.ones((2, 3)), np.ones((4, 5)))
+    with pytest.raises(gir.GirError, match="contraction sizes differ") as info:
+        gir.jit(model, device="interp")(*args)
+    assert len(gir_frames(info.value)) == 1, gir_frames(info.value)  # the entry that re-raised it
+    assert any(f.name == "model" for f in traceback.extract_tb(info.value.__traceback__))
+    monkeypatch.setenv("GIR_TRACEBACK", "1")
+    with pytest.raises(gir.GirError) as info:
+        gir.jit(model, device="interp")(*args)
+    assert len(gir_frames(info.value)) > 3
+
+
+def test_load_takes_a_path_object() -> None:
+    path = Path(gir.__file__).parent / "examples" / "mlp.gir"
+    module = gir.load(path)
+    entry = "mlp_loss"
+    args = [np.ones([d or 2 for d in t.shape], t.numpy_dtype) * 0.1 for t in module.functions[entry].arg_types]
+    np.testing.assert_allclose(gir.jit(module, entry, device="cpu")(*args)[0],
+                               gir.jit(module, entry, device="interp")(*args)[0], rtol=1e-5)

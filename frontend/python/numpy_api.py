@@ -27,6 +27,7 @@ from .tracer import (
     current_frame,
     dtype_of,
     emit1,
+    hides_gir_frames,
     is_weak,
     result_dtype,
     to_value,
@@ -44,8 +45,13 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if current_frame() is not None or not (EAGER or eager_installed()):
             return fn(*args, **kwargs)
-        return EAGER[0](fn, args, kwargs)
+        return _eager(fn, args, kwargs)
     return wrapper
+
+
+@hides_gir_frames
+def _eager(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    return EAGER[0](fn, args, kwargs)
 
 
 def eager_installed() -> bool:

@@ -19,23 +19,25 @@ traced value used as a Python bool) point there too.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from types import CodeType, FrameType
-from typing import Any
+from types import CodeType, FrameType, TracebackType
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ...errors import UNKNOWN, GirTypeError, Location, remember_source
+from ...errors import UNKNOWN, GirError, GirTypeError, Location, remember_source
 from ...ir.core import Block, Function, Module, Operation, Region, Value, erase_op
 from ...ir.ops import make_op
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType, dtype_name
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+F = TypeVar("F", bound=Callable[..., Any])
 _INTERNAL_FILES: set[str] = set()
 """Other files whose frames are not the user's (pyjit.py registers itself)."""
 
@@ -100,6 +102,48 @@ def _remember(filename: str) -> None:
     lines = linecache.getlines(filename)
     if lines:
         remember_source(filename, "".join(lines))
+
+
+# -- tracebacks ---------------------------------------------------------------------------------
+
+_PACKAGE = os.path.dirname(os.path.dirname(_HERE))
+_USER_FOLDERS = tuple(os.path.join(_PACKAGE, d) + os.sep for d in ("tests", "examples", "bench"))
+
+
+def _gir_frame(filename: str) -> bool:
+    """A frame of gir itself (not of its tests, examples or benchmarks, which are user code)."""
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE + os.sep) and not path.startswith(_USER_FOLDERS)
+
+
+def _without_gir_frames(tb: TracebackType | None) -> TracebackType | None:
+    kept = []
+    while tb is not None:
+        if not _gir_frame(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def hides_gir_frames(fn: F) -> F:
+    """An entry point of the frontend (gir.trace, a jitted function's call, an eager call): a
+    GirError raised under it loses gir's own frames from its traceback, which then reads from
+    the user's call through the user's traced lines (as JAX filters its frames); the message
+    already points at the user's line. GIR_TRACEBACK=1 keeps every frame."""
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GirError as e:
+            from ...config import current
+
+            if current().traceback:
+                raise
+            raise e.with_traceback(_without_gir_frames(e.__traceback__))  # noqa: B904 - the same error
+    return entry  # type: ignore[return-value]
 
 
 # -- frames -------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from .tracer import (
     finish_function,
     frame_scope,
     function_location,
+    hides_gir_frames,
     is_weak,
     new_function,
     resolve,
@@ -193,6 +194,7 @@ def _check_arity(fn: Callable[..., Any], args: Sequence[Any]) -> None:
                             user_location()) from None
 
 
+@hides_gir_frames
 def trace(fn: Callable[..., Any], *example_args: Any) -> Module:
     """fn traced on the example arguments' shapes and dtypes (arrays, gir.spec(...), scalars,
     nested in dicts/lists/tuples): a Module whose last function is fn; print it for `.gir` text."""
