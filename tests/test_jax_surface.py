@@ -188,6 +188,18 @@ def test_promotion_follows_jax(device) -> None:
         np.testing.assert_allclose(got[k], value, rtol=1e-7, err_msg=k)
 
 
+def test_python_scalar_scan_init_takes_the_steps_dtype() -> None:
+    """As JAX: `0.0` summing f64 values is an f64 carry (the step is traced again); a carry
+    that changes dtype otherwise is an error that says .astype."""
+    xs = RNG.standard_normal(4)
+    total, _ = gir.jit(lambda xs: gir.scan(lambda c, x: (c + x, None), 0.0, xs), device="interp")(xs)
+    assert total.dtype == np.float64 and total == np.add.reduce(xs)
+    count, _ = gir.jit(lambda xs: gir.scan(lambda c, x: (c + (x > 0), None), 0, xs), device="interp")(xs)
+    assert count == (xs > 0).sum()
+    with pytest.raises(gir.GirError, match="astype"):
+        gir.trace(lambda xs: gir.scan(lambda c, x: (c + x, None), xs[0].astype("f32"), xs), xs)
+
+
 def test_big_python_int_argument_and_refused_conversion_says_astype() -> None:
     assert gir.jit(lambda n: n * 2, device="interp")(2**40) == 2**41
     with pytest.raises(gir.GirError, match="astype"):
@@ -279,6 +291,39 @@ def test_vmap(device) -> None:
     np.testing.assert_allclose(g, fd_grad(numpy_loss, w), atol=1e-7)
     out = gir.jit(gir.vmap(lambda x: x * 2.0, in_axes=1, out_axes=1), device=device)(xs)
     np.testing.assert_allclose(out, xs * 2.0)
+
+
+def _per_example_cases() -> dict:
+    w = RNG.standard_normal((4, 3))
+    table = RNG.standard_normal((6, 4))
+    return {
+        # (fun of one example x: 4-vector, in_axes, NumPy over the batch, batched without a scan)
+        "mlp": (lambda x: gir.nn.softmax(gir.tanh(x @ w)), lambda xs: np.exp(np.tanh(xs @ w)) /
+                np.exp(np.tanh(xs @ w)).sum(1, keepdims=True), True),
+        "outer": (lambda x: gnp.einsum("i,j->ij", x, x[:2]), lambda xs: xs[:, :, None] * xs[:, None, :2], True),
+        "layout": (lambda x: gnp.concatenate([x.reshape(2, 2).T, gnp.ones((1, 2))]).sum(axis=0) + x[1:3],
+                   lambda xs: np.concatenate([xs.reshape(-1, 2, 2).transpose(0, 2, 1), np.ones((len(xs), 1, 2))],
+                                             1).sum(1) + xs[:, 1:3], True),
+        "gather": (lambda x: table[np.array([2, 0])] @ x, lambda xs: xs @ table[[2, 0]].T, True),
+        "stack": (lambda x: gnp.stack([x, 2.0 * x], axis=1), lambda xs: np.stack([xs, 2 * xs], axis=2), True),
+        "scan": (lambda x: gnp.cumsum(x) + gir.scan(lambda c, e: (c + e, c * e), 0.0, x)[1],
+                 lambda xs: np.cumsum(xs, 1) + np.concatenate([np.zeros((len(xs), 1)), np.cumsum(xs, 1)[:, :-1]],
+                                                              1) * xs, False),
+    }
+
+
+@pytest.mark.parametrize("case", ["mlp", "outer", "layout", "gather", "stack", "scan"])
+def test_vmap_batches_ops_and_falls_back_to_a_scan(case) -> None:
+    fun, numpy_fun, batched = _per_example_cases()[case]
+    xs = RNG.standard_normal((5, 4))
+    mapped = gir.vmap(fun)
+    np.testing.assert_allclose(gir.jit(mapped, device="interp")(xs), numpy_fun(xs), rtol=1e-12, atol=1e-14)
+    text = str(gir.trace(mapped, xs))
+    assert ("scan" not in text) == batched, text
+    assert text.count("func @") == 1  # the traced example is not left in the module
+    weights = RNG.standard_normal(numpy_fun(xs).shape)
+    g = gir.jit(gir.grad(lambda xs: gir.sum(mapped(xs) * weights)), device="cpu")(xs)
+    np.testing.assert_allclose(g, fd_grad(lambda xs: float((numpy_fun(xs) * weights).sum()), xs), atol=1e-7)
 
 
 # -- gir.optim ----------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@
   trip count, so it is a scan of N steps that stops changing the value once cond_fun is false
   (a gir extension; JAX's while_loop has no bound and no reverse-mode gradient). Without
   max_iterations it is an error that says so.
-- `vmap(fun, in_axes=0, out_axes=0)` maps fun over a batch axis as a `scan` over it: right
-  for any fun (scans inside included) and for a `?` batch, but the examples run one after
-  another, not as batched ops (JAX rewrites fun's ops to batched ones).
+- `vmap(fun, in_axes=0, out_axes=0)` traces fun on one example and re-emits its ops with a
+  leading batch axis (batching.py: elementwise ops, matmul, reductions, layout ops, gathers),
+  as JAX does; where an op has no batching rule (a scan inside fun, a gather with a batched
+  index from a batched table, ...) it falls back to a `scan` over the batch axis, which is
+  right for any fun but runs the examples one after another.
 """
 
 from __future__ import annotations
@@ -23,9 +25,22 @@ from typing import Any
 import numpy as np
 
 from ...errors import Location
+from ...ir.core import erase_op
+from .batching import Batcher, NoBatchRule
 from .numpy_api import _transpose, traceable, where
-from .pytree import flatten, unflatten
-from .tracer import GirTraceError, Tracer, current_frame, to_value, user_location
+from .pytree import flatten, func_name, unflatten, value_name
+from .tracer import (
+    Frame,
+    GirTraceError,
+    Tracer,
+    current_frame,
+    finish_function,
+    frame_scope,
+    new_function,
+    resolve,
+    to_value,
+    user_location,
+)
 from .transforms import scan
 
 
@@ -106,7 +121,7 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
 def vmap(fun: Callable[..., Any], in_axes: Any = 0, out_axes: Any = 0) -> Callable[..., Any]:
     """As jax.vmap: fun mapped over axis `in_axes` of its arguments (an int, None for an
     argument that is not mapped, or a tuple of those per argument), the results stacked along
-    `out_axes`. Runs as a gir.scan over the batch axis (see the module docstring)."""
+    `out_axes`. Batched ops, or a gir.scan over the batch axis (see the module docstring)."""
     loc = user_location()
     if not callable(fun):
         raise GirTraceError(f"gir.vmap takes a function, not {type(fun).__name__}", loc)
@@ -132,17 +147,65 @@ def _vmap_call(fun: Callable[..., Any], in_axes: Any, out_axes: Any, args: tuple
         mapped.append((k, unflatten(tree, moved)))
     if not mapped:
         raise GirTraceError("vmap: no argument is mapped (every in_axes is None)", loc)
-
-    def step(carry: Any, xs: Any) -> Any:
-        call = dict(fixed)
-        call.update({k: x for (k, _), x in zip(mapped, xs)})
-        return carry, fun(*[call[k] for k in range(len(args))])
-
-    _, ys = scan(step, None, [x for _, x in mapped])
+    try:
+        ys = _vmap_batched(fun, len(args), mapped, fixed, loc)
+    except NoBatchRule:
+        ys = _vmap_scan(fun, len(args), mapped, fixed)
     if out_axes == 0:
         return ys
     leaves, _, tree = flatten(ys)
     return unflatten(tree, [_from_front(leaf, int(out_axes), loc) for leaf in leaves])
+
+
+def _vmap_scan(fun: Callable[..., Any], n: int, mapped: list[tuple[int, Any]], fixed: dict[int, Any]) -> Any:
+    """vmap as a scan over the leading (batch) axis of the mapped arguments."""
+
+    def step(carry: Any, xs: Any) -> Any:
+        call = dict(fixed)
+        call.update({k: x for (k, _), x in zip(mapped, xs)})
+        return carry, fun(*[call[k] for k in range(n)])
+
+    _, ys = scan(step, None, [x for _, x in mapped])
+    return ys
+
+
+def _vmap_batched(fun: Callable[..., Any], n: int, mapped: list[tuple[int, Any]], fixed: dict[int, Any],
+                  loc: Location) -> Any:
+    """fun traced on one example (a function of the caller's module, removed again), its ops
+    re-emitted batched (batching.py). Raises NoBatchRule, having emitted nothing, where an op
+    has no rule."""
+    frame = current_frame()
+    assert frame is not None
+    leaves, paths, tree = flatten([x for _, x in mapped], path=("x",))
+    sizes = {leaf.type.shape[0] for leaf in leaves}
+    if len(sizes) > 1:
+        raise GirTraceError(f"vmap: the mapped axes have different sizes {sorted(sizes, key=str)}", loc)
+    module = frame.module
+    before = set(module.functions)
+    function = new_function(func_name(getattr(fun, "__name__", "f")) + "_example", module,
+                            [leaf.type.with_shape(leaf.type.shape[1:]) for leaf in leaves],
+                            [value_name(p) for p in paths], loc)
+    callee = Frame(function, module, frame)
+    start = len(frame.block.ops)
+    try:
+        with frame_scope(callee):
+            examples = unflatten(tree, [Tracer(a, callee, function.body) for a in function.args])
+            call = dict(fixed)
+            call.update({k: x for (k, _), x in zip(mapped, examples)})
+            out_leaves, _, out_tree = flatten(fun(*[call[k] for k in range(n)]))
+            finish_function(function, module, [to_value(leaf, loc=loc) for leaf in out_leaves], loc)
+        env = {a: (resolve(leaf), True) for a, leaf in zip(function.args, leaves)}
+        env.update({inner: (outer, False) for outer, inner in callee.captures.items()})
+        batcher = Batcher(frame, next(iter(sizes)), loc)
+        outs = [v if b else batcher.broadcast_batch(v) for v, b in batcher.run(function, env)]
+    except NoBatchRule:
+        for op in reversed(frame.block.ops[start:]):
+            erase_op(op)
+        raise
+    finally:
+        for name in set(module.functions) - before:
+            del module.functions[name]
+    return unflatten(out_tree, [Tracer(v, frame, frame.block) for v in outs])
 
 
 def _front(x: Any, axis: int, loc: Location) -> Tracer:

@@ -42,6 +42,7 @@ from .tracer import (
     hides_gir_frames,
     is_weak,
     new_function,
+    promote,
     resolve,
     to_value,
     user_location,
@@ -228,20 +229,16 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
         raise GirTraceError("gir.scan needs xs or length=", loc)
     if length is not None and (not isinstance(length, int) or length < 0):
         raise GirTraceError(f"gir.scan: length must be a non-negative int, got {length!r}", loc)
-    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits],
-                 [value_name(p) for p in xs_paths + init_paths])
-    args = list(body.args)
-    elements, carries = args[:len(seqs)], args[len(seqs):]  # the block's groups, as the scan spec orders them
-    with block_scope(frame, body):
-        carry_in = unflatten(init_tree, [Tracer(a, frame, body) for a in carries])
-        x_in = unflatten(xs_tree, [Tracer(a, frame, body) for a in elements]) if xs is not None else None
-        out = f(carry_in, x_in)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise GirTraceError("the gir.scan step must return a pair (new carry, value to stack)", loc)
-        new_carries = _carry_values(out[0], init_tree, inits, loc)
-        y_leaves, _, y_tree = flatten(out[1])
-        stacks = [to_value(leaf, loc=loc) for leaf in y_leaves]
-        body.append(make_op("yield", new_carries + stacks, loc=loc, segments=(len(new_carries), len(stacks))))
+    weak = [isinstance(leaf, Tracer) and leaf.weak or is_weak(leaf) and not isinstance(leaf, np.generic)
+            for leaf in init_leaves]
+    while True:
+        try:
+            body, y_tree = _trace_step(f, frame, seqs, inits, init_tree, xs_tree, xs is not None,
+                                       [value_name(p) for p in xs_paths + init_paths], weak, loc)
+            break
+        except _WeakCarryPromoted as promoted:  # as JAX: a Python scalar init takes the step's dtype
+            inits[promoted.index] = to_value(init_leaves[promoted.index], promoted.dtype, loc)
+            weak[promoted.index] = False
     op = emit("scan", seqs + inits, attrs={"reverse": bool(reverse), "length": length}, regions=[Region(body)],
               segments=(len(seqs), len(inits)), loc=loc)
     finals = [Tracer(r, frame, frame.block) for r in op.result_group("finals")]
@@ -249,18 +246,53 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
     return unflatten(init_tree, finals), unflatten(y_tree, stacked)
 
 
-def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Location) -> list[Value]:
+class _WeakCarryPromoted(Exception):
+    """A carry initialised by a Python scalar comes out of the step promoted (`0.0` summing f64
+    values): the step is traced again with the init of that dtype."""
+
+    def __init__(self, index: int, dtype: str):
+        super().__init__(index, dtype)
+        self.index = index
+        self.dtype = dtype
+
+
+def _trace_step(f: Callable[[Any, Any], Any], frame: Frame, seqs: list[Value], inits: list[Value],
+                init_tree: TreeDef, xs_tree: TreeDef, has_xs: bool, names: list[str], weak: list[bool],
+                loc: Location) -> tuple[Block, TreeDef]:
+    """The scan's body: f traced on one element and the carries, ended by its `yield`."""
+    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits], names)
+    args = list(body.args)
+    elements, carries = args[:len(seqs)], args[len(seqs):]  # the block's groups, as the scan spec orders them
+    with block_scope(frame, body):
+        carry_in = unflatten(init_tree, [Tracer(a, frame, body) for a in carries])
+        x_in = unflatten(xs_tree, [Tracer(a, frame, body) for a in elements]) if has_xs else None
+        out = f(carry_in, x_in)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise GirTraceError("the gir.scan step must return a pair (new carry, value to stack)", loc)
+        new_carries = _carry_values(out[0], init_tree, inits, loc, weak)
+        y_leaves, _, y_tree = flatten(out[1])
+        stacks = [to_value(leaf, loc=loc) for leaf in y_leaves]
+        body.append(make_op("yield", new_carries + stacks, loc=loc, segments=(len(new_carries), len(stacks))))
+    return body, y_tree
+
+
+def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Location,
+                  weak: Sequence[bool] = ()) -> list[Value]:
     leaves, paths, tree = flatten(carry, path=("carry",))
     if tree != init_tree:
         raise GirTraceError(f"the gir.scan step returns a carry of structure {tree}, but init has {init_tree}", loc)
     out = []
-    for leaf, path, init in zip(leaves, paths, inits):
+    for k, (leaf, path, init) in enumerate(zip(leaves, paths, inits)):
         v = to_value(leaf, init.tensor_type.dtype, loc)
+        t = init.tensor_type
+        if k < len(weak) and weak[k] and v.tensor_type.shape == t.shape and v.tensor_type.dtype != t.dtype \
+                and promote([t.dtype, v.tensor_type.dtype]) == v.tensor_type.dtype:
+            raise _WeakCarryPromoted(k, v.tensor_type.dtype)
         if v.type != init.type:
             where = value_name(path)
             what = "the carry" if where == "carry" else f"the carry {where}"  # not "the carry carry"
             raise GirTraceError(f"the gir.scan step changes {what} from {init.type} to {v.type}; a "
-                                "carry keeps its shape and dtype", loc)
+                                "carry keeps its shape and dtype (convert with .astype)", loc)
         out.append(v)
     return out
 

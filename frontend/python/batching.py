@@ -1,0 +1,176 @@
+"""`gir.vmap`'s batched path: fun traced once on one example, then its ops re-emitted with a
+leading batch axis (JAX's batching rules, one small rule per op family).
+
+    per example:  %y = matmul %x, %w : tensor<1x4xf32>        (x: tensor<1x3xf32>)
+    batched:      %y = matmul %xb, %w : tensor<B x 1x4xf32>   (xb: tensor<Bx1x3xf32>)
+
+A value is *batched* when it depends on a mapped argument; others (closed-over values,
+unmapped arguments, constants) are re-emitted unchanged. A batched operand of per-example rank
+k meeting a result of rank r is reshaped to (B, 1 x (r - k), ...), so NumPy broadcasting
+aligns it as it aligned the example (`_lifted`). Rules exist for elementwise ops, casts,
+matmul, reductions, transpose, reshape, broadcast, concat, stack, slice, index (a batched
+table read with an unbatched index) and constants; an op without one (a scan, a grad, a gather
+with a batched index, ...) makes vmap fall back to a scan over the batch axis (control.py),
+which is right for any function. `NoBatchRule` says so; the caller erases what was emitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...errors import Location
+from ...ir.core import Function, Operation, Value
+from ...ir.ops import REGISTRY, make_op, norm_axis, reduction_axes
+from ...ir.types import Dim, TensorType
+from .tracer import Frame
+
+
+class NoBatchRule(Exception):
+    """An op of the traced example has no batching rule (or needs a known batch size)."""
+
+
+Env = dict[Value, tuple[Value, bool]]
+"""Per-example value -> (its value in the caller, whether it is batched)."""
+
+
+class Batcher:
+    """Re-emits the ops of one traced example into `frame`'s current block, batched over B."""
+
+    def __init__(self, frame: Frame, batch: Dim, loc: Location):
+        self.frame = frame
+        self.batch = batch
+        self.loc = loc
+
+    def emit(self, name: str, operands: Sequence[Value], attrs: dict[str, Any] | None = None,
+             declared: Sequence[TensorType] | None = None) -> Operation:
+        op = make_op(name, list(operands), attrs=attrs, declared=declared, loc=self.loc)
+        self.frame.block.append(op)
+        return op
+
+    def batched_type(self, t: TensorType) -> TensorType:
+        return TensorType((self.batch, *t.shape), t.dtype)
+
+    def known_batch(self) -> int:
+        if self.batch is None:
+            raise NoBatchRule("needs a known batch size")
+        return self.batch
+
+    def lifted(self, v: Value, rank: int) -> Value:
+        """A batched value of per-example rank k as (B, 1 x (rank - k), ...)."""
+        t = v.tensor_type
+        missing = rank - (t.rank - 1)
+        if missing <= 0:
+            return v
+        shape = [-1 if self.batch is None else self.batch, *[1] * missing,
+                 *(-1 if d is None else d for d in t.shape[1:])]
+        if shape.count(-1) > 1:
+            raise NoBatchRule("reshape with two unknown dims")
+        return self.emit("reshape", [v], attrs={"shape": shape}).result
+
+    def broadcast_batch(self, v: Value) -> Value:
+        """An unbatched value repeated along a new leading batch axis."""
+        b = self.known_batch()
+        return self.emit("broadcast", [v], attrs={"shape": [b, *v.tensor_type.shape]}).result
+
+    def run(self, function: Function, env: Env) -> list[tuple[Value, bool]]:
+        for op in function.body.ops:
+            if op.name == "return":
+                return [env[v] for v in op.operands]
+            ins = [env[v] for v in op.operands]
+            if op.regions or not any(b for _, b in ins):
+                if op.regions:
+                    raise NoBatchRule(f"'{op.name}' has a body")
+                clone = self.emit(op.name, [v for v, _ in ins], attrs=dict(op.attrs),
+                                  declared=[r.tensor_type for r in op.results])
+                env.update({r: (c, False) for r, c in zip(op.results, clone.results)})
+                continue
+            rule = RULES.get(op.name) or (_elementwise if REGISTRY[op.name].is_elementwise else None)
+            if rule is None:
+                raise NoBatchRule(f"no batching rule for '{op.name}'")
+            env[op.result] = (rule(self, op, ins), True)
+        raise NoBatchRule("no return")
+
+
+Rule = Callable[[Batcher, Operation, list[tuple[Value, bool]]], Value]
+
+
+def _elementwise(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    rank = op.result.tensor_type.rank
+    operands = [bt.lifted(v, rank) if b else v for v, b in ins]
+    return bt.emit(op.name, operands, attrs=dict(op.attrs), declared=[bt.batched_type(op.result.tensor_type)]).result
+
+
+def _reduction(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    (x, _), = ins
+    axes = [a + 1 for a in reduction_axes(op.attrs, op.operands[0].tensor_type.rank)]
+    return bt.emit(op.name, [x], attrs={**op.attrs, "axes": axes}).result
+
+
+def _transpose(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    (x, _), = ins
+    rank = op.operands[0].tensor_type.rank
+    perm = op.attrs.get("perm") or list(reversed(range(rank)))
+    return bt.emit("transpose", [x], attrs={"perm": [0, *(p % rank + 1 for p in perm)]}).result
+
+
+def _reshape(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    (x, _), = ins
+    shape = [-1 if d is None else d for d in op.result.tensor_type.shape]
+    if -1 in shape:
+        return bt.emit("reshape", [x], attrs={"shape": [bt.known_batch(), *shape]}).result
+    return bt.emit("reshape", [x], attrs={"shape": [-1 if bt.batch is None else bt.batch, *shape]}).result
+
+
+def _broadcast(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    (x, _), = ins
+    shape = list(op.attrs["shape"])
+    return bt.emit("broadcast", [bt.lifted(x, len(shape))], attrs={"shape": [bt.known_batch(), *shape]}).result
+
+
+def _joined(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    """concat and stack: every operand batched (the unbatched ones repeated), the axis moved by one."""
+    rank = op.operands[0].tensor_type.rank + (1 if op.name == "stack" else 0)
+    axis = norm_axis(op.attrs["axis"], rank) + 1
+    operands = [v if b else bt.broadcast_batch(v) for v, b in ins]
+    return bt.emit(op.name, operands, attrs={"axis": axis}).result
+
+
+def _slice(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    (x, _), = ins
+    steps = op.attrs.get("steps")
+    return bt.emit("slice", [x], attrs={"starts": [0, *op.attrs["starts"]],
+                                        "limits": [bt.known_batch(), *op.attrs["limits"]],
+                                        "steps": None if steps is None else [1, *steps]}).result
+
+
+def _index(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
+    """table[i]: with only i batched, one gather (its result has i's leading batch axis); with
+    only the table batched, the rows are read from every example's table (axis 1 moved to the
+    front, indexed, and the batch moved back)."""
+    (x, xb), (i, ib) = ins
+    if ib and not xb:  # an unbatched table read at batched ids: the gather's result is batched already
+        return bt.emit("index", [x, i]).result
+    if ib:
+        raise NoBatchRule("a gather from a batched table with a batched index")
+    rank = x.tensor_type.rank
+    front = bt.emit("transpose", [x], attrs={"perm": [1, 0, *range(2, rank)]}).result
+    rows = bt.emit("index", [front, i]).result
+    k = i.tensor_type.rank
+    perm = [k, *range(k), *range(k + 1, rows.tensor_type.rank)]
+    return bt.emit("transpose", [rows], attrs={"perm": perm}).result
+
+
+RULES: dict[str, Rule] = {
+    "cast": _elementwise,
+    "matmul": _elementwise,
+    **{name: _reduction for name in ("sum", "mean", "reduce_max", "reduce_min", "logsumexp")},
+    "transpose": _transpose,
+    "reshape": _reshape,
+    "broadcast": _broadcast,
+    "concat": _joined,
+    "stack": _joined,
+    "slice": _slice,
+    "index": _index,
+}
+"""Op kind -> its batching rule; elementwise ops (the registry says which) share one."""
