@@ -437,3 +437,31 @@ def test_load_takes_a_path_object() -> None:
     args = [np.ones([d or 2 for d in t.shape], t.numpy_dtype) * 0.1 for t in module.functions[entry].arg_types]
     np.testing.assert_allclose(gir.jit(module, entry, device="cpu")(*args)[0],
                                gir.jit(module, entry, device="interp")(*args)[0], rtol=1e-5)
+
+
+def test_unit_axes_added_and_dropped_with_several_variable_dims() -> None:
+    """`mask[..., None]` on tensor<?x?xi1> (a T x B mask to T x B x 1): reshape takes one `?`,
+    so unit axes are added by `stack` and dropped by `index`."""
+    def f(m, x):
+        return x * m[..., None], gnp.squeeze(m[:, None, :, None], axis=(1, 3)), m.reshape(m.shape[0], 1, m.shape[1])
+
+    module = gir.trace(f, gir.spec("?x?", "i1"), gir.spec("?x?x3", "f64"))
+    m, x = RNG.random((4, 5)) > 0.5, RNG.standard_normal((4, 5, 3))
+    a, b, c = gir.interpret(module, "f", m, x)
+    np.testing.assert_array_equal(a, x * m[..., None])
+    np.testing.assert_array_equal(b, m)
+    np.testing.assert_array_equal(c, m[:, None, :])
+
+
+def test_a_carry_that_changes_type_points_at_the_step() -> None:
+    def f(xs):
+        def step(c, x):
+            new = c + x * xs[0]                      # MARK
+            return new, None
+        return gir.scan(step, xs[0, 0], xs)[0]
+
+    with pytest.raises(gir.GirError, match="changes the carry") as info:
+        gir.trace(f, gir.spec("3x2"))
+    import inspect
+    lines, start = inspect.getsourcelines(f)
+    assert info.value.loc.line == start + next(k for k, line in enumerate(lines) if "# MARK" in line)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import Location
+from ...ir.core import Value
 from ...ir.ops import ONE_ARGUMENT_ALIASES
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from .tracer import (
@@ -253,7 +254,34 @@ def _reshape(x: Any, shape: Sequence[Any], loc: Location) -> Tracer:
         if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
             raise GirTraceError(f"reshape needs integer dims, got {d!r}", loc)
         dims.append(int(d))
-    return emit1("reshape", [to_value(x, loc=loc)], attrs={"shape": dims}, loc=loc)
+    v = to_value(x, loc=loc)
+    if dims.count(-1) > 1:
+        units = _unit_axes_only(v.tensor_type.shape, dims)
+        if units is not None:
+            return _reshape_units(v, *units, loc)
+    return emit1("reshape", [v], attrs={"shape": dims}, loc=loc)
+
+
+def _unit_axes_only(shape: Sequence[Any], dims: Sequence[int]) -> tuple[list[int], list[int]] | None:
+    """Where a reshape with several `?` dims (`mask[..., None]` on tensor<?x?xi1>) only adds or
+    drops axes of size 1: (the source's unit axes dropped, the target's unit axes added), else
+    None. `reshape` takes one -1, so these become `index` and `stack` ops instead."""
+    src = [i for i, d in enumerate(shape) if d != 1]
+    dst = [i for i, d in enumerate(dims) if d != 1]
+    if [(-1 if shape[i] is None else shape[i]) for i in src] != [dims[i] for i in dst]:
+        return None
+    return [i for i, d in enumerate(shape) if d == 1], [i for i, d in enumerate(dims) if d == 1]
+
+
+def _reshape_units(v: Value, dropped: list[int], added: list[int], loc: Location) -> Tracer:
+    frame = current_frame()
+    assert frame is not None
+    x = Tracer(v, frame, frame.block)
+    for axis in reversed(dropped):  # x[..., 0, ...]: an index at 0 on that axis drops it
+        x = _index(x, axis, 0, loc)
+    for axis in added:  # a stack of one adds an axis of size 1
+        x = emit1("stack", [x.value], attrs={"axis": axis}, loc=loc)
+    return x
 
 
 @traceable

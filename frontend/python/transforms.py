@@ -291,8 +291,10 @@ def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Locat
         if v.type != init.type:
             where = value_name(path)
             what = "the carry" if where == "carry" else f"the carry {where}"  # not "the carry carry"
+            # at the line that made the new carry (in the step), not at the gir.scan call
+            made = v.defining_op.loc if v.defining_op is not None and v.defining_op.loc.file == loc.file else loc
             raise GirTraceError(f"the gir.scan step changes {what} from {init.type} to {v.type}; a "
-                                "carry keeps its shape and dtype (convert with .astype)", loc)
+                                "carry keeps its shape and dtype (convert with .astype)", made)
         out.append(v)
     return out
 
