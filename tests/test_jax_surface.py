@@ -465,3 +465,91 @@ def test_a_carry_that_changes_type_points_at_the_step() -> None:
     import inspect
     lines, start = inspect.getsourcelines(f)
     assert info.value.loc.line == start + next(k for k, line in enumerate(lines) if "# MARK" in line)
+
+
+# -- the trial's first program: a 2-layer LSTM character LM with an embedding and Adam -------------
+
+
+def _lstm_lm_loss(params, ids, targets):
+    """Written as a JAX user writes it (jnp -> gnp, jax.nn -> gir.nn, lax.scan -> gir.scan)."""
+    xs = params["emb"][ids]                                   # T x B x E
+    batch = ids.shape[1]
+    for layer in params["layers"]:
+        hidden = layer["wh"].shape[0]
+
+        def step(carry, x, layer=layer, hidden=hidden):
+            h, c = carry
+            g = x @ layer["wx"] + h @ layer["wh"] + layer["b"]
+            i, f = gir.sigmoid(g[:, :hidden]), gir.sigmoid(g[:, hidden:2 * hidden])
+            o, u = gir.sigmoid(g[:, 2 * hidden:3 * hidden]), gir.tanh(g[:, 3 * hidden:])
+            c = f * c + i * u
+            h = o * gir.tanh(c)
+            return (h, c), h
+
+        zeros = gnp.zeros((batch, hidden), xs.dtype)
+        _, xs = gir.scan(step, (zeros, zeros), xs)
+    logits = xs @ params["out"]
+    labels = gir.nn.one_hot(targets, logits.shape[-1], dtype=logits.dtype)
+    loss = -gnp.mean(gnp.sum(labels * gir.nn.log_softmax(logits), axis=-1))
+    return loss, gnp.mean(gnp.argmax(logits, axis=-1) == targets)
+
+
+def _numpy_lstm_lm_loss(params, ids, targets):
+    def sig(x):
+        return 1 / (1 + np.exp(-x))
+
+    xs = params["emb"][ids]
+    for layer in params["layers"]:
+        hidden = layer["wh"].shape[0]
+        h = c = np.zeros((ids.shape[1], hidden))
+        out = []
+        for x in xs:
+            g = x @ layer["wx"] + h @ layer["wh"] + layer["b"]
+            i, f, o = sig(g[:, :hidden]), sig(g[:, hidden:2 * hidden]), sig(g[:, 2 * hidden:3 * hidden])
+            c = f * c + i * np.tanh(g[:, 3 * hidden:])
+            h = o * np.tanh(c)
+            out.append(h)
+        xs = np.stack(out)
+    logits = xs @ params["out"]
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return -np.mean(np.take_along_axis(logp, targets[..., None], -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_layer_lstm_language_model_with_adam(device) -> None:
+    rng = np.random.default_rng(11)
+    vocab, embed, hidden = 7, 3, 4
+    params = {"emb": rng.standard_normal((vocab, embed)),
+              "layers": [{"wx": 0.5 * rng.standard_normal((d, 4 * hidden)),
+                          "wh": 0.5 * rng.standard_normal((hidden, 4 * hidden)),
+                          "b": 0.1 * rng.standard_normal(4 * hidden)} for d in (embed, hidden)],
+              "out": rng.standard_normal((hidden, vocab))}
+    text = rng.integers(0, vocab, size=(6, 2))
+    ids, targets = text[:-1], text[1:]
+    opt = gir.optim.adam(0.05)
+
+    def train_step(params, state, ids, targets):
+        (loss, accuracy), grads = gir.value_and_grad(_lstm_lm_loss, has_aux=True)(params, ids, targets)
+        updates, state = opt.update(grads, state, params)
+        return gir.optim.apply_updates(params, updates), state, loss, grads
+
+    step = gir.jit(train_step, device=device)
+    new, state, loss, grads = step(params, opt.init(params), ids, targets)
+    np.testing.assert_allclose(loss, _numpy_lstm_lm_loss(params, ids, targets), rtol=1e-12)
+    for path in [("emb",), ("layers", 0, "wx"), ("layers", 1, "wh"), ("layers", 1, "b"), ("out",)]:
+        leaf, g = params, grads
+        for k in path:
+            leaf, g = leaf[k], g[k]
+        for index in list(np.ndindex(leaf.shape))[::5]:
+            saved = leaf[index]
+            leaf[index] = saved + 1e-6
+            plus = _numpy_lstm_lm_loss(params, ids, targets)
+            leaf[index] = saved - 1e-6
+            minus = _numpy_lstm_lm_loss(params, ids, targets)
+            leaf[index] = saved
+            np.testing.assert_allclose(g[index], (plus - minus) / 2e-6, atol=1e-8, err_msg=str(path))
+    losses = [float(loss)]
+    for _ in range(5):
+        new, state, loss, _ = step(new, state, ids, targets)
+        losses.append(float(loss))
+    assert losses[-1] < losses[0] - 0.1, losses
