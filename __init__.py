@@ -53,12 +53,13 @@ def _lazy_namespace(short: str, target: str) -> types.ModuleType:
         real = importlib.import_module(f".frontend.python.{target}", __name__)
         module.__dict__.update({n: getattr(real, n) for n in real.__all__})
         module.__dict__.update(__all__=list(real.__all__), __doc__=real.__doc__)
-        if name in real.__all__ or name in ("__all__", "__doc__"):
+        if name in module.__dict__:
             return module.__dict__[name]
         raise AttributeError(f"module 'gir.{short}' has no attribute '{name}'"
                              + _did_you_mean(name, real.__all__))
 
     module.__getattr__ = load  # type: ignore[method-assign]
+    module.__dir__ = lambda: sorted(load("__all__"))  # type: ignore[method-assign,arg-type]
     sys.modules[module.__name__] = module
     return module
 

@@ -85,7 +85,7 @@ class Batcher:
                                   declared=[r.tensor_type for r in op.results])
                 env.update({r: (c, False) for r, c in zip(op.results, clone.results)})
                 continue
-            rule = RULES.get(op.name) or (_elementwise if REGISTRY[op.name].is_elementwise else None)
+            rule = RULES.get(op.name) or _CATEGORY_RULES.get(REGISTRY[op.name].category)
             if rule is None:
                 raise NoBatchRule(f"no batching rule for '{op.name}'")
             env[op.result] = (rule(self, op, ins), True)
@@ -164,7 +164,6 @@ def _index(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
 RULES: dict[str, Rule] = {
     "cast": _elementwise,
     "matmul": _elementwise,
-    **{name: _reduction for name in ("sum", "mean", "reduce_max", "reduce_min", "logsumexp")},
     "transpose": _transpose,
     "reshape": _reshape,
     "broadcast": _broadcast,
@@ -173,4 +172,7 @@ RULES: dict[str, Rule] = {
     "slice": _slice,
     "index": _index,
 }
-"""Op kind -> its batching rule; elementwise ops (the registry says which) share one."""
+"""Op kind -> its batching rule."""
+
+_CATEGORY_RULES: dict[str, Rule] = {"elementwise": _elementwise, "reduction": _reduction}
+"""The rule shared by a registry category: elementwise ops, reductions (over `axes`)."""
