@@ -200,6 +200,18 @@ def test_python_scalar_scan_init_takes_the_steps_dtype() -> None:
         gir.trace(lambda xs: gir.scan(lambda c, x: (c + x, None), xs[0].astype("f32"), xs), xs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_integer_powers_and_float_functions_of_integers(device) -> None:
+    """As JAX: int ** n (n a Python int) stays an integer, exp/sin of integers are float32."""
+    i = np.array([-2, 3, 0], np.int32)
+    got = gir.jit(lambda i: (i ** 0, i ** 1, i ** 5, gir.exp(i), gnp.sin(i), gir.sqrt(i > 0)), device=device)(i)
+    want = (i ** 0, i, i ** 5, np.exp(i).astype(np.float32), np.sin(i).astype(np.float32),
+            np.sqrt(i > 0).astype(np.float32))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 def test_big_python_int_argument_and_refused_conversion_says_astype() -> None:
     assert gir.jit(lambda n: n * 2, device="interp")(2**40) == 2**41
     with pytest.raises(gir.GirError, match="astype"):
@@ -207,7 +219,14 @@ def test_big_python_int_argument_and_refused_conversion_says_astype() -> None:
 
 
 OPERATOR_ERRORS = {"x[::0]": lambda x: x[::0], "round(x)": lambda x: round(x), "x % 2.0": lambda x: x % 2.0,
-                   "~x": lambda x: ~x, "x // 2.0": lambda x: x // 2.0, "x[::-1]": lambda x: x[::-1]}
+                   "~x": lambda x: ~x, "x // 2.0": lambda x: x // 2.0, "x[::-1]": lambda x: x[::-1],
+                   "tile": lambda x: gnp.tile(x, "a"), "full": lambda x: gnp.full("a", 1.0),
+                   "eye": lambda x: gnp.eye("a"), "pad": lambda x: gnp.pad(x, 1, mode="edge"),
+                   "einsum": lambda x: gnp.einsum("ii->i", x), "one_hot": lambda x: gir.one_hot(x, 3),
+                   "int ** -1": lambda x: x.astype("i32") ** -1, "cond": lambda x: gir.cond(x > 0, abs, abs, x),
+                   "while_loop": lambda x: gir.while_loop(lambda v: v > 0, abs, x, max_iterations=2),
+                   "vmap": lambda x: gir.vmap(lambda a, b: a + b)(x, x[:1]), "fori_loop": lambda x: gir.fori_loop(
+                       0.5, 2, lambda i, v: v, x), "tree_map": lambda x: gir.tree_util.tree_map(abs, [x], [x, x])}
 
 
 @pytest.mark.parametrize("expr", sorted(OPERATOR_ERRORS))

@@ -44,12 +44,12 @@ from .tracer import (
 from .transforms import scan
 
 
-def _pred(pred: Any, loc: Location) -> Tracer:
+def _pred(pred: Any, loc: Location, what: str = "cond needs a scalar predicate") -> Tracer:
     frame = current_frame()
     assert frame is not None
     p = Tracer(to_value(pred, loc=loc), frame, frame.block)
     if p.type.rank != 0:
-        raise GirTraceError(f"cond needs a scalar predicate, got {p.type}", loc)
+        raise GirTraceError(f"{what}, got {p.type}", loc)
     return p if p.type.dtype == "i1" else p != 0
 
 
@@ -106,7 +106,7 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], i
                             "count, so it runs N steps and keeps the value once cond_fun is false", loc)
 
     def step(val: Any, _: Any) -> Any:
-        going = _pred(cond_fun(val), loc)
+        going = _pred(cond_fun(val), loc, "while_loop: cond_fun must return a scalar")
         new = body_fun(val)
         leaves, _, tree = flatten(val)
         new_leaves, _, new_tree = flatten(new)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import Location
 from ...ir.core import Value
-from ...ir.ops import ONE_ARGUMENT_ALIASES
+from ...ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from .tracer import (
     GirTraceAttributeError,
@@ -73,15 +73,38 @@ def _binary(name: str, a: Any, b: Any, loc: Location) -> Any:
                             "use gir.mean, or trace with concrete sizes (gir.jit specialises on the arguments)", loc)
     if not (_operand_like(a) and _operand_like(b)):
         return NotImplemented
+    if name == "pow":
+        power = _int_power(a, b, loc)
+        if power is not None:
+            return power
     return _weak_if(emit1(name, _promoted(name, a, b, loc), loc=loc), a, b)
+
+
+def _int_power(a: Any, b: Any, loc: Location) -> Tracer | None:
+    """x ** n for an integer tensor x and a Python int n >= 0 (JAX's integer_pow): products by
+    squaring, since the `pow` op takes floats; None where that is not the case."""
+    if not (isinstance(a, Tracer) and a.type.dtype in INT_DTYPES and isinstance(b, (int, np.integer))
+            and not isinstance(b, bool)):
+        return None
+    if b < 0:
+        raise GirTraceError(f"an integer tensor to the negative power {b}: convert with .astype(float) first", loc)
+    result: Tracer | None = None
+    base, n = a, int(b)
+    while n:
+        if n & 1:
+            result = base if result is None else emit1("mul", [result.value, base.value], loc=loc)
+        n >>= 1
+        if n:
+            base = emit1("mul", [base.value, base.value], loc=loc)
+    return result if result is not None else ones_like(a)
 
 
 def _promoted(name: str, a: Any, b: Any, loc: Location) -> list[Any]:
     """The operands of binary op `name`, promoted; `/` of integers or bools is true division
     (NumPy, JAX): both become the default float, f32."""
     dtype = result_dtype([a, b])
-    if name == "div" and dtype is not None and dtype not in FLOAT_DTYPES:
-        dtype = "f32"
+    if name in ("div", "pow") and dtype is not None and dtype not in FLOAT_DTYPES:
+        dtype = "f32"  # true division; a power of integers by a tensor (JAX: a float, as x ** 0.5)
     return values_of([a, b], loc, dtype)
 
 
@@ -117,10 +140,19 @@ def _tracer(x: Any, loc: Location) -> Tracer:
 def _unary_fn(name: str, doc: str) -> Callable[[Any], Any]:
     def f(x: Any) -> Any:
         loc = user_location()
-        return _weak_unary(emit1(name, [to_value(x, loc=loc)], loc=loc), x)
+        return _weak_unary(emit1(name, [float_operand(name, to_value(x, loc=loc), loc)], loc=loc), x)
     f.__name__ = f.__qualname__ = name
     f.__doc__ = doc
     return traceable(f)
+
+
+def float_operand(name: str, v: Value, loc: Location) -> Value:
+    """v as the operand of op `name`: integers and bools become float32 where the op takes
+    floats only (`gir.exp(counts)`, as JAX's jnp.exp of an int32 is a float32)."""
+    semantics = REGISTRY[name].scalar
+    if v.tensor_type.dtype in FLOAT_DTYPES or semantics is None or semantics.expr(v.tensor_type.dtype) is not None:
+        return v
+    return emit1("cast", [v], declared=[v.tensor_type.with_dtype("f32")], loc=loc).value
 
 
 tanh = _unary_fn("tanh", "Hyperbolic tangent, elementwise.")

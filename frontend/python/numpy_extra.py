@@ -29,6 +29,7 @@ from .numpy_api import (
     astype,
     concatenate,
     exp,
+    float_operand,
     log,
     logsumexp,
     matmul,
@@ -118,14 +119,16 @@ def stop_gradient(x: Any) -> Any:
 def sin(x: Any) -> Any:
     """Sine (radians), elementwise."""
     loc = user_location()
-    return emit1("sin", [to_value(x, "f32" if not isinstance(x, Tracer) else None, loc)], loc=loc)
+    return emit1("sin", [float_operand("sin", to_value(x, "f32" if not isinstance(x, Tracer) else None, loc), loc)],
+                 loc=loc)
 
 
 @traceable
 def cos(x: Any) -> Any:
     """Cosine (radians), elementwise."""
     loc = user_location()
-    return emit1("cos", [to_value(x, "f32" if not isinstance(x, Tracer) else None, loc)], loc=loc)
+    return emit1("cos", [float_operand("cos", to_value(x, "f32" if not isinstance(x, Tracer) else None, loc), loc)],
+                 loc=loc)
 
 
 @traceable
@@ -231,6 +234,16 @@ def one_hot(x: Any, num_classes: int, dtype: Any = "f32", axis: int = -1) -> Any
 # -- making arrays ------------------------------------------------------------------------------
 
 
+def _shape_of(shape: Any, what: str, loc: Location) -> tuple[int, ...]:
+    """A static shape (an int or a sequence of non-negative ints), else a located error."""
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    ok = isinstance(dims, (tuple, list)) and all(
+        isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims)
+    if not ok:
+        raise GirTraceError(f"{what}: expected non-negative integer sizes, got {shape!r}", loc)
+    return tuple(int(d) for d in dims)
+
+
 def _array(a: np.ndarray, loc: Location) -> Tracer:
     frame = current_frame()
     if frame is None:
@@ -260,7 +273,7 @@ _SHORT = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64
 def full(shape: Any, fill_value: Any, dtype: Any = None) -> Any:
     """A tensor of `shape` filled with fill_value (a number or a traced scalar)."""
     loc = user_location()
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    dims = _shape_of(shape, "full", loc)
     if isinstance(fill_value, Tracer):
         v = fill_value if dtype is None else astype(fill_value, dtype)
         zeros = np.zeros(dims, dtype=np.dtype(_SHORT.get(v.type.dtype, np.float32)))
@@ -273,7 +286,10 @@ def full(shape: Any, fill_value: Any, dtype: Any = None) -> Any:
 def eye(n: int, m: int | None = None, k: int = 0, dtype: Any = "f32") -> Any:
     """The n x m identity (ones on diagonal k)."""
     loc = user_location()
-    return _array(np.eye(n, m, k, dtype=_SHORT[dtype_of(dtype, loc)]), loc)
+    n, m = _shape_of((n, n if m is None else m), "eye", loc)
+    if not isinstance(k, (int, np.integer)):
+        raise GirTraceError(f"eye: k must be an int, got {k!r}", loc)
+    return _array(np.eye(n, m, int(k), dtype=_SHORT[dtype_of(dtype, loc)]), loc)
 
 
 # -- layout -------------------------------------------------------------------------------------
@@ -377,7 +393,7 @@ def tile(x: Any, reps: Any) -> Any:
     """np.tile: x repeated reps times along each axis (as a whole)."""
     loc = user_location()
     x = _t(x, loc)
-    reps = (reps,) if isinstance(reps, (int, np.integer)) else tuple(reps)
+    reps = _shape_of(reps, "tile", loc)
     if len(reps) > x.type.rank:
         x = _reshape(x, (1,) * (len(reps) - x.type.rank) + _dims(x), loc)
     reps = (1,) * (x.type.rank - len(reps)) + reps
@@ -460,7 +476,7 @@ def prod(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     if axis is None:
         out = _prod_front(_reshape(x, (-1,), loc), loc)
         return _reshape(out, (1,) * x.type.rank, loc) if keepdims else out
-    axes = sorted((_axis(a, x.type.rank, loc) for a in ([axis] if isinstance(axis, (int, np.integer)) else axis)),
+    axes = sorted({_axis(a, x.type.rank, loc) for a in ([axis] if isinstance(axis, (int, np.integer)) else axis)},
                   reverse=True)
     for a in axes:
         x = _move_back(_reshape(_prod_front(_move_to_front(x, a, loc), loc), (1, *_dims(x)[:a], *_dims(x)[a + 1:]),
