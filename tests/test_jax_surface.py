@@ -99,6 +99,8 @@ VALUE_CASES = {
     "tile": (lambda x: gnp.tile(x, (2, 1)), lambda x: np.tile(x, (2, 1))),
     "repeat": (lambda x: gnp.repeat(x, 2, axis=1), lambda x: np.repeat(x, 2, axis=1)),
     "prod": (lambda x: gnp.prod(x, axis=1), lambda x: np.prod(x, 1)),
+    "prod_keepdims": (lambda x: gnp.prod(x, axis=(0, 1), keepdims=True) + gnp.prod(x, axis=0, keepdims=True),
+                      lambda x: np.prod(x, axis=(0, 1), keepdims=True) + np.prod(x, axis=0, keepdims=True)),
     "prod_all": (lambda x: gnp.prod(x[:, :3] + 1.0), lambda x: np.prod(x[:, :3] + 1.0)),
     "isnan": (lambda x: gnp.isnan(gnp.log(x)), lambda x: np.isnan(np.log(x))),
     "einsum_mm": (lambda x: gnp.einsum("ij,kj->ik", x, x), lambda x: np.einsum("ij,kj->ik", x, x)),
@@ -127,7 +129,7 @@ def test_numpy_function_values(name, device) -> None:
 
 GRAD_CASES = ["softmax", "log_softmax", "take_along_axis", "take_along_axis0", "flip", "clip", "square", "log1p",
               "expand_dims", "squeeze", "cumsum", "var", "std_ddof", "sin_cos", "pad", "tile", "repeat", "prod",
-              "prod_all", "einsum_mm", "einsum_batch", "einsum_dot", "einsum_sum", "einsum_bmm"]
+              "prod_all", "prod_keepdims", "einsum_mm", "einsum_batch", "einsum_dot", "einsum_sum", "einsum_bmm"]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -476,12 +476,11 @@ def prod(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     if axis is None:
         out = _prod_front(_reshape(x, (-1,), loc), loc)
         return _reshape(out, (1,) * x.type.rank, loc) if keepdims else out
-    axes = sorted({_axis(a, x.type.rank, loc) for a in ([axis] if isinstance(axis, (int, np.integer)) else axis)},
-                  reverse=True)
-    for a in axes:
-        x = _move_back(_reshape(_prod_front(_move_to_front(x, a, loc), loc), (1, *_dims(x)[:a], *_dims(x)[a + 1:]),
-                                loc), a, loc) if keepdims else _prod_front(_move_to_front(x, a, loc), loc)
-    return x
+    axes = sorted({_axis(a, x.type.rank, loc) for a in ([axis] if isinstance(axis, (int, np.integer)) else axis)})
+    out = x
+    for a in reversed(axes):  # the last first, so the earlier axes keep their positions
+        out = _prod_front(_move_to_front(out, a, loc), loc)
+    return expand_dims(out, tuple(axes)) if keepdims else out
 
 
 def _prod_front(x: Tracer, loc: Location) -> Tracer:
