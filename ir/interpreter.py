@@ -136,6 +136,9 @@ class Interpreter:
             raise
         except (ArithmeticError, IndexError, ValueError) as e:
             raise GirError(f"'{op.name}' failed at run time: {e}", op.loc) from None
+        except MemoryError:  # NumPy could not allocate a result (the backends check sizes first)
+            sizes = ", ".join(str(r.type) for r in op.results)
+            raise GirError(f"'{op.name}' makes {sizes}: more than the memory NumPy could allocate", op.loc) from None
         for r, value in zip(op.results, outs):
             if isinstance(r.type, TensorType):
                 value = np.asarray(value, dtype=r.type.numpy_dtype)

@@ -574,3 +574,19 @@ def test_two_layer_lstm_language_model_with_adam(device) -> None:
         new, state, loss, _ = step(new, state, ids, targets)
         losses.append(float(loss))
     assert losses[-1] < losses[0] - 0.1, losses
+
+
+def test_interpreter_out_of_memory_is_a_located_error(monkeypatch) -> None:
+    """`device="interp"` with a huge `zeros` raised NumPy's MemoryError (the cpu device checks
+    sizes first); the allocation failure is simulated, so nothing large is allocated."""
+    import dataclasses
+
+    from gir.ir.ops import REGISTRY
+
+    def no_memory(op):
+        raise MemoryError("Unable to allocate 3.64 TiB")
+
+    monkeypatch.setitem(REGISTRY, "zeros", dataclasses.replace(REGISTRY["zeros"], kernel=no_memory))
+    with pytest.raises(gir.GirError, match="'zeros' makes tensor<4xf32>: more than the memory") as info:
+        gir.jit(lambda x: x + gir.zeros(4), device="interp")(np.float32(1))
+    assert info.value.loc.file == __file__
