@@ -79,6 +79,11 @@ class JitFunction:
         return found
 
     @property
+    def specialisations(self) -> int:
+        """How many argument shapes have been compiled (as `PythonJit.specialisations`)."""
+        return len(self._compiled)
+
+    @property
     def source(self) -> Module:
         """The module as given; never changed: every specialisation clones it (locations
         included). After a compile-cache hit it is parsed when first needed."""

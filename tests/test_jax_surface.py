@@ -590,3 +590,12 @@ def test_interpreter_out_of_memory_is_a_located_error(monkeypatch) -> None:
     with pytest.raises(gir.GirError, match="'zeros' makes tensor<4xf32>: more than the memory") as info:
         gir.jit(lambda x: x + gir.zeros(4), device="interp")(np.float32(1))
     assert info.value.loc.file == __file__
+
+
+def test_jit_of_gir_text_counts_its_specialisations() -> None:
+    fn = gir.jit("func @f(%x: tensor<?xf32>) -> tensor<f32> {\n  return sum(%x)\n}\n", "f", device="interp")
+    assert fn.specialisations == 0
+    fn(np.ones(3, np.float32))
+    fn(np.ones(4, np.float32))
+    fn(np.ones(3, np.float32))
+    assert fn.specialisations == 2
