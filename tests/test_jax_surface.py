@@ -481,11 +481,17 @@ def test_a_carry_that_changes_type_points_at_the_step() -> None:
             return new, None
         return gir.scan(step, xs[0, 0], xs)[0]
 
-    with pytest.raises(gir.GirError, match="changes the carry") as info:
-        gir.trace(f, gir.spec("3x2"))
+    def g(xs):
+        return gir.scan(lambda c, x: c + x, xs[0], xs)  # MARK
+
     import inspect
-    lines, start = inspect.getsourcelines(f)
-    assert info.value.loc.line == start + next(k for k, line in enumerate(lines) if "# MARK" in line)
+    for fn, message in [(f, "changes the carry"), (g, "must return a pair")]:
+        with pytest.raises(gir.GirError, match=message) as info:
+            gir.trace(fn, gir.spec("3x2"))
+        lines, start = inspect.getsourcelines(fn)
+        assert info.value.loc.line == start + next(k for k, line in enumerate(lines) if "# MARK" in line)
+        if fn is g:
+            assert info.value.loc.col > lines[1].index("lambda")  # at `c + x`, not at the gir.scan call
 
 
 # -- the trial's first program: a 2-layer LSTM character LM with an embedding and Adam -------------

@@ -246,6 +246,16 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
     return unflatten(init_tree, finals), unflatten(y_tree, stacked)
 
 
+def _made_at(value: Any, loc: Location) -> Location:
+    """Where the step made (the first traced leaf of) what it returns, so that an error about
+    the step's result points into the step rather than at the gir.scan call; else loc."""
+    for leaf in flatten(value)[0]:
+        op = leaf.value.defining_op if isinstance(leaf, Tracer) else None
+        if op is not None and op.loc.file == loc.file:
+            return op.loc
+    return loc
+
+
 class _WeakCarryPromoted(Exception):
     """A carry initialised by a Python scalar comes out of the step promoted (`0.0` summing f64
     values): the step is traced again with the init of that dtype."""
@@ -268,7 +278,8 @@ def _trace_step(f: Callable[[Any, Any], Any], frame: Frame, seqs: list[Value], i
         x_in = unflatten(xs_tree, [Tracer(a, frame, body) for a in elements]) if has_xs else None
         out = f(carry_in, x_in)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise GirTraceError("the gir.scan step must return a pair (new carry, value to stack)", loc)
+            raise GirTraceError("the gir.scan step must return a pair (new carry, value to stack)",
+                                _made_at(out, loc))
         new_carries = _carry_values(out[0], init_tree, inits, loc, weak)
         y_leaves, _, y_tree = flatten(out[1])
         stacks = [to_value(leaf, loc=loc) for leaf in y_leaves]
@@ -280,7 +291,8 @@ def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Locat
                   weak: Sequence[bool] = ()) -> list[Value]:
     leaves, paths, tree = flatten(carry, path=("carry",))
     if tree != init_tree:
-        raise GirTraceError(f"the gir.scan step returns a carry of structure {tree}, but init has {init_tree}", loc)
+        raise GirTraceError(f"the gir.scan step returns a carry of structure {tree}, but init has {init_tree}",
+                            _made_at(carry, loc))
     out = []
     for k, (leaf, path, init) in enumerate(zip(leaves, paths, inits)):
         v = to_value(leaf, init.tensor_type.dtype, loc)
@@ -291,10 +303,8 @@ def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Locat
         if v.type != init.type:
             where = value_name(path)
             what = "the carry" if where == "carry" else f"the carry {where}"  # not "the carry carry"
-            # at the line that made the new carry (in the step), not at the gir.scan call
-            made = v.defining_op.loc if v.defining_op is not None and v.defining_op.loc.file == loc.file else loc
             raise GirTraceError(f"the gir.scan step changes {what} from {init.type} to {v.type}; a "
-                                "carry keeps its shape and dtype (convert with .astype)", made)
+                                "carry keeps its shape and dtype (convert with .astype)", _made_at(leaf, loc))
         out.append(v)
     return out
 
