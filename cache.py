@@ -33,6 +33,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .config import current
+
 MAGIC = b"GIRC1\n"
 """The first bytes of an entry; a file without them is not ours (or from an older format)."""
 
@@ -43,19 +45,17 @@ DEFAULT_MAX_MB = 512
 
 
 def cache_root() -> str:
-    return os.environ.get("GIR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gir")
+    return current().cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "gir")
 
 
 def enabled() -> bool:
     """Whether compiled functions are looked up and stored (GIR_CACHE=0 turns that off)."""
-    return os.environ.get("GIR_CACHE", "1").lower() not in ("0", "off", "no", "false")
+    return current().cache
 
 
-def max_bytes() -> int:
-    try:
-        return int(float(os.environ.get("GIR_CACHE_MAX_MB", DEFAULT_MAX_MB)) * 1024 * 1024)
-    except ValueError:
-        return DEFAULT_MAX_MB * 1024 * 1024
+def max_bytes() -> int | None:
+    """GIR_CACHE_MAX_MB in bytes; None: no bound."""
+    return current().cache_max_bytes
 
 
 def atomic_write(path: str, data: bytes) -> bool:
@@ -170,6 +170,8 @@ def trim(limit: int | None = None, root: str | None = None) -> int:
     until they take less than 90% of the bound (when they take more than the bound); returns
     how many were deleted."""
     limit = max_bytes() if limit is None else limit
+    if limit is None:
+        return 0  # GIR_CACHE_MAX_MB=inf: no bound
     entries = _entries(root)
     total = sum(size for _, size, _ in entries)
     if total <= limit:
@@ -189,13 +191,13 @@ class Info:
     root: str
     entries: int
     bytes: int
-    limit: int
+    limit: int | None
     other_files: list[str]
 
     def text(self) -> str:
+        bound = "no bound" if self.limit is None else f"{self.limit / 2**20:.0f} MiB"
         lines = [f"cache directory: {self.root}",
-                 f"compiled entries: {self.entries}, {self.bytes / 2**20:.2f} MiB of {self.limit / 2**20:.0f} MiB "
-                 "(GIR_CACHE_MAX_MB)",
+                 f"compiled entries: {self.entries}, {self.bytes / 2**20:.2f} MiB of {bound} (GIR_CACHE_MAX_MB)",
                  f"compile cache: {'on' if enabled() else 'off (GIR_CACHE=0)'}"]
         lines += [f"also: {name}" for name in self.other_files]
         return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import timing
 from .calling import bind_arguments
+from .config import current
 from .errors import GirArgumentError, GirError, Location, did_you_mean, source_text
 from .frontend.parser import decode_source, parse
 from .frontend.parser import load as load_file
@@ -439,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         return args.func(args)
     except GirError as e:
-        if os.environ.get("GIR_TRACEBACK") and e.__cause__ is not None and not isinstance(e.__cause__, GirError):
+        if current().traceback and e.__cause__ is not None and not isinstance(e.__cause__, GirError):
             # A pass crashed (a bug in gir, reported as a located GirPassError with a
             # reproducer): show the crash's traceback too, as for any other internal error.
             traceback.print_exception(e.__cause__, file=sys.stderr)
@@ -459,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 0
     except Exception as e:  # a bug in gir, not in the program: say so, without a traceback
-        if os.environ.get("GIR_TRACEBACK"):
+        if current().traceback:
             raise
         print(f"gir: internal error: {type(e).__name__}: {e}\n(this is a bug in gir; run with GIR_TRACEBACK=1 "
               "for the traceback)", file=sys.stderr)

@@ -16,11 +16,11 @@ as a miss: the function is compiled again with the measured paths (and replaces 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from . import cache as disk
 from . import timing
+from .config import code_key, current
 from .errors import Location
 from .ir.core import Function, Module
 from .ir.types import parse_type
@@ -52,8 +52,9 @@ def module_key(module: Module, entry: str, device: str, pipeline: str) -> str | 
 
 
 def _environment() -> tuple:
-    """Switches read while compiling that change the code (the GEMM ones are in target_key)."""
-    return tuple(os.environ.get(v, "") for v in ("GIR_CPU_ARENA",))
+    """The options that change generated code (config.code_key; target_key holds them too, and
+    the GPU, which has no target_key, needs them here)."""
+    return code_key(current())
 
 
 def specialisation_key(key: str, shapes: tuple) -> str:

@@ -20,7 +20,6 @@ stderr is a terminal, or always with `GIR_PROGRESS=1` (never with `GIR_PROGRESS=
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -28,6 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from .config import current
 
 PROGRESS_AFTER = 1.0
 """Seconds a compile may take before it prints a progress line."""
@@ -178,7 +179,7 @@ def gemm_choices(layout: Any) -> list[GemmChoice]:
 def progress_wanted() -> bool:
     """GIR_PROGRESS=1: always; GIR_PROGRESS=0: never; unset: when stderr is a terminal (a
     person is waiting; a log or a test capturing stderr gets no unasked-for lines)."""
-    setting = os.environ.get("GIR_PROGRESS", "")
+    setting = current().progress
     if setting in ("0", "1"):
         return setting == "1"
     try:

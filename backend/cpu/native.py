@@ -17,10 +17,11 @@ import ctypes
 import os
 
 from ... import cache as disk
+from ...config import current
 
 
 def enabled() -> bool:
-    return os.environ.get("GIR_CPU_SHARED", "1").lower() not in ("0", "off", "no", "false")
+    return current().cpu_shared
 
 
 def _linker() -> list[str] | None:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ... import timing
 from ...cache import build_fingerprint, digest
+from ...config import code_key, current
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
@@ -41,11 +42,8 @@ from .layout import Layout
 
 def opt_level() -> int:
     """LLVM's optimisation level for compiled code: GIR_LLVM_OPT (0-3), default DEFAULT_OPT."""
-    try:
-        level = int(os.environ.get("GIR_LLVM_OPT", DEFAULT_OPT))
-    except ValueError:
-        return DEFAULT_OPT
-    return min(3, max(0, level))
+    level = current().llvm_opt
+    return DEFAULT_OPT if level is None else level
 
 
 DEFAULT_OPT = 3
@@ -369,10 +367,7 @@ def target_key() -> tuple:
     return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
             blas.openblas_int_bits(),
             blas.openblas().name if blas.openblas() else "cython_blas",
-            os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
-            os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), team.pool_threads(),
-            os.environ.get("GIR_PACKED_GEMM", ""),
-            opt_level())
+            team.pool_threads(), opt_level(), code_key(current()))
 
 
 @cache

@@ -31,12 +31,13 @@ job (`wait_all`).
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from ...config import current
 
 QUICK_PASSES = "cheap"
 """'cheap': SROA (registers instead of stack slots), instcombine and simplifycfg; 'none'."""
@@ -51,17 +52,13 @@ EXIT_WAIT = 0.5
 def exit_finish() -> float:
     """GIR_LLVM_EXIT_WAIT: seconds process exit spends finishing the jobs a cache will store
     (default 3; 0: none, the next process compiles again)."""
-    try:
-        return max(0.0, float(os.environ.get("GIR_LLVM_EXIT_WAIT", "3")))
-    except ValueError:
-        return 3.0
+    return current().llvm_exit_wait
 
 
 def enabled() -> bool:
     """GIR_LLVM_TIER (default on), unless GIR_LLVM_OPT asks for one explicit level."""
-    if os.environ.get("GIR_LLVM_OPT", "").strip():
-        return False
-    return os.environ.get("GIR_LLVM_TIER", "1").strip().lower() not in ("0", "off", "no", "false")
+    options = current()
+    return options.llvm_opt is None and options.llvm_tier
 
 
 class FinalCompile:

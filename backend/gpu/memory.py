@@ -24,11 +24,11 @@ Kept outside the arena, each in a buffer of its own allocated once:
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 
+from ...config import current
 from ...ir.core import Operation, Value
 from ...ir.spec import view_source  # one rule for the plan and both backends
 from ...passes.memory.plan import MemoryPlan
@@ -93,7 +93,7 @@ class Memory:
 def _plan(function: Any, plan: MemoryPlan | None) -> tuple[Any, str | None]:
     """(the memory plan to lay the arena out by or None, why there is none): the pipeline's
     plan (`memplan` pass) when given, else memplan's default plan of function."""
-    if os.environ.get("GIR_GPU_ARENA", "1") == "0":
+    if not current().gpu_arena:
         return None, "GIR_GPU_ARENA=0"
     if plan is None or plan.function is not function:
         plan = plan_memory(function)
