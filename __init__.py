@@ -11,8 +11,8 @@ from .ir.core import Module
 from .ir.verifier import verify
 from .jit import jit  # eager: importing the submodule gir.jit later must not rebind gir.jit to it
 from .reference import interpret
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["GirArgumentError", "GirError", "GirPassError", "GirSyntaxError", "GirTypeError", "GirVerifyError",
            "Module", "interpret", "jit", "load", "parse", "verify", "__version__"]
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from . import timing
 from .calling import bind_arguments
 from .config import current
 from .errors import GirArgumentError, GirError, Location, did_you_mean, source_text
@@ -30,6 +29,7 @@ from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
 from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode
 from .results import result_names
+from .support import timing
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -331,7 +331,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from . import cache
+    from .support import cache
 
     if args.action == "clear":
         print(f"removed {cache.clear()} files from {cache.cache_root()}")
@@ -370,7 +370,7 @@ def add_mode_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     p = argparse.ArgumentParser(prog="gir", description="gir: a compiler for tensor programs with loops")
     p.add_argument("--version", action="version", version=f"gir {__version__}")

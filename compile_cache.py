@@ -1,5 +1,5 @@
 """The compile cache of `gir.jit` and `gir run`: keys known before any work, so a hit skips
-parsing, the passes and LLVM (cache.py stores the entries).
+parsing, the passes and LLVM (support/cache.py stores the entries).
 
 Two kinds of entry, both under `compiled/`:
 
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import cache as disk
-from . import timing
 from .config import code_key, current
 from .errors import Location
 from .ir.core import Function, Module
 from .ir.types import parse_type
 from .results import result_names
+from .support import cache as disk
+from .support import timing
 
 CACHED_DEVICES = ("cpu",)
 

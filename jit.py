@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import compile_cache, timing
+from . import compile_cache
 from .calling import bind_arguments
 from .errors import GirArgumentError, Location, did_you_mean
 from .frontend.parser import parse, read_source
@@ -34,6 +34,7 @@ from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
 from .passes.pipeline import DEFAULT_MODE, get_mode
 from .results import result_names, results_class
+from .support import timing
 
 DEVICES = ("cpu", "gpu", "auto", "interp")
 """auto: the `place` pass decides, per op, CPU or GPU, and the function runs split (backend/split.py)."""

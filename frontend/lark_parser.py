@@ -25,9 +25,9 @@ import lark
 from lark import Lark, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from ..cache import atomic_write, cache_root, digest
 from ..errors import GirSyntaxError, Location
 from ..ir.types import parse_type
+from ..support.cache import atomic_write, cache_root, digest
 from . import ast
 from .fast_parser import _unescape
 from .hints import numpy_hint

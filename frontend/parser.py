@@ -12,10 +12,10 @@ import gc
 import os
 from typing import Any
 
-from .. import timing
 from ..config import current
 from ..errors import GirArgumentError, GirSyntaxError, Location, remember_source
 from ..ir.core import Module
+from ..support import timing
 from . import ast
 from .fast_parser import FastParser
 from .terminals import terminals

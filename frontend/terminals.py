@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..cache import atomic_write, cache_root, digest
+from ..support.cache import atomic_write, cache_root, digest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SHIPPED = os.path.join(_HERE, "terminals_table.json")

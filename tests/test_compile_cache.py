@@ -16,11 +16,12 @@ from pathlib import Path
 import gir
 import numpy as np
 import pytest
-from gir import cache, compile_cache, timing
+from gir import compile_cache
 from gir.backend.cpu import blas
 from gir.cli import main
 from gir.ir.interpreter import random_inputs
 from gir.passes.pass_manager import PassManager
+from gir.support import cache, timing
 
 SOURCE = """\
 func @f(%x: tensor<3x4xf32>, %w: tensor<4x2xf32>) -> tensor<3x2xf32> {

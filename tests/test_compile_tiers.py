@@ -13,9 +13,10 @@ from pathlib import Path
 import gir
 import numpy as np
 import pytest
-from gir import cache, compile_cache
+from gir import compile_cache
 from gir.backend.cpu import runtime, tiers
 from gir.ir.interpreter import random_inputs
+from gir.support import cache
 
 RNN = """\
 func @loss(%xs: tensor<6x4x8xf32>, %h0: tensor<4x8xf32>, %wx: tensor<8x8xf32>, %wh: tensor<8x8xf32>,

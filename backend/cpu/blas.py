@@ -217,7 +217,7 @@ PATHS = ("mkl", "openblas", "mkl-packed", "openblas-copy", "gir-packed")
 def _cache_file() -> str:
     """Measured times are per machine: a home directory copied to another CPU (or another BLAS)
     starts afresh instead of carrying this one's choices."""
-    from ...cache import cache_root
+    from ...support.cache import cache_root
 
     return os.path.join(cache_root(), f"gemm-times-{machine_key()}.json")
 
@@ -225,7 +225,7 @@ def _cache_file() -> str:
 @cache
 def machine_key() -> str:
     """The CPU model, the core count and the BLAS builds (MKL's version, SciPy's OpenBLAS)."""
-    from ...cache import digest
+    from ...support.cache import digest
 
     model = None
     try:
@@ -266,7 +266,7 @@ def write_times(path: str, ours: dict, drop: tuple[str, ...] = ()) -> None:
     """Writes ours, merged into what the file holds now less the keys `drop`: another process
     may have measured other shapes meanwhile, and keeps them (atomic: a reader never sees half
     a file)."""
-    from ...cache import atomic_write
+    from ...support.cache import atomic_write
 
     merged = {k: v for k, v in read_times(path).items() if k not in drop} | ours
     atomic_write(path, json.dumps(merged, indent=1, sort_keys=True).encode())

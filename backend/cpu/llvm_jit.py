@@ -11,10 +11,10 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
-from ... import cache as disk
-from ... import timing
 from ...ir.core import Function
 from ...passes.memory.plan import MemoryPlan
+from ...support import cache as disk
+from ...support import timing
 from . import tiers
 from .codegen import lower_function
 from .layout import Layout

@@ -16,8 +16,8 @@ import _ctypes
 import ctypes
 import os
 
-from ... import cache as disk
 from ...config import current
+from ...support import cache as disk
 
 
 def enabled() -> bool:

@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from ... import timing
-from ...cache import build_fingerprint, digest
 from ...config import code_key, current
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...passes.memory.plan import MemoryPlan
+from ...support import timing
+from ...support.cache import build_fingerprint, digest
 from . import blas, externals, native, team, tiers
 from .layout import Layout
 
@@ -362,7 +362,7 @@ def target_key() -> tuple:
     """What the same IR compiles differently for: gir and llvmlite versions, LLVM's level, the
     host CPU and its features, and what decides GEMM paths (MKL present, threads, a forced
     path, the arena switch). Computed without loading LLVM, as a cache hit needs it."""
-    from ... import __version__
+    from ...version import __version__
 
     return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
             blas.openblas_int_bits(),

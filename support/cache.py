@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .config import current
+from ..config import current
 
 MAGIC = b"GIRC1\n"
 """The first bytes of an entry; a file without them is not ours (or from an older format)."""
