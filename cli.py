@@ -161,13 +161,13 @@ def _opt(args: argparse.Namespace) -> int:
     module = load(args.file)
     report = run_pipeline(args, module, opt_pipeline(args), input_verified=True)
     if args.placement_report:
-        from .passes.placement import placement_reports
+        from .analysis.placement import placement_reports
 
         sys.stderr.write(placement_reports(report.analyses))
     if args.memplan_report or args.memplan_plot:
-        from .passes.memory.plan import MemoryPlan
-        from .passes.memplan import plan_module
+        from .analysis.memory.plan import MemoryPlan
         from .reporting import memplan_reports, plot_plans
+        from .transforms.memplan import plan_module
 
         # The pipeline's plans when it ended with `memplan{...}` (its options), else default plans.
         plans = report.analyses.all(MemoryPlan) or plan_module(module)
@@ -304,9 +304,9 @@ def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) 
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from .analysis.memory.plan import MemoryPlan
     from .backend.cpu.llvm_jit import target_machine
     from .backend.cpu.runtime import CPUFunction
-    from .passes.memory.plan import MemoryPlan
     from .shapes import specialise_entry
 
     module = load(args.file)

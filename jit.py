@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import compile_cache
+from .analysis.memory.plan import MemoryPlan
 from .calling import bind_arguments
 from .errors import GirArgumentError, Location, did_you_mean
 from .frontend.parser import parse, read_source
@@ -30,7 +31,6 @@ from .ir.printer import print_module
 from .ir.specialize import specialize
 from .ir.verifier import verify
 from .jitstats import CompileStats, CompileTimer
-from .passes.memory.plan import MemoryPlan
 from .passes.pass_manager import PassManager
 from .passes.pipeline import DEFAULT_MODE, get_mode
 from .results import result_names, results_class
@@ -138,8 +138,8 @@ class JitFunction:
         if self.device == "interp":
             compiled: Any = _Interpreted(module, self.entry)
         elif self.device == "auto":
+            from .analysis.placement import PlacementReport
             from .backend.split import SplitFunction
-            from .passes.placement import PlacementReport
 
             compiled = SplitFunction.compile(f, plan)
             compiled.ir = print_module(module)

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ..analysis.manager import Analyses
 from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError, creating, did_you_mean
 from ..ir.core import Module
 from ..ir.gcpause import gc_paused
@@ -23,7 +24,6 @@ from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
 from ..ir.verifier import verify
 from ..support import timing
-from .analysis import Analyses
 from .base import Pass
 from .pipeline import parse_pipeline
 from .rewriter import PassStatistics

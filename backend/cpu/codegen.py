@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from ...analysis.memory.plan import MemoryPlan
+from ...analysis.memory.planner import plan_memory
 from ...config import current
 from ...errors import GirError
 from ...ir import scalar
@@ -37,8 +39,6 @@ from ...ir.loops import LoopView, as_loop
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
-from ...passes.memory.plan import MemoryPlan
-from ...passes.memory.planner import plan_memory
 from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
 from .layout import GemmSite, Layout
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
+from ...analysis.memory.plan import MemoryPlan
 from ...ir.core import Function
-from ...passes.memory.plan import MemoryPlan
 from ...support import cache as disk
 from ...support import timing
 from . import tiers

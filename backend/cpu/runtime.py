@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.plan import MemoryPlan
 from ...config import code_key, current
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
-from ...passes.memory.plan import MemoryPlan
 from ...support import timing
 from ...support.cache import build_fingerprint, digest
 from . import blas, externals, native, team, tiers

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.plan import MemoryPlan
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
 from ...ir.interpreter import empty_reduction
@@ -43,7 +44,6 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
-from ...passes.memory.plan import MemoryPlan
 from .device import Device
 from .kernels import ElementwiseKernel, compile_kernel, fused_source, op_source
 from .memory import Memory

@@ -1,5 +1,5 @@
 """Device memory of a compiled function: the memplan arena as one device allocation, each
-planned value a typed view of it at its planned offset (passes/memory/; the plan is the one the
+planned value a typed view of it at its planned offset (analysis/memory/; the plan is the one the
 pipeline's `memplan` pass computed, else memplan's default plan).
 
 Terms (memplan's): *planned values* (op results and scan carries' body arguments) get a slot
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.plan import MemoryPlan
+from ...analysis.memory.planner import plan_memory
 from ...config import current
 from ...ir.core import Operation, Value
 from ...ir.spec import view_source  # one rule for the plan and both backends
-from ...passes.memory.plan import MemoryPlan
-from ...passes.memory.planner import plan_memory
 from .device import Device
 
 

@@ -1,6 +1,6 @@
 """The static memory plan: every intermediate tensor of a function gets an (offset, size) in
 one arena, so that no two values live at the same time overlap. The `memplan` pass
-(passes/memplan.py) runs it on every function; the backends compute it for the function they
+(transforms/memplan.py) runs it on every function; the backends compute it for the function they
 compile.
 
 Modules, by job:
