@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .calling import bind_arguments
 from .config import current
+from .driver.calling import bind_arguments
+from .driver.results import result_names
 from .errors import GirArgumentError, GirError, Location, did_you_mean, source_text
 from .frontend.parser import decode_source, parse
 from .frontend.parser import load as load_file
@@ -28,7 +29,6 @@ from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
 from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode
-from .results import result_names
 from .support import timing
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -166,7 +166,7 @@ def _opt(args: argparse.Namespace) -> int:
         sys.stderr.write(placement_reports(report.analyses))
     if args.memplan_report or args.memplan_plot:
         from .analysis.memory.plan import MemoryPlan
-        from .reporting import memplan_reports, plot_plans
+        from .driver.reporting import memplan_reports, plot_plans
         from .transforms.memplan import plan_module
 
         # The pipeline's plans when it ended with `memplan{...}` (its options), else default plans.
@@ -192,13 +192,13 @@ def _opt(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .shapes import specialise_entry
+    from .driver.shapes import specialise_entry
 
     check_seed("--random", args.random)
     if args.repeat < 1:
         raise GirArgumentError(f"--repeat: run at least once, got {args.repeat}")
     mode = get_mode(args.mode or DEFAULT_MODE)
-    from .jit import usable_device
+    from .driver.jit import usable_device
 
     args.device = usable_device(args.device)  # auto without a GPU: the CPU
     cached = _cached_runner(args, mode)
@@ -210,7 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         module = load(args.file)
         f = entry_of(module, args.entry)
         names = result_names(f)  # as written: passes rename values
-        # The arrays follow gir.jit's calling convention (calling.py): exact widening only.
+        # The arrays follow gir.jit's calling convention (driver/calling.py): exact widening only.
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
         module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
@@ -280,7 +280,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
     the passes and LLVM; None when the run needs the pass manager's own run."""
     if args.device != "cpu" or getattr(args, "stats_json", None) or args.shape or args.file == "-":
         return None
-    from .jit import jit
+    from .driver.jit import jit
 
     front = args.pipeline if args.pipeline is not None else mode.front
     fn = jit(args.file, args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
@@ -292,7 +292,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
 def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) -> Callable[..., list[np.ndarray]]:
     """The interpreter, or the entry compiled for the CPU, the GPU or both (after the backend
     pipeline: the mode's, with `place` for --device auto)."""
-    from .jit import JitFunction
+    from .driver.jit import JitFunction
 
     if args.device == "interp":
         # The interpreter through gir.jit's `interp` device: the same run, with `-v` stats.
@@ -307,7 +307,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .analysis.memory.plan import MemoryPlan
     from .backend.cpu.llvm_jit import target_machine
     from .backend.cpu.runtime import CPUFunction
-    from .shapes import specialise_entry
+    from .driver.shapes import specialise_entry
 
     module = load(args.file)
     module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")

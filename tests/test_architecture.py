@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUTSIDE_IR = ["support", "analysis", "passes", "transforms", "backend", "frontend", "cli.py", "jit.py", "reporting.py",
-              "__init__.py", "errors.py"]
+OUTSIDE_IR = ["support", "analysis", "passes", "transforms", "backend", "frontend", "driver", "cli.py", "__init__.py",
+              "errors.py"]
 
 OP_NAME_LIST = re.compile(r"""\.name\s+(?:not\s+)?in\s+[(\[{]\s*["']|name\s+(?:not\s+)?in\s+\(["']""")
 """A list of op names: `op.name in ("sum", "mean")`, `name in ("call", "grad")`."""
@@ -127,7 +127,7 @@ FLOORS = {
 """DESIGN.md §1: what each folder may import, at module level and inside functions."""
 
 KNOWN_FLOOR_BREAKS = {
-    "frontend/python/numpy_api.py imports pyjit",
+    "frontend/python/numpy_api.py imports driver.pyjit",
 }
 """Imports that break a floor today, all lazy (inside functions): the tracing frontend runs
 traced functions through the driver. The set may only shrink (the test fails on a new one)."""
@@ -195,8 +195,8 @@ KNOWN_CYCLES = [
      "backend.cpu.gather", "backend.cpu.llvm_jit", "backend.cpu.overlap", "backend.cpu.runtime",
      "backend.cpu.team"],
     ["backend.gpu.codegen", "backend.gpu.gather"],
+    ["driver.jit", "driver.pyjit", "frontend.python.numpy_api", "frontend.python.transforms"],
     ["frontend.fast_parser", "frontend.lark_parser", "frontend.terminals"],
-    ["frontend.python.numpy_api", "frontend.python.transforms", "jit", "pyjit"],
     ["ir.core", "ir.loops", "ir.printer", "ir.scalar", "ir.spec"],
 ]
 """The import cycles of today (issue 27 asks for none): each may only shrink or go. Most are lazy

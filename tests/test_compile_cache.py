@@ -1,4 +1,4 @@
-"""The compile cache (compile_cache.py, cache.py): keys known before any work, a hit that skips
+"""The compile cache (driver/compile_cache.py, support/cache.py): keys known before any work, a hit that skips
 parsing, the passes and LLVM, corrupt entries recompiled, the size bound, processes sharing a
 cache, `gir cache info|clear`; the parser tables on disk; GEMM paths from the model refined
 once measured; the reproducer replay of the pass manager; the --timing tree.
@@ -16,9 +16,9 @@ from pathlib import Path
 import gir
 import numpy as np
 import pytest
-from gir import compile_cache
 from gir.backend.cpu import blas
 from gir.cli import main
+from gir.driver import compile_cache
 from gir.ir.interpreter import random_inputs
 from gir.passes.pass_manager import PassManager
 from gir.support import cache, timing
@@ -59,7 +59,7 @@ def test_a_hit_skips_parsing_passes_and_llvm(monkeypatch: pytest.MonkeyPatch) ->
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("a hit must not parse, run passes or lower")
 
-    jit_module = sys.modules["gir.jit"]  # `gir.jit` is the function
+    jit_module = sys.modules["gir.driver.jit"]  # `gir.jit` is the function
     monkeypatch.setattr(jit_module, "parse", boom)
     monkeypatch.setattr(jit_module, "PassManager", boom)
     monkeypatch.setattr("gir.backend.cpu.llvm_jit.lower_function", boom)

@@ -13,8 +13,8 @@ from pathlib import Path
 import gir
 import numpy as np
 import pytest
-from gir import compile_cache
 from gir.backend.cpu import runtime, tiers
+from gir.driver import compile_cache
 from gir.ir.interpreter import random_inputs
 from gir.support import cache
 

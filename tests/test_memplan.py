@@ -6,7 +6,7 @@ Three oracles besides the hand-written cases:
   byte array (views are NumPy views of it, loops follow the runtime contract in
   analysis/memory/__init__.py), compared exactly with the interpreter: a plan that lets a value
   be overwritten while it is still needed gives wrong numbers;
-- the live ranges, recomputed here from the rules in liveness.py's docstring by walking each
+- the live ranges, recomputed here from the rules in analysis/liveness.py's docstring by walking each
   use up to the loop that does not define the value, without any dataflow.
 """
 
@@ -37,6 +37,7 @@ from gir.analysis.memory.checker import check_plan
 from gir.analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
 from gir.analysis.memory.planner import plan_memory
 from gir.cli import main
+from gir.driver.reporting import memplan_report
 from gir.errors import GirError
 from gir.ir.core import Block, Function, Module, Operation, OpResult, Region, Value
 from gir.ir.interpreter import interpret, random_inputs
@@ -45,7 +46,6 @@ from gir.ir.spec import view_source
 from gir.ir.types import TensorType
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
-from gir.reporting import memplan_report
 from gir.transforms.liveness import PrintLiveness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

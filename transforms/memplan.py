@@ -2,7 +2,7 @@
 
 The planner, its data model and its checker live in analysis/memory/ (the terms are defined in
 its modules' docstrings); `gir opt --memplan-report` and `--memplan-plot` are the CLI's
-(reporting.py).
+(driver/reporting.py).
 """
 
 from __future__ import annotations

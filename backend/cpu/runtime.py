@@ -180,7 +180,7 @@ class CPUFunction:
         self.compile_seconds: dict[str, float] = {} if not s else {
             "codegen": s.get("lower", 0.0) + s.get("llvm_parse", 0.0), "llvm-optimize": s.get("llvm_opt", 0.0),
             "emit-object": s.get("llvm_emit", 0.0)}
-        """Seconds per backend stage, as `fn.stats.compile` names them (jitstats.py)."""
+        """Seconds per backend stage, as `fn.stats.compile` names them (driver/jitstats.py)."""
         check_fits(function, code.layout.arena_bytes + code.layout.pinned_bytes, host_memory_bytes(), "this machine")
         externals.check(code.layout.externals, function.loc)
         clock = time.perf_counter()

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .config import current
+from ..config import current
 
 PROGRESS_AFTER = 1.0
 """Seconds a compile may take before it prints a progress line."""

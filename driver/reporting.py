@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .analysis.liveness import value_names
-from .analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, nbytes_of, value_loc
-from .errors import GirError
-from .ir.core import OpResult, Value
+from ..analysis.liveness import value_names
+from ..analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, nbytes_of, value_loc
+from ..errors import GirError
+from ..ir.core import OpResult, Value
 
 
 def memplan_reports(plans: list[MemoryPlan]) -> str:

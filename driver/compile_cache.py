@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import code_key, current
-from .errors import Location
-from .ir.core import Function, Module
-from .ir.types import parse_type
+from ..config import code_key, current
+from ..errors import Location
+from ..ir.core import Function, Module
+from ..ir.types import parse_type
+from ..support import cache as disk
+from ..support import timing
 from .results import result_names
-from .support import cache as disk
-from .support import timing
 
 CACHED_DEVICES = ("cpu",)
 
@@ -33,7 +33,7 @@ def source_key(source: str, filename: str, entry: str | None, device: str, pipel
     """The key of a source's compilation (None when the cache is off or the device has none)."""
     if device not in CACHED_DEVICES or not disk.enabled():
         return None
-    from .backend.cpu.runtime import target_key
+    from ..backend.cpu.runtime import target_key
 
     with timing.phase("cache: key"):
         return disk.digest("gir-source", source, filename, entry, device, pipeline, _environment(), target_key(),
@@ -44,7 +44,7 @@ def module_key(module: Module, entry: str, device: str, pipeline: str) -> str | 
     """The key of a Module built in Python: its printed form (locations included) stands for a text."""
     if device not in CACHED_DEVICES or not disk.enabled():
         return None
-    from .ir.printer import print_module
+    from ..ir.printer import print_module
 
     with timing.phase("cache: print module for its key"):
         text = print_module(module, print_locations=True)
@@ -84,7 +84,7 @@ def store_signature(key: str, f: Function) -> None:
 
 
 def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
-    """The entry's signature and its results' names (results.py: they come from the body, which
+    """The entry's signature and its results' names (driver/results.py: they come from the body, which
     a signature does not keep)."""
     with timing.phase("cache: lookup"):
         found = disk.load("compiled", key, suffix=".sig")
@@ -120,7 +120,7 @@ def store_when_final(key: str, compiled: Any) -> None:
     if final is None:
         store_compiled(key, compiled)
         return
-    from .backend.cpu import tiers
+    from ..backend.cpu import tiers
 
     tiers.add_key(final, key)
     root = disk.cache_root()
@@ -129,14 +129,14 @@ def store_when_final(key: str, compiled: Any) -> None:
 
 def wait_for_background_store(key: str) -> None:
     """A lookup of key that a background compile of this process will store waits for it."""
-    from .backend.cpu import tiers
+    from ..backend.cpu import tiers
 
     tiers.wait_for_key(key)
 
 
 def load_compiled(key: str) -> Any | None:
     """The CPUFunction stored under key, loaded (no parsing, passes or LLVM), or None."""
-    from .backend.cpu.runtime import Code, CPUFunction
+    from ..backend.cpu.runtime import Code, CPUFunction
 
     with timing.phase("cache: lookup"):
         found = disk.load("compiled", key)
