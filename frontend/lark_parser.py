@@ -29,10 +29,9 @@ from ..errors import GirSyntaxError, Location
 from ..ir.types import parse_type
 from ..support.cache import atomic_write, cache_root, digest
 from . import ast
-from .fast_parser import _unescape
 from .hints import numpy_hint
 from .lexer import GirLexer
-from .tokens import Token
+from .tokens import Token, unescape
 
 
 def parse_types(token: str) -> ast.Types:
@@ -280,7 +279,7 @@ class _ToAst(Transformer):
         text = str(c[0])[4:-1]  # "file":line:col, the file name escaped as the printer writes it
         end = text.rindex('"')
         line, col = text[end + 2 :].split(":")
-        return Location(_unescape(text[1:end]), _int(c[0], line), _int(c[0], col))
+        return Location(unescape(text[1:end]), _int(c[0], line), _int(c[0], col))
 
 
 @functools.cache
