@@ -231,6 +231,14 @@ def test_no_environment_read_outside_config() -> None:
     assert not hits, "environment read outside config.py:\n" + "\n".join(hits)
 
 
+def test_pyproject_lists_every_package() -> None:
+    """A moved or new folder must be in pyproject's `packages`, or an installed gir lacks it."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"(gir(?:\.[a-z_]+)*)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
+    found = {".".join(["gir", *p.parent.relative_to(ROOT).parts]) for p in _package_files() if p.name == "__init__.py"}
+    assert listed == found
+
+
 if __name__ == "__main__":
     for name, hits in counts().items():
         print(f"{len(hits):4d}  {name}")
