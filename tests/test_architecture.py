@@ -208,7 +208,6 @@ KNOWN_CYCLES = [
     ["backend.cpu.blas", "backend.cpu.blas_threads", "backend.cpu.codegen", "backend.cpu.externals",
      "backend.cpu.gather", "backend.cpu.llvm_jit", "backend.cpu.overlap", "backend.cpu.runtime",
      "backend.cpu.team"],
-    ["backend.gpu.codegen", "backend.gpu.gather"],
     ["driver.jit", "driver.pyjit", "frontend.python.numpy_api", "frontend.python.transforms"],
     ["ir.core", "ir.loops", "ir.printer"],
 ]
