@@ -209,7 +209,6 @@ KNOWN_CYCLES = [
      "backend.cpu.gather", "backend.cpu.llvm_jit", "backend.cpu.overlap", "backend.cpu.runtime",
      "backend.cpu.team"],
     ["driver.jit", "driver.pyjit", "frontend.python.numpy_api", "frontend.python.transforms"],
-    ["ir.core", "ir.loops", "ir.printer"],
 ]
 """The import cycles of today (issue 27 asks for none): each may only shrink or go. Most are lazy
 imports back into a module that imports the importer at module level."""
