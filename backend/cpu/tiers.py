@@ -68,10 +68,13 @@ class FinalCompile:
     """One function's -O3 compile, queued for the background thread. `run_job` makes the
     `Code`; the callbacks (`add_done_callback`) run after it, on that thread, in order."""
 
-    def __init__(self, make: Callable[[], Any], key: str | None = None):
+    def __init__(self, make: Callable[[], Any], key: str | None = None, what: str = "-O3 code"):
         self._make = make
         self.key = key
-        """The object-cache key the job stores (a lookup of it waits: `wait_for_key`)."""
+        """The cache key the job stores (a lookup of it waits: `wait_for_key`)."""
+        self.what = what
+        """What the job makes, as `fn.stats.compile.preparing` says it."""
+        self.submitted = False
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[FinalCompile], None]] = []
         self._ended = False
@@ -133,6 +136,7 @@ _pending_keys: dict[str, FinalCompile] = {}
 def submit(job: FinalCompile) -> FinalCompile:
     """Queues job (its key: see `wait_for_key`)."""
     global _thread
+    job.submitted = True
     _jobs.add(job)
     job.add_done_callback(_jobs.discard)
     if job.key:
@@ -163,6 +167,11 @@ def add_key(job: FinalCompile, key: str) -> None:
     """A further cache key the job's callbacks store (the compile cache's, added by gir.jit)."""
     _pending_keys[key] = job
     job.add_done_callback(lambda j: _pending_keys.pop(key, None) if _pending_keys.get(key) is j else None)
+
+
+def pending(key: str | None) -> FinalCompile | None:
+    """The queued or running job that will store key, if any."""
+    return _pending_keys.get(key) if key else None
 
 
 def wait_for_key(key: str | None, timeout: float | None = None) -> None:
