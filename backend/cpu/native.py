@@ -17,11 +17,10 @@ import ctypes
 import os
 
 from ... import cache as disk
-from ...config import current
 
 
 def enabled() -> bool:
-    return current().cpu_shared
+    return os.environ.get("GIR_CPU_SHARED", "1").lower() not in ("0", "off", "no", "false")
 
 
 def _linker() -> list[str] | None:
