@@ -9,7 +9,8 @@ with interegular and regex, is a sizeable part of a `gir opt` start-up that read
 The parser is built once per process (`_parser()`; its tables are not cached on disk) and
 holds no state of one parse, so threads may parse at once: the transformer sees no file name
 (nodes keep tokens, and the emitter makes `Location`s with the file it emits), and the one
-error it raises, a parameter with several types, carries a token that `lark_parse()` turns into a location in its own file.
+error it raises, a parameter with several types, carries a token that `lark_parse()` turns
+into a location in its own file.
 """
 
 from __future__ import annotations

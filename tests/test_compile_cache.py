@@ -1,7 +1,8 @@
 """The compile cache (compile_cache.py, cache.py): keys known before any work, a hit that skips
 parsing, the passes and LLVM, corrupt entries recompiled, the size bound, processes sharing a
 cache, `gir cache info|clear`; the parser tables on disk; GEMM paths from the model refined
-once measured (in the background: the lookup loads what exists); the reproducer replay of the pass manager; the --timing tree.
+once measured (in the background: the lookup loads what exists); the reproducer replay of the
+pass manager; the --timing tree.
 """
 
 from __future__ import annotations

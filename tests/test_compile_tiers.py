@@ -1,7 +1,8 @@
 """Tiered compilation (backend/cpu/tiers.py): a first compile runs quick code at once and
 swaps to -O3 code compiled in the background; the compile cache holds the quick code at once,
-then the -O3 code; GIR_LLVM_TIER=0 and an explicit GIR_LLVM_OPT give one compile as before. Small programs; results checked against
-the interpreter on random inputs and against each other across the swap.
+then the -O3 code; GIR_LLVM_TIER=0 and an explicit GIR_LLVM_OPT give one compile as before.
+Small programs; results checked against the interpreter on random inputs and against each
+other across the swap.
 """
 
 from __future__ import annotations
