@@ -124,16 +124,26 @@ def private_folder(folder: str, create: bool = False) -> bool:
     0700. A folder another user owns, or that others may write, is refused: its files could
     have been planted."""
     for level in _levels(folder, cache_root()):
-        if create and not os.path.isdir(level):
-            try:
-                os.makedirs(level, mode=0o700)  # parents above the root keep their own mode
-                os.chmod(level, 0o700)  # the umask only ever removes bits: make it exact
-            except FileExistsError:
-                pass  # made by another process meanwhile: checked below like any other
-            except OSError:
-                return False
+        if create and not os.path.isdir(level) and not _make_private(level):
+            return False
         if not _trusted_folder(level):
             return False
+    return True
+
+
+def _make_private(folder: str) -> bool:
+    """Makes folder and its missing parents 0700 (os.makedirs gives parents the umask's mode:
+    a world-writable ~/.cache under `umask 000` would let others replace the cache folder)."""
+    parent = os.path.dirname(folder)
+    if parent and parent != folder and not os.path.isdir(parent) and not _make_private(parent):
+        return False
+    try:
+        os.mkdir(folder, 0o700)
+        os.chmod(folder, 0o700)  # the umask only ever removes bits: make it exact
+    except FileExistsError:
+        pass  # made by another process meanwhile: checked like any other
+    except OSError:
+        return False
     return True
 
 
@@ -347,7 +357,7 @@ def trim(limit: int | None = None, root: str | None = None) -> int:
     remove_stale_temporaries(root)
     if limit is None:
         return 0
-    found = entries(root)
+    found = entries(root, check_header=False)  # headers are read only to delete (a trim per store)
     total = sum(e.size for e in found)
     if total <= limit:
         return 0
@@ -355,9 +365,10 @@ def trim(limit: int | None = None, root: str | None = None) -> int:
     for e in sorted(found, key=lambda e: (e.mtime, e.path)):
         if total <= 0.9 * limit:
             break
-        _remove(e.path)
         total -= e.size
-        removed += 1
+        if _starts_with_magic(e.path):  # gir's: a user's file named like an entry is left alone
+            _remove(e.path)
+            removed += 1
     return removed
 
 

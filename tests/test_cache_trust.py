@@ -62,13 +62,15 @@ def _hit(source: str = F) -> bool:
     return gir.jit(source, "f").compiled.code.info.from_cache == "compiled"
 
 
-def test_folders_0700_and_files_0600_whatever_the_umask(own_cache: Path) -> None:
+def test_folders_0700_and_files_0600_whatever_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    own_cache = tmp_path / "home" / ".cache" / "gir"  # missing parents are made private too
+    monkeypatch.setenv("GIR_CACHE_DIR", str(own_cache))
     old = os.umask(0)
     try:
         gir.jit(F, "f")
     finally:
         os.umask(old)
-    folders = [own_cache, own_cache / "compiled", own_cache / "objects"]
+    folders = [own_cache.parent.parent, own_cache.parent, own_cache, own_cache / "compiled", own_cache / "objects"]
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o700 for p in folders), [oct(p.stat().st_mode) for p in folders]
     files = [p for p in own_cache.rglob("*") if p.is_file()]
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
