@@ -147,10 +147,10 @@ def _make_private(folder: str) -> bool:
     return True
 
 
-def read_file(path: str, limit: int = MAX_FILE_BYTES) -> bytes | None:
-    """The bytes of a cache file, or None: absent, in an untrusted folder, a link, not a regular
-    file (a FIFO is opened without blocking and refused), not this user's or writable by
-    others, or larger than limit."""
+def read_file(path: str, limit: int = MAX_FILE_BYTES, count: int | None = None) -> bytes | None:
+    """The bytes of a cache file (its first `count` only, if given), or None: absent, in an
+    untrusted folder, a link, not a regular file (a FIFO is opened without blocking and
+    refused), not this user's or writable by others, or larger than limit."""
     if not private_folder(os.path.dirname(path)):
         return None
     try:
@@ -161,7 +161,7 @@ def read_file(path: str, limit: int = MAX_FILE_BYTES) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not trusted(st) or st.st_size > limit:
             return None
-        chunks, left = [], st.st_size
+        chunks, left = [], st.st_size if count is None else min(count, st.st_size)
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 24))
             if not chunk:
@@ -377,19 +377,26 @@ def trim(limit: int | None = None, root: str | None = None) -> int:
 
 
 def header(path: str) -> dict[str, Any] | None:
-    """An entry's JSON header, None when it is damaged (its checksum is checked)."""
-    head = read_file(path, limit=MAX_FILE_BYTES)
+    """An entry's JSON header, None when it does not parse (the blob is not read, nor the
+    checksum checked: `gir cache info` lists many entries; a lookup checks both)."""
+    start = len(MAGIC) + 32
+    head = read_file(path, count=start + 8)
+    if head is None or len(head) < start + 8 or not head.startswith(MAGIC):
+        return None
+    n = int.from_bytes(head[start:], "little")
+    data = read_file(path, count=start + 8 + n)
     try:
-        return decode(head)[0] if head is not None else None
+        meta = json.loads(data[start + 8 :]) if data is not None and len(data) == start + 8 + n else None
     except ValueError:
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def describe_entry(path: str, meta: dict[str, Any] | None) -> str:
     """One line of `gir cache info`: the entry, what it holds and its state."""
     name = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
     if meta is None:
-        return f"{name}: damaged (a miss; the next store replaces it)"
+        return f"{name}: unreadable (a miss; the next store replaces it)"
     about = meta.get("about") or {}
     what = f"@{about['entry']}" if "entry" in about else ""
     if about.get("shapes") is not None:

@@ -97,7 +97,7 @@ def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
     try:
         data = found[0]["signature"]
         return signature_from_json(data), tuple(str(n) for n in data["result_names"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
@@ -190,7 +190,7 @@ def load_compiled(key: str) -> Any | None:
         code = Code.from_entry(meta, obj, "compiled")
         signature = signature_from_json(meta["signature"])
         ir_text = meta["ir"]
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):  # another format: a miss
         return None
     compiled = CPUFunction(signature, code=code)  # stale or quick: better code comes later (jit.py)
     compiled.ir = ir_text

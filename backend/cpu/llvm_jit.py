@@ -89,7 +89,7 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     if found is not None:
         try:
             code = Code.from_entry(found[0], found[1], "objects")
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             code = None  # another format: compile again
         if code is not None and not code.stale():
             return code
