@@ -425,7 +425,8 @@ class Info:
         bound = "no bound" if self.limit is None else f"of {self.limit / 2**20:.0f} MiB"
         lines = [f"cache directory: {self.root}"]
         if not self.trusted:
-            lines.append("not used: the folder is another user's or writable by others (docs/backend.md)")
+            lines.append("not used: this folder (or compiled/, objects/) is another user's or writable by others; "
+                         f"if it is yours, `chmod 700 {self.root}` (docs/backend.md, \"The cache's trust model\")")
         lines += [f"compiled entries: {self.entries}, {self.bytes / 2**20:.2f} MiB {bound} (GIR_CACHE_MAX_MB)",
                   f"compile cache: {'on' if enabled() else 'off (GIR_CACHE=0)'}"]
         lines += [f"  {line}" for line in self.lines]
@@ -438,7 +439,8 @@ def info() -> Info:
     found = sorted(entries(), key=lambda e: -e.mtime)
     others = sorted(n for n in _names(root) if n not in SUBDIRS)
     lines = [describe_entry(e.path, header(e.path)) for e in found]
-    trusted_root = not os.path.exists(root) or private_folder(root)
+    trusted_root = all(not os.path.exists(folder) or private_folder(folder)
+                       for folder in (root, *(os.path.join(root, kind) for kind in SUBDIRS)))
     return Info(root, len(found), sum(e.size for e in found), max_bytes(), others, lines, trusted_root)
 
 

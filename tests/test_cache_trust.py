@@ -187,3 +187,4 @@ def test_a_cache_folder_of_others_is_not_written(tmp_path: Path, monkeypatch: py
     np.testing.assert_allclose(fn(*_args())[0], _want(2.0), rtol=1e-5)
     assert not list(shared.iterdir())  # nothing stored where others could replace it
     assert gir.jit(F, "f").compiled.code.info.from_cache == ""
+    assert "not used" in cache.info().text() and "chmod 700" in cache.info().text()
