@@ -168,15 +168,6 @@ def better_code_for(key: str, compiled: Any, make: Any) -> None:
     compiled.when_final(lambda: store_compiled(key, compiled, root))
 
 
-def wait_for_background_store(key: str) -> None:
-    """A lookup of key that a background compile of this process will store waits for it
-    (not used by gir.jit since entries are stored at once; kept for callers that want the
-    final code)."""
-    from .backend.cpu import tiers
-
-    tiers.wait_for_key(key)
-
-
 def load_compiled(key: str) -> Any | None:
     """The CPUFunction stored under key, loaded (no parsing, passes or LLVM), or None."""
     from .backend.cpu.runtime import Code, CPUFunction

@@ -188,3 +188,16 @@ def test_a_cache_folder_of_others_is_not_written(tmp_path: Path, monkeypatch: py
     assert not list(shared.iterdir())  # nothing stored where others could replace it
     assert gir.jit(F, "f").compiled.code.info.from_cache == ""
     assert "not used" in cache.info().text() and "chmod 700" in cache.info().text()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("what", ["entries", "folder"])
+def test_another_users_entry_or_folder_is_a_miss(own_cache: Path, what: str) -> None:
+    """Run as root (containers, CI): the files of another user, truly owned by it."""
+    gir.jit(F, "f")
+    targets = _entries(own_cache) if what == "entries" else [own_cache / "compiled", own_cache / "objects"]
+    for path in targets:
+        os.chown(path, 12345, 12345)  # mode unchanged: 0600 / 0700, only the owner differs
+    fn = gir.jit(F, "f")
+    assert fn.compiled.code.info.from_cache == ""
+    np.testing.assert_allclose(fn(*_args())[0], _want(2.0), rtol=1e-5)
