@@ -244,13 +244,17 @@ def test_parser_tables_are_kept_on_disk(own_cache: Path) -> None:
 
 PLANT = """import os, pickle, sys
 import lark
-from gir import cache
+import gir
+try:  # the layout change moves cache.py to support/
+    from gir.support import cache
+except ImportError:
+    from gir import cache
 
 class Boom:
     def __reduce__(self):
         return (os.mkdir, (sys.argv[1],))
 
-grammar = open(os.path.join(os.path.dirname(cache.__file__), "frontend", "grammar.lark")).read()
+grammar = open(os.path.join(os.path.dirname(gir.__file__), "frontend", "grammar.lark")).read()
 name = f"parser-{cache.digest(grammar, lark.__version__, sys.version_info[:2])}.lark"
 os.makedirs(cache.cache_root(), mode=0o700, exist_ok=True)
 with open(os.path.join(cache.cache_root(), name), "wb") as f:
