@@ -218,7 +218,7 @@ def digest(*parts: Any) -> str:
 # Entries: a JSON header and a binary blob, checksummed, naming their key
 
 
-def _entry_path(kind: str, key: str, suffix: str = ".entry", root: str | None = None) -> str:
+def entry_path(kind: str, key: str, suffix: str = ".entry", root: str | None = None) -> str:
     return os.path.join(root or cache_root(), kind, key + suffix)
 
 
@@ -230,7 +230,7 @@ def store(kind: str, key: str, meta: dict[str, Any], blob: bytes = b"", suffix: 
     GIR_CACHE_DIR changed lands there."""
     header = json.dumps({**meta, "key": f"{kind}/{key}{suffix}"}, separators=(",", ":")).encode()
     payload = len(header).to_bytes(8, "little") + header + blob
-    if atomic_write(_entry_path(kind, key, suffix, root), MAGIC + hashlib.sha256(payload).digest() + payload):
+    if atomic_write(entry_path(kind, key, suffix, root), MAGIC + hashlib.sha256(payload).digest() + payload):
         trim(root=root)
 
 
@@ -248,10 +248,11 @@ def decode(data: bytes) -> tuple[dict[str, Any], bytes]:
     return meta, payload[8 + n :]
 
 
-def load(kind: str, key: str, suffix: str = ".entry") -> tuple[dict[str, Any], bytes] | None:
-    """(meta, blob) stored under key, or None: missing, untrusted (see `read_file`), corrupt,
-    or recording another key (an entry copied or renamed to this key's name)."""
-    path = _entry_path(kind, key, suffix)
+def load(kind: str, key: str, suffix: str = ".entry", root: str | None = None) -> tuple[dict[str, Any], bytes] | None:
+    """(meta, blob) stored under key (in the cache folder root; default: the current one), or
+    None: missing, untrusted (see `read_file`), corrupt, or recording another key (an entry
+    copied or renamed to this key's name)."""
+    path = entry_path(kind, key, suffix, root)
     data = read_file(path)
     if data is None:
         return None

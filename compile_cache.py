@@ -109,6 +109,8 @@ def store_compiled(key: str, compiled: Any, root: str | None = None, code: Any =
     """Stores a CPUFunction (with its `ir` text) under a specialisation key (in the cache folder
     root; default: the current one): code, default the code its calls run now."""
     code = compiled.code if code is None else code
+    if _rank(code.state()) < _rank(_stored_state(key, root)):
+        return  # another process stored better code meanwhile: never replace it by worse
     meta, obj = code.to_entry(shared=True)  # a hit in a new process loads it without LLVM
     f = compiled.function
     meta["signature"] = signature_json(f)
@@ -116,6 +118,21 @@ def store_compiled(key: str, compiled: Any, root: str | None = None, code: Any =
     meta["about"] = {"entry": f.name, "shapes": [list(t.shape) for t in f.arg_types]}
     with timing.phase("cache: store"):
         disk.store("compiled", key, meta, obj, root=root)
+
+
+def _stored_state(key: str, root: str | None) -> dict[str, Any] | None:
+    """The state (`Code.state`) of the usable entry stored under key now, None without one (a
+    damaged entry is replaced whatever it says of itself)."""
+    found = disk.load("compiled", key, root=root)
+    state = found[0].get("state") if found is not None else None
+    return state if isinstance(state, dict) else None
+
+
+def _rank(state: dict[str, Any] | None) -> int:
+    """How good code in a state is: final beats quick, measured GEMM paths beat the model's."""
+    if state is None:
+        return -1
+    return 2 * (state.get("tier") != "quick") + bool(state.get("measured", True))
 
 
 def store_what_runs(key: str, compiled: Any) -> None:

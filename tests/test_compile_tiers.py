@@ -141,6 +141,25 @@ def test_quick_code_is_stored_at_once_then_replaced(monkeypatch: pytest.MonkeyPa
     assert third.stats.compile.cache == "hit" and third.stats.compile.tier == ""
 
 
+def test_quick_code_never_replaces_better_code(monkeypatch: pytest.MonkeyPatch, own_cache: Path,
+                                              tmp_path: Path) -> None:
+    """Two processes missing at once: the one whose quick code is stored last must not replace
+    the -O3 entry the other stored meanwhile."""
+    monkeypatch.setenv("GIR_LLVM_TIER", "0")
+    final = gir.jit(RNN, "grads")
+    key = compile_cache.specialisation_key(final._cache_key, tuple(tuple(a.shape) for a in _inputs(0)))
+    monkeypatch.setenv("GIR_LLVM_TIER", "1")
+    gate = _held_back(monkeypatch)
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path / "elsewhere"))  # a miss: quick code
+    quick = gir.jit(RNN, "grads")
+    assert quick.compiled.tier == "quick"
+    compile_cache.store_compiled(key, quick.compiled, root=str(own_cache))
+    monkeypatch.setenv("GIR_CACHE_DIR", str(own_cache))
+    entry = cache.load("compiled", key)
+    assert entry is not None and runtime.Code.from_entry(*entry, "compiled").info.opt_level == 3
+    gate.set()
+
+
 def test_a_second_compile_never_waits() -> None:
     fn = gir.jit(RNN, "grads")  # not held back: the -O3 code may or may not be there yet
     again = gir.jit(RNN, "grads")
