@@ -111,7 +111,7 @@ def _levels(folder: str, root: str) -> list[str]:
     """The folders from root down to folder (folder alone when it is not inside root)."""
     root, folder = os.path.abspath(root), os.path.abspath(folder)
     rel = os.path.relpath(folder, root)
-    if rel == "." or rel.startswith(".."):
+    if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
         return [folder]
     levels = [root]
     for part in rel.split(os.sep):
