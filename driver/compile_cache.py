@@ -10,8 +10,13 @@ Two kinds of entry, both under `compiled/`:
   the LLVM IR before and after LLVM's passes, the gir IR after the passes (`fn.ir`) and the
   specialised signature.
 
-A hit whose GEMM paths came from blas' model, once every such shape has been measured, counts
-as a miss: the function is compiled again with the measured paths (and replaces the entry).
+What runs is stored at once (issue 28, "store what ran"): a first compile stores its quick
+code (tiers.py) before its first call, and its -O3 code replaces the entry when the background
+compile ends; a later process loads whatever entry exists, the best one made so far. A hit on
+quick code, or on code whose GEMM paths came from blas' model and are measured now, runs that
+code at once and makes the better code in the background (`better_code_for`): it swaps in
+between calls and replaces the entry. A lookup never waits for better code, never recompiles
+in its own path. Each entry records its state (`Code.state`; `gir cache info` lists it).
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def signature_from_json(data: dict[str, Any]) -> Function:
 
 def store_signature(key: str, f: Function) -> None:
     with timing.phase("cache: store"):
-        disk.store("compiled", key, {"signature": signature_json(f)}, suffix=".sig")
+        disk.store("compiled", key, {"signature": signature_json(f), "about": {"entry": f.name}}, suffix=".sig")
 
 
 def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
@@ -93,7 +98,7 @@ def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
     try:
         data = found[0]["signature"]
         return signature_from_json(data), tuple(str(n) for n in data["result_names"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
@@ -101,20 +106,50 @@ def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
 # Compiled specialisations
 
 
-def store_compiled(key: str, compiled: Any, root: str | None = None) -> None:
+def store_compiled(key: str, compiled: Any, root: str | None = None, code: Any = None) -> None:
     """Stores a CPUFunction (with its `ir` text) under a specialisation key (in the cache folder
-    root; default: the current one)."""
-    meta, obj = compiled.code.to_entry(shared=True)  # a hit in a new process loads it without LLVM
-    meta["signature"] = signature_json(compiled.function)
+    root; default: the current one): code, default the code its calls run now."""
+    code = compiled.code if code is None else code
+    if _rank(code.state()) < _rank(_stored_state(key, root)):
+        return  # another process stored better code meanwhile: never replace it by worse
+    meta, obj = code.to_entry(shared=True)  # a hit in a new process loads it without LLVM
+    f = compiled.function
+    meta["signature"] = signature_json(f)
     meta["ir"] = compiled.ir
+    meta["about"] = {"entry": f.name, "shapes": [list(t.shape) for t in f.arg_types]}
     with timing.phase("cache: store"):
         disk.store("compiled", key, meta, obj, root=root)
 
 
+def _stored_state(key: str, root: str | None) -> dict[str, Any] | None:
+    """The state (`Code.state`) of the usable entry stored under key now, None without one (a
+    damaged entry is replaced whatever it says of itself)."""
+    found = disk.load("compiled", key, root=root)
+    state = found[0].get("state") if found is not None else None
+    return state if isinstance(state, dict) else None
+
+
+def _rank(state: dict[str, Any] | None) -> int:
+    """How good code in a state is: final beats quick, measured GEMM paths beat the model's."""
+    if state is None:
+        return -1
+    return 2 * (state.get("tier") != "quick") + bool(state.get("measured", True))
+
+
+def store_what_runs(key: str, compiled: Any) -> None:
+    """Stores the code compiled's calls run now (quick code is correct code: the next process
+    loads it whatever happens to this one's background compile), and its final code when
+    that replaces it (`store_when_final`)."""
+    code = compiled.code  # read once: the swap may come between two reads
+    store_compiled(key, compiled, code=code)
+    if getattr(code, "final", None) is not None:
+        store_when_final(key, compiled)
+
+
 def store_when_final(key: str, compiled: Any) -> None:
     """Stores compiled under key once it runs its final code (tiered compilation: after the
-    background -O3 compile, on that thread; at once otherwise), so the cache holds -O3 code:
-    in the cache folder of the lookup that missed, even if GIR_CACHE_DIR changed meanwhile."""
+    background -O3 compile, on that thread; at once otherwise): in the cache folder of the
+    lookup, even if GIR_CACHE_DIR changed meanwhile."""
     when_final = getattr(compiled, "when_final", None)
     final = compiled.code.final if when_final is not None else None  # read once: the swap may come between two reads
     if final is None:
@@ -127,11 +162,28 @@ def store_when_final(key: str, compiled: Any) -> None:
     when_final(lambda: store_compiled(key, compiled, root))
 
 
-def wait_for_background_store(key: str) -> None:
-    """A lookup of key that a background compile of this process will store waits for it."""
+def needs_better_code(compiled: Any) -> bool:
+    """Code loaded from the cache that is not the best this process can make: quick code, or
+    GEMM paths from the model that are measured now."""
+    code = getattr(compiled, "code", None)
+    return code is not None and (code.info.tier == "quick" or code.stale())
+
+
+def better_code_for(key: str, compiled: Any, make: Any) -> None:
+    """compiled (loaded from the cache) runs now; its better code is made in the background by
+    make() -> Code, swapped in between calls and stored under key. A job of this process that
+    will store key already is followed rather than started again."""
     from ..backend.cpu import tiers
 
-    tiers.wait_for_key(key)
+    job = tiers.pending(key)
+    if job is not None:
+        compiled.follow(job)
+        return
+    what = "-O3 code" if compiled.code.info.tier == "quick" else "code with the measured GEMM paths"
+    job = tiers.FinalCompile(make, key, what=what)
+    root = disk.cache_root()
+    compiled.follow(job)
+    compiled.when_final(lambda: store_compiled(key, compiled, root))
 
 
 def load_compiled(key: str) -> Any | None:
@@ -147,10 +199,8 @@ def load_compiled(key: str) -> Any | None:
         code = Code.from_entry(meta, obj, "compiled")
         signature = signature_from_json(meta["signature"])
         ir_text = meta["ir"]
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):  # another format: a miss
         return None
-    if code.stale():
-        return None  # compiled with the model's GEMM paths; they are measured now
-    compiled = CPUFunction(signature, code=code)
+    compiled = CPUFunction(signature, code=code)  # stale or quick: better code comes later (jit.py)
     compiled.ir = ir_text
     return compiled

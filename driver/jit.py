@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -91,22 +91,36 @@ class JitFunction:
     def _compile(self, shapes: tuple) -> Any:
         """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
         key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
-        if key is not None:
-            compile_cache.wait_for_background_store(key)
+        if key is not None:  # never waits for a better version: loads the best entry there is
             timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
             with timer.stage("cache-load"):
                 found = compile_cache.load_compiled(key)
             if found is not None:
                 found.compile_seconds = {}  # nothing was compiled: the time is the load's
+                if compile_cache.needs_better_code(found):
+                    compile_cache.better_code_for(key, found, lambda: self._better_code(shapes))
                 # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
                 # which a hit's code does only at its first call
                 found.compile_stats = timer.finish(found)
                 return found
             timer.cancel()
         compiled = self._compile_now(shapes)
-        if key is not None:  # the final code only: quick code (backend/cpu/tiers.py) stores once swapped
-            compile_cache.store_when_final(key, compiled)
+        if key is not None:  # what runs now (quick code too), then the final code once swapped
+            compile_cache.store_what_runs(key, compiled)
         return compiled
+
+    def _better_code(self, shapes: tuple) -> Any:
+        """The best code for shapes (-O3, the GEMM paths measured now), for a specialisation
+        loaded from the cache as quick code or with the model's paths: on the background
+        thread (tiers.py), so the passes run there too; the object cache may skip LLVM."""
+        from .backend.cpu.llvm_jit import compile_code
+
+        module = self._specialised_module(shapes)
+        report = PassManager(self.pipeline).run(module)
+        f = module.functions[self.entry]
+        code = compile_code(f, report.analyses.get(MemoryPlan, f), tiered=False, best=True)
+        code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
+        return code
 
     def _compile_now(self, shapes: tuple) -> Any:
         timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
@@ -192,6 +206,9 @@ class JitFunction:
                 stats.compile.threads = _blas_threads(current)
             # `ran` is final only once current runs the final code (the swap is one way): its layout
             stats.compile = stats.compile.for_code(ran, getattr(current, "layout", None))
+            preparing = getattr(current, "preparing", "")
+            if preparing != stats.compile.preparing:  # better code being made now, or made since
+                stats.compile = replace(stats.compile, preparing=preparing)
         return stats
 
     @property

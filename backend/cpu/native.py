@@ -78,7 +78,8 @@ def load(data: bytes) -> Library | None:
         return None
     import tempfile
 
-    for folder in (os.path.join(disk.cache_root(), "compiled"), None):
+    compiled = os.path.join(disk.cache_root(), "compiled")
+    for folder in (compiled if disk.private_folder(compiled) else None, None):  # never a folder others may write
         path = None
         try:
             fd, path = tempfile.mkstemp(prefix="load.tmp.", suffix=".so", dir=folder)  # `.tmp.`: trim skips it

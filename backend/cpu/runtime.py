@@ -79,9 +79,10 @@ class CompileInfo:
     gemm_measured: bool = True
     """False when some GEMM path came from the model (it is refined by a later compile)."""
     tier: str = ""
-    """'' compiled once (tiering off, an explicit GIR_LLVM_OPT, or loaded from a cache);
-    'quick' the cheap first code while -O3 compiles in the background (tiers.py); 'final'
-    the -O3 code that replaced it."""
+    """'' compiled once (tiering off, an explicit GIR_LLVM_OPT, or final code loaded from a
+    cache); 'quick' the cheap first code while -O3 compiles in the background (tiers.py), or
+    quick code loaded from the compile cache (stored at once: what ran); 'final' the better
+    code that replaced it (-O3, or measured GEMM paths)."""
 
 
 @dataclass
@@ -107,13 +108,19 @@ class Code:
         if library is not None:
             parts["shared"] = library
         meta = {"layout": self.layout.to_json(), "opt_level": self.info.opt_level, "seconds": self.info.seconds,
-                "parts": [[name, len(data)] for name, data in parts.items()]}
+                "parts": [[name, len(data)] for name, data in parts.items()], "state": self.state()}
         return meta, b"".join(parts.values())
+
+    def state(self) -> dict[str, Any]:
+        """What a cache entry of this code says of it (`gir cache info`): 'quick' code (the -O3
+        code is better) or 'final', and whether its GEMM paths and schedule were measured."""
+        return {"tier": "quick" if self.info.tier == "quick" else "final", "measured": self.layout.measured}
 
     @classmethod
     def from_entry(cls, meta: dict, blob: bytes, source: str) -> Code:
         layout = Layout.from_json(meta["layout"])
-        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), layout.measured)
+        tier = "quick" if (meta.get("state") or {}).get("tier") == "quick" else ""  # quick code stays quick
+        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), layout.measured, tier)
         parts, at = {}, 0
         for name, size in meta["parts"]:
             parts[str(name)], at = blob[at : at + int(size)], at + int(size)
@@ -200,6 +207,21 @@ class CPUFunction:
         if self._final is not None:
             self._final.add_done_callback(self._swap)
             tiers.submit(self._final)
+
+    def follow(self, job: tiers.FinalCompile) -> None:
+        """Calls run job's code once it is made (better code for code loaded from a cache:
+        -O3 for quick code, measured GEMM paths for the model's); queued unless it is already
+        (another function of this process made it first). Calls never wait for it."""
+        self._final = job
+        job.add_done_callback(self._swap)
+        if not job.submitted:
+            tiers.submit(job)
+
+    @property
+    def preparing(self) -> str:
+        """What better code is being made in the background ('' none): the job's `what`."""
+        job = self._final
+        return job.what if job is not None and not job.done.is_set() else ""
 
     def _swap(self, job: tiers.FinalCompile) -> None:
         """On the background thread: loads the final code and makes it the entry of later calls
