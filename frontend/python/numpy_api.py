@@ -103,8 +103,8 @@ def _promoted(name: str, a: Any, b: Any, loc: Location) -> list[Any]:
     """The operands of binary op `name`, promoted; `/` of integers or bools is true division
     (NumPy, JAX): both become the default float, f32."""
     dtype = result_dtype([a, b])
-    if name in ("div", "pow") and dtype is not None and dtype not in FLOAT_DTYPES:
-        dtype = "f32"  # true division; a power of integers by a tensor (JAX: a float, as x ** 0.5)
+    if dtype is not None and dtype not in FLOAT_DTYPES and (name == "div" or _floats_only(name, dtype)):
+        dtype = "f32"  # `/` is true division; an op on floats only (pow) takes ints as floats, as JAX
     return values_of([a, b], loc, dtype)
 
 
@@ -146,11 +146,17 @@ def _unary_fn(name: str, doc: str) -> Callable[[Any], Any]:
     return traceable(f)
 
 
+def _floats_only(name: str, dtype: str) -> bool:
+    """Op `name` has no meaning on `dtype` (the registry's scalar semantics say which classes
+    it takes), so an integer or bool operand is computed as a float."""
+    semantics = REGISTRY[name].scalar
+    return semantics is not None and semantics.expr(dtype) is None
+
+
 def float_operand(name: str, v: Value, loc: Location) -> Value:
     """v as the operand of op `name`: integers and bools become float32 where the op takes
     floats only (`gir.exp(counts)`, as JAX's jnp.exp of an int32 is a float32)."""
-    semantics = REGISTRY[name].scalar
-    if v.tensor_type.dtype in FLOAT_DTYPES or semantics is None or semantics.expr(v.tensor_type.dtype) is not None:
+    if not _floats_only(name, v.tensor_type.dtype):
         return v
     return emit1("cast", [v], declared=[v.tensor_type.with_dtype("f32")], loc=loc).value
 
