@@ -190,6 +190,19 @@ def test_promotion_follows_jax(device) -> None:
         np.testing.assert_allclose(got[k], value, rtol=1e-7, err_msg=k)
 
 
+def test_strict_promotion_refuses_mixed_tensors() -> None:
+    def f(x32, x64):
+        return x32 * 2.0 + x64
+
+    args = (np.ones(3, np.float32), np.ones(3))
+    assert gir.jit(f, device="interp")(*args).dtype == np.float64
+    with gir.config.override(promotion="strict"):
+        with pytest.raises(gir.GirError, match="astype") as info:
+            gir.trace(f, *args)
+        assert info.value.loc.file == __file__
+        assert gir.trace(lambda x: x * 2.0 + 1, args[0])  # weak scalars still take the tensor's dtype
+
+
 def test_python_scalar_scan_init_takes_the_steps_dtype() -> None:
     """As JAX: `0.0` summing f64 values is an f64 carry (the step is traced again); a carry
     that changes dtype otherwise is an error that says .astype."""

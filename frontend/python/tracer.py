@@ -160,6 +160,8 @@ class Frame:
         self.captures: dict[Value, Value] = {}
         """A value of an enclosing frame -> the argument of this function that stands for it."""
         self.closed = False
+        self.strict = parent.strict if parent is not None else _strict_promotion()
+        """GIR_PROMOTION=strict, read once per trace: tensors of different dtypes do not promote."""
 
     @property
     def block(self) -> Block:
@@ -173,6 +175,12 @@ class Frame:
         if arg is None:
             arg = self.captures[outer] = self.function.body.add_arg(outer.type, outer.name_hint)
         return arg
+
+
+def _strict_promotion() -> bool:
+    from ...config import current
+
+    return current().promotion == "strict"
 
 
 _STATE = threading.local()
@@ -432,6 +440,11 @@ def values_of(xs: Sequence[Any], loc: Location, dtype: str | None = None) -> lis
     """Operands of one op, promoted to one dtype (`result_dtype`, or `dtype` when given):
     tensors of a lower dtype are cast up, weak scalars take the dtype."""
     dtype = dtype or result_dtype(xs)
+    strong = {v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak}
+    strong |= {dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN}
+    if len(strong) > 1 and need_frame("a traced value").strict:
+        raise GirTraceError(f"tensors of dtypes {', '.join(sorted(strong))} meet under GIR_PROMOTION=strict; "
+                            "convert one with .astype", loc)
     out = []
     for x in xs:
         if isinstance(x, Tracer) and x.weak:
