@@ -342,19 +342,28 @@ def _per_example_cases() -> dict:
         "stack": (lambda x: gnp.stack([x, 2.0 * x], axis=1), lambda xs: np.stack([xs, 2 * xs], axis=2), True),
         "scan": (lambda x: gnp.cumsum(x) + gir.scan(lambda c, e: (c + e, c * e), 0.0, x)[1],
                  lambda xs: np.cumsum(xs, 1) + np.concatenate([np.zeros((len(xs), 1)), np.cumsum(xs, 1)[:, :-1]],
-                                                              1) * xs, False),
+                                                              1) * xs, True),
+        "grad": (lambda x: gir.grad(lambda v: gir.sum(gir.tanh(v) ** 2))(x),
+                 lambda xs: 2 * np.tanh(xs) * (1 - np.tanh(xs) ** 2), False),
     }
 
 
-@pytest.mark.parametrize("case", ["mlp", "outer", "layout", "gather", "stack", "scan"])
+@pytest.mark.parametrize("case", ["mlp", "outer", "layout", "gather", "stack", "scan", "grad"])
 def test_vmap_batches_ops_and_falls_back_to_a_scan(case) -> None:
+    """Each case once with a batched result (no scan over the batch, the example's own scan
+    batched over time) or through the fallback scan, against NumPy and finite differences."""
     fun, numpy_fun, batched = _per_example_cases()[case]
     xs = RNG.standard_normal((5, 4))
     mapped = gir.vmap(fun)
     np.testing.assert_allclose(gir.jit(mapped, device="interp")(xs), numpy_fun(xs), rtol=1e-12, atol=1e-14)
-    text = str(gir.trace(mapped, xs))
-    assert ("scan" not in text) == batched, text
-    assert text.count("func @") == 1  # the traced example is not left in the module
+    module = gir.trace(mapped, xs)
+    text = str(module)
+    scans = [op for op in module.walk() if op.name == "scan"]
+    # batched: no scan over the batch (a scan of the example runs over its time axis, length 4)
+    assert all(op.results[-1].tensor_type.shape[0] == 4 for op in scans) == batched, text
+    assert len(module.functions) == (1 if case != "grad" else 2)  # the traced example is not left behind
+    if case == "grad":
+        return  # a gradient of a gradient through vmap's fallback scan: not differentiated here
     weights = RNG.standard_normal(numpy_fun(xs).shape)
     g = gir.jit(gir.grad(lambda xs: gir.sum(mapped(xs) * weights)), device="cpu")(xs)
     np.testing.assert_allclose(g, fd_grad(lambda xs: float((numpy_fun(xs) * weights).sum()), xs), atol=1e-7)
@@ -618,3 +627,34 @@ def test_jit_of_gir_text_counts_its_specialisations() -> None:
     fn(np.ones(4, np.float32))
     fn(np.ones(3, np.float32))
     assert fn.specialisations == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_of_a_per_sequence_rnn_runs_one_batched_scan(device) -> None:
+    """A per-sequence GRU-like RNN (carry initialised unbatched, made batched by the step)
+    mapped over a batch: one scan over time with (B, H) carries, as the hand-batched model."""
+    w, u = 0.5 * RNG.standard_normal((3, 4)), 0.5 * RNG.standard_normal((4, 4))
+    xs = RNG.standard_normal((5, 6, 3))  # B x T x E
+
+    def per_sequence(seq):
+        h, hs = gir.scan(lambda h, x: (gir.tanh(x @ w + h @ u), gir.sum(h)), gnp.zeros(4, "f64"), seq)
+        return h, hs
+
+    def numpy_model(xs):
+        h = np.zeros((len(xs), 4))
+        sums = []
+        for t in range(xs.shape[1]):
+            sums.append(h.sum(1))
+            h = np.tanh(xs[:, t] @ w + h @ u)
+        return h, np.stack(sums, 1)
+
+    mapped = gir.vmap(per_sequence)
+    module = gir.trace(mapped, xs)
+    scans = [op for op in module.walk() if op.name == "scan"]
+    assert len(scans) == 1 and scans[0].results[0].tensor_type.shape == (5, 4), str(module)
+    h, hs = gir.jit(mapped, device=device)(xs)
+    want_h, want_hs = numpy_model(xs)
+    np.testing.assert_allclose(h, want_h, rtol=1e-12)
+    np.testing.assert_allclose(hs, want_hs, rtol=1e-12, atol=1e-15)
+    g = gir.jit(gir.grad(lambda xs: gir.sum(mapped(xs)[0] ** 2)), device=device)(xs)
+    np.testing.assert_allclose(g, fd_grad(lambda xs: float((numpy_model(xs)[0] ** 2).sum()), xs), atol=1e-7)

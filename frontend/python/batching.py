@@ -7,11 +7,12 @@ leading batch axis (JAX's batching rules, one small rule per op family).
 A value is *batched* when it depends on a mapped argument; others (closed-over values,
 unmapped arguments, constants) are re-emitted unchanged. A batched operand of per-example rank
 k meeting a result of rank r is reshaped to (B, 1 x (r - k), ...), so NumPy broadcasting
-aligns it as it aligned the example (`_lifted`). Rules exist for elementwise ops, casts,
-matmul, reductions, transpose, reshape, broadcast, concat, stack, slice, index (a batched
-table read with an unbatched index) and constants; an op without one (a scan, a grad, a gather
-with a batched index, ...) makes vmap fall back to a scan over the batch axis (control.py),
-which is right for any function. `NoBatchRule` says so; the caller erases what was emitted.
+aligns it as it aligned the example (`lifted`). Rules exist for elementwise ops, casts,
+matmul, reductions, transpose, reshape, broadcast, concat, stack, slice, index (a gather with
+the table or the ids batched, not both), constants and `scan` (its body batched in turn: the
+loop runs once over time for the whole batch); an op without one (a grad, a gather with both
+batched, ...) makes vmap fall back to a scan over the batch axis (control.py), which is right
+for any function. `NoBatchRule` says so; the caller erases what was emitted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import Location
-from ...ir.core import Function, Operation, Value
+from ...ir.core import Block, Function, Operation, Region, Value, erase_op
+from ...ir.loops import LoopGroups, LoopView
 from ...ir.ops import REGISTRY, make_op, norm_axis, reduction_axes
 from ...ir.types import Dim, TensorType
 from .tracer import Frame
@@ -38,14 +40,17 @@ class Batcher:
     """Re-emits the ops of one traced example into `frame`'s current block, batched over B."""
 
     def __init__(self, frame: Frame, batch: Dim, loc: Location):
-        self.frame = frame
+        self.blocks = [frame.block]
+        """Where ops go: the caller's block, then the body of a batched scan being built."""
         self.batch = batch
         self.loc = loc
 
     def emit(self, name: str, operands: Sequence[Value], attrs: dict[str, Any] | None = None,
-             declared: Sequence[TensorType] | None = None) -> Operation:
-        op = make_op(name, list(operands), attrs=attrs, declared=declared, loc=self.loc)
-        self.frame.block.append(op)
+             declared: Sequence[TensorType] | None = None, regions: Sequence[Region] = (),
+             segments: tuple[int, ...] = ()) -> Operation:
+        op = make_op(name, list(operands), attrs=attrs, declared=declared, regions=regions, segments=segments,
+                     loc=self.loc)
+        self.blocks[-1].append(op)
         return op
 
     def batched_type(self, t: TensorType) -> TensorType:
@@ -73,14 +78,27 @@ class Batcher:
         b = self.known_batch()
         return self.emit("broadcast", [v], attrs={"shape": [b, *v.tensor_type.shape]}).result
 
+    def transpose01(self, v: Value) -> Value:
+        """(B, T, ...) <-> (T, B, ...)."""
+        rank = v.tensor_type.rank
+        return self.emit("transpose", [v], attrs={"perm": [1, 0, *range(2, rank)]}).result
+
     def run(self, function: Function, env: Env) -> list[tuple[Value, bool]]:
-        for op in function.body.ops:
-            if op.name == "return":
+        return self.run_block(function.body, env)
+
+    def run_block(self, block: Block, env: Env) -> list[tuple[Value, bool]]:
+        """Re-emits block's ops (env: what each value of the example is); the values its
+        terminator (return, yield) ends with."""
+        for op in block.ops:
+            if op.spec.terminator:
                 return [env[v] for v in op.operands]
             ins = [env[v] for v in op.operands]
-            if op.regions or not any(b for _, b in ins):
-                if op.regions:
-                    raise NoBatchRule(f"'{op.name}' has a body")
+            if op.name == "scan":  # its body may read batched values of the example: always its rule
+                env.update(zip(op.results, _scan(self, op, ins, env)))
+                continue
+            if op.regions:
+                raise NoBatchRule(f"'{op.name}' has a body")
+            if not any(b for _, b in ins):
                 clone = self.emit(op.name, [v for v, _ in ins], attrs=dict(op.attrs),
                                   declared=[r.tensor_type for r in op.results])
                 env.update({r: (c, False) for r, c in zip(op.results, clone.results)})
@@ -89,7 +107,7 @@ class Batcher:
             if rule is None:
                 raise NoBatchRule(f"no batching rule for '{op.name}'")
             env[op.result] = (rule(self, op, ins), True)
-        raise NoBatchRule("no return")
+        raise NoBatchRule("a block without a terminator")
 
 
 Rule = Callable[[Batcher, Operation, list[tuple[Value, bool]]], Value]
@@ -159,6 +177,64 @@ def _index(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
     k = i.tensor_type.rank
     perm = [k, *range(k), *range(k + 1, rows.tensor_type.rank)]
     return bt.emit("transpose", [rows], attrs={"perm": perm}).result
+
+
+class _CarryBecomesBatched(Exception):
+    """A carry that starts unbatched comes out of the step batched: the body is built again
+    with that carry batched (its init repeated along the batch)."""
+
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index
+
+
+def _scan(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]], env: Env) -> list[tuple[Value, bool]]:
+    """A scan of the example: batched sequences are read time-major ((B, T, ...) transposed to
+    (T, B, ...)), a carry is batched when its init is or the step makes it so (found by
+    building the body again), batched stacks come out (T, B, ...) and are transposed back."""
+    groups = LoopView(op).groups()
+    n_seq, n_carry = len(groups.sequences), len(groups.inits)
+    seqs = [(bt.transpose01(v), True) if b else (v, False) for v, b in ins[:n_seq]]
+    batched = [b for _, b in ins[n_seq:]]
+    while True:
+        try:
+            body, stack_batched = _scan_body(bt, op, groups, seqs, batched, env)
+            break
+        except _CarryBecomesBatched as grown:
+            batched[grown.index] = True
+    inits = [v if b or not batched[k] else bt.broadcast_batch(v) for k, (v, b) in enumerate(ins[n_seq:])]
+    new = bt.emit("scan", [v for v, _ in seqs] + inits, attrs=dict(op.attrs), regions=[Region(body)],
+                  segments=(n_seq, n_carry))
+    finals = [(r, b) for r, b in zip(new.results[:n_carry], batched)]
+    stacks = [(bt.transpose01(r), True) if b else (r, False) for r, b in zip(new.results[n_carry:], stack_batched)]
+    return finals + stacks
+
+
+def _scan_body(bt: Batcher, op: Operation, groups: LoopGroups, seqs: list[tuple[Value, bool]],
+               batched: list[bool], env: Env) -> tuple[Block, list[bool]]:
+    """The batched body and which of its stacks are batched; erased again if it fails."""
+    elements = [v.tensor_type.with_shape(v.tensor_type.shape[1:]) for v, _ in seqs]
+    carries = [bt.batched_type(a.tensor_type) if b else a.tensor_type for a, b in zip(groups.carry_args, batched)]
+    body = Block(elements + carries, [a.name_hint for a in [*groups.element_args, *groups.carry_args]])
+    inner = dict(env)
+    inner.update({a: (new, b) for a, new, (_, b) in zip(groups.element_args, body.args, seqs)})
+    inner.update({a: (new, b) for a, new, b in zip(groups.carry_args, body.args[len(seqs):], batched)})
+    bt.blocks.append(body)
+    try:
+        ends = bt.run_block(op.body, inner)
+        carry_ends, stack_ends = ends[:len(batched)], ends[len(batched):]
+        for k, ((_, b), want) in enumerate(zip(carry_ends, batched)):
+            if b and not want:
+                raise _CarryBecomesBatched(k)
+        carry_values = [v if b or not want else bt.broadcast_batch(v) for (v, b), want in zip(carry_ends, batched)]
+        bt.emit("yield", carry_values + [v for v, _ in stack_ends], segments=(len(carry_values), len(stack_ends)))
+    except (NoBatchRule, _CarryBecomesBatched):
+        for o in reversed(body.ops):
+            erase_op(o)
+        raise
+    finally:
+        bt.blocks.pop()
+    return body, [b for _, b in stack_ends]
 
 
 RULES: dict[str, Rule] = {
