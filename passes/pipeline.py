@@ -63,6 +63,7 @@ PASSES: MutableMapping[str, type[Pass]] = _PassTable({
     "canonicalize": "canonicalize:Canonicalize",
     "autodiff": "autodiff:Autodiff",
     "scan-grad": "scan_grad:ScanGrad",
+    "checkpoint": "checkpoint:Checkpoint",
     "inline": "inline:Inline",
     "fuse": "fuse:Fuse",
     "place": "placement:Place",
