@@ -110,3 +110,10 @@ def _draw_plan(ax: Any, plan: MemoryPlan) -> None:
     ax.set_title(f"@{plan.function.name}: arena {plan.arena_bytes / scale:.2f} {unit}, lower bound "
                  f"{plan.lower_bound / scale:.2f} {unit} (dashed), naive {plan.naive_bytes / scale:.2f} {unit}",
                  fontsize=10)
+
+
+def checkpoint_report(decisions: list[Any]) -> str:
+    """One line per decision of the `checkpoint` pass (passes/checkpoint.py CheckpointDecision):
+    the scan's length, the segment, checkpoints kept, the remainder, the recompute factor and
+    the planned peak before and after."""
+    return "".join(f"checkpoint {d.describe()}\n" for d in decisions)

@@ -54,9 +54,9 @@ first `scan-grad` stay T long (gir.jit's budgeted pipeline runs that `scan-grad`
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from dataclasses import replace as dataclasses_replace
+from typing import Any
 
 from ..errors import GirArgumentError, GirPassError
 from ..ir.core import Block, BlockArgument, Function, Module, Operation, Region, Value, erase_op
@@ -68,31 +68,8 @@ from .base import Pass
 from .canonicalize import Canonicalize
 from .memory.plan import nbytes_of
 from .memory.planner import plan_memory
+from .pipeline import parse_bytes
 from .rewriter import PassStatistics, Rewriter
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(value: int | str | None) -> int | None:
-    """A memory budget in bytes: an int, or a string like "256MB", "1GB", "512MiB", "1e9";
-    None or "" for no budget. A GirArgumentError says what is accepted otherwise."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise GirArgumentError(f"memory budget must be a number of bytes or a string like '1GB', not {value!r}")
-    if isinstance(value, int):
-        n = value
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
-        unit = m.group(2).upper() if m else None
-        if m is None or unit not in _UNITS:
-            raise GirArgumentError(f"memory budget {value!r}: write bytes as an integer or with a unit "
-                                   f"(B, KB, MB, GB, KiB, MiB, GiB), e.g. '256MB'")
-        n = int(float(m.group(1)) * _UNITS[unit])
-    if n <= 0:
-        raise GirArgumentError(f"memory budget must be positive, got {value!r}")
-    return n
 
 
 @dataclass(frozen=True)
@@ -150,9 +127,14 @@ class CheckpointDecision:
 
 @dataclass
 class CheckpointReport:
-    """Every decision of one run, the analysis `gir opt --memplan-report` finds (by module)."""
+    """Every decision of one run on one function."""
 
     decisions: list[CheckpointDecision] = field(default_factory=list)
+
+
+def checkpoint_decisions(records: list[Any]) -> list[CheckpointDecision]:
+    """The decisions of every `checkpoint` run among a pass manager report's records."""
+    return [d for r in records for d in r.stats.decisions if isinstance(d, CheckpointDecision)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,8 +476,8 @@ def choose_segment(function: Function, pair: Pair, budget: int) -> tuple[int, in
 class Checkpoint(Pass):
     """`checkpoint{segment=S}` / `checkpoint{budget=1GB}`: two-level checkpointing of the
     forward/backward scan pairs autodiff made (module docstring). Without options it changes
-    nothing. Each decision is a note (`--timing`) and a `CheckpointReport` in the analyses
-    (`gir opt --memplan-report`).
+    nothing. Each decision is a note (`--timing`) and a `CheckpointDecision` in the pass's
+    statistics (`gir opt --memplan-report`, `fn.stats.compile.checkpoints`).
 
         %cT, %r = scan (%x in %xs) ... stack (%res)     ->  segments of S steps: carries kept
         %d = scan reverse (%q in %r) ...                     every S steps, residuals recomputed
@@ -515,10 +497,9 @@ class Checkpoint(Pass):
             self._function(rw, f, report, stats)
             for d in report.decisions:
                 stats.notes.append(d.describe())
+                stats.decisions.append(d)
                 if d.segment:
                     stats.count(f"@{f.name}: scans checkpointed")
-            if report.decisions:
-                self.analyses.put(f, report)
         return rw.changed
 
     def _function(self, rw: Rewriter, f: Function, report: CheckpointReport, stats: PassStatistics) -> None:
@@ -527,8 +508,13 @@ class Checkpoint(Pass):
         for why in skipped:
             stats.notes.append(f"@{f.name}: a scan not checkpointed: {why}")
         if o.segment:
+            before = planned_peak(f) if pairs else None
             for pair in pairs:
-                report.decisions.append(self._apply(rw, f, pair, o.segment, None, None))
+                after = None
+                if before is not None and 2 <= o.segment < pair.trip_count:
+                    after = _trial_peak(f, f.body.ops.index(pair.forward), o.segment)
+                report.decisions.append(self._apply(rw, f, pair, o.segment, before, after))
+                before = after
             return
         budget = o.budget_bytes
         assert budget is not None
