@@ -201,22 +201,31 @@ def _pair_of(f: Operation) -> Pair | str | None:
 class _Builder:
     """Creates the ops of one rewrite before an anchor op."""
 
-    def __init__(self, rw: Rewriter, anchor: Operation):
+    def __init__(self, rw: Rewriter, anchor: Operation, made: dict[tuple, Value] | None = None):
         self.rw = rw
         self.anchor = anchor
+        self.made: dict[tuple, Value] = made if made is not None else {}
+        """(op name, operand, attributes) -> the value made: the forward's and the backward's
+        segments of one sequence are one value (made before the forward, which dominates)."""
+
+    def _value(self, name: str, v: Value, attrs: dict) -> Value:
+        key = (name, v, repr(attrs))
+        found = self.made.get(key)
+        if found is None:
+            found = self.made[key] = self.rw.value(name, [v], before=self.anchor, attrs=attrs)
+        return found
 
     def rows(self, v: Value, lo: int, hi: int) -> Value:
         """v[lo:hi] on the leading axis (v itself when that is all of it)."""
         shape = v.tensor_type.shape
         if lo == 0 and hi == shape[0]:
             return v
-        return self.rw.value("slice", [v], before=self.anchor,
-                             attrs={"starts": [lo] + [0] * (len(shape) - 1), "limits": [hi, *shape[1:]]})
+        return self._value("slice", v, {"starts": [lo] + [0] * (len(shape) - 1), "limits": [hi, *shape[1:]]})
 
     def reshape(self, v: Value, shape: list[int]) -> Value:
         if list(v.tensor_type.shape) == shape:
             return v
-        return self.rw.value("reshape", [v], before=self.anchor, attrs={"shape": shape})
+        return self._value("reshape", v, {"shape": shape})
 
     def segments(self, v: Value, n: int, s: int) -> Value:
         """The first n·s rows of v as n segments of s rows: `reshape(slice(v, 0:n·s), [n, s, ...])`."""
@@ -321,7 +330,7 @@ def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int) -> None:
     for j, i in enumerate(kept):
         rest = rest_f.results[n_carries + i] if rest_f is not None else None
         rw.replace_all_uses(fv.stacked_results[i], build.join(build.unsegment(main_stacks[j]), rest))
-    _rewrite_backward(rw, pair, s, n, checkpoints, rest_f)
+    _rewrite_backward(rw, pair, s, n, checkpoints, rest_f, build.made)
     rw.erase(b)
     rw.erase(f)
 
@@ -348,11 +357,11 @@ def _outer_forward(rw: Rewriter, f: Operation, build: _Builder, f_seqs: list[Val
 
 
 def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: list[Value],
-                      rest_f: Operation | None) -> None:
+                      rest_f: Operation | None, made: dict[tuple, Value]) -> None:
     f, b = pair.forward, pair.backward
     fv, bv = LoopView(f), LoopView(b)
     t, m = pair.trip_count, n * s
-    build = _Builder(rw, b)
+    build = _Builder(rw, b, made)
     stack_index = {r: i for i, r in enumerate(fv.stacked_results)}
     residual = set(pair.residual)
     b_seqs = list(bv.sequences)
