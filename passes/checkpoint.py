@@ -70,6 +70,7 @@ from .memory.plan import nbytes_of
 from .memory.planner import plan_memory
 from .pipeline import parse_bytes
 from .rewriter import PassStatistics, Rewriter
+from .scan_grad import ScanGrad
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class CheckpointDecision:
             return f"@{self.function}: scan of {self.trip_count} steps not checkpointed: {self.reason}{peak}"
         return (f"@{self.function}: scan of {self.trip_count} steps: segment {self.segment}, "
                 f"{self.checkpoints} checkpoints, remainder {self.remainder}, "
-                f"recompute factor {self.recompute_factor:.3f}{peak}")
+                f"recompute factor {self.recompute_factor:.3f}{peak}" + (f" ({self.reason})" if self.reason else ""))
 
 
 @dataclass
@@ -449,15 +450,19 @@ def candidate_segments(t: int) -> list[int]:
     return sorted(s for s in found if 2 <= s < t)
 
 
-def _trial_peak(function: Function, position: int, segment: int) -> int | None:
-    """The planned peak of a copy of function with the pair whose forward scan is its op at
-    `position` checkpointed with `segment`, canonicalized (as the pipeline will)."""
+def projected_peak(function: Function, position: int | None = None, segment: int = 0) -> int | None:
+    """The planned peak of a copy of function after what the budgeted pipeline runs next
+    (canonicalize, scan-grad, canonicalize: scan-grad's push-out drops stacks, so planning
+    the IR as it is now would overstate both peaks), with the pair whose forward scan is the
+    op at `position` checkpointed with `segment` first, if given."""
     copy = function.clone()
     module = Module([copy])
-    pair = _pair_of(copy.body.ops[position])
-    assert isinstance(pair, Pair)
-    checkpoint_pair(Rewriter(), pair, segment)
-    Canonicalize().run(module, PassStatistics())
+    if position is not None:
+        pair = _pair_of(copy.body.ops[position])
+        assert isinstance(pair, Pair)
+        checkpoint_pair(Rewriter(), pair, segment)
+    for p in (Canonicalize(), ScanGrad(), Canonicalize()):
+        p.run(module, PassStatistics())
     return planned_peak(copy)
 
 
@@ -466,7 +471,7 @@ def choose_segment(function: Function, pair: Pair, budget: int) -> tuple[int, in
     the one recomputing the fewest steps (then the longest); else the smallest peak."""
     position = function.body.ops.index(pair.forward)
     t = pair.trip_count
-    tried = [(s, _trial_peak(function, position, s)) for s in candidate_segments(t)]
+    tried = [(s, projected_peak(function, position, s)) for s in candidate_segments(t)]
     tried = [(s, p) for s, p in tried if p is not None]
     if not tried:
         return 0, None, False
@@ -517,17 +522,17 @@ class Checkpoint(Pass):
         for why in skipped:
             stats.notes.append(f"@{f.name}: a scan not checkpointed: {why}")
         if o.segment:
-            before = planned_peak(f) if pairs else None
+            before = projected_peak(f) if pairs else None
             for pair in pairs:
                 after = None
                 if before is not None and 2 <= o.segment < pair.trip_count:
-                    after = _trial_peak(f, f.body.ops.index(pair.forward), o.segment)
+                    after = projected_peak(f, f.body.ops.index(pair.forward), o.segment)
                 report.decisions.append(self._apply(rw, f, pair, o.segment, before, after))
                 before = after
             return
         budget = o.budget_bytes
         assert budget is not None
-        peak = planned_peak(f) if pairs else None
+        peak = projected_peak(f) if pairs else None
         for pair in sorted(pairs, key=residual_bytes, reverse=True):
             if peak is None or peak <= budget:
                 break

@@ -8,6 +8,7 @@ nested loops (tests/fuzz/programs.py) keep their gradients under a forced segmen
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -338,3 +339,26 @@ def test_random_nested_scans(seed: int) -> None:
         assert max_relative(list(fn(*args)), list(want)) < 1e-10, text
         done = [d for d in fn.stats.compile.checkpoints if f"segment {segment}," in d]
         assert bool(done) == (steps > segment), (fn.stats.compile.checkpoints, text)
+
+
+GPU_SCRIPT = """
+import numpy as np, gir, sys
+sys.path.insert(0, sys.argv[1])
+from test_checkpoint import BACKEND_PIPELINE, DEFAULT_PIPELINE, checkpointed, max_relative, rnn_case
+src, args = rnn_case("lstm", 7)
+want = gir.jit(src, "lstm_grads", device="interp")(*args)
+fn = gir.jit(src, "lstm_grads", device="gpu", pipeline=checkpointed(DEFAULT_PIPELINE, 3) + "," + BACKEND_PIPELINE)
+print("max relative error", max_relative(list(fn(*args)), list(want)))
+"""
+
+
+@pytest.mark.gpu
+def test_lstm_gradients_gpu(tmp_path: Path) -> None:
+    """The checkpointed LSTM gradient on the GPU backend (the CUDA simulator without a GPU, in
+    a fresh process: the simulator is chosen when numba is imported)."""
+    env = {**os.environ, "GIR_CACHE_DIR": str(tmp_path)}
+    env.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    r = subprocess.run([sys.executable, "-c", GPU_SCRIPT, str(Path(__file__).resolve().parent)], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.split("max relative error")[1]) < 1e-10
