@@ -37,8 +37,10 @@ the budget in memory, and about a minute per step.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -101,7 +103,9 @@ def inputs(T: int, B: int, I: int, H: int) -> tuple[list[np.ndarray], list[str]]
 
 def run_gir(T: int, B: int, I: int, H: int, budget: str, repeat: int, max_bytes: int, save: str | None) -> dict:
     os.environ["GIR_LLVM_TIER"] = "0"  # one compile, -O3: time the final code from the first call
-    os.environ["GIR_CACHE_DIR"] = tempfile.mkdtemp()  # compiled here: the passes' reports, the compile time
+    cache = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, cache, True)
+    os.environ["GIR_CACHE_DIR"] = cache  # compiled here: the passes' reports, the compile time
     os.environ.setdefault("GIR_GEMM_MEASURE", "now")
     import gir
 

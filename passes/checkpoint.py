@@ -41,7 +41,8 @@ Options: `segment=S` rewrites every pair whose trip count exceeds S; `budget=BYT
 "1GB", or an integer) rewrites only when the function's planned peak (passes/memory/) exceeds
 it, pair by pair, largest residuals first, with the segment length chosen by planning the
 rewritten function for candidate lengths around √T: the one that fits with the least
-recomputation (ties: the longest segment), else the one with the smallest peak.
+recomputation (in whole percents of T; ties: the longest segment), else the one with the
+smallest peak.
 
 Known gaps: pairs inside loop bodies are not rewritten (a nested scan inside F is recomputed
 with F's body); a `?` trip count is left alone (gir.jit specialises shapes before the
@@ -468,7 +469,8 @@ def projected_peak(function: Function, position: int | None = None, segment: int
 
 def choose_segment(function: Function, pair: Pair, budget: int) -> tuple[int, int | None, bool]:
     """(segment, its planned peak, whether it fits the budget): of the candidates that fit,
-    the one recomputing the fewest steps (then the longest); else the smallest peak."""
+    the one recomputing the fewest steps (in whole percents of T; then the longest); else the
+    one with the smallest peak."""
     position = function.body.ops.index(pair.forward)
     t = pair.trip_count
     tried = [(s, projected_peak(function, position, s)) for s in candidate_segments(t)]
@@ -477,7 +479,10 @@ def choose_segment(function: Function, pair: Pair, budget: int) -> tuple[int, in
         return 0, None, False
     fitting = [(s, p) for s, p in tried if p <= budget]
     if fitting:
-        s, p = min(fitting, key=lambda sp: ((t // sp[0]) * sp[0], -sp[0]))
+        # Recomputed steps N·S, in whole percents of T (S = 101 recomputing 9,999 steps of
+        # 10,000 is no better than S = 200 recomputing all of them), then the longest segment:
+        # fewer outer steps, larger per-segment GEMMs.
+        s, p = min(fitting, key=lambda sp: (round(100 * (t // sp[0]) * sp[0] / t), -sp[0]))
         return s, p, True
     s, p = min(tried, key=lambda sp: (sp[1], -sp[0]))
     return s, p, False
