@@ -318,7 +318,7 @@ def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int) -> None:
         if make is forward_rest and m == t:
             continue
         op = make(inits)
-        inits = op.results[: len(inits)]
+        inits = list(LoopView(op).final_carries)
         if make is forward_main:
             outer_f = op
         else:
@@ -327,10 +327,11 @@ def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int) -> None:
     for old, new in zip(fv.final_carries, inits):
         rw.replace_all_uses(old, new)
     n_carries = len(fv.inits)
-    main_stacks = outer_f.results[2 * n_carries:]
-    checkpoints = outer_f.results[n_carries: 2 * n_carries]
+    outer_stacks = LoopView(outer_f).stacked_results  # the checkpoints, then the kept stacks
+    checkpoints, main_stacks = outer_stacks[:n_carries], outer_stacks[n_carries:]
+    rest_stacks = LoopView(rest_f).stacked_results if rest_f is not None else None
     for j, i in enumerate(kept):
-        rest = rest_f.results[n_carries + i] if rest_f is not None else None
+        rest = rest_stacks[i] if rest_stacks is not None else None
         rw.replace_all_uses(fv.stacked_results[i], build.join(build.unsegment(main_stacks[j]), rest))
     _rewrite_backward(rw, pair, s, n, checkpoints, rest_f, build.made)
     rw.erase(b)
@@ -347,9 +348,9 @@ def _outer_forward(rw: Rewriter, f: Operation, build: _Builder, f_seqs: list[Val
     body, args = _new_loop(seg_types + [v.type for v in inits],
                            [None] * len(segs) + [a.name_hint for a in fv.carry_args])
     seq_args, carry_args = args[: len(segs)], args[len(segs):]
-    inner = clone_scan(rw, f, list(seq_args), list(carry_args), kept, body, s)
-    finals = inner.results[: len(inits)]
-    stacks = list(carry_args) + inner.results[len(inits):]
+    inner = LoopView(clone_scan(rw, f, list(seq_args), list(carry_args), kept, body, s))
+    finals = inner.final_carries
+    stacks = list(carry_args) + inner.stacked_results
     body.append(make_op("yield", list(finals) + stacks, loc=f.loc, segments=(len(finals), len(stacks))))
     outer = make_op("scan", segs + inits, attrs={"reverse": fv.reverse, "length": None if segs else n},
                     regions=[Region(body)], loc=f.loc, segments=(len(segs), len(inits)))
@@ -367,13 +368,11 @@ def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: lis
     stack_index = {r: i for i, r in enumerate(fv.stacked_results)}
     residual = set(pair.residual)
     b_seqs = list(bv.sequences)
-    n_carries = len(bv.inits)
-    n_f = len(fv.inits)
 
     def backward_rest(inits: list[Value]) -> Operation:
         assert rest_f is not None
-        seqs = [rest_f.results[n_f + stack_index[x]] if stack_index.get(x) in residual else build.rows(x, m, t)
-                for x in b_seqs]
+        rest_stacks = LoopView(rest_f).stacked_results
+        seqs = [rest_stacks[stack_index[x]] if stack_index.get(x) in residual else build.rows(x, m, t) for x in b_seqs]
         return clone_scan(rw, b, seqs, inits, list(range(len(bv.stacked_results))), b, t - m)
 
     def backward_main(inits: list[Value]) -> Operation:
@@ -386,7 +385,7 @@ def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: lis
         if make is backward_rest and rest_f is None:
             continue
         op = make(inits)
-        inits = op.results[:n_carries]
+        inits = list(LoopView(op).final_carries)
         if make is backward_main:
             outer_b = op
         else:
@@ -394,9 +393,11 @@ def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: lis
     assert outer_b is not None
     for old, new in zip(bv.final_carries, inits):
         rw.replace_all_uses(old, new)
+    main_stacks = LoopView(outer_b).stacked_results
+    rest_stacks = LoopView(rest_b).stacked_results if rest_b is not None else None
     for i, old in enumerate(bv.stacked_results):
-        rest = rest_b.results[n_carries + i] if rest_b is not None else None
-        rw.replace_all_uses(old, build.join(build.unsegment(outer_b.results[n_carries + i]), rest))
+        rest = rest_stacks[i] if rest_stacks is not None else None
+        rw.replace_all_uses(old, build.join(build.unsegment(main_stacks[i]), rest))
 
 
 def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: list[Value], inits: list[Value],
@@ -420,12 +421,13 @@ def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: list
     g_args = args[k + len(f_segs): len(outer_seqs)]
     carry_args = args[len(outer_seqs):]
     recompute = clone_scan(rw, f, list(f_args), list(ck_args), pair.residual, body, s)
-    recomputed = dict(zip(pair.residual, recompute.results[len(ck_args):]))
+    recomputed = dict(zip(pair.residual, LoopView(recompute).stacked_results))
     g_map = dict(zip(generic, g_args))
     seqs = [recomputed[stack_index[x]] if stack_index.get(x) in residual else g_map[x] for x in bv.sequences]
     inner = clone_scan(rw, b, seqs, list(carry_args), list(range(len(bv.stacked_results))), body, s)
-    results = list(inner.results)
-    body.append(make_op("yield", results, loc=b.loc, segments=(len(carry_args), len(results) - len(carry_args))))
+    inner_view = LoopView(inner)
+    finals, stacks = list(inner_view.final_carries), list(inner_view.stacked_results)
+    body.append(make_op("yield", finals + stacks, loc=b.loc, segments=(len(finals), len(stacks))))
     outer = make_op("scan", outer_seqs + inits, attrs={"reverse": bv.reverse, "length": None if outer_seqs else n},
                     regions=[Region(body)], loc=b.loc, segments=(len(outer_seqs), len(inits)))
     b.parent.insert_before(b, outer)  # type: ignore[union-attr]
