@@ -121,6 +121,31 @@ def test_rnn_gradients_cpu(model: str, tmp_path: Path, monkeypatch: pytest.Monke
     assert fn.stats.compile.planned_peak and fn.stats.compile.arena_bytes
 
 
+@pytest.mark.parametrize("path", ["mkl-packed", "openblas-copy"])
+def test_weights_packed_once_per_call_not_per_segment(path: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU: a weight used by GEMMs inside the segments' scans is packed (or copied) before the
+    outermost loop, once per call, shared by the forward, recomputation and remainder scans:
+    the pack count does not grow with the number of segments."""
+    from gir.backend.cpu.blas import providers
+
+    if path == "mkl-packed" and not providers().has_mkl:
+        pytest.skip("MKL is not installed")
+    monkeypatch.setenv("GIR_GEMM_PATH", path)
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path))
+    src, args = rnn_case("lstm", 12)
+    want = gir.jit(src, "lstm_grads", device="interp")(*args)
+    packs = {}
+    for segment in (2, 3, 6):
+        fn = gir.jit(src, "lstm_grads", pipeline=checkpointed(DEFAULT_PIPELINE, segment) + "," + BACKEND_PIPELINE)
+        assert max_relative(list(fn(*args)), list(want)) < 1e-10
+        assert fn.stats.gemm_paths.get(path, 0) >= 1, fn.stats.gemm_paths
+        packs[segment] = fn.stats.pack_calls
+    plain = gir.jit(src, "lstm_grads")
+    plain(*args)
+    assert packs[2] == packs[3] == packs[6] <= plain.stats.pack_calls + 1, (packs, plain.stats.pack_calls)
+
+
 def test_weight_gradient_is_one_gemm_per_segment() -> None:
     """scan-grad after checkpoint: inside the backward outer loop, no matmul accumulates
     per step into a weight gradient; the recurrent weight's gradient is GEMMs over the
