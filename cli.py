@@ -185,7 +185,10 @@ def _opt(args: argparse.Namespace) -> int:
             sys.stderr.write(memplan_reports(plans))
         if args.memplan_plot:
             try:
-                plot_plans(plans, args.memplan_plot)
+                from .passes.checkpoint import checkpoint_decisions
+                from .reporting import peaks_before_checkpointing
+
+                plot_plans(plans, args.memplan_plot, peaks_before_checkpointing(checkpoint_decisions(report.records)))
             except OSError as e:
                 raise cannot_write(args.memplan_plot, e) from None
     with timing.phase("print IR (output)"):

@@ -257,6 +257,11 @@ def test_cli_opt_memory_budget_report(tmp_path: Path) -> None:
     assert "checkpoint @rnn_grads: scan of 20 steps: segment" in r.stderr
     assert "checkpoints" in r.stderr and "recompute factor" in r.stderr and "planned peak" in r.stderr
     assert "memory plan of @rnn_grads" in r.stderr
+    pytest.importorskip("matplotlib")
+    r = gir_cli("opt", str(path), "--memory-budget", "2KB", "--memplan-plot", str(tmp_path / "plan.png"),
+                "-o", str(tmp_path / "out.gir"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "plan.png").stat().st_size > 1000
     r = gir_cli("opt", str(path), "--memory-budget", "two", "-o", str(tmp_path / "out.gir"))
     assert r.returncode == 1 and "memory budget 'two'" in r.stderr and "Traceback" not in r.stderr
 
