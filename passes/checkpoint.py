@@ -471,23 +471,24 @@ def projected_peak(function: Function, position: int | None = None, segment: int
 
 def choose_segment(function: Function, pair: Pair, budget: int) -> tuple[int, int | None, bool]:
     """(segment, its planned peak, whether it fits the budget): of the candidates that fit,
-    the one recomputing the fewest steps (in whole percents of T; then the longest); else the
-    one with the smallest peak."""
+    the one recomputing the fewest steps (in whole percents of T: S = 101 recomputing 9,999
+    steps of 10,000 is no better than S = 200 recomputing all of them), then the longest
+    (fewer outer steps, larger per-segment GEMMs); else the one with the smallest peak. The
+    candidates are planned in that order of preference, so the first that fits is the answer."""
     position = function.body.ops.index(pair.forward)
     t = pair.trip_count
-    tried = [(s, projected_peak(function, position, s)) for s in candidate_segments(t)]
-    tried = [(s, p) for s, p in tried if p is not None]
+    tried: list[tuple[int, int]] = []
+    for s in sorted(candidate_segments(t), key=lambda s: (round(100 * (t // s) * s / t), -s)):
+        peak = projected_peak(function, position, s)
+        if peak is None:
+            continue
+        if peak <= budget:
+            return s, peak, True
+        tried.append((s, peak))
     if not tried:
         return 0, None, False
-    fitting = [(s, p) for s, p in tried if p <= budget]
-    if fitting:
-        # Recomputed steps N·S, in whole percents of T (S = 101 recomputing 9,999 steps of
-        # 10,000 is no better than S = 200 recomputing all of them), then the longest segment:
-        # fewer outer steps, larger per-segment GEMMs.
-        s, p = min(fitting, key=lambda sp: (round(100 * (t // sp[0]) * sp[0] / t), -sp[0]))
-        return s, p, True
-    s, p = min(tried, key=lambda sp: (sp[1], -sp[0]))
-    return s, p, False
+    s, peak = min(tried, key=lambda sp: (sp[1], -sp[0]))
+    return s, peak, False
 
 
 # ---------------------------------------------------------------------------------------------
