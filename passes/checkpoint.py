@@ -545,11 +545,16 @@ class Checkpoint(Pass):
             if peak is None or peak <= budget:
                 break
             segment, after, fits = choose_segment(f, pair, budget)
+            if not fits and (after is None or after >= peak):  # recomputing would cost time for nothing
+                report.decisions.append(CheckpointDecision(
+                    f.name, pair.trip_count, 0, 0, 0, peak, peak,
+                    reason="no segment length lowers the planned peak"))
+                continue
             decision = self._apply(rw, f, pair, segment, peak, after)
-            if segment and not fits:
+            if not fits:
                 decision = dataclasses_replace(decision, reason="the budget is not met even so")
             report.decisions.append(decision)
-            peak = after if segment else peak
+            peak = after
 
     @staticmethod
     def _apply(rw: Rewriter, f: Function, pair: Pair, segment: int, before: int | None,

@@ -412,3 +412,53 @@ def test_python_frontend_memory_budget() -> None:
     got = fn(p, xs, h0)
     assert max_relative([got[0]] + [got[1][k] for k in p], [want[0]] + [want[1][k] for k in p]) < 1e-12
     assert "scan of 40 steps: segment" in fn.stats.compile.checkpoints[0]
+
+
+TWO_LAYERS = """
+func @loss(%xs: tensor<11x2x3xf64>, %h0: tensor<2x4xf64>, %w1: tensor<3x4xf64>, %u1: tensor<4x4xf64>,
+           %w2: tensor<4x4xf64>, %u2: tensor<4x4xf64>) -> tensor<f64> {
+  %h = %h0
+  for %x in %xs {
+    %h = tanh(%x @ %w1 + %h @ %u1)
+    collect %h into %hs
+  }
+  %g = %h0
+  %loss = constant 0.0 : tensor<f64>
+  for %y in %hs {
+    %g = tanh(%y @ %w2 + %g @ %u2)
+    %loss = %loss + sum(%g * %g)
+  }
+  return %loss
+}
+
+func @grads(%xs: tensor<11x2x3xf64>, %h0: tensor<2x4xf64>, %w1: tensor<3x4xf64>, %u1: tensor<4x4xf64>,
+            %w2: tensor<4x4xf64>, %u2: tensor<4x4xf64>)
+    -> (tensor<f64>, tensor<2x4xf64>, tensor<3x4xf64>, tensor<4x4xf64>, tensor<4x4xf64>, tensor<4x4xf64>) {
+  %l, %a, %b, %c, %d, %e = grad @loss(%xs, %h0, %w1, %u1, %w2, %u2) wrt (%h0, %w1, %u1, %w2, %u2)
+  return %l, %a, %b, %c, %d, %e
+}
+"""
+
+
+def test_two_layers() -> None:
+    """Two stacked recurrent layers: two pairs, the second layer's forward reading the first's
+    stacked outputs (a kept stack) and its backward stacking their cotangents for the first's.
+    Forced segments rewrite both; a budget rewrites pairs largest first and leaves a pair alone
+    when no segment length lowers the peak."""
+    module = gir.parse(TWO_LAYERS)
+    args = random_inputs(module.functions["grads"], 0)
+    want = gir.jit(module, "grads", device="interp")(*args)
+    for segment in (2, 3, 5):
+        fn = gir.jit(module, "grads", device="interp",
+                     pipeline=checkpointed(DEFAULT_PIPELINE, segment) + "," + BACKEND_PIPELINE)
+        assert max_relative(list(fn(*args)), list(want)) < 1e-12
+        assert sum(f"segment {segment}," in d for d in fn.stats.compile.checkpoints) == 2
+    for budget in (1500, 3500, 4000):
+        fn = gir.jit(module, "grads", device="interp", memory_budget=budget)
+        assert max_relative(list(fn(*args)), list(want)) < 1e-12
+        decisions = fn.stats.compile.checkpoints
+        assert decisions and "segment" in decisions[0]
+        if budget == 1500:
+            assert "not met" in decisions[0] and "no segment length lowers" in decisions[1]
+        else:
+            assert len(decisions) == 1 and fn.stats.compile.planned_peak <= budget
