@@ -462,3 +462,37 @@ def test_two_layers() -> None:
             assert "not met" in decisions[0] and "no segment length lowers" in decisions[1]
         else:
             assert len(decisions) == 1 and fn.stats.compile.planned_peak <= budget
+
+
+NESTED_BY_HAND = """
+func @loss(%xs: tensor<4x3x2xf64>, %h0: tensor<2xf64>, %w: tensor<2xf64>) -> tensor<f64> {
+  %zero = constant 0.0 : tensor<f64>
+  %hT, %lT = scan (%x in %xs) carry (%h = %h0, %l = %zero) {
+    %gk = scan (%y in %x) carry (%g = %h) {
+      %a = mul %g, %w : tensor<2xf64>
+      %b = add %a, %y : tensor<2xf64>
+      %c = tanh %b : tensor<2xf64>
+      yield (%c)
+    } : tensor<2xf64>
+    %s = sum %gk : tensor<f64>
+    %l2 = add %l, %s : tensor<f64>
+    yield (%gk, %l2)
+  } : tensor<2xf64>, tensor<f64>
+  return %lT
+}
+func @grads(%xs: tensor<4x3x2xf64>, %h0: tensor<2xf64>, %w: tensor<2xf64>) -> (tensor<f64>, tensor<2xf64>) {
+  %l, %dw = grad @loss(%xs, %h0, %w) wrt (2)
+  return %l, %dw
+}
+"""
+
+
+def test_autodiff_of_nested_scans_stacks_every_inner_step() -> None:
+    """Why `checkpoint` runs after autodiff (docs/autodiff.md): a forward written as segments
+    (an outer scan over a scan) is differentiated by stacking every inner step's residuals
+    through the outer scan, T_outer x T_inner rows, not by recomputing the inner scan."""
+    module = gir.parse(NESTED_BY_HAND)
+    PassManager("autodiff,canonicalize").run(module)
+    (forward,) = [op for op in module.functions["grads"].body if op.name == "scan" and not LoopView(op).reverse]
+    stacks = LoopView(forward).stacked_results
+    assert stacks and all(r.tensor_type.shape[:2] == (4, 3) for r in stacks)
