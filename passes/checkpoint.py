@@ -172,27 +172,29 @@ def find_pairs(block: Block) -> tuple[list[Pair], list[str]]:
 
 
 def _pair_of(f: Operation) -> Pair | str | None:
+    """F's pair, or why F has none (a string worth a note), or None (no backward scan reads it)."""
     view = LoopView(f)
     readers: set[Operation] = set()
     residual = []
     for i, r in enumerate(view.stacked_results):
         users = {u for u, _ in r.uses}
-        if len(users) == 1:
-            (b,) = users
-            if b.name == "scan" and b.parent is f.parent and all(k < len(LoopView(b).sequences) for _, k in r.uses):
-                readers.add(b)
-                residual.append(i)
+        if len(users) != 1:
+            continue  # read by several ops, or by none (then canonicalize drops it): not a residual
+        (b,) = users
+        if b.name == "scan" and b.parent is f.parent and LoopView(b).reverse != view.reverse \
+                and all(k < len(LoopView(b).sequences) for _, k in r.uses):
+            readers.add(b)
+            residual.append(i)
     if not readers:
         return None
     if len(readers) > 1:
         return "its residual stacks are read by several backward scans"
     (b,) = readers
-    residual = [i for i in residual if {u for u, _ in view.stacked_results[i].uses} == {b}]
-    if LoopView(b).reverse == view.reverse:
-        return None
     t = view.trip_count
-    if t is None or LoopView(b).trip_count != t:
-        return "its trip count is `?` (gir.jit specialises shapes first)" if t is None else None
+    if t is None:
+        return "its trip count is `?` (gir.jit specialises shapes first)"
+    if LoopView(b).trip_count != t:
+        return None
     return Pair(f, b, residual, t)
 
 
