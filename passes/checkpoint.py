@@ -277,8 +277,8 @@ def clone_scan(rw: Rewriter, scan: Operation, sequences: list[Value], inits: lis
 
 
 def _drop_dead(body: Block) -> None:
-    """Erases pure ops whose results nothing reads (the residual arithmetic a copy without
-    residual stacks no longer needs); canonicalize would too, but the planner runs before it."""
+    """Erases pure ops whose results nothing reads: the arithmetic only the dropped residual
+    stacks needed (canonicalize would too; this keeps the IR the pass prints to what runs)."""
     for op in reversed(body.ops):
         if op.spec.pure and not op.spec.terminator and not any(r.uses for r in op.results) \
                 and not fails_at_run_time(op):
