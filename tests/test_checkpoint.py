@@ -1,4 +1,4 @@
-"""The `checkpoint` pass and the memory budget (passes/checkpoint.py, docs/memplan.md).
+"""The `checkpoint` pass and the memory budget (transforms/checkpoint.py, docs/memplan.md).
 
 The interpreter is the oracle: every rewritten program is run before and after on random
 inputs. Gradients of the RNN, GRU and LSTM (float64) with checkpointing forced must equal the
@@ -20,10 +20,11 @@ import pytest
 from gir.errors import GirArgumentError, GirPassError
 from gir.ir.interpreter import random_inputs
 from gir.ir.loops import LoopView
-from gir.passes.checkpoint import Checkpoint, candidate_segments, find_pairs
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE, parse_bytes, parse_pipeline, with_memory_budget
+from gir.passes.rewriter import PassStatistics
 from gir.testing import assert_all_close
+from gir.transforms.checkpoint import Checkpoint, candidate_segments, find_pairs
 from rnn_cases import bench_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
@@ -196,7 +197,7 @@ def test_no_budget_no_change() -> None:
     assert gir.jit(rnn_case("rnn", 3)[0], "rnn_grads", device="interp").pipeline == \
         DEFAULT_PIPELINE + "," + BACKEND_PIPELINE
     module = gir.load(str(FILECHECK))
-    assert not Checkpoint().run(module, __import__("gir.passes.rewriter", fromlist=["x"]).PassStatistics())
+    assert not Checkpoint().run(module, PassStatistics())
 
 
 def test_candidates_are_around_the_square_root() -> None:

@@ -38,7 +38,7 @@ the second `scan-grad` lets it push the weight-gradient accumulations of each re
 segment out of the inner backward loop: one GEMM per segment (docs/memplan.md).
 
 Options: `segment=S` rewrites every pair whose trip count exceeds S; `budget=BYTES` ("256MB",
-"1GB", or an integer) rewrites only when the function's planned peak (passes/memory/) exceeds
+"1GB", or an integer) rewrites only when the function's planned peak (analysis/memory/) exceeds
 it, pair by pair, largest residuals first, with the segment length chosen by planning the
 rewritten function for candidate lengths around √T: the one that fits with the least
 recomputation (in whole percents of T; ties: the longest segment), else the one with the
@@ -59,18 +59,18 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dataclasses_replace
 from typing import Any
 
+from ..analysis.memory.plan import nbytes_of
+from ..analysis.memory.planner import plan_memory
 from ..errors import GirArgumentError, GirPassError
 from ..ir.core import Block, BlockArgument, Function, Module, Operation, Region, Value, erase_op
 from ..ir.loops import LoopView
 from ..ir.ops import make_op
 from ..ir.spec import fails_at_run_time
 from ..ir.types import TensorType
-from .base import Pass
+from ..passes.base import Pass
+from ..passes.pipeline import parse_bytes
+from ..passes.rewriter import PassStatistics, Rewriter
 from .canonicalize import Canonicalize
-from .memory.plan import nbytes_of
-from .memory.planner import plan_memory
-from .pipeline import parse_bytes
-from .rewriter import PassStatistics, Rewriter
 from .scan_grad import ScanGrad
 
 
