@@ -113,7 +113,7 @@ class JitFunction:
         """The best code for shapes (-O3, the GEMM paths measured now), for a specialisation
         loaded from the cache as quick code or with the model's paths: on the background
         thread (tiers.py), so the passes run there too; the object cache may skip LLVM."""
-        from .backend.cpu.llvm_jit import compile_code
+        from ..backend.cpu.llvm_jit import compile_code
 
         module = self._specialised_module(shapes)
         report = PassManager(self.pipeline).run(module)
