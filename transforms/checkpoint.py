@@ -410,8 +410,10 @@ def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: list
     fv, bv = LoopView(f), LoopView(b)
     stack_index = {r: i for i, r in enumerate(fv.stacked_results)}
     residual = set(pair.residual)
-    f_segs = [build.segments(x, n, s) for x in fv.sequences]
-    generic = [x for x in bv.sequences if stack_index.get(x) not in residual]
+    f_seqs = list(fv.sequences)
+    f_segs = [build.segments(x, n, s) for x in f_seqs]
+    # B's other sequences, less those F also reads (xs, read by both: one outer sequence)
+    generic = list(dict.fromkeys(x for x in bv.sequences if stack_index.get(x) not in residual and x not in f_seqs))
     g_segs = [build.segments(x, n, s) for x in generic]
     outer_seqs = list(checkpoints) + f_segs + g_segs
     types = [x.tensor_type.with_shape(x.tensor_type.shape[1:]) for x in outer_seqs]
@@ -424,7 +426,7 @@ def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: list
     carry_args = args[len(outer_seqs):]
     recompute = clone_scan(rw, f, list(f_args), list(ck_args), pair.residual, body, s)
     recomputed = dict(zip(pair.residual, LoopView(recompute).stacked_results))
-    g_map = dict(zip(generic, g_args))
+    g_map = dict(zip(generic, g_args)) | dict(zip(f_seqs, f_args))
     seqs = [recomputed[stack_index[x]] if stack_index.get(x) in residual else g_map[x] for x in bv.sequences]
     inner = clone_scan(rw, b, seqs, list(carry_args), list(range(len(bv.stacked_results))), body, s)
     inner_view = LoopView(inner)
