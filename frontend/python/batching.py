@@ -205,8 +205,9 @@ def _scan(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]], env: Env) -
     inits = [v if b or not batched[k] else bt.broadcast_batch(v) for k, (v, b) in enumerate(ins[n_seq:])]
     new = bt.emit("scan", [v for v, _ in seqs] + inits, attrs=dict(op.attrs), regions=[Region(body)],
                   segments=(n_seq, n_carry))
-    finals = [(r, b) for r, b in zip(new.results[:n_carry], batched)]
-    stacks = [(bt.transpose01(r), True) if b else (r, False) for r, b in zip(new.results[n_carry:], stack_batched)]
+    view = LoopView(new)
+    finals = list(zip(view.final_carries, batched))
+    stacks = [(bt.transpose01(r), True) if b else (r, False) for r, b in zip(view.stacked_results, stack_batched)]
     return finals + stacks
 
 
@@ -217,8 +218,8 @@ def _scan_body(bt: Batcher, op: Operation, groups: LoopGroups, seqs: list[tuple[
     carries = [bt.batched_type(a.tensor_type) if b else a.tensor_type for a, b in zip(groups.carry_args, batched)]
     body = Block(elements + carries, [a.name_hint for a in [*groups.element_args, *groups.carry_args]])
     inner = dict(env)
-    inner.update({a: (new, b) for a, new, (_, b) in zip(groups.element_args, body.args, seqs)})
-    inner.update({a: (new, b) for a, new, b in zip(groups.carry_args, body.args[len(seqs):], batched)})
+    flags = [b for _, b in seqs] + batched  # the body's arguments: elements, then carries
+    inner.update({a: (new, b) for a, new, b in zip([*groups.element_args, *groups.carry_args], body.args, flags)})
     bt.blocks.append(body)
     try:
         ends = bt.run_block(op.body, inner)
