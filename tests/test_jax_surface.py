@@ -339,6 +339,8 @@ def _per_example_cases() -> dict:
                    lambda xs: np.concatenate([xs.reshape(-1, 2, 2).transpose(0, 2, 1), np.ones((len(xs), 1, 2))],
                                              1).sum(1) + xs[:, 1:3], True),
         "gather": (lambda x: table[np.array([2, 0])] @ x, lambda xs: xs @ table[[2, 0]].T, True),
+        "gather_both": (lambda x: x[gnp.argmax(x)] + x[np.array([1, 1])].sum(),
+                        lambda xs: xs.max(1) + 2 * xs[:, 1], True),
         "stack": (lambda x: gnp.stack([x, 2.0 * x], axis=1), lambda xs: np.stack([xs, 2 * xs], axis=2), True),
         "scan": (lambda x: gnp.cumsum(x) + gir.scan(lambda c, e: (c + e, c * e), 0.0, x)[1],
                  lambda xs: np.cumsum(xs, 1) + np.concatenate([np.zeros((len(xs), 1)), np.cumsum(xs, 1)[:, :-1]],
@@ -348,7 +350,7 @@ def _per_example_cases() -> dict:
     }
 
 
-@pytest.mark.parametrize("case", ["mlp", "outer", "layout", "gather", "stack", "scan", "grad"])
+@pytest.mark.parametrize("case", ["mlp", "outer", "layout", "gather", "gather_both", "stack", "scan", "grad"])
 def test_vmap_batches_ops_and_falls_back_to_a_scan(case) -> None:
     """Each case once with a batched result (no scan over the batch, the example's own scan
     batched over time) or through the fallback scan, against NumPy and finite differences."""

@@ -9,9 +9,9 @@ unmapped arguments, constants) are re-emitted unchanged. A batched operand of pe
 k meeting a result of rank r is reshaped to (B, 1 x (r - k), ...), so NumPy broadcasting
 aligns it as it aligned the example (`lifted`). Rules exist for elementwise ops, casts,
 matmul, reductions, transpose, reshape, broadcast, concat, stack, slice, index (a gather with
-the table or the ids batched, not both), constants and `scan` (its body batched in turn: the
-loop runs once over time for the whole batch); an op without one (a grad, a gather with both
-batched, ...) makes vmap fall back to a scan over the batch axis (control.py), which is right
+the table, the ids or both batched), constants and `scan` (its body batched in turn: the
+loop runs once over time for the whole batch); an op without one (a grad, scatter_add, ...)
+makes vmap fall back to a scan over the batch axis (control.py), which is right
 for any function. `NoBatchRule` says so; the caller erases what was emitted.
 """
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from ...errors import Location
 from ...ir.core import Block, Function, Operation, Region, Value, erase_op
@@ -169,8 +171,8 @@ def _index(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> Value:
     (x, xb), (i, ib) = ins
     if ib and not xb:  # an unbatched table read at batched ids: the gather's result is batched already
         return bt.emit("index", [x, i]).result
-    if ib:
-        raise NoBatchRule("a gather from a batched table with a batched index")
+    if ib:  # both batched: one gather from the batch's tables laid end to end
+        return _gather_both(bt, x, i)
     rank = x.tensor_type.rank
     front = bt.emit("transpose", [x], attrs={"perm": [1, 0, *range(2, rank)]}).result
     rows = bt.emit("index", [front, i]).result
@@ -236,6 +238,19 @@ def _scan_body(bt: Batcher, op: Operation, groups: LoopGroups, seqs: list[tuple[
     finally:
         bt.blocks.pop()
     return body, [b for _, b in stack_ends]
+
+
+def _gather_both(bt: Batcher, x: Value, i: Value) -> Value:
+    """x (B, N, ...) read at i (B, ...): x reshaped to (B * N, ...) and read at i + b * N."""
+    b, rows = bt.known_batch(), x.tensor_type.shape[1]
+    if rows is None or None in x.tensor_type.shape[2:]:
+        raise NoBatchRule("a gather with both batched needs the table's sizes")
+    flat = bt.emit("reshape", [x], attrs={"shape": [b * rows, *x.tensor_type.shape[2:]]}).result
+    it = i.tensor_type
+    offsets = np.arange(b).reshape((b,) + (1,) * (it.rank - 1)) * rows
+    start = bt.emit("constant", [], attrs={"value": offsets.tolist()},
+                    declared=[TensorType(offsets.shape, it.dtype)]).result
+    return bt.emit("index", [flat, bt.emit("add", [i, start]).result]).result
 
 
 RULES: dict[str, Rule] = {

@@ -12,7 +12,7 @@
 - `vmap(fun, in_axes=0, out_axes=0)` traces fun on one example and re-emits its ops with a
   leading batch axis (batching.py: elementwise ops, matmul, reductions, layout ops, gathers),
   as JAX does, scans inside fun included; where an op has no batching rule (a `grad` inside
-  fun, a gather with both the table and the ids batched, ...) it falls back to a `scan` over
+  fun, ...) it falls back to a `scan` over
   the batch axis, which is right for any fun but runs the examples one after another.
 """
 
