@@ -346,11 +346,14 @@ def _per_example_cases() -> dict:
                  lambda xs: np.cumsum(xs, 1) + np.concatenate([np.zeros((len(xs), 1)), np.cumsum(xs, 1)[:, :-1]],
                                                               1) * xs, True),
         "grad": (lambda x: gir.grad(lambda v: gir.sum(gir.tanh(v) ** 2))(x),
-                 lambda xs: 2 * np.tanh(xs) * (1 - np.tanh(xs) ** 2), False),
+                 lambda xs: 2 * np.tanh(xs) * (1 - np.tanh(xs) ** 2), True),
+        "grad_scatter": (lambda x: gir.grad(lambda v: gir.sum(v[np.array([0, 0, 2])] ** 2))(x),
+                         lambda xs: np.stack([4 * xs[:, 0], 0 * xs[:, 1], 2 * xs[:, 2], 0 * xs[:, 3]], 1), True),
     }
 
 
-@pytest.mark.parametrize("case", ["mlp", "outer", "layout", "gather", "gather_both", "stack", "scan", "grad"])
+@pytest.mark.parametrize("case", ["mlp", "outer", "layout", "gather", "gather_both", "stack", "scan", "grad",
+                                  "grad_scatter"])
 def test_vmap_batches_ops_and_falls_back_to_a_scan(case) -> None:
     """Each case once with a batched result (no scan over the batch, the example's own scan
     batched over time) or through the fallback scan, against NumPy and finite differences."""
@@ -363,9 +366,9 @@ def test_vmap_batches_ops_and_falls_back_to_a_scan(case) -> None:
     scans = [op for op in module.walk() if op.name == "scan"]
     # batched: no scan over the batch (a scan of the example runs over its time axis, length 4)
     assert all(op.results[-1].tensor_type.shape[0] == 4 for op in scans) == batched, text
-    assert len(module.functions) == (1 if case != "grad" else 2)  # the traced example is not left behind
-    if case == "grad":
-        return  # a gradient of a gradient through vmap's fallback scan: not differentiated here
+    assert len(module.functions) == (2 if case.startswith("grad") else 1)  # no traced example left behind
+    if case.startswith("grad"):
+        return  # gradients of per-example gradients: not checked here
     weights = RNG.standard_normal(numpy_fun(xs).shape)
     g = gir.jit(gir.grad(lambda xs: gir.sum(mapped(xs) * weights)), device="cpu")(xs)
     np.testing.assert_allclose(g, fd_grad(lambda xs: float((numpy_fun(xs) * weights).sum()), xs), atol=1e-7)
@@ -660,3 +663,25 @@ def test_vmap_of_a_per_sequence_rnn_runs_one_batched_scan(device) -> None:
     np.testing.assert_allclose(hs, want_hs, rtol=1e-12, atol=1e-15)
     g = gir.jit(gir.grad(lambda xs: gir.sum(mapped(xs)[0] ** 2)), device=device)(xs)
     np.testing.assert_allclose(g, fd_grad(lambda xs: float((numpy_model(xs)[0] ** 2).sum()), xs), atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_example_gradients_with_vmap_of_value_and_grad(device) -> None:
+    """The DP-SGD idiom: vmap(value_and_grad(loss), in_axes=(None, 0, 0)) gives each example's
+    loss and its gradient with respect to the shared weights, from one batched `grad`."""
+    w = {"a": RNG.standard_normal((3, 2)), "b": RNG.standard_normal(2)}
+    xs, ys = RNG.standard_normal((5, 3)), RNG.standard_normal((5, 2))
+
+    def loss(w, x, y):
+        return gir.sum((gir.tanh(x @ w["a"] + w["b"]) - y) ** 2)
+
+    per_example = gir.vmap(gir.value_and_grad(loss), in_axes=(None, 0, 0))
+    module = gir.trace(per_example, w, xs, ys)
+    assert not any(op.name == "scan" for op in module.walk()), str(module)
+    losses, grads = gir.jit(per_example, device=device)(w, xs, ys)
+    assert losses.shape == (5,) and grads["a"].shape == (5, 3, 2) and grads["b"].shape == (5, 2)
+    for k in range(5):
+        one_loss, one_grad = gir.jit(gir.value_and_grad(loss), device="interp")(w, xs[k], ys[k])
+        np.testing.assert_allclose(losses[k], one_loss, rtol=1e-12)
+        for name in w:
+            np.testing.assert_allclose(grads[name][k], one_grad[name], rtol=1e-10, atol=1e-14)

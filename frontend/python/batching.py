@@ -9,9 +9,9 @@ unmapped arguments, constants) are re-emitted unchanged. A batched operand of pe
 k meeting a result of rank r is reshaped to (B, 1 x (r - k), ...), so NumPy broadcasting
 aligns it as it aligned the example (`lifted`). Rules exist for elementwise ops, casts,
 matmul, reductions, transpose, reshape, broadcast, concat, stack, slice, index (a gather with
-the table, the ids or both batched), constants and `scan` (its body batched in turn: the
-loop runs once over time for the whole batch); an op without one (a grad, scatter_add, ...)
-makes vmap fall back to a scan over the batch axis (control.py), which is right
+the table, the ids or both batched), constants, `scan` (its body batched in turn: the
+loop runs once over time for the whole batch) and `grad` (per-example gradients: the callee
+batched, differentiated once); an op without one (scatter_add, call) makes vmap fall back to a scan over the batch axis (control.py), which is right
 for any function. `NoBatchRule` says so; the caller erases what was emitted.
 """
 
@@ -27,7 +27,7 @@ from ...ir.core import Block, Function, Operation, Region, Value, erase_op
 from ...ir.loops import LoopGroups, LoopView
 from ...ir.ops import REGISTRY, make_op, norm_axis, reduction_axes
 from ...ir.types import Dim, TensorType
-from .tracer import Frame
+from .tracer import Frame, finish_function, new_function
 
 
 class NoBatchRule(Exception):
@@ -46,6 +46,9 @@ class Batcher:
         """Where ops go: the caller's block, then the body of a batched scan being built."""
         self.batch = batch
         self.loc = loc
+        self.module = frame.module
+        self.made: list[str] = []
+        """Functions this batcher added to the module (batched callees of `grad`): kept."""
 
     def emit(self, name: str, operands: Sequence[Value], attrs: dict[str, Any] | None = None,
              declared: Sequence[TensorType] | None = None, regions: Sequence[Region] = (),
@@ -97,6 +100,9 @@ class Batcher:
             ins = [env[v] for v in op.operands]
             if op.name == "scan":  # its body may read batched values of the example: always its rule
                 env.update(zip(op.results, _scan(self, op, ins, env)))
+                continue
+            if op.name == "grad" and any(b for _, b in ins):
+                env.update(zip(op.results, _grad(self, op, ins)))
                 continue
             if op.regions:
                 raise NoBatchRule(f"'{op.name}' has a body")
@@ -238,6 +244,34 @@ def _scan_body(bt: Batcher, op: Operation, groups: LoopGroups, seqs: list[tuple[
     finally:
         bt.blocks.pop()
     return body, [b for _, b in stack_ends]
+
+
+def _grad(bt: Batcher, op: Operation, ins: list[tuple[Value, bool]]) -> list[tuple[Value, bool]]:
+    """Per-example gradients: the callee batched (its wrt arguments batched, a shared weight
+    repeated along the batch) returns the sum of the examples' losses, then the losses and
+    aux values as aux results; since the examples do not mix, the gradient of the sum with
+    respect to a batched argument is each example's own gradient."""
+    callee = bt.module.functions[op.attrs["callee"]]
+    wrt = list(op.attrs["wrt"])
+    args = [(bt.broadcast_batch(v), True) if k in wrt and not b else (v, b) for k, (v, b) in enumerate(ins)]
+    function = new_function(callee.name + "_batched", bt.module,
+                            [v.tensor_type for v, _ in args], [a.name_hint or "arg" for a in callee.args], op.loc)
+    bt.blocks.append(function.body)
+    try:
+        ends = bt.run_block(callee.body, {a: (new, b) for a, new, (_, b) in zip(callee.args, function.args, args)})
+        (losses, batched_loss), aux = ends[0], ends[1:]
+        if not batched_loss:
+            raise NoBatchRule("a loss that does not depend on the mapped arguments")
+        total = bt.emit("sum", [losses], attrs={"axes": None, "keepdims": False}).result
+    finally:
+        bt.blocks.pop()
+    finish_function(function, bt.module, [total, losses, *(v for v, _ in aux)], op.loc)
+    bt.made.append(function.name)
+    new = bt.emit("grad", [v for v, _ in args], attrs={"callee": function.name, "wrt": wrt},
+                  declared=[*function.result_types, *(args[k][0].tensor_type for k in wrt)])
+    results = new.results
+    return [(results[1], True), *((r, b) for r, (_, b) in zip(results[2:2 + len(aux)], aux)),
+            *((r, True) for r in results[2 + len(aux):])]
 
 
 def _gather_both(bt: Batcher, x: Value, i: Value) -> Value:

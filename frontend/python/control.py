@@ -11,8 +11,8 @@
   max_iterations it is an error that says so.
 - `vmap(fun, in_axes=0, out_axes=0)` traces fun on one example and re-emits its ops with a
   leading batch axis (batching.py: elementwise ops, matmul, reductions, layout ops, gathers),
-  as JAX does, scans inside fun included; where an op has no batching rule (a `grad` inside
-  fun, ...) it falls back to a `scan` over
+  as JAX does, scans and grads inside fun included; where an op has no batching rule
+  (scatter_add, call) or a rule needs a `?` batch size, it falls back to a `scan` over
   the batch axis, which is right for any fun but runs the examples one after another.
 """
 
@@ -187,6 +187,7 @@ def _vmap_batched(fun: Callable[..., Any], n: int, mapped: list[tuple[int, Any]]
                             [value_name(p) for p in paths], loc)
     callee = Frame(function, module, frame)
     start = len(frame.block.ops)
+    batcher: Batcher | None = None
     try:
         with frame_scope(callee):
             examples = unflatten(tree, [Tracer(a, callee, function.body) for a in function.args])
@@ -201,9 +202,11 @@ def _vmap_batched(fun: Callable[..., Any], n: int, mapped: list[tuple[int, Any]]
     except NoBatchRule:
         for op in reversed(frame.block.ops[start:]):
             erase_op(op)
+        if batcher is not None:
+            batcher.made.clear()  # nothing refers to them now
         raise
     finally:
-        for name in set(module.functions) - before:
+        for name in set(module.functions) - before - set(batcher.made if batcher is not None else ()):
             del module.functions[name]
     return unflatten(out_tree, [Tracer(v, frame, frame.block) for v in outs])
 
