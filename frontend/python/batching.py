@@ -11,8 +11,9 @@ aligns it as it aligned the example (`lifted`). Rules exist for elementwise ops,
 matmul, reductions, transpose, reshape, broadcast, concat, stack, slice, index (a gather with
 the table, the ids or both batched), constants, `scan` (its body batched in turn: the
 loop runs once over time for the whole batch) and `grad` (per-example gradients: the callee
-batched, differentiated once); an op without one (scatter_add, call) makes vmap fall back to a scan over the batch axis (control.py), which is right
-for any function. `NoBatchRule` says so; the caller erases what was emitted.
+batched, differentiated once); an op without one (scatter_add, call) makes vmap fall back
+to a scan over the batch axis (control.py), which is right for any function. `NoBatchRule`
+says so; the caller erases what was emitted.
 """
 
 from __future__ import annotations
