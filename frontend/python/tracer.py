@@ -396,25 +396,35 @@ def promote(dtypes: Sequence[str]) -> str:
     return max(dtypes, key=PROMOTION_ORDER.index)
 
 
-def _weak_kind(x: Any) -> str:
-    """bool, int or float: the kind of a weak operand (a Python scalar or weak argument)."""
-    if isinstance(x, Tracer):
-        d = x.type.dtype
-    else:
-        d = "i1" if isinstance(x, (bool, np.bool_)) else "i32" if isinstance(x, (int, np.integer)) else "f32"
-    return "bool" if d == "i1" else "int" if d in INT_DTYPES else "float"
+def _kind(dtype: str) -> str:
+    """bool, int or float."""
+    return "bool" if dtype == "i1" else "int" if dtype in INT_DTYPES else "float"
+
+
+def _weak_dtype(x: Any) -> str:
+    """The dtype of a weak operand: a weak argument's own, a Python scalar's default."""
+    return x.type.dtype if isinstance(x, Tracer) else default_dtype(x)
+
+
+def _is_weak_operand(x: Any) -> bool:
+    return (x.weak if isinstance(x, Tracer) else not isinstance(x, np.ndarray) and is_weak(x))
+
+
+def _strong_dtypes(xs: Sequence[Any]) -> list[str]:
+    """The dtypes of the strongly typed operands: tensors that are not weak, NumPy arrays."""
+    return ([v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak]
+            + [dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN])
 
 
 def result_dtype(xs: Sequence[Any]) -> str | None:
     """The dtype operands of one op are promoted to (JAX's weak-type rules): the join of the
     strongly typed ones (tensors, arrays), raised to the default float (f32) by a weak float
     next to integers and to i32 by a weak int next to bools; weak operands alone keep their
-    kind (a float one wins) at the widest precision among them."""
-    strong = [v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak]
-    strong += [dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN]
-    weak = [v for v in xs if (isinstance(v, Tracer) and v.weak) or (not isinstance(v, (Tracer, np.ndarray))
-                                                                   and is_weak(v))]
-    kinds = {_weak_kind(v) for v in weak}
+    kind (a float one wins) at the widest precision among the weak arguments of that kind, or
+    a Python scalar's default (f32, i32)."""
+    strong = _strong_dtypes(xs)
+    weak = [v for v in xs if _is_weak_operand(v)]
+    kinds = {_kind(_weak_dtype(v)) for v in weak}
     if strong:
         d = promote(strong)
         if "float" in kinds and d not in FLOAT_DTYPES:
@@ -422,26 +432,20 @@ def result_dtype(xs: Sequence[Any]) -> str | None:
         if "int" in kinds and d == "i1":
             return "i32"
         return d
-    traced = [v.type.dtype for v in weak if isinstance(v, Tracer)]
     if not weak:
         return None
     kind = "float" if "float" in kinds else "int" if "int" in kinds else "bool"
-    same_kind = [d for d in traced if _weak_kind_of_dtype(d) == kind]
-    if same_kind:
-        return promote(same_kind)
-    return next((default_dtype(v) for v in weak if not isinstance(v, Tracer) and _weak_kind(v) == kind), None)
-
-
-def _weak_kind_of_dtype(d: str) -> str:
-    return "bool" if d == "i1" else "int" if d in INT_DTYPES else "float"
+    arguments = [v.type.dtype for v in weak if isinstance(v, Tracer) and _kind(v.type.dtype) == kind]
+    if arguments:
+        return promote(arguments)
+    return next(_weak_dtype(v) for v in weak if _kind(_weak_dtype(v)) == kind)
 
 
 def values_of(xs: Sequence[Any], loc: Location, dtype: str | None = None) -> list[Value]:
     """Operands of one op, promoted to one dtype (`result_dtype`, or `dtype` when given):
     tensors of a lower dtype are cast up, weak scalars take the dtype."""
     dtype = dtype or result_dtype(xs)
-    strong = {v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak}
-    strong |= {dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN}
+    strong = set(_strong_dtypes(xs))
     if len(strong) > 1 and need_frame("a traced value").strict:
         raise GirTraceError(f"tensors of dtypes {', '.join(sorted(strong))} meet under GIR_PROMOTION=strict; "
                             "convert one with .astype", loc)
