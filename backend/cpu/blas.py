@@ -19,14 +19,17 @@ import atexit
 import ctypes
 import glob
 import json
+import math
 import os
 import platform
+import stat
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -252,22 +255,48 @@ _choices_path: str | None = None
 _choices_lock = threading.Lock()
 
 
-def read_times(path: str) -> dict:
-    """A JSON file of measured times (this module's and blas_threads.py's), {} if absent or damaged."""
+def is_seconds(value: Any) -> bool:
+    """A measured time (or a count of disturbed rounds): a finite number >= 0, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def is_path_entry(value: Any) -> bool:
+    """An entry of the GEMM times file: {path or 'disturbed': seconds}."""
+    return isinstance(value, dict) and all(isinstance(k, str) and is_seconds(v) for k, v in value.items())
+
+
+_TIMES_MAX_BYTES = 16 << 20
+"""A times file is a few KB per hundred shapes; a larger one is not ours to read."""
+
+
+def read_times(path: str, valid: Callable[[Any], bool] = is_path_entry) -> dict:
+    """A JSON file of measured times (this module's, entries `is_path_entry`, and
+    blas_threads.py's, entries `is_seconds`): {} if absent, damaged, not a regular file, too
+    large, or not a JSON object; an entry `valid` refuses is left out (not measured: measured
+    again and overwritten). Valid JSON of another shape (`[1, 2]`, `null`, `{"k": "fast"}`)
+    raised TypeError out of every compile with a matmul."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return dict(json.load(f))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there does not block the open
+        with open(fd, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _TIMES_MAX_BYTES:
+                return {}
+            data = json.loads(f.read(_TIMES_MAX_BYTES + 1))
+    except (OSError, ValueError, RecursionError):  # RecursionError: `[[[[...` nested past the parser's limit
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if valid(v)}
 
 
-def write_times(path: str, ours: dict, drop: tuple[str, ...] = ()) -> None:
+def write_times(path: str, ours: dict, drop: tuple[str, ...] = (), valid: Callable[[Any], bool] = is_path_entry
+                ) -> None:
     """Writes ours, merged into what the file holds now less the keys `drop`: another process
     may have measured other shapes meanwhile, and keeps them (atomic: a reader never sees half
-    a file)."""
+    a file). Entries `valid` refuses are dropped."""
     from ...cache import atomic_write
 
-    merged = {k: v for k, v in read_times(path).items() if k not in drop} | ours
+    merged = {k: v for k, v in read_times(path, valid).items() if k not in drop} | ours
     atomic_write(path, json.dumps(merged, indent=1, sort_keys=True).encode())
 
 
