@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from . import timing
-from .calling import bind_arguments
+from .config import current
+from .driver.calling import bind_arguments
+from .driver.results import result_names
 from .errors import GirArgumentError, GirError, Location, did_you_mean, source_text
 from .frontend.parser import decode_source, parse
 from .frontend.parser import load as load_file
@@ -28,8 +29,8 @@ from .ir.gcpause import gc_paused, skip_final_collection
 from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
-from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode
-from .results import result_names
+from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode, parse_bytes, with_memory_budget
+from .support import timing
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -143,12 +144,19 @@ def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str, input_
 
 
 def opt_pipeline(args: argparse.Namespace) -> str:
-    """-p, else --mode's whole pipeline as device="auto" compiles it (placed), else the default."""
+    """-p, else --mode's whole pipeline as device="auto" compiles it (placed), else the default;
+    with --memory-budget, made to fit it (passes/pipeline.py with_memory_budget)."""
     if args.mode is not None:
         if args.pipeline is not None:
             raise GirArgumentError("give -p or --mode, not both")
-        return get_mode(args.mode).pipeline("auto")
-    return args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE
+        return budgeted(args, get_mode(args.mode).pipeline("auto"))
+    return budgeted(args, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+
+
+def budgeted(args: argparse.Namespace, pipeline: str) -> str:
+    """pipeline with --memory-budget's checkpointing, when the flag is given."""
+    budget = parse_bytes(getattr(args, "memory_budget", None))
+    return with_memory_budget(pipeline, budget) if budget is not None else pipeline
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
@@ -161,21 +169,23 @@ def _opt(args: argparse.Namespace) -> int:
     module = load(args.file)
     report = run_pipeline(args, module, opt_pipeline(args), input_verified=True)
     if args.placement_report:
-        from .passes.placement import placement_reports
+        from .analysis.placement import placement_reports
 
         sys.stderr.write(placement_reports(report.analyses))
     if args.memplan_report or args.memplan_plot:
-        from .passes.memory.plan import MemoryPlan
-        from .passes.memplan import plan_module
-        from .reporting import memplan_reports, plot_plans
+        from .analysis.memory.plan import MemoryPlan
+        from .driver.reporting import checkpoint_report, memplan_reports, peaks_before_checkpointing, plot_plans
+        from .transforms.checkpoint import checkpoint_decisions
+        from .transforms.memplan import plan_module
 
         # The pipeline's plans when it ended with `memplan{...}` (its options), else default plans.
         plans = report.analyses.all(MemoryPlan) or plan_module(module)
         if args.memplan_report:
+            sys.stderr.write(checkpoint_report(checkpoint_decisions(report.records)))
             sys.stderr.write(memplan_reports(plans))
         if args.memplan_plot:
             try:
-                plot_plans(plans, args.memplan_plot)
+                plot_plans(plans, args.memplan_plot, peaks_before_checkpointing(checkpoint_decisions(report.records)))
             except OSError as e:
                 raise cannot_write(args.memplan_plot, e) from None
     with timing.phase("print IR (output)"):
@@ -192,13 +202,13 @@ def _opt(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .shapes import specialise_entry
+    from .driver.shapes import specialise_entry
 
     check_seed("--random", args.random)
     if args.repeat < 1:
         raise GirArgumentError(f"--repeat: run at least once, got {args.repeat}")
     mode = get_mode(args.mode or DEFAULT_MODE)
-    from .jit import usable_device
+    from .driver.jit import usable_device
 
     args.device = usable_device(args.device)  # auto without a GPU: the CPU
     cached = _cached_runner(args, mode)
@@ -210,11 +220,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         module = load(args.file)
         f = entry_of(module, args.entry)
         names = result_names(f)  # as written: passes rename values
-        # The arrays follow gir.jit's calling convention (calling.py): exact widening only.
+        # The arrays follow gir.jit's calling convention (driver/calling.py): exact widening only.
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
         module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
-        run_pipeline(args, module, args.pipeline if args.pipeline is not None else mode.front)
+        run_pipeline(args, module, budgeted(args, args.pipeline if args.pipeline is not None else mode.front))
     if inputs is None:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
     if args.verbose and args.device == "cpu":
@@ -280,9 +290,9 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
     the passes and LLVM; None when the run needs the pass manager's own run."""
     if args.device != "cpu" or getattr(args, "stats_json", None) or args.shape or args.file == "-":
         return None
-    from .jit import jit
+    from .driver.jit import jit
 
-    front = args.pipeline if args.pipeline is not None else mode.front
+    front = budgeted(args, args.pipeline if args.pipeline is not None else mode.front)
     fn = jit(Path(args.file), args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
     if args.inputs is None and not all(t.is_static for t in fn.signature.arg_types):
         return None  # --random needs --shape: the pass manager's path says which
@@ -292,7 +302,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
 def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) -> Callable[..., list[np.ndarray]]:
     """The interpreter, or the entry compiled for the CPU, the GPU or both (after the backend
     pipeline: the mode's, with `place` for --device auto)."""
-    from .jit import JitFunction
+    from .driver.jit import JitFunction
 
     if args.device == "interp":
         # The interpreter through gir.jit's `interp` device: the same run, with `-v` stats.
@@ -304,10 +314,10 @@ def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) 
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from .analysis.memory.plan import MemoryPlan
     from .backend.cpu.llvm_jit import target_machine
     from .backend.cpu.runtime import CPUFunction
-    from .passes.memory.plan import MemoryPlan
-    from .shapes import specialise_entry
+    from .driver.shapes import specialise_entry
 
     module = load(args.file)
     module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")
@@ -331,7 +341,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from . import cache
+    from .support import cache
 
     if args.action == "clear":
         print(f"removed {cache.clear()} files from {cache.cache_root()}")
@@ -359,6 +369,13 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
                    help="where a failing pass writes its reproducer (default: the dump dir or the temp dir)")
 
 
+def add_budget_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", metavar="BYTES",
+                   help="bytes the planned peak should fit (e.g. 256MB, 1GB, or an integer): backward scans whose "
+                        "residuals do not fit are checkpointed, recomputing the forward steps segment by segment "
+                        "(the checkpoint pass; docs/memplan.md)")
+
+
 def add_shape_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", metavar="NAME=DIMS",
                    help="the shape of parameter NAME, e.g. xs=50x32x256 (fixes its `?` dims; a `?` written here "
@@ -370,7 +387,7 @@ def add_mode_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     p = argparse.ArgumentParser(prog="gir", description="gir: a compiler for tensor programs with loops")
     p.add_argument("--version", action="version", version=f"gir {__version__}")
@@ -388,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="after the passes, print where the place pass put each op and why, and the transfers, "
                           "to stderr")
     add_pipeline_flags(opt)
+    add_budget_flag(opt)
     add_mode_flag(opt, "run the mode's whole pipeline, placed as --device auto compiles it, instead of the "
                        "default pipeline; not with -p")
     opt.set_defaults(func=cmd_opt)
@@ -414,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mode_flag(run, "the passes before the backend's and the backend's own (with --device auto, the place "
                        "policy)")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
+    add_budget_flag(run)
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compile", help="compile a function for the CPU and write LLVM IR, assembly or an object")
     comp.add_argument("file", help="a .gir file, or - for standard input")
@@ -457,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         return args.func(args)
     except GirError as e:
-        if os.environ.get("GIR_TRACEBACK") and e.__cause__ is not None and not isinstance(e.__cause__, GirError):
+        if current().traceback and e.__cause__ is not None and not isinstance(e.__cause__, GirError):
             # A pass crashed (a bug in gir, reported as a located GirPassError with a
             # reproducer): show the crash's traceback too, as for any other internal error.
             traceback.print_exception(e.__cause__, file=sys.stderr)
@@ -477,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 0
     except Exception as e:  # a bug in gir, not in the program: say so, without a traceback
-        if os.environ.get("GIR_TRACEBACK"):
+        if current().traceback:
             raise
         print(f"gir: internal error: {type(e).__name__}: {e}\n(this is a bug in gir; run with GIR_TRACEBACK=1 "
               "for the traceback)", file=sys.stderr)

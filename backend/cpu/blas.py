@@ -22,7 +22,6 @@ import json
 import math
 import os
 import platform
-import stat
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ...config import blas_thread_environment, current
 from . import quiet_timing
 
 FN_TABLE = (
@@ -82,7 +82,7 @@ def providers() -> Providers:
     table = [0] * len(FN_TABLE)
     notice = None
     mkl = None
-    if os.environ.get("GIR_NO_MKL"):
+    if current().no_mkl:
         notice = "MKL disabled by GIR_NO_MKL; using OpenBLAS"
     else:
         path = _find_mkl()
@@ -167,7 +167,7 @@ def openblas() -> OpenBLAS | None:
     it measured faster here: the per-step GEMM 32x256 @ 256x1024 took 0.132 ms with NumPy's
     0.3.31 against 0.181 ms with SciPy's 0.3.30 on 2 threads (`python bench/openblas_libs.py`,
     docs/backend.md)."""
-    order = [_scipy_openblas, _numpy_openblas] if os.environ.get("GIR_OPENBLAS") == "scipy" else \
+    order = [_scipy_openblas, _numpy_openblas] if current().openblas == "scipy" else \
         [_numpy_openblas, _scipy_openblas]
     for find in order:
         found = find()
@@ -219,7 +219,7 @@ PATHS = ("mkl", "openblas", "mkl-packed", "openblas-copy", "gir-packed")
 def _cache_file() -> str:
     """Measured times are per machine: a home directory copied to another CPU (or another BLAS)
     starts afresh instead of carrying this one's choices."""
-    from ...cache import cache_root
+    from ...support.cache import cache_root
 
     return os.path.join(cache_root(), f"gemm-times-{machine_key()}.json")
 
@@ -227,7 +227,7 @@ def _cache_file() -> str:
 @cache
 def machine_key() -> str:
     """The CPU model, the core count and the BLAS builds (MKL's version, SciPy's OpenBLAS)."""
-    from ...cache import digest
+    from ...support.cache import digest
 
     model = None
     try:
@@ -265,28 +265,23 @@ def is_path_entry(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and is_seconds(v) for k, v in value.items())
 
 
-_TIMES_MAX_BYTES = 16 << 20
-"""A times file is a few KB per hundred shapes; a larger one is not ours to read."""
-
-
 def read_times(path: str, valid: Callable[[Any], bool] = is_path_entry) -> dict:
     """A JSON file of measured times (this module's, entries `is_path_entry`, and
-    blas_threads.py's, entries `is_seconds`): {} if absent, damaged, not a regular file, too
-    large, or not a JSON object; an entry `valid` refuses is left out (not measured: measured
-    again and overwritten). Valid JSON of another shape (`[1, 2]`, `null`, `{"k": "fast"}`)
-    raised TypeError out of every compile with a matmul."""
+    blas_threads.py's, entries `is_seconds`): {} if absent, damaged or untrusted
+    (cache.read_file: a private regular file, so a FIFO there never blocks), or not a JSON
+    object; an entry `valid` refuses is left out (not measured: measured again and
+    overwritten). Valid JSON of another shape (`[1, 2]`, `null`, `{"k": "fast"}`) raised
+    TypeError out of every compile with a matmul."""
+    from ...support.cache import read_file
+
+    data = read_file(path, limit=64 << 20)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there does not block the open
-        with open(fd, encoding="utf-8") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size > _TIMES_MAX_BYTES:
-                return {}
-            data = json.loads(f.read(_TIMES_MAX_BYTES + 1))
-    except (OSError, ValueError, RecursionError):  # RecursionError: `[[[[...` nested past the parser's limit
+        parsed = json.loads(data) if data is not None else {}
+    except (ValueError, RecursionError):  # RecursionError: `[[[[...` nested past the parser's limit
         return {}
-    if not isinstance(data, dict):
+    if not isinstance(parsed, dict):
         return {}
-    return {k: v for k, v in data.items() if valid(v)}
+    return {k: v for k, v in parsed.items() if valid(v)}
 
 
 def write_times(path: str, ours: dict, drop: tuple[str, ...] = (), valid: Callable[[Any], bool] = is_path_entry
@@ -294,7 +289,7 @@ def write_times(path: str, ours: dict, drop: tuple[str, ...] = (), valid: Callab
     """Writes ours, merged into what the file holds now less the keys `drop`: another process
     may have measured other shapes meanwhile, and keeps them (atomic: a reader never sees half
     a file). Entries `valid` refuses are dropped."""
-    from ...cache import atomic_write
+    from ...support.cache import atomic_write
 
     merged = {k: v for k, v in read_times(path, valid).items() if k not in drop} | ours
     atomic_write(path, json.dumps(merged, indent=1, sort_keys=True).encode())
@@ -335,8 +330,7 @@ def thread_setting() -> tuple:
     CPUs this process may run on (read without starting MKL). A count changed in-process
     (threadpoolctl) is not in it: code cached for another count runs correctly, with GEMM paths
     measured for that count."""
-    env = tuple(os.environ.get(v, "") for v in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                  "MKL_DYNAMIC"))
+    env = blas_thread_environment()
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -348,13 +342,12 @@ def measure_mode() -> str:
     """GIR_GEMM_MEASURE: 'background' (default): a shape not measured yet takes the model's
     path now and is measured in a background thread, for later compiles; 'now': measured
     before compiling (slow the first time, ~0.2 s a shape); 'off': the model only."""
-    mode = os.environ.get("GIR_GEMM_MEASURE", "background")
-    return mode if mode in ("background", "now", "off") else "background"
+    return current().gemm_measure
 
 
 def _candidates(packable: bool) -> list[str]:
     ours = ["openblas"] + (["openblas-copy"] if packable and has_transpose_copy() else []) + \
-        (["gir-packed"] if packable and os.environ.get("GIR_PACKED_GEMM", "1") != "0" else [])
+        (["gir-packed"] if packable and current().packed_gemm else [])
     return ours + (["mkl"] + (["mkl-packed"] if packable else []) if providers().has_mkl else [])
 
 
@@ -544,7 +537,7 @@ spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/per
 def choose_family(sites: list[tuple[tuple, int]]) -> str:
     """The provider whose best paths make the function's GEMMs fastest; sites are
     ((dtype, m, n, k, ta, tb, packable), times run per call)."""
-    forced = os.environ.get("GIR_GEMM_PATH")
+    forced = current().gemm_path
     if forced:
         return "openblas" if forced in FAMILIES["openblas"] else "mkl"
     if not providers().has_mkl:
@@ -562,7 +555,7 @@ def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable
     """One of PATHS for this GEMM (within `family` if given, never one of `exclude`): the
     fastest measured path (the model's guess while it is not measured). GIR_GEMM_PATH forces
     one (where it applies)."""
-    forced = os.environ.get("GIR_GEMM_PATH")
+    forced = current().gemm_path
     candidates = _candidates(packable)
     if forced in candidates:
         return forced  # type: ignore[return-value]
@@ -576,7 +569,7 @@ def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable
 def is_measured(sites: list[tuple]) -> bool:
     """Whether every GEMM shape in sites (path_times' arguments) has measured times now (a
     compiled function whose paths came from the model is compiled again once they do)."""
-    if os.environ.get("GIR_GEMM_PATH") or measure_mode() != "background":
+    if current().gemm_path or measure_mode() != "background":
         return True  # nothing is chosen by measuring, or it is measured now, or never
     return all(len(_candidates(p[-1])) == 1 or path_times(*p) is not None for p in sites)
 

@@ -21,7 +21,6 @@ the op and its source location.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from ...analysis.memory.plan import MemoryPlan
+from ...analysis.memory.planner import plan_memory
+from ...config import current
 from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Function, Operation, Value
@@ -37,8 +39,6 @@ from ...ir.loops import LoopView, as_loop
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
-from ...passes.memory.plan import MemoryPlan
-from ...passes.memory.planner import plan_memory
 from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
 from .layout import GemmSite, Layout
 
@@ -99,7 +99,7 @@ def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
 def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | None:
     """The plan to lay the arena out by: the pipeline's (`memplan` pass), else memplan's default
     plan of function; None when GIR_CPU_ARENA=0 or the function cannot be planned."""
-    if os.environ.get("GIR_CPU_ARENA") == "0":
+    if not current().cpu_arena:
         return None
     if plan is None or plan.function is not function:
         plan = plan_memory(function)
@@ -126,6 +126,10 @@ class Lowering:
         self.layout = Layout()
         self.pack_slots: dict[Operation, ir.Value] = {}
         self.loop_paths: dict[Operation, str] = {}
+        self.shared_packs: dict[tuple, ir.Value] = {}
+        """(path, weight, dtype, m, n, k, ta, tb) -> the pinned pack made for it: GEMMs on the
+        same weight share it (the pack is made before the outermost loop it is invariant in,
+        which comes before every later use in program order)."""
         """A GEMM with a loop-invariant weight -> the path chosen when its scan packed (or
         copied) the weight: a background measurement finishing in between must not change it."""
         sites = _gemm_sites(function)
@@ -796,9 +800,12 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
 
 def _pack_weights(low: Lowering, scan: Operation) -> None:
     """Before a scan's loop: pack (mkl-packed) or copy to the other orientation (openblas-copy)
-    the loop-invariant weight of every GEMM in its body that takes one of those paths."""
-    for op in scan.body:
-        if not _is_gemm(op) or not _packable(op):
+    the loop-invariant weight of every GEMM in its body that takes one of those paths, and of
+    every GEMM in a nested loop whose weight is invariant in this scan too (a checkpointed
+    scan's segments run inner scans over the same weight: packed once per call, not once per
+    segment). GEMMs with the same weight, shape and path share one pack."""
+    for op in _loop_gemms(scan):
+        if op in low.loop_paths:  # an enclosing scan packed it already
             continue
         a_src, ta = _gemm_operand(op.operands[0])
         b_src, tb = _gemm_operand(op.operands[1])
@@ -806,16 +813,45 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
         path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family)  # type: ignore[arg-type]
-        if path == "gir-packed" and low.quick and os.environ.get("GIR_GEMM_PATH") != path:
+        if path == "gir-packed" and low.quick and current().gemm_path != path:
             path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family, exclude=(path,))  # type: ignore[arg-type]
             low.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
         low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)
+        if path not in ("mkl-packed", "gir-packed", "openblas-copy"):
+            continue
+        key = (path, b_src, dtype, m, n, k, ta, tb)
+        shared = low.shared_packs.get(key)
+        if shared is not None:
+            low.pack_slots[op] = shared
+            continue
         if path == "mkl-packed":
             low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
         elif path == "gir-packed":
             low.pack_slots[op] = _gir_pack(low, packed_gemm.Shape(dtype, m, n, k, ta, tb), low.ptr[b_src])  # type: ignore[arg-type]
-        elif path == "openblas-copy":
+        else:
             low.pack_slots[op] = _transpose_copy(low, dtype, *((n, k) if tb else (k, n)), low.ptr[b_src])  # type: ignore[arg-type]
+        low.shared_packs[key] = low.pack_slots[op]
+
+
+def _loop_gemms(scan: Operation) -> list[Operation]:
+    """The GEMMs whose weight _pack_weights packs before scan's loop: those of its body with a
+    weight invariant in it, and those of nested loops whose weight is invariant in scan too."""
+    found = []
+    for op in scan.walk():
+        if op is scan or not _is_gemm(op) or not _packable(op):
+            continue
+        weight = op.operands[1]
+        if op.parent_op is scan or all(_defined_outside(v, scan) for v in (weight, _gemm_operand(weight)[0])):
+            found.append(op)
+    return found
+
+
+def _defined_outside(v: Value, scan: Operation) -> bool:
+    owner = v.defining_op
+    if owner is not None:
+        return not scan.is_ancestor_of(owner)
+    block_owner = v.defining_block.parent_op if v.defining_block is not None else None
+    return block_owner is None or not scan.is_ancestor_of(block_owner)
 
 
 def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: ir.Value) -> ir.Value:

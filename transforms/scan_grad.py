@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from ..errors import GirPassError
 from ..ir.core import Block, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView
-from .base import Pass
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics, Rewriter
 from .loops import Carry, Sequence, append_stack, defined_inside, is_defined_inside, rebuild_scan, scan_parts
-from .rewriter import PassStatistics, Rewriter
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,11 @@ class ScanGradOptions:
     """Largest amount of new stacked memory one push-out may add."""
     hoist: bool = True
     merge: bool = True
+    merge_sums: bool = True
+    """Also `a @ U + b @ V -> concat(a, b) @ concat(U, V)` (part of `merge`). Off in the first
+    run of a memory-budgeted pipeline: that run does not hoist input projections (the second
+    one hoists them per checkpointed segment), and `x @ W + h @ U` would otherwise be merged
+    into a product that stacks `concat(x, h)` per step (transforms/checkpoint.py)."""
     push_out: bool = True
 
     def validate(self, pass_name: str) -> None:
@@ -467,7 +472,8 @@ class ScanGrad(Pass):
                 merge_shared_operand(rw, f.body, None, stats)
             for scan in _scans(module):
                 merge_shared_operand(rw, scan.body, scan, stats)
-                merge_sums(rw, scan, stats)
+                if o.merge_sums:
+                    merge_sums(rw, scan, stats)
         return rw.changed
 
 
