@@ -617,12 +617,12 @@ def test_misspelled_pass_option_and_print_flag_say_did_you_mean():
     with pytest.raises(gir.GirPassError) as info:
         parse_pipeline("ssa,canonicalise")
     assert info.value.message == ("unknown pass 'canonicalise'; passes: ssa, canonicalize, autodiff, scan-grad, "
-                                  "inline, fuse, place, liveness, print-liveness, memplan; did you mean "
+                                  "checkpoint, inline, fuse, place, liveness, print-liveness, memplan; did you mean "
                                   "'canonicalize'?")
     with pytest.raises(gir.GirPassError) as info:
         parse_pipeline("scan-grad{max-extra-byte=10}")
     assert info.value.message == ("pass 'scan-grad' has no option 'max-extra-byte' (options: max-extra-bytes, hoist, "
-                                  "merge, push-out); did you mean 'max-extra-bytes'?")
+                                  "merge, merge-sums, push-out); did you mean 'max-extra-bytes'?")
     with pytest.raises(gir.GirPassError) as info:
         PassManager("ssa,autodiff", print_ir_after=frozenset({"autodif"}))
     assert info.value.message == ("--print-ir-after=autodif: no pass 'autodif' in the pipeline; its passes: ssa, "
