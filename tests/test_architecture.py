@@ -208,10 +208,13 @@ KNOWN_CYCLES = [
     ["backend.cpu.blas", "backend.cpu.blas_threads", "backend.cpu.codegen", "backend.cpu.externals",
      "backend.cpu.gather", "backend.cpu.llvm_jit", "backend.cpu.overlap", "backend.cpu.runtime",
      "backend.cpu.team"],
-    ["driver.jit", "driver.pyjit", "frontend.python.numpy_api", "frontend.python.transforms"],
+    ["driver.pyjit", "frontend.python.numpy_api", "frontend.python.transforms"],
 ]
 """The import cycles of today (issue 27 asks for none): each may only shrink or go. Most are lazy
-imports back into a module that imports the importer at module level."""
+imports back into a module that imports the importer at module level. Gone: `driver.jit ⇢
+driver.pyjit → driver.jit` (jit.py hands pyjit its `jit`; the eager runner compiles through
+driver/compile.py). Left: the tracing frontend's lazy import of its eager runner (the floor
+break above), which `tests/test_imports.py` wants for `from gir.frontend.python import tanh`."""
 
 
 def test_import_cycles_only_shrink() -> None:
@@ -219,6 +222,39 @@ def test_import_cycles_only_shrink() -> None:
     for cycle in found:
         assert any(set(cycle) <= set(known) for known in KNOWN_CYCLES), f"a new import cycle: {cycle}"
     assert found == KNOWN_CYCLES, f"cycles changed (update KNOWN_CYCLES to what is left): {found}"
+
+
+DRIVER = ["driver", "cli.py", "__init__.py"]
+GETATTR = re.compile(r"""\bgetattr\((?!\s*(?:fn|e|args|python|self\._thread)\s*,)""")
+"""A `getattr(x, "name", default)` on anything but a user's function (`fn`), an exception, the
+CLI's arguments, the frontend package (`__init__.py`) or a thread-local: a compiled object probed instead of typed by the
+`Executable` protocol (driver/compile.py)."""
+PASS_MANAGER = re.compile(r"\bPassManager\(")
+SPECIALIZE = re.compile(r"\bspecialize\(")
+BACKEND_CLASSES = re.compile(r"\b(?:CPUFunction|GPUFunction|SplitFunction)\.compile\(|\bcompile_code\(")
+ONE_COMPILE_PATH = {ROOT / "driver" / "compile.py", ROOT / "driver" / "backends.py"}
+"""Where the drivers specialise, make a pass manager and call a backend's compile: nowhere else."""
+
+
+def driver_copies() -> dict[str, list[str]]:
+    """What the one compile path (driver/compile.py) replaced, counted in the drivers."""
+    driver = [p for p in _files(DRIVER) if p not in ONE_COMPILE_PATH]
+    outside_passes = [p for p in _package_files() if p.relative_to(ROOT).parts[0] != "passes"
+                      and p not in ONE_COMPILE_PATH]
+    return {
+        "getattr probes of compiled objects (drivers)": _hits(GETATTR, driver),
+        "PassManager( outside passes/ and driver/compile.py": _hits(PASS_MANAGER, outside_passes),
+        "specialize( in the drivers outside driver/compile.py": _hits(SPECIALIZE, driver),
+        "a backend compiled outside driver/backends.py (drivers)": _hits(BACKEND_CLASSES, driver),
+    }
+
+
+def test_one_compile_path() -> None:
+    """Issue 27: specialising, running the pipeline and handing to a backend is written once
+    (driver/compile.py `compile_entry`, driver/backends.py); the drivers read compiled objects
+    through the `Executable` protocol, never by `getattr` probes."""
+    for name, hits in driver_copies().items():
+        assert not hits, f"{name}:\n" + "\n".join(hits)
 
 
 def test_no_environment_read_outside_config() -> None:
@@ -239,6 +275,10 @@ def test_pyproject_lists_every_package() -> None:
 
 if __name__ == "__main__":
     for name, hits in counts().items():
+        print(f"{len(hits):4d}  {name}")
+        if "-v" in sys.argv:
+            print("".join(f"        {h}\n" for h in hits), end="")
+    for name, hits in driver_copies().items():
         print(f"{len(hits):4d}  {name}")
         if "-v" in sys.argv:
             print("".join(f"        {h}\n" for h in hits), end="")
