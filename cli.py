@@ -225,7 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         module = load(args.file)
         f = entry_of(module, args.entry)
-        names = result_names(f)  # as written: passes rename values
+        names = list(result_names(f))  # as written: passes rename values
         # The arrays follow gir.jit's calling convention (driver/calling.py): exact widening only.
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
@@ -287,7 +287,7 @@ def _wait_for_final_code() -> None:
 
 def save_outputs(path: str, names: Sequence[str], results: Sequence[np.ndarray]) -> None:
     """An .npz with out0, out1, ... and, beside them, each result under its name where it has one."""
-    arrays = {f"out{i}": a for i, a in enumerate(results)}
+    arrays: dict[str, Any] = {f"out{i}": a for i, a in enumerate(results)}  # numpy's stub: a kwarg may be allow_pickle
     arrays.update({name: a for name, a in zip(names, results) if name not in arrays})
     try:
         np.savez(path, **arrays)

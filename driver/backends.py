@@ -137,7 +137,7 @@ class Interpreted:
         self._ir = text
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        return self.interp.call(self.entry, list(arrays))
+        return self.interp.run_checked(self.function, list(arrays))
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
         from ..ir.interpreter import check_arguments

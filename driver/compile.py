@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -59,8 +59,10 @@ class CallStats(Protocol):
     compile: Any
 
 
+@runtime_checkable
 class Executable(Protocol):
-    """What a backend compiles: the entry, callable on NumPy arrays."""
+    """What a backend compiles: the entry, callable on NumPy arrays. (`isinstance` against it
+    is for tests: before Python 3.12 it reads every property, `asm` too.)"""
 
     function: Function
     """The compiled function (its signature checks arguments)."""

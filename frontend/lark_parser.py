@@ -247,7 +247,7 @@ class _ToAst(Transformer):
     def false(self, c: list) -> bool:
         return False
 
-    def list(self, c: list) -> list:
+    def list_literal(self, c: list) -> list:  # not `list`: a method of that name shadows the builtin in annotations
         return c
 
     def number(self, c: list) -> int | float:

@@ -227,8 +227,8 @@ def test_import_cycles_only_shrink() -> None:
 DRIVER = ["driver", "cli.py", "__init__.py"]
 GETATTR = re.compile(r"""\bgetattr\((?!\s*(?:fn|e|args|python|self\._thread)\s*,)""")
 """A `getattr(x, "name", default)` on anything but a user's function (`fn`), an exception, the
-CLI's arguments, the frontend package (`__init__.py`) or a thread-local: a compiled object probed instead of typed by the
-`Executable` protocol (driver/compile.py)."""
+CLI's arguments, the frontend package (`__init__.py`) or a thread-local: a compiled object
+probed instead of typed by the `Executable` protocol (driver/compile.py)."""
 PASS_MANAGER = re.compile(r"\bPassManager\(")
 SPECIALIZE = re.compile(r"\bspecialize\(")
 BACKEND_CLASSES = re.compile(r"\b(?:CPUFunction|GPUFunction|SplitFunction)\.compile\(|\bcompile_code\(")
