@@ -6,7 +6,8 @@ The interpreter (ir/interpreter.py) runs every op but `grad`, which only the `au
 gives a meaning. So when the entry reaches a `grad`, this runs `ssa,autodiff` (nothing else:
 no rewrite that the reference should not depend on) on a copy of the module, specialised on
 the arguments' shapes first where the signature has `?` dims (autodiff makes zero
-cotangents, which need static shapes). The module given is never changed. Arguments follow
+cotangents, which need static shapes): `compile_entry` on the `interp` target
+(driver/compile.py). The module given is never changed. Arguments follow
 the JIT's calling convention (driver/calling.py); results are named as the JIT's (driver/results.py).
 """
 

@@ -432,7 +432,7 @@ def _post_loop_gemm(rw: Rewriter, before: Operation, steps: int | None, a: Value
         if steps == 1:
             return first
         rest = rw.value("matmul", [_flat(rw, _slice0(rw, other, 1, steps, before), before, a_t),
-                                   _rows(rw, _slice0(rw, nxt, 0, steps - 1, before), before, b_t)],  # type: ignore[arg-type]
+                                   _rows(rw, _slice0(rw, nxt, 0, steps - 1, before), before, b_t)],
                         before=before)
     return rw.value("add", [first, rest], before=before)
 

@@ -183,6 +183,8 @@ class CPUFunction:
         """The IR compiled, after the passes (set by the driver: `fn.ir`)."""
         self.compile_stats: Any = None
         """How the driver compiled it (a driver/jitstats.CompileStats, set by the driver)."""
+        self._results = [(t.static_shape_at(function.loc), t.numpy_dtype) for t in function.result_types]
+        """Each result's shape and dtype: what a call allocates."""
         if code is None:
             from .llvm_jit import compile_code
 
@@ -338,7 +340,7 @@ class CPUFunction:
         entry = self._entry  # once: both entry points and the layout of this call come from the same code
         layout = entry.code.layout
         ws = self.workspace(layout)
-        outs = [np.empty(t.shape, t.numpy_dtype) for t in f.result_types]  # type: ignore[arg-type]
+        outs = [np.empty(shape, dtype) for shape, dtype in self._results]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
         counters = ws.counters
