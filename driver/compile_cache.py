@@ -30,6 +30,7 @@ from ..ir.core import Function, Module
 from ..ir.types import parse_type
 from ..support import cache as disk
 from ..support import timing
+from .backends import backend_named
 from .results import result_names
 
 if TYPE_CHECKING:
@@ -43,11 +44,9 @@ def source_key(source: str, filename: str, entry: str | None, device: str, pipel
     """The key of a source's compilation (None when the cache is off or the device has none)."""
     if device not in CACHED_DEVICES or not disk.enabled():
         return None
-    from ..backend.cpu.runtime import target_key
-
-    with timing.phase("cache: key"):
-        return disk.digest("gir-source", source, filename, entry, device, pipeline, _environment(), target_key(),
-                           disk.build_fingerprint())
+    with timing.phase("cache: key"):  # the target's key: its machine and the options that change its code
+        return disk.digest("gir-source", source, filename, entry, device, pipeline, _environment(),
+                           backend_named(device).target_key(), disk.build_fingerprint())
 
 
 def module_key(module: Module, entry: str, device: str, pipeline: str) -> str | None:

@@ -101,7 +101,7 @@ class FastParser:
         keywords = lexer.keywords
         line, line_start, end = 1, 0, 0
         for m in lexer.skipping_regex.finditer(text):
-            kind = m.lastgroup
+            kind = m.lastgroup or ""  # never None: every alternative of the regex is a named group
             start, stop = m.span(kind)
             if start != end:  # whitespace or comments skipped (only whitespace holds newlines)
                 if m.start() != end:  # or characters no terminal matches: Lark reports them
@@ -238,20 +238,21 @@ class FastParser:
 
     def statements(self) -> list[ast.Stmt]:
         """stmt*, up to what ends the body (`return`, `yield` or `}`, which the caller takes)."""
-        kinds, body = self.kinds, []
+        kinds = self.kinds
+        body: list[ast.Stmt] = []
         while True:
             kind = kinds[self.i]
             if kind == "VALUE":
                 body.append(self.assign())
             elif kind in ("NAME", "stack"):
-                op = self.generic()
-                body.append(ast.BareOp(op, self.opt_loc()))
+                generic = self.generic()
+                body.append(ast.BareOp(generic, self.opt_loc()))
             elif kind == "scan" or (kind == "for" and kinds[self.i + 1] != "VALUE"):
-                op = self.loop_op()
-                body.append(ast.BareOp(op, self.opt_loc()))
+                loop = self.loop_op()
+                body.append(ast.BareOp(loop, self.opt_loc()))
             elif kind == "fused":
-                op = self.fused_op()
-                body.append(ast.BareOp(op, self.opt_loc()))
+                fused = self.fused_op()
+                body.append(ast.BareOp(fused, self.opt_loc()))
             elif kind == "for":
                 body.append(self.for_stmt())
             elif kind == "collect":

@@ -341,7 +341,9 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         return _getitem_newaxis(x, key, loc)
     t = x.type
     key = _expand_key(key if isinstance(key, tuple) else (key,), t.rank, loc)
-    bounds, drop, dynamic = [], [], []
+    bounds: list[tuple[int, int, int] | None] = []
+    drop: list[int] = []
+    dynamic: list[tuple[int, Any]] = []
     for axis, (k, d) in enumerate(zip(key, t.shape)):
         if isinstance(k, slice):
             if k == slice(None):
@@ -406,7 +408,8 @@ def _getitem_newaxis(x: Tracer, key: tuple[Any, ...], loc: Location) -> Tracer:
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (x.type.rank - len(real) + 1) + key[i + 1:]
     out = _getitem(x, tuple(k for k in key if k is not None), loc)
-    dims, j = [], 0
+    dims: list[int | None] = []
+    j = 0
     for k in key:
         if k is None:
             dims.append(1)
