@@ -326,6 +326,7 @@ class SplitFunction:
         self.compile_seconds: dict[str, float] = {}
         self.code_info: Any = None
         self.gemms: list[Any] = []
+        self.workspace_bytes: int | None = None
 
     @classmethod
     def compile(cls, function: Function, plan: MemoryPlan | None = None) -> SplitFunction:

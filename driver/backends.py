@@ -124,6 +124,7 @@ class Interpreted:
         self.llvm_ir = self.asm = self.preparing = ""
         self.code_info: CodeInfo | None = None
         self.gemms: Sequence[GemmLike] = ()
+        self.workspace_bytes: int | None = None
 
     @property
     def ir(self) -> str:

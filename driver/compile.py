@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..analysis.manager import Analyses
+from ..analysis.memory.plan import MemoryPlan
 from ..ir.core import Function, Module
 from ..ir.specialize import specialize
 from ..ir.types import TensorType
@@ -89,6 +90,9 @@ class Executable(Protocol):
     @property
     def gemms(self) -> Sequence[GemmLike]:
         """The matrix products of the code calls run now and the BLAS path of each ([] none)."""
+    @property
+    def workspace_bytes(self) -> int | None:
+        """The memory a call allocates per thread (CPU: arena and pinned area); None: not known."""
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Runs on arguments the driver has checked (`check_arguments`): no check again."""
@@ -158,9 +162,14 @@ def compile_entry(module: Module, entry: str, arg_types: Sequence[TensorType], t
             executable = backend.compile(copy, entry, report.analyses, options)
     finally:
         timer.cancel()
+    stats = timer.stats
     for r in report.records:  # a pass that runs twice (canonicalize) counts its total
-        timer.stats.passes[r.spec] = timer.stats.passes.get(r.spec, 0.0) + r.seconds
-    timer.stats.threads = blas_threads(executable) if backend.name == "cpu" else None
+        stats.passes[r.spec] = stats.passes.get(r.spec, 0.0) + r.seconds
+        stats.checkpoints += [d.describe() for d in r.stats.decisions]
+    plan = report.analyses.get(MemoryPlan, copy.functions[entry])
+    stats.planned_peak = plan.arena_bytes if plan is not None and plan.supported else None
+    stats.arena_bytes = executable.workspace_bytes
+    stats.threads = blas_threads(executable) if backend.name == "cpu" else None
     executable.compile_stats = timer.finish(executable)
     return executable
 

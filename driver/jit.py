@@ -26,7 +26,7 @@ from ..ir.core import Function, Module
 from ..ir.interpreter import check_arguments
 from ..ir.types import TensorType
 from ..ir.verifier import verify
-from ..passes.pipeline import DEFAULT_MODE, get_mode
+from ..passes.pipeline import DEFAULT_MODE, get_mode, parse_bytes, with_memory_budget
 from ..support import timing
 from . import compile_cache
 from .backends import BACKENDS, backend_named
@@ -179,12 +179,15 @@ class JitFunction:
 
 @overload
 def jit(source_or_module: Module | str | os.PathLike[str], entry: str | None = None, device: str = "cpu",
-        pipeline: str | None = None, mode: str | None = None, **jax_options: Any) -> JitFunction: ...
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> JitFunction: ...
 @overload
 def jit(source_or_module: Callable[..., Any], entry: str | None = None, device: str = "cpu",
-        pipeline: str | None = None, mode: str | None = None, **jax_options: Any) -> PythonJit: ...
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> PythonJit: ...
 def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
-        pipeline: str | None = None, mode: str | None = None, **jax_options: Any) -> JitFunction | PythonJit:
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> JitFunction | PythonJit:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -206,6 +209,10 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
             BACKEND_PIPELINE (inline, canonicalize, fuse, memplan); docs/passes.md describes each.
         mode: "fast-run" (the default: the whole pipeline, `lift` placement) or "fast-compile"
             (fewer passes, `aggressive` placement): passes/pipeline.py MODES, docs/passes.md.
+        memory_budget: bytes (an int, or "256MB", "1GB", "512MiB") the planned peak of the
+            compiled function should fit: when it does not, the `checkpoint` pass recomputes
+            the forward steps of backward scans segment by segment instead of keeping every
+            step's residuals (transforms/checkpoint.py, docs/memplan.md). None: no budget.
 
     Returns a `JitFunction`. Calling it:
 
@@ -252,8 +259,15 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
     """
     if jax_options:  # jax.jit's static_argnums, donate_argnums, ...: say so, not a bare TypeError
         raise GirArgumentError("gir.jit has no option " + ", ".join(sorted(jax_options)) + " (it takes entry, device, "
-                               "pipeline, mode); a value that must stay a Python value can be bound with "
-                               "functools.partial or a closure")
+                               "pipeline, mode, memory_budget); a value that must stay a Python value can be bound "
+                               "with functools.partial or a closure")
+    budget = parse_bytes(memory_budget)
+    if budget is not None:
+        if pipeline is not None and mode is not None:
+            raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
+        if pipeline is None:
+            pipeline = get_mode(mode or DEFAULT_MODE).pipeline(usable_device(device) if device in DEVICES else "cpu")
+        pipeline, mode = with_memory_budget(pipeline, budget), None
     if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
         from .pyjit import jit_python
 

@@ -257,6 +257,12 @@ class CPUFunction:
         return self.layout.gemms
 
     @property
+    def workspace_bytes(self) -> int:
+        """What a call's workspace holds per thread: the arena and the pinned area."""
+        layout = self.layout
+        return layout.arena_bytes + layout.pinned_bytes
+
+    @property
     def code_info(self) -> CompileInfo:
         """How the code calls run now was made (its tier, LLVM level, cache)."""
         return self._entry.code.info

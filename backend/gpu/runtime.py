@@ -83,6 +83,8 @@ class GPUFunction:
         """No second tier: the code compiled is the code that runs."""
         self.code_info: Any = None
         self.gemms: list[Any] = []
+        self.workspace_bytes: int | None = None
+        """Device memory is the device's: no per-thread workspace to report."""
         """GEMMs run through CuPy: no BLAS path to choose."""
 
     @classmethod
