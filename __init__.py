@@ -8,6 +8,7 @@
 from .driver.jit import jit  # `gir.jit` is the function: no module of gir is named jit
 from .driver.reference import interpret
 from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError
+from .frontend import EAGER_LOADERS as _EAGER_LOADERS
 from .frontend.parser import load, parse
 from .ir.core import Module
 from .ir.verifier import verify
@@ -27,6 +28,15 @@ _PYTHON_FRONTEND = (
     "ones_like", "power", "relu", "reshape", "scan", "sigmoid", "spec", "sqrt", "stack", "subtract", "sum", "tanh",
     "trace", "trace_entry", "transpose", "value_and_grad", "where", "zeros", "zeros_like")
 __all__ += [*_PYTHON_FRONTEND, "PythonJit"]
+
+
+def _load_eager_runner() -> None:
+    """Fills the tracing frontend's eager runner (driver/pyjit.py sets numpy_api.EAGER): called by
+    the frontend on its first eager call, so `from gir.frontend.python import tanh` runs too."""
+    from .driver import pyjit  # noqa: F401
+
+
+_EAGER_LOADERS.append(_load_eager_runner)
 
 
 def __getattr__(name: str) -> object:

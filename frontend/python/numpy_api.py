@@ -20,6 +20,7 @@ import numpy as np
 from ...errors import Location
 from ...ir.ops import ONE_ARGUMENT_ALIASES
 from ...ir.types import DTYPES, INT_DTYPES, TensorType
+from .. import EAGER_LOADERS
 from .tracer import (
     GirTraceAttributeError,
     GirTraceError,
@@ -49,9 +50,11 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def eager_installed() -> bool:
     """Installs EAGER's runner if it is not yet: `import gir` loads driver/pyjit.py (which sets it) only
-    when a name of this frontend is first used, and `import gir.frontend.python` alone not at all."""
+    when a name of this frontend is first used, and `import gir.frontend.python` alone not at all;
+    the loader gir/__init__.py registered (frontend/__init__.py EAGER_LOADERS) loads it here."""
     if not EAGER:
-        from ...driver import pyjit  # noqa: F401 - lazily: driver/pyjit.py imports this module
+        for load in EAGER_LOADERS:
+            load()
     return bool(EAGER)
 
 
