@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from .driver.jit import jit  # `gir.jit` is the function: no module of gir is named jit
 from .driver.reference import interpret
 from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError
+from .frontend import EAGER_LOADERS as _EAGER_LOADERS
 from .frontend.parser import load, parse
 from .ir.core import Module
 from .ir.verifier import verify
@@ -72,6 +73,15 @@ __all__ += list(_NAMESPACES)
 def _did_you_mean(name: str, names: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, list(names), n=1)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _load_eager_runner() -> None:
+    """Fills the tracing frontend's eager runner (driver/pyjit.py sets numpy_api.EAGER): called by
+    the frontend on its first eager call, so `from gir.frontend.python import tanh` runs too."""
+    from .driver import pyjit  # noqa: F401
+
+
+_EAGER_LOADERS.append(_load_eager_runner)
 
 
 def __getattr__(name: str) -> object:

@@ -14,30 +14,37 @@ See `help(gir.jit)`.
 from __future__ import annotations
 
 import os
-import threading
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ..analysis.memory.plan import MemoryPlan
 from ..errors import GirArgumentError, Location, did_you_mean
 from ..frontend.parser import parse, read_source
 from ..ir.core import Function, Module
 from ..ir.interpreter import check_arguments
-from ..ir.printer import print_module
-from ..ir.specialize import specialize
+from ..ir.types import TensorType
 from ..ir.verifier import verify
-from ..passes.pass_manager import PassManager
 from ..passes.pipeline import DEFAULT_MODE, get_mode, parse_bytes, with_memory_budget
 from ..support import timing
 from . import compile_cache
+from .backends import BACKENDS, backend_named
 from .calling import bind_arguments
+from .compile import CompileOptions, Executable, blas_threads, compile_entry
 from .jitstats import CompileStats, CompileTimer
 from .results import result_names, results_class
+from .specialisations import Specialisations
 
-DEVICES = ("cpu", "gpu", "auto", "interp")
-"""auto: the `place` pass decides, per op, CPU or GPU, and the function runs split (backend/split.py)."""
+if TYPE_CHECKING:
+    from .pyjit import PythonJit
+
+DEVICES = tuple(BACKENDS)
+"""cpu, gpu, auto, interp (driver/backends.py). auto: the `place` pass decides, per op, CPU or
+GPU, and the function runs split (backend/split.py)."""
+
+Shapes = tuple[tuple[int, ...], ...]
+"""What tells one specialisation of a JitFunction from another: the argument shapes."""
 
 
 class JitFunction:
@@ -53,31 +60,27 @@ class JitFunction:
         self._cache_key = cache_key
         self.entry = entry
         self.device = device
+        self.backend = backend_named(device)
         self.pipeline = pipeline
-        self.signature = module.functions[entry] if module is not None else signature
-        assert self.signature is not None
+        found = module.functions[entry] if module is not None else signature
+        assert found is not None
+        self.signature: Function = found
         self.result_names = names if names is not None else result_names(self.signature)
         """The results' names (driver/results.py), as `fn(...)._fields` gives them."""
         self._results = results_class(entry, self.result_names)
-        self._compiled: dict[tuple, Any] = {}
-        self._compiling = threading.Lock()
-        """Held while a specialisation compiles: threads that call with a new shape at once
-        compile it once (the compiled function itself is safe to call from several threads)."""
-        self._last: Any = None
-        self._thread = threading.local()
-        """`last`: the specialisation this thread called last, which the inspection properties show."""
+        self._compiled: Specialisations[Shapes, Executable] = Specialisations()
+        """Each specialisation compiled once (the compiled function itself is safe to call
+        from several threads); `last()` is what the inspection properties show."""
         if all(t.is_static for t in self.signature.arg_types):
-            self._last = self._specialise(tuple(tuple(t.shape) for t in self.signature.arg_types))
+            self._compiled.get(tuple(t.static_shape for t in self.signature.arg_types), self._compile)
 
-    def _specialise(self, shapes: tuple) -> Any:
-        found = self._compiled.get(shapes)
-        if found is not None:
-            return found
-        with self._compiling:
-            found = self._compiled.get(shapes)
-            if found is None:
-                found = self._compiled[shapes] = self._compile(shapes)
-        return found
+    @staticmethod
+    def specialisation_key(arrays: Sequence[np.ndarray]) -> Shapes:
+        """The key of the specialisation that runs these (checked) arguments: their shapes."""
+        return tuple(a.shape for a in arrays)
+
+    def _arg_types(self, shapes: Shapes) -> list[TensorType]:
+        return [t.with_shape(tuple(shape)) for t, shape in zip(self.signature.arg_types, shapes)]
 
     @property
     def specialisations(self) -> int:
@@ -93,7 +96,7 @@ class JitFunction:
             self._source = parse(*self._text)
         return self._source
 
-    def _compile(self, shapes: tuple) -> Any:
+    def _compile(self, shapes: Shapes) -> Executable:
         """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
         key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
         if key is not None:  # never waits for a better version: loads the best entry there is
@@ -109,96 +112,41 @@ class JitFunction:
                 found.compile_stats = timer.finish(found)
                 return found
             timer.cancel()
-        compiled = self._compile_now(shapes)
+        compiled = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline)
         if key is not None:  # what runs now (quick code too), then the final code once swapped
             compile_cache.store_what_runs(key, compiled)
         return compiled
 
-    def _better_code(self, shapes: tuple) -> Any:
+    def _better_code(self, shapes: Shapes) -> Any:
         """The best code for shapes (-O3, the GEMM paths measured now), for a specialisation
         loaded from the cache as quick code or with the model's paths: on the background
         thread (tiers.py), so the passes run there too; the object cache may skip LLVM."""
-        from ..backend.cpu.llvm_jit import compile_code
+        from ..backend.cpu.runtime import CPUFunction
 
-        module = self._specialised_module(shapes)
-        report = PassManager(self.pipeline).run(module)
-        f = module.functions[self.entry]
-        code = compile_code(f, report.analyses.get(MemoryPlan, f), tiered=False, best=True)
+        options = CompileOptions(tiered=False, best=True, progress=False)
+        better = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline, options)
+        assert isinstance(better, CPUFunction)  # the compile cache holds CPU code only
+        code = better.code
         code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
         return code
-
-    def _compile_now(self, shapes: tuple) -> Any:
-        timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
-        try:
-            with timer.stage("specialize"):
-                module = self._specialised_module(shapes)
-            with timer.stage("passes"), timing.phase("passes"):
-                report = PassManager(self.pipeline).run(module)
-            with timer.stage("backend"):
-                compiled = self._backend(module, report.analyses)
-        finally:
-            timer.cancel()
-        for r in report.records:  # a pass that runs twice (canonicalize) counts its total
-            timer.stats.passes[r.spec] = timer.stats.passes.get(r.spec, 0.0) + r.seconds
-            timer.stats.checkpoints += [d.describe() for d in r.stats.decisions]
-        plan = report.analyses.get(MemoryPlan, module.functions[self.entry])
-        timer.stats.planned_peak = plan.arena_bytes if plan is not None and plan.supported else None
-        layout = getattr(compiled, "layout", None)
-        timer.stats.arena_bytes = layout.arena_bytes + layout.pinned_bytes if layout is not None else None
-        timer.stats.threads = _blas_threads(compiled) if self.device == "cpu" else None
-        compiled.compile_stats = timer.finish(compiled)
-        return compiled
-
-    def _specialised_module(self, shapes: tuple) -> Module:
-        f = self.source.functions[self.entry]
-        if shapes != tuple(tuple(t.shape) for t in f.arg_types):
-            types = [t.with_shape(tuple(shape)) for t, shape in zip(f.arg_types, shapes)]
-            return specialize(self.source, self.entry, types)
-        return self.source.clone()
-
-    def _backend(self, module: Module, analyses: Any) -> Any:
-        f = module.functions[self.entry]
-        plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
-        if self.device == "interp":
-            compiled: Any = _Interpreted(module, self.entry)
-        elif self.device == "auto":
-            from ..analysis.placement import PlacementReport
-            from ..backend.split import SplitFunction
-
-            compiled = SplitFunction.compile(f, plan)
-            compiled.ir = print_module(module)
-            compiled.placement = analyses.get(PlacementReport, f)  # None without a `place` pass
-        elif self.device == "gpu":
-            from ..backend.gpu.runtime import GPUFunction
-
-            compiled = GPUFunction.compile(f, plan)
-            compiled.ir = print_module(module)
-        else:
-            from ..backend.cpu.runtime import CPUFunction
-
-            compiled = CPUFunction.compile(f, plan)
-            with timing.phase("print IR (fn.ir)"):
-                compiled.ir = print_module(module)
-        return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple:
         """Runs @entry: arguments by position or by parameter name (driver/calling.py); returns its
         results as a named tuple (driver/results.py)."""
         arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs))
-        compiled = self._specialise(tuple(a.shape for a in arrays))
-        self._last = self._thread.last = compiled
-        return self._results(*compiled(*arrays))
+        compiled = self._compiled.get(self.specialisation_key(arrays), self._compile)
+        return self._results(*compiled.run(arrays))  # checked: the backend does not check again
 
     # -- inspection (of the specialisation this thread called last; else the last one any
     #    thread used or compiled) -------------------------------------------------------------
-    def _current(self) -> Any:
-        current = getattr(self._thread, "last", None) or self._last
+    def _current(self) -> Executable:
+        current = self._compiled.last()
         if current is None:
             raise GirArgumentError(f"@{self.entry} has `?` dims: call it once so it is specialised")
         return current
 
     @property
-    def compiled(self) -> Any:
+    def compiled(self) -> Executable:
         """The backend's compiled function (CPUFunction, GPUFunction) of the last specialisation:
         its `layout` / `memory` say how the arena was laid out."""
         return self._current()
@@ -209,16 +157,16 @@ class JitFunction:
         its specialisation was compiled (jitstats.CompileStats: stages, cache, GEMM paths)."""
         current = self._current()
         stats = current.stats
-        ran = getattr(stats, "compile", None)  # the CPU's CompileInfo of the code that ran (its tier)
-        stats.compile = getattr(current, "compile_stats", None)
-        if stats.compile is not None:
-            if stats.compile.threads is None and stats.compile.device == "cpu":
-                stats.compile.threads = _blas_threads(current)
-            # `ran` is final only once current runs the final code (the swap is one way): its layout
-            stats.compile = stats.compile.for_code(ran, getattr(current, "layout", None))
-            preparing = getattr(current, "preparing", "")
-            if preparing != stats.compile.preparing:  # better code being made now, or made since
-                stats.compile = replace(stats.compile, preparing=preparing)
+        compiled = current.compile_stats
+        if compiled is not None:
+            if compiled.threads is None and compiled.device == "cpu":
+                compiled.threads = blas_threads(current)
+            # the code calls run now: final once the swap came (it is one way), with its layout
+            compiled = compiled.for_code(current.code_info, current.gemms)
+            preparing = current.preparing
+            if preparing != compiled.preparing:  # better code being made now, or made since
+                compiled = replace(compiled, preparing=preparing)
+        stats.compile = compiled
         return stats
 
     @property
@@ -234,40 +182,17 @@ class JitFunction:
         return self._current().asm
 
 
-@dataclass
-class InterpretedStats:
-    """`fn.stats` on the `interp` device: no backend counters, only how it was prepared."""
-
-    compile: Any = None
-
-
-def _blas_threads(compiled: Any) -> int | None:
-    """The threads compiled's GEMMs run on (None: not known)."""
-    from ..backend.cpu.blas import threads_of
-
-    try:
-        return threads_of([g.path for g in compiled.layout.gemms])
-    except Exception:  # noqa: BLE001 - a report must not fail a compile
-        return None
-
-
-class _Interpreted:
-    def __init__(self, module: Module, entry: str):
-        from ..ir.interpreter import Interpreter
-
-        self.interp = Interpreter(module)
-        self.entry = entry
-        self.ir = print_module(module)
-        self.stats = InterpretedStats()
-        self.llvm_ir = self.asm = ""
-
-    def __call__(self, *args: Any) -> list[np.ndarray]:
-        return self.interp.call(self.entry, args)
-
-
-def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
+@overload
+def jit(source_or_module: Module | str | os.PathLike[str], entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
-        **jax_options: Any) -> JitFunction:
+        **jax_options: Any) -> JitFunction: ...
+@overload
+def jit(source_or_module: Callable[..., Any], entry: str | None = None, device: str = "cpu",
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> PythonJit: ...
+def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> JitFunction | PythonJit:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -351,9 +276,8 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
         from .pyjit import jit_python
 
-        return jit_python(source_or_module, entry, device=device, pipeline=pipeline, mode=mode)  # type: ignore[return-value]
-    if device not in DEVICES:
-        raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
+        return jit_python(source_or_module, jit, entry, device=device, pipeline=pipeline, mode=mode)
+    backend_named(device)  # an unknown device: a GirArgumentError naming the known ones
     if pipeline is not None and mode is not None:
         raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
     device = usable_device(device)

@@ -5,7 +5,7 @@
 
 Each call flattens the arguments (pytrees) to arrays; the first call with a new structure,
 shapes or dtypes traces fn (frontend/python) and compiles the module with `gir.jit`; later
-calls with the same key reuse that compiled specialisation. Results are rebuilt into the
+calls with the same key reuse that compiled specialisation (driver/specialisations.py). Results are rebuilt into the
 structure fn returned.
 
 Like driver/jit.py and cli.py, this module wires stages together (frontend -> jit), which no stage may.
@@ -14,7 +14,6 @@ Like driver/jit.py and cli.py, this module wires stages together (frontend -> ji
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -31,22 +30,34 @@ from ..frontend.python.tracer import (
     weak_argument_dtype,
 )
 from ..frontend.python.transforms import Spec, Traced, trace_entry
+from ..ir.core import Module
 from ..ir.types import DTYPES
+from ..passes.pipeline import DEFAULT_MODE, get_mode
+from .compile import compile_entry
+from .specialisations import Specialisations
 
 register_internal_file(__file__)
+
+
+Key = tuple[TreeDef, tuple[tuple[tuple[int, ...], str], ...], tuple[bool, ...]]
+"""A specialisation of a PythonJit: the argument structure, each leaf's shape and dtype, and
+which leaves are Python scalars (weakly typed)."""
+
+CompileModule = Callable[..., Any]
+"""`gir.jit` of a Module (driver/jit.py `jit`, given by it: this module does not import it)."""
 
 
 class PythonJit:
     """A Python function compiled once per distinct (argument structure, shapes, dtypes)."""
 
-    def __init__(self, fn: Callable[..., Any], device: str, pipeline: str | None, **options: Any):
+    def __init__(self, fn: Callable[..., Any], device: str, pipeline: str | None, compile_module: CompileModule,
+                 **options: Any):
         self.fn = fn
         self.device = device
         self.pipeline = pipeline
         self.options = options
-        self._compiled: dict[tuple[TreeDef, tuple[Any, ...]], tuple[Traced, Any]] = {}
-        self._lock = threading.Lock()
-        self._last: tuple[Traced, Any] | None = None
+        self._compile_module = compile_module
+        self._compiled: Specialisations[Key, tuple[Traced, Any]] = Specialisations()
         self.__name__ = getattr(fn, "__name__", "jitted")
         self.__doc__ = getattr(fn, "__doc__", None)
 
@@ -61,23 +72,19 @@ class PythonJit:
         # A Python scalar is traced weakly typed (as in JAX: a float `lr` meets f64 params as f64),
         # so the key tells it from a 0-d array of the same dtype.
         weak = tuple(_is_python_scalar(leaf) for leaf in leaves)
-        key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays), weak)
-        found = self._compiled.get(key)
-        if found is None:
-            with self._lock:
-                found = self._compiled.get(key)
-                if found is None:
-                    examples = [leaf if w else a for leaf, a, w in zip(leaves, arrays, weak)]
-                    found = self._compiled[key] = self._compile(unflatten(tree, examples))
-        self._last = found
-        traced, compiled = found
+        key: Key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays), weak)
+
+        def make(_: Key) -> tuple[Traced, Any]:
+            examples = [leaf if w else a for leaf, a, w in zip(leaves, arrays, weak)]
+            return self._compile(unflatten(tree, examples))
+
+        traced, compiled = self._compiled.get(key, make)
         return unflatten(traced.out_tree, compiled(*arrays))
 
     def _compile(self, args: tuple[Any, ...]) -> tuple[Traced, Any]:
-        from .jit import jit
-
         traced = trace_entry(self.fn, args)
-        return traced, jit(traced.module, traced.entry, device=self.device, pipeline=self.pipeline, **self.options)
+        return traced, self._compile_module(traced.module, traced.entry, device=self.device, pipeline=self.pipeline,
+                                            **self.options)
 
     def trace(self, *args: Any) -> Traced:
         """The traced module for these arguments (not compiled)."""
@@ -87,17 +94,19 @@ class PythonJit:
     def specialisations(self) -> int:
         return len(self._compiled)
 
-    def _current(self) -> Any:
-        if self._last is None:
+    def _last(self) -> tuple[Traced, Any]:
+        found = self._compiled.last()
+        if found is None:
             raise GirArgumentError(f"{self.__name__} has not been called yet: it is compiled on its first call")
-        return self._last[1]
+        return found
+
+    def _current(self) -> Any:
+        return self._last()[1]
 
     @property
-    def module(self) -> Any:
-        """The traced module (before the pipeline) of the last call."""
-        self._current()
-        assert self._last is not None
-        return self._last[0].module
+    def module(self) -> Module:
+        """The traced module (before the pipeline) of the calling thread's last call."""
+        return self._last()[0].module
 
     @property
     def ir(self) -> str:
@@ -140,18 +149,18 @@ def _as_array(leaf: Any, i: int) -> Any:
     raise GirArgumentError(f"argument leaf #{i} is a {type(leaf).__name__}, not an array or a number")
 
 
-def jit_python(fn: Callable[..., Any], entry: str | None = None, device: str = "cpu", pipeline: str | None = None,
-               **options: Any) -> PythonJit:
+def jit_python(fn: Callable[..., Any], compile_module: CompileModule, entry: str | None = None, device: str = "cpu",
+               pipeline: str | None = None, **options: Any) -> PythonJit:
+    """`gir.jit(fn)`: fn traced per argument structure, each trace compiled by compile_module."""
     if entry is not None:
         raise GirArgumentError("gir.jit of a Python function takes no entry name")
-    return PythonJit(fn, device, pipeline, **options)
+    return PythonJit(fn, device, pipeline, compile_module, **options)
 
 
 def run_eager(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A gir function called outside a trace: traced with its array arguments as parameters
-    (everything else stays a Python value) and run by the interpreter."""
-    from .jit import jit
-
+    (everything else stays a Python value) and run by the interpreter, after the default
+    mode's pipeline (autodiff gives `grad` its meaning)."""
     leaves, _, tree = flatten((args, kwargs))
     where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, np.ndarray)]
 
@@ -165,7 +174,10 @@ def run_eager(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     eager.__name__ = getattr(fn, "__name__", "eager")
     arrays = [leaves[i] for i in where]
     traced = trace_entry(eager, arrays)
-    out = jit(traced.module, traced.entry, device="interp")(*arrays)
+    f = traced.module.functions[traced.entry]
+    pipeline = get_mode(DEFAULT_MODE).pipeline("interp")
+    executable = compile_entry(traced.module, traced.entry, f.arg_types, "interp", pipeline)
+    out = executable(*arrays)
     return unflatten(traced.out_tree, out)
 
 

@@ -51,12 +51,13 @@ def random_inputs(f: Function, seed: int) -> list[np.ndarray]:
         if not t.is_static:
             raise GirArgumentError(f"random inputs cannot invent a size for {t} (argument %{arg.name_hint}); "
                                    "pass real inputs", f.loc)
+        shape = t.static_shape
         if t.is_float:
-            out.append((0.1 * rng.standard_normal(t.shape)).astype(t.numpy_dtype))
+            out.append((0.1 * rng.standard_normal(shape)).astype(t.numpy_dtype))
         elif t.dtype == "i1":
-            out.append(rng.integers(0, 2, t.shape).astype(bool))
+            out.append(rng.integers(0, 2, shape).astype(bool))
         else:
-            out.append(rng.integers(0, 3, t.shape).astype(t.numpy_dtype))
+            out.append(rng.integers(0, 3, shape).astype(t.numpy_dtype))
     return out
 
 
@@ -90,7 +91,11 @@ class Interpreter:
             raise GirArgumentError(f"no function @{name}; the module has "
                                    + ", ".join("@" + n for n in self.module.functions)
                                    + did_you_mean(name, self.module.functions, prefix="@"))
-        arrays = check_arguments(f, args)
+        return self.run_checked(f, check_arguments(f, args))
+
+    def run_checked(self, f: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Runs f (a function of this module) on arguments `check_arguments` has checked."""
+        name = f.name
         if self._has_unknown_dims():
             return self._specialised(name, f, arrays)
         env: Env = dict(zip(f.args, arrays))
@@ -110,7 +115,7 @@ class Interpreter:
         if inner is None:
             types = [t.with_shape(a.shape) for t, a in zip(f.arg_types, arrays)]
             inner = self.specialisations[key] = Interpreter(specialize(self.module, name, types))
-        return inner.call(name, arrays)
+        return inner.run_checked(inner.module.functions[name], arrays)
 
     def run_block(self, block: Block, env: Env) -> list[Any]:
         for op in block:
@@ -208,8 +213,8 @@ class Interpreter:
 def _no_steps(op: Operation, stacked: TensorType) -> np.ndarray:
     """The stack of a loop that ran no step: no element, of the element type's shape (the
     leading dim is the trip count, 0, even where the type says `?`)."""
-    element = stacked.shape[1:]
-    if any(d is None for d in element):
+    element = tuple(d for d in stacked.shape[1:] if d is not None)
+    if len(element) != stacked.rank - 1:
         raise GirError(f"a loop of zero steps cannot tell the shape of its stacked {stacked}: the element "
                        "has `?` dims (gir.jit specialises them on the arguments first)", op.loc)
     return np.zeros((0, *element), stacked.numpy_dtype)

@@ -339,13 +339,17 @@ def _bool_attr(attrs: dict[str, Any], name: str) -> bool:
 # Elementwise ops
 
 
-def _infer_binary(ctx: InferContext) -> list[Type]:
+def _binary_type(ctx: InferContext) -> TensorType:
     dtype = same_dtype(ctx, 0, 1)
-    return [TensorType(broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape), dtype)]
+    return TensorType(broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape), dtype)
+
+
+def _infer_binary(ctx: InferContext) -> list[Type]:
+    return [_binary_type(ctx)]
 
 
 def _infer_float_binary(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_binary(ctx)
+    t = _binary_type(ctx)
     if t.dtype not in FLOAT_DTYPES:
         raise ShapeError(f"needs float operands, got {t.dtype}")
     return [t]
@@ -358,14 +362,14 @@ def _infer_compare(ctx: InferContext) -> list[Type]:
 
 
 def _infer_numeric_binary(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_binary(ctx)
+    t = _binary_type(ctx)
     if t.dtype == "i1":
         raise ShapeError("needs numeric operands, got i1; cast them first")
     return [t]
 
 
 def _infer_logical(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_binary(ctx)
+    t = _binary_type(ctx)
     if t.dtype != "i1":
         raise ShapeError(f"needs i1 operands, got {t.dtype}")
     return [t]
@@ -531,7 +535,7 @@ def _infer_constant(ctx: InferContext) -> list[Type]:
 
 def _constant_kernel(op: Operation) -> np.ndarray:
     t = op.result.tensor_type
-    return np.broadcast_to(np.array(op.attrs["value"], dtype=t.numpy_dtype), t.shape).copy()
+    return np.broadcast_to(np.array(op.attrs["value"], dtype=t.numpy_dtype), t.static_shape_at(op.loc)).copy()
 
 
 def _constant_splat(op: Operation) -> Any | None:
@@ -552,11 +556,15 @@ register(OpSpec("constant", "a literal; a scalar literal fills the whole type",
                 category="constant", literal=True, gpu=True, splat=_constant_splat, written_type=True))
 
 
-def _infer_declared(ctx: InferContext) -> list[Type]:
+def _declared_type(ctx: InferContext) -> TensorType:
     (t,) = ctx.need_declared()
     if not t.is_static:
         raise ShapeError(f"needs a static shape, got {t}")
-    return [t]
+    return t
+
+
+def _infer_declared(ctx: InferContext) -> list[Type]:
+    return [_declared_type(ctx)]
 
 
 register(OpSpec("zeros", "a tensor of zeros", (), _infer_declared, category="constant", gpu=True, written_type=True,
@@ -568,7 +576,7 @@ register(OpSpec("ones", "a tensor of ones", (), _infer_declared, category="const
 
 
 def _infer_fill(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_declared(ctx)
+    t = _declared_type(ctx)
     if ctx.tensor(0).shape != () or ctx.tensor(0).dtype != t.dtype:
         raise ShapeError(f"fills with a scalar of the result's dtype, got {ctx.tensor(0)}")
     return [t]

@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -37,7 +38,7 @@ from ...ir.types import TensorType
 from ...support import timing
 from ...support.cache import build_fingerprint, digest
 from . import blas, externals, native, team, tiers
-from .layout import Layout
+from .layout import GemmSite, Layout
 
 
 def opt_level() -> int:
@@ -178,6 +179,12 @@ class CPUFunction:
         """Compiles function (or takes `code` compiled before: then function may be a signature
         without a body, as the compile cache rebuilds it). tiered: see compile_code."""
         self.function = function
+        self.ir = ""
+        """The IR compiled, after the passes (set by the driver: `fn.ir`)."""
+        self.compile_stats: Any = None
+        """How the driver compiled it (a driver/jitstats.CompileStats, set by the driver)."""
+        self._results = [(t.static_shape_at(function.loc), t.numpy_dtype) for t in function.result_types]
+        """Each result's shape and dtype: what a call allocates."""
         if code is None:
             from .llvm_jit import compile_code
 
@@ -243,6 +250,22 @@ class CPUFunction:
         """The layout of the code calls run now: the final code's can differ from the quick
         code's (llvm_jit.compile_code lowers it again when the quick tier left gir-packed out)."""
         return self._entry.code.layout
+
+    @property
+    def gemms(self) -> list[GemmSite]:
+        """The GEMMs of the code calls run now, each with its BLAS path (Layout.gemms)."""
+        return self.layout.gemms
+
+    @property
+    def workspace_bytes(self) -> int:
+        """What a call's workspace holds per thread: the arena and the pinned area."""
+        layout = self.layout
+        return layout.arena_bytes + layout.pinned_bytes
+
+    @property
+    def code_info(self) -> CompileInfo:
+        """How the code calls run now was made (its tier, LLVM level, cache)."""
+        return self._entry.code.info
 
     @property
     def llvm_ir(self) -> str:
@@ -311,8 +334,11 @@ class CPUFunction:
         return ws
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
+        return self.run(check_arguments(self.function, args))
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """A call on arguments checked already (count, dtype, shape: `check_arguments`)."""
         f = self.function
-        arrays = check_arguments(f, args)
         for i, a in enumerate(arrays):
             if not a.flags.c_contiguous:
                 raise GirArgumentError(f"argument %{f.args[i].name_hint} of @{f.name} must be C-contiguous "
@@ -320,7 +346,7 @@ class CPUFunction:
         entry = self._entry  # once: both entry points and the layout of this call come from the same code
         layout = entry.code.layout
         ws = self.workspace(layout)
-        outs = [np.empty(t.shape, t.numpy_dtype) for t in f.result_types]  # type: ignore[arg-type]
+        outs = [np.empty(shape, dtype) for shape, dtype in self._results]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
         counters = ws.counters

@@ -248,9 +248,9 @@ class _Source:
         if expr is None:
             raise GirError(f"the GPU backend has no kernel code for '{op.name}' on {dtype}", op.loc)
         element = Scalar(self, op, dtype)
-        value = scalar.build(expr, [self.names[v] for v in op.operands], element.literal, element.primitive)
+        code = scalar.build(expr, [self.names[v] for v in op.operands], element.literal, element.primitive)
         self.names[op.result] = name
-        self.emit(f"{name} = {value}")
+        self.emit(f"{name} = {code}")
 
     def temporary(self) -> str:
         """A fresh name for a value a primitive computes in statements."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,16 @@ class GPUFunction:
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self.ir = ""
         """The IR compiled (set by gir.jit)."""
+        self.compile_stats: Any = None
+        """How the driver compiled it (a driver/jitstats.CompileStats, set by the driver)."""
+        self.compile_seconds: dict[str, float] = {}
+        self.preparing = ""
+        """No second tier: the code compiled is the code that runs."""
+        self.code_info: Any = None
+        self.gemms: list[Any] = []
+        self.workspace_bytes: int | None = None
+        """Device memory is the device's: no per-thread workspace to report."""
+        """GEMMs run through CuPy: no BLAS path to choose."""
 
     @classmethod
     def compile(cls, function: Function, plan: MemoryPlan | None = None) -> GPUFunction:
@@ -111,11 +122,14 @@ class GPUFunction:
         return "\n".join(texts)
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
-        arrays = check_arguments(self.function, args)
+        return self.run(check_arguments(self.function, args))
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """A call on arguments checked already (count, dtype, shape: `check_arguments`)."""
         with self._lock:
             return self._run(arrays)
 
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         dev = self.dev
         start = time.perf_counter()
         for buffer, a in zip(self.arg_buffers, arrays):

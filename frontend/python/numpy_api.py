@@ -21,6 +21,7 @@ from ...errors import Location
 from ...ir.core import Value
 from ...ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
+from .. import EAGER_LOADERS
 from .tracer import (
     GirTraceAttributeError,
     GirTraceError,
@@ -57,9 +58,11 @@ def _eager(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
 
 def eager_installed() -> bool:
     """Installs EAGER's runner if it is not yet: `import gir` loads driver/pyjit.py (which sets it) only
-    when a name of this frontend is first used, and `import gir.frontend.python` alone not at all."""
+    when a name of this frontend is first used, and `import gir.frontend.python` alone not at all;
+    the loader gir/__init__.py registered (frontend/__init__.py EAGER_LOADERS) loads it here."""
     if not EAGER:
-        from ...driver import pyjit  # noqa: F401 - lazily: driver/pyjit.py imports this module
+        for load in EAGER_LOADERS:
+            load()
     return bool(EAGER)
 
 
@@ -429,7 +432,9 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         return _getitem_newaxis(x, key, loc)
     t = x.type
     key = _expand_key(key if isinstance(key, tuple) else (key,), t.rank, loc)
-    bounds, drop, dynamic = [], [], []
+    bounds: list[tuple[int, int, int] | None] = []
+    drop: list[int] = []
+    dynamic: list[tuple[int, Any]] = []
     for axis, (k, d) in enumerate(zip(key, t.shape)):
         if isinstance(k, slice):
             if k == slice(None):
@@ -513,7 +518,8 @@ def _getitem_newaxis(x: Tracer, key: tuple[Any, ...], loc: Location) -> Tracer:
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (x.type.rank - len(real) + 1) + key[i + 1:]
     out = _getitem(x, tuple(k for k in key if k is not None), loc)
-    dims, j = [], 0
+    dims: list[int | None] = []
+    j = 0
     for k in key:
         if k is None:
             dims.append(1)

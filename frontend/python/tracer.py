@@ -77,7 +77,10 @@ def user_location(depth: int = 1) -> Location:
     line, col = frame.f_lineno or code.co_firstlineno, 1
     positions = _POSITIONS.get(code)
     if positions is None:
-        positions = _POSITIONS[code] = list(code.co_positions())
+        if sys.version_info >= (3, 11):
+            positions = _POSITIONS[code] = list(code.co_positions())
+        else:  # Python 3.10 has no column positions: the line alone (gir supports 3.10, pyproject)
+            positions = _POSITIONS[code] = []
     index = frame.f_lasti // 2
     if 0 <= index < len(positions):
         start_line, _, start_col, _ = positions[index]

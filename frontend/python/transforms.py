@@ -66,15 +66,19 @@ class Spec:
         return TensorType(self.shape, self.dtype)
 
 
-def spec(shape: str | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
+def spec(shape: str | int | None | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
     """An abstract argument for gir.trace: `spec("?x32x256", "f32")`, `spec((None, 256))`."""
     loc = user_location()
+    dims: list[Any]
     if isinstance(shape, (int, np.integer)) or shape is None:
-        shape = (shape,)  # spec(3) is a vector of 3, spec(None) one of `?` elements, as NumPy's shape=3
-    elif not isinstance(shape, (str, Sequence)):
+        dims = [shape]  # spec(3) is a vector of 3, spec(None) one of `?` elements, as NumPy's shape=3
+    elif isinstance(shape, str):
+        dims = [] if shape == "" else shape.split("x")
+    elif isinstance(shape, Sequence):
+        dims = list(shape)
+    else:
         raise GirTraceError(f"gir.spec: the shape is a string ('?x32x256') or a sequence of ints/None, not "
                             f"{type(shape).__name__}", loc)
-    dims: list[Any] = ([] if shape == "" else shape.split("x")) if isinstance(shape, str) else list(shape)
     out: list[Dim] = []
     for d in dims:
         if d is None or d == "?":
