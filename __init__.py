@@ -10,6 +10,7 @@ import importlib
 import sys
 import types
 from collections.abc import Iterable
+from typing import cast
 
 from .driver.jit import jit  # `gir.jit` is the function: no module of gir is named jit
 from .driver.reference import interpret
@@ -60,7 +61,7 @@ def _lazy_namespace(short: str, target: str) -> types.ModuleType:
                              + _did_you_mean(name, real.__all__))
 
     module.__getattr__ = load  # type: ignore[method-assign]
-    module.__dir__ = lambda: sorted(load("__all__"))  # type: ignore[method-assign,arg-type]
+    module.__dir__ = lambda: sorted(cast(list[str], load("__all__")))  # type: ignore[method-assign]
     sys.modules[module.__name__] = module
     return module
 

@@ -81,14 +81,14 @@ def load(path: str | os.PathLike[str]) -> Module:
         return parse(read_source(path), filename=os.fspath(path))
 
 
-def read_source(path: str) -> str:
+def read_source(path: str | os.PathLike[str]) -> str:
     """The text of a .gir file (a located GirSyntaxError when it cannot be read or decoded)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise GirSyntaxError(f"cannot read {path}: {e.strerror or e}") from None
-    return decode_source(data, path)
+    return decode_source(data, os.fspath(path))
 
 
 def decode_source(data: bytes, path: str) -> str:

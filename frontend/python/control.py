@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import Location
-from ...ir.core import erase_op
+from ...ir.core import Value, erase_op
 from .batching import Batcher, NoBatchRule
 from .numpy_api import _transpose, traceable, where
 from .pytree import flatten, func_name, unflatten, value_name
@@ -195,7 +195,7 @@ def _vmap_batched(fun: Callable[..., Any], n: int, mapped: list[tuple[int, Any]]
             call.update({k: x for (k, _), x in zip(mapped, examples)})
             out_leaves, _, out_tree = flatten(fun(*[call[k] for k in range(n)]))
             finish_function(function, module, [to_value(leaf, loc=loc) for leaf in out_leaves], loc)
-        env = {a: (resolve(leaf), True) for a, leaf in zip(function.args, leaves)}
+        env: dict[Value, tuple[Value, bool]] = {a: (resolve(leaf), True) for a, leaf in zip(function.args, leaves)}
         env.update({inner: (outer, False) for outer, inner in callee.captures.items()})
         batcher = Batcher(frame, next(iter(sizes)), loc)
         outs = [v if b else batcher.broadcast_batch(v) for v, b in batcher.run(function, env)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import builtins
 import string
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -247,7 +247,7 @@ def _shape_of(shape: Any, what: str, loc: Location) -> tuple[int, ...]:
 def _array(a: np.ndarray, loc: Location) -> Tracer:
     frame = current_frame()
     if frame is None:
-        return a  # type: ignore[return-value]  - outside a trace: a NumPy array
+        return a  # type: ignore[return-value]  # outside a trace: a NumPy array
     return Tracer(to_value(a, loc=loc), frame, frame.block)
 
 
@@ -605,7 +605,8 @@ def _einsum2(terms: list[str], xs: list[Tracer], out: str, loc: Location) -> Tra
     def arranged(x: Tracer, term: str, order: list[str], groups: list[list[str]]) -> Tracer:
         perm = [term.index(c) for c in order]
         x = _transpose(x, perm, loc) if perm != list(range(len(perm))) else x
-        dims = [-1 if len(g) == 1 and size[g[0]] is None else int(np.prod([size[c] for c in g])) for g in groups]
+        dims = [-1 if len(g) == 1 and size[g[0]] is None else int(np.prod([cast(int, size[c]) for c in g]))
+                for g in groups]
         return _reshape(x, [*dims], loc)
 
     nb = [c for c in batch]

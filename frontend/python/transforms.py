@@ -397,6 +397,7 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
         start += n
     result = grad_trees[0] if isinstance(argnums, int) else tuple(grad_trees)
     if has_aux:
+        assert aux_tree is not None  # has_aux traced the aux tree above
         aux = unflatten(aux_tree, aux_leaves)
         return ((value, aux), result) if with_value else (result, aux)
     return (value, result) if with_value else result
