@@ -53,15 +53,41 @@ Run = Callable[[Env], None]
 Step = tuple[Operation, Run]
 
 
+COUNTED = ("kernel_launches", "gemm_calls", "xp_launches", "copies", "graph_replays")
+"""What a call does on the device, each counted at the one place it happens: generated kernel
+launches (`ElementwiseKernel.launch`), GEMMs (`Lowering.gemm`), other xp work that launches
+kernels (reductions, gathers, scatters, logsumexp: `Lowering.xp_call`), device-to-device copies
+(`Lowering.copy`) and CUDA graph replays (none yet: no capture path)."""
+
+
 @dataclass
 class Counters:
     """What one call did (the runtime resets them per call)."""
 
     kernel_launches: int = 0
     gemm_calls: int = 0
+    xp_launches: int = 0
     copies: int = 0
+    graph_replays: int = 0
     read_backs: int = 0
     """Scalars read back to the host (`index` by a computed index)."""
+    per_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per scan (`scan forward|reverse at FILE:LINE:COL`): each of COUNTED per time step, the
+    loop's whole work (nested loops included) over its trip count, in this call."""
+
+    def reset(self) -> None:
+        for name in (*COUNTED, "read_backs"):
+            setattr(self, name, 0)
+        self.per_step = {}
+
+    def snapshot(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in COUNTED)
+
+    def record_steps(self, label: str, before: tuple[int, ...], steps: int) -> None:
+        """The per-step counts of the loop `label` that started at `before` and ran `steps` steps."""
+        if steps:
+            after = self.snapshot()
+            self.per_step[label] = {name: (b - a) / steps for name, a, b in zip(COUNTED, before, after)}
 
 
 @dataclass(eq=False)
@@ -81,6 +107,9 @@ class Lowering:
     counters: Counters = field(default_factory=Counters)
     host_scalars: dict[Value, int] = field(default_factory=dict)
     """Integer scalar constants, known on the host (an `index` by one needs no read-back)."""
+    redirectable: set[Value] = field(default_factory=set)
+    """Values whose step writes wherever env says at run time (kernel outputs, GEMM results):
+    a scan may place them in a stack row or a carry buffer instead of their storage."""
     _args: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,6 +136,34 @@ class Lowering:
         if found is None:
             found = self._args[key] = self.dev.kernel_arg(a)
         return found
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """dst[...] = src on the device: every device-to-device copy goes through here."""
+        dst[...] = src
+        self.counters.copies += 1
+
+    def launch(self, kernel: ElementwiseKernel, n: int, args: list[Any]) -> None:
+        """A generated kernel over n elements: every kernel launch goes through here (none for
+        n == 0)."""
+        if n:
+            kernel.launch(self.dev, n, args)
+            self.counters.kernel_launches += 1
+
+    def duplicate(self, a: Any) -> Any:
+        """A new device array holding a copy of a (counted as a copy)."""
+        self.counters.copies += 1
+        return a.copy()
+
+    def gemm(self, a: Any, b: Any, out: Any) -> None:
+        """out = a @ b (cuBLAS through CuPy): every GEMM goes through here."""
+        self.dev.xp.matmul(a, b, out=out)
+        self.counters.gemm_calls += 1
+
+    def xp_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs), an xp function launching device work (a reduction, a gather):
+        every such launch goes through here (logsumexp, a few in one step, counts each)."""
+        self.counters.xp_launches += 1
+        return fn(*args, **kwargs)
 
     def error_codes(self, sites: list[tuple[str, Operation]]) -> int:
         """The first of len(sites) new run-time error codes."""
@@ -173,14 +230,16 @@ def _launch(low: Lowering, op: Operation, kernel: ElementwiseKernel, inputs: lis
     if not op.results:
         return None
     low.kernels.append(kernel)
-    outs = [low.kernel_arg(low.storage(r)) for r in op.results]
+    results = list(op.results)
+    for r in results:
+        low.storage(r)
+        low.redirectable.add(r)
     n = math.prod(_shape(op.results[0]))
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
-    dev, counters, arg = low.dev, low.counters, low.kernel_arg
+    arg = low.kernel_arg
 
-    def run(env: Env) -> None:
-        kernel.launch(dev, n, [*outs, *(arg(env[v]) for v in inputs), *extra])
-        counters.kernel_launches += 1
+    def run(env: Env) -> None:  # outputs from env: a scan may place them (lower_scan)
+        low.launch(kernel, n, [*(arg(env[r]) for r in results), *(arg(env[v]) for v in inputs), *extra])
 
     return run
 
@@ -200,12 +259,12 @@ def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
 
 def lower_matmul(low: Lowering, op: Operation) -> Run:
     a, b = op.operands
-    out = low.storage(op.result)
-    matmul, counters = low.dev.xp.matmul, low.counters
+    r = op.result
+    low.storage(r)
+    low.redirectable.add(r)
 
     def run(env: Env) -> None:
-        matmul(env[a], env[b], out=out)
-        counters.gemm_calls += 1
+        low.gemm(env[a], env[b], env[r])
 
     return run
 
@@ -243,7 +302,7 @@ def lower_reduce(low: Lowering, op: Operation) -> Run:
     options = {"dtype": x.tensor_type.numpy_dtype} if reduction.combine == "add" else {}
 
     def run(env: Env) -> None:
-        reduce(env[x], axis=axes, keepdims=keepdims, out=out, **options)
+        low.xp_call(reduce, env[x], axis=axes, keepdims=keepdims, out=out, **options)
 
     return run
 
@@ -265,11 +324,9 @@ def lower_constant(low: Lowering, op: Operation) -> None:
 def lower_fill(low: Lowering, op: Operation) -> Run:
     value = op.operands[0]
     out = low.storage(op.result)
-    counters = low.counters
 
     def run(env: Env) -> None:
-        out[...] = env[value]
-        counters.copies += 1
+        low.copy(out, env[value])
 
     return run
 
@@ -287,11 +344,9 @@ def _view_or_copy(low: Lowering, op: Operation, make: Callable[[Any], Any]) -> R
 
         return view
     out = low.storage(r)
-    counters = low.counters
 
     def copy(env: Env) -> None:
-        out[...] = make(env[x])
-        counters.copies += 1
+        low.copy(out, make(env[x]))
 
     return copy
 
@@ -322,11 +377,9 @@ def lower_slice(low: Lowering, op: Operation) -> Run:
 
 def lower_broadcast(low: Lowering, op: Operation) -> Run:
     x, out = op.operands[0], low.storage(op.result)
-    counters = low.counters
 
     def run(env: Env) -> None:
-        out[...] = env[x]  # NumPy broadcasting, on the device
-        counters.copies += 1
+        low.copy(out, env[x])  # broadcasting, on the device
 
     return run
 
@@ -342,12 +395,9 @@ def _join(low: Lowering, op: Operation, new_axis: bool) -> Run:
         where = start if new_axis else slice(start, start + width)
         pieces.append((v, (slice(None),) * axis + (where,)))
         start += width
-    counters = low.counters
-
     def run(env: Env) -> None:
         for v, where in pieces:
-            out[where] = env[v]
-        counters.copies += len(pieces)
+            low.copy(out[where], env[v])
 
     return run
 
@@ -383,7 +433,7 @@ def lower_index(low: Lowering, op: Operation) -> Run:
         if out is None:
             env[r] = env[x][k]
         else:
-            out[...] = env[x][k]
+            low.copy(out, env[x][k])
 
     return run
 
@@ -392,55 +442,131 @@ def lower_index(low: Lowering, op: Operation) -> Run:
 # scan: a host loop over device-resident buffers
 
 
+@dataclass(frozen=True)
+class ScanPlacement:
+    """Where a scan's per-step values are written, decided once when lowering (no copy for
+    any but `copied_*`). A value is *placeable* when it is defined in this body by a step that
+    writes wherever env says (`Lowering.redirectable`: kernel outputs, GEMM results).
+
+    - `in_stack[k] = v`: stacked value v (placeable) is written straight into row t of stack k.
+    - `carry_from_stack[j] = k`: carry j's next value is that stack's row t: the carry's body
+      argument points at it in step t + 1 (a pointer swap; stack rows are not overwritten
+      while the loop runs).
+    - `double_buffered`: carry j's next value (placeable, in no stack) is written into the one
+      of two buffers of its own that the body argument does not point at; the two swap per step.
+      Its own buffers, not the arena: the plan may reuse a carry's slot once the body has read
+      it, and a value the plan did not place there must not be overwritten.
+    - every other stacked value and carry is copied at the yield, as before."""
+
+    in_stack: dict[int, Value]
+    carry_from_stack: dict[int, int]
+    double_buffered: frozenset[int]
+    copied_stacks: tuple[int, ...]
+    copied_carries: tuple[int, ...]
+
+
+def place_scan(low: Lowering, loop: LoopView) -> ScanPlacement:
+    defined_here = {r for op in loop.body for r in op.results}
+    taken: set[Value] = set()
+
+    def placeable(v: Value) -> bool:
+        return v in low.redirectable and v in defined_here and v not in taken
+
+    in_stack: dict[int, Value] = {}
+    for k, v in enumerate(loop.yielded_stacks):
+        if placeable(v):
+            in_stack[k] = v
+            taken.add(v)
+    stack_of = {v: k for k, v in in_stack.items()}
+    from_stack: dict[int, int] = {}
+    double: set[int] = set()
+    for j, v in enumerate(loop.yielded_carries):
+        if v in stack_of:
+            from_stack[j] = stack_of[v]
+        elif placeable(v):
+            double.add(j)
+            taken.add(v)
+    copied_stacks = tuple(k for k in range(len(loop.yielded_stacks)) if k not in in_stack)
+    copied_carries = tuple(j for j in range(len(loop.yielded_carries)) if j not in from_stack and j not in double)
+    return ScanPlacement(in_stack, from_stack, frozenset(double), copied_stacks, copied_carries)
+
+
 def lower_scan(low: Lowering, op: Operation) -> Run:
     loop = LoopView(op)
     steps = loop.trip_count
     if steps is None:
         raise GirError("the GPU backend needs a static trip count", op.loc)
-    seqs, seq_args, inits = loop.sequences, loop.element_args, loop.inits
-    carries = [low.storage(a) for a in loop.carry_args]
-    carry_extents = [low.extent(c) for c in carries]
+    seqs, seq_args, inits, carry_args = loop.sequences, loop.element_args, loop.inits, loop.carry_args
+    carries = [low.storage(a) for a in carry_args]
     stacks = [low.storage(r) for r in loop.stacked_results]
     final_storage = []
     for c in loop.carries:
         low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
         final_storage.append(low.storage(c.result))
-    body_steps, _ = low.block(loop.body)
+    body_steps, _ = low.block(loop.body)  # lowered first: `redirectable` then knows the body
+    place = place_scan(low, loop)
+    buffers = {j: (low.memory.own(c.shape, c.dtype), low.memory.own(c.shape, c.dtype))
+               for j, c in enumerate(carries) if j in place.double_buffered}
+    first = [buffers[j][0] if j in buffers else c for j, c in enumerate(carries)]
     yielded_carries, yielded_stacks = loop.yielded_carries, loop.yielded_stacks
     order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
-    same, extent, counters = low.same_memory, low.extent, low.counters
-
-    def overlaps_a_carry(a: Any) -> bool:
-        lo, hi = extent(a)
-        return any(lo < c_hi and c_lo < hi for c_lo, c_hi in carry_extents)
+    label = f"scan {'reverse' if loop.reverse else 'forward'} at {op.loc}"
+    copy_carries = _carry_copier(low, carries, place.copied_carries, yielded_carries)
 
     def run(env: Env) -> None:
-        for init, carry in zip(inits, carries):
-            if not same(env[init], carry):
-                carry[...] = env[init]
-                counters.copies += 1
-        for t in order:
+        for init, arg, buffer in zip(inits, carry_args, first):
+            if not low.same_memory(env[init], buffer):
+                low.copy(buffer, env[init])
+            env[arg] = buffer
+        before = low.counters.snapshot()  # per step: the loop alone, not the carries in and out
+        for i, t in enumerate(order):
             for arg, seq in zip(seq_args, seqs):
                 env[arg] = env[seq][t]
+            for k, v in place.in_stack.items():
+                env[v] = stacks[k][t]
+            for j, pair in buffers.items():
+                env[yielded_carries[j]] = pair[(i + 1) % 2]
             run_steps(body_steps, env)
-            for stack, v in zip(stacks, yielded_stacks):
-                stack[t] = env[v]
-            pending = []
-            for carry, v in zip(carries, yielded_carries):
-                value = env[v]
-                if same(value, carry):
-                    continue
-                if overlaps_a_carry(value):  # read before any carry is overwritten
-                    value = value.copy()
-                pending.append((carry, value))
-            for carry, value in pending:
-                carry[...] = value
-            counters.copies += len(stacks) + len(pending)
-        for carry, final in zip(carries, final_storage):
-            if not same(carry, final):
-                final[...] = carry
+            for k in place.copied_stacks:
+                low.copy(stacks[k][t], env[yielded_stacks[k]])
+            copy_carries(env)
+            for j, k in place.carry_from_stack.items():
+                env[carry_args[j]] = env[place.in_stack[k]]
+            for j in buffers:
+                env[carry_args[j]] = env[yielded_carries[j]]
+        low.counters.record_steps(label, before, steps)
+        for arg, final in zip(carry_args, final_storage):
+            if not low.same_memory(env[arg], final):
+                low.copy(final, env[arg])
 
     return run
+
+
+def _carry_copier(low: Lowering, carries: list[Any], copied: tuple[int, ...], yielded: list[Value]
+                  ) -> Callable[[Env], None]:
+    """The copies of the carries `copied` at the yield: each yielded value into its carry's
+    storage (through a temporary when it overlaps the storage of a carry copied here: a swap),
+    the body argument pointing at the storage throughout."""
+    extents = [low.extent(carries[j]) for j in copied]
+    args = carries
+
+    def overlaps_a_carry(a: Any) -> bool:
+        lo, hi = low.extent(a)
+        return any(lo < c_hi and c_lo < hi for c_lo, c_hi in extents)
+
+    def copy(env: Env) -> None:
+        pending = []
+        for j in copied:
+            value = env[yielded[j]]
+            if low.same_memory(value, args[j]):
+                continue
+            if overlaps_a_carry(value):  # read before any carry is overwritten
+                value = low.duplicate(value)
+            pending.append((args[j], value))
+        for carry, value in pending:
+            low.copy(carry, value)
+
+    return copy
 
 
 def _row_and_softmax_lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,12 +36,16 @@ from .device import get_device
 
 @dataclass
 class Stats:
-    """What a call did (`fn.stats`: the calling thread's last call)."""
+    """What a call did (`fn.stats`: the calling thread's last call). The device work is counted
+    where it happens (codegen.Lowering: `launch`, `gemm`, `xp_call`, `copy`)."""
 
     kernel_launches: int = 0
+    """Generated (numba.cuda) kernels launched."""
     gemm_calls: int = 0
+    """GEMMs (cuBLAS through CuPy)."""
     copies: int = 0
-    """Device-to-device copies made by xp (carries, stack rows, layout ops)."""
+    """Device-to-device copies (layout ops, concat pieces, carries and stack rows a scan could
+    not place, initial and final carries)."""
     seconds: float = 0.0
     """The whole call, transfers included."""
     memory: str = ""
@@ -53,6 +57,19 @@ class Stats:
     """Host-to-device transfers: one per argument."""
     d2h: int = 0
     """Device-to-host transfers: one per result, and one per `index` by a computed index."""
+    xp_launches: int = 0
+    """Other xp calls that launch device work: reductions, gathers, scatters, logsumexp's parts."""
+    graph_replays: int = 0
+    """CUDA graph launches (0: no capture path yet, docs/gpu.md)."""
+    per_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per scan (`scan forward|reverse at FILE:LINE:COL`), per time step: kernel_launches,
+    gemm_calls, xp_launches, copies, graph_replays (nested loops' work included)."""
+
+    @property
+    def launches(self) -> int:
+        """Everything that puts work on the device: kernels, GEMMs, other xp launches and copies
+        (each a kernel or a memcpy on a GPU; graph replays one each)."""
+        return self.kernel_launches + self.gemm_calls + self.xp_launches + self.copies + self.graph_replays
 
 
 class GPUFunction:
@@ -120,10 +137,11 @@ class GPUFunction:
         for buffer, a in zip(self.arg_buffers, arrays):
             dev.upload(buffer, a)
         outs = [dev.download(r) for r in self.run_on_device()]
-        counters = self.lowering.counters
-        self._local.stats = self._last_stats = Stats(counters.kernel_launches, counters.gemm_calls, counters.copies,
-                                                     time.perf_counter() - start, self.memory.describe(), dev.name,
-                                                     h2d=len(arrays), d2h=len(outs) + counters.read_backs)
+        c = self.lowering.counters
+        self._local.stats = self._last_stats = Stats(
+            c.kernel_launches, c.gemm_calls, c.copies, time.perf_counter() - start, self.memory.describe(), dev.name,
+            h2d=len(arrays), d2h=len(outs) + c.read_backs, xp_launches=c.xp_launches, graph_replays=c.graph_replays,
+            per_step=dict(c.per_step))
         return outs
 
     # -- for an executor that keeps values on the device between functions (backend/split.py) --
@@ -140,8 +158,7 @@ class GPUFunction:
         computed index. The caller serialises calls (`__call__` holds the lock)."""
         low, dev = self.lowering, self.dev
         low.err[...] = 0
-        counters = low.counters
-        counters.kernel_launches = counters.gemm_calls = counters.copies = counters.read_backs = 0
+        low.counters.reset()
         env = dict(low.static)
         try:
             if dev.simulated:

@@ -13,8 +13,9 @@ contracts (its `cupy/_core/core.pyx`), not NumPy's:
   scalar, and raises TypeError when one is a NumPy array or anything else (`__array_ufunc__`
   returns NotImplemented: NumPy's "operand type(s) all returned NotImplemented from
   __array_ufunc__", as reported by CuPy 14 on a GPU); a NumPy function runs its twin here, and
-  raises TypeError where there is none (`__array_function__` returns NotImplemented). Device arrays and NumPy arrays never mix: neither in operators, nor as an
-  argument of an xp function, nor as the value of `d[...] = v`.
+  raises TypeError where there is none (`__array_function__` returns NotImplemented). Device
+  arrays and NumPy arrays never mix: neither in operators, nor as an argument of an xp
+  function, nor as the value of `d[...] = v`.
 - Indexing returns device arrays (a 0-d view for a single element), never NumPy scalars.
 
 Stricter than CuPy, on purpose: `int(d)`, `float(d)` and `bool(d)` raise (CuPy copies the
@@ -306,6 +307,8 @@ where = _device_function(np.where)
 isfinite = _device_function(np.isfinite)
 exp = _device_function(np.exp)
 log = _device_function(np.log)
+add = _device_function(np.add)
+subtract = _device_function(np.subtract)
 maximum = _device_function(np.maximum)
 equal = _device_function(np.equal)
 copyto = _device_function(np.copyto)
