@@ -289,9 +289,8 @@ def test_training_step_counts(model: str) -> None:
     """Per time step and direction: the generated kernels, GEMMs, other xp launches and device
     copies of a training step (forward scan + BPTT), counted where each happens; results as
     the interpreter's. A change that adds work per step fails here."""
-    from rnn_cases import training_step
-
     from gir.testing import assert_all_close
+    from rnn_cases import training_step
 
     src, args, want = training_step(model, 3, 2, 3, 4)
     fn = gir.jit(src, f"{model}_grads", device="gpu")
