@@ -45,7 +45,7 @@ from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
 from ...passes.memory.plan import MemoryPlan
 from .device import Device
-from .kernels import ElementwiseKernel, compile_kernel, fused_source, op_source
+from .kernels import ElementwiseKernel, InputLayout, compile_kernel, fused_source, op_source
 from .memory import Memory
 
 Env = dict[Value, Any]
@@ -107,6 +107,11 @@ class Lowering:
     counters: Counters = field(default_factory=Counters)
     host_scalars: dict[Value, int] = field(default_factory=dict)
     """Integer scalar constants, known on the host (an `index` by one needs no read-back)."""
+    absorbed: dict[Value, tuple[Value, InputLayout]] = field(default_factory=dict)
+    """Slice results no step makes: the kernels reading them read their source in place,
+    through the layout (lower_slice)."""
+    owned: set[Value] = field(default_factory=set)
+    """Values moved out of the arena (own_storage)."""
     redirectable: set[Value] = field(default_factory=set)
     """Values whose step writes wherever env says at run time (kernel outputs, GEMM results):
     a scan may place them in a stack row or a carry buffer instead of their storage."""
@@ -125,6 +130,14 @@ class Lowering:
         array = self.memory.storage(v)
         self.static[v] = array
         return array
+
+    def own_storage(self, v: Value) -> Any:
+        """v's storage moved to a buffer of its own, outside the arena (made once)."""
+        if v not in self.owned:
+            t = v.tensor_type
+            self.static[v] = self.memory.move_out(v, self.memory.own(_shape(v), t.numpy_dtype))
+            self.owned.add(v)
+        return self.static[v]
 
     def kernel_arg(self, a: Any) -> Any:
         """a as a kernel argument. Every array a step sees is the function's own memory or a
@@ -244,13 +257,27 @@ def _launch(low: Lowering, op: Operation, kernel: ElementwiseKernel, inputs: lis
     return run
 
 
+def _through_absorbed(low: Lowering, inputs: list[Value]) -> tuple[list[Value], dict[int, InputLayout]]:
+    """The values a kernel is launched with for inputs (an absorbed slice's source in its
+    place) and the layouts to read those sources through."""
+    layouts = {k: low.absorbed[v][1] for k, v in enumerate(inputs) if v in low.absorbed}
+    return [low.absorbed[v][0] if v in low.absorbed else v for v in inputs], layouts
+
+
 def lower_fused(low: Lowering, op: Operation) -> Run | None:
-    return _launch(low, op, compile_kernel(low.dev, fused_source(op)), list(op.operands))
+    inputs, layouts = _through_absorbed(low, list(op.operands))
+    return _launch(low, op, compile_kernel(low.dev, fused_source(op, layouts)), inputs)
 
 
 def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     """An elementwise op outside a fused group: a kernel of one op."""
-    return _launch(low, op, compile_kernel(low.dev, op_source(op)), list(dict.fromkeys(op.operands)))
+    inputs, layouts = _through_absorbed(low, list(dict.fromkeys(op.operands)))
+    return _launch(low, op, compile_kernel(low.dev, op_source(op, layouts)), inputs)
+
+
+def _reads_through_kernels_only(v: Value) -> bool:
+    users = v.users
+    return bool(users) and all(u.name == "fused" or u.spec.is_elementwise for u in users)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,11 +395,33 @@ def lower_transpose(low: Lowering, op: Operation) -> Run:
     return _view_or_copy(low, op, lambda a: transpose(a, perm))
 
 
-def lower_slice(low: Lowering, op: Operation) -> Run:
+def lower_slice(low: Lowering, op: Operation) -> Run | None:
+    """A view where the plan has one. Else, where only kernels read it and its source is a
+    kernel or GEMM result (always a C-contiguous array: its storage, a stack row, a carry
+    buffer), it is *absorbed*: no step, the kernels read the source through the slice's
+    strides (kernels.InputLayout). The source then gets a buffer of its own, outside the
+    arena: the plan, which saw it die at the slice, may give its slot to a value written
+    before those kernels run. Else a copy into storage."""
     starts, limits = op.attrs["starts"], op.attrs["limits"]
     steps = op.attrs["steps"] or [1] * len(starts)
+    x, r = op.operands[0], op.result
+    if not low.memory.is_view(r, op) and x in low.redirectable and _reads_through_kernels_only(r):
+        element = _strides_of(_shape(x))
+        low.absorbed[r] = (x, InputLayout(sum(s * e for s, e in zip(starts, element)),
+                                          tuple(e * k for e, k in zip(element, steps))))
+        low.own_storage(x)
+        return None
     box = tuple(slice(s, lim, st) for s, lim, st in zip(starts, limits, steps))
     return _view_or_copy(low, op, lambda a: a[box])
+
+
+def _strides_of(shape: tuple[int, ...]) -> list[int]:
+    """C-order strides in elements."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
 
 
 def lower_broadcast(low: Lowering, op: Operation) -> Run:

@@ -48,6 +48,18 @@ INDENT = " " * 8
 """Statements of the body sit inside `def` and the grid-stride `for`."""
 
 
+@dataclass(frozen=True)
+class InputLayout:
+    """Where an input's elements sit in the flat buffer the kernel is given, when that buffer
+    is not the input itself: a strided view (a column slice of a GEMM result), read in place
+    instead of copied out first (codegen's absorbed slices). Element i of the input, at
+    coordinates (k0, k1, ...), is buffer[offset + k0 * strides[0] + k1 * strides[1] + ...]."""
+
+    offset: int
+    strides: tuple[int, ...]
+    """Per axis of the input, in elements of the buffer."""
+
+
 @dataclass(eq=False)
 class KernelSource:
     """A generated kernel, before compiling."""
@@ -201,8 +213,10 @@ class _Source:
     def emit(self, line: str) -> None:
         self.lines.append(INDENT + line)
 
-    def index(self, t: TensorType) -> str:
+    def index(self, t: TensorType, layout: InputLayout | None = None) -> str:
         shape = tuple(t.shape)
+        if layout is not None:
+            return self.strided_index(shape, layout)  # type: ignore[arg-type]
         if shape == self.out_shape:
             return "i"
         if math.prod(shape) == 1:  # type: ignore[arg-type]
@@ -213,6 +227,17 @@ class _Source:
                 self.coords.add(axis)
                 terms.append(f"c{axis}" if stride == 1 else f"c{axis} * {stride}")
         return " + ".join(terms)
+
+    def strided_index(self, shape: tuple[int, ...], layout: InputLayout) -> str:
+        """The buffer index of the element the output index reads, for an input laid out by
+        layout (its axes aligned to the output's from the right; size-1 axes broadcast)."""
+        lead = len(self.out_shape) - len(shape)
+        terms = [str(layout.offset)] if layout.offset else []
+        for axis, (d, stride) in enumerate(zip(shape, layout.strides)):
+            if d != 1 and stride:
+                self.coords.add(lead + axis)
+                terms.append(f"c{lead + axis}" if stride == 1 else f"c{lead + axis} * {stride}")
+        return " + ".join(terms) or "0"
 
     def coordinate_lines(self) -> list[str]:
         strides = _strides(self.out_shape)
@@ -254,13 +279,15 @@ NUMBA_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64
 
 
 def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
-             out_shape: tuple[int, ...]) -> KernelSource:
+             out_shape: tuple[int, ...], layouts: dict[int, InputLayout] | None = None) -> KernelSource:
     """The kernel for ops (in order) reading inputs and writing outputs, all of out_shape but
-    the inputs, which broadcast."""
+    the inputs, which broadcast; input k is read through layouts[k] where given (a strided
+    view of the buffer it is launched with), else it is its own flat buffer."""
     src = _Source(out_shape)
+    layouts = layouts or {}
     for k, v in enumerate(inputs):
         src.names[v] = f"x{k}"
-    reads = [f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type)}]" for k, v in enumerate(inputs)]
+    reads = [f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type, layouts.get(k))}]" for k, v in enumerate(inputs)]
     for op in ops:
         src.op(op)
     writes = [f"{INDENT}out{k}[i] = {src.names[v]}" for k, v in enumerate(outputs)]
@@ -275,20 +302,22 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
     return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites)
 
 
-def fused_source(op: Operation) -> KernelSource:
-    """The kernel of a `fused` op: its body's ops, its inputs, the values it yields."""
+def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+    """The kernel of a `fused` op: its body's ops, its inputs (operand k read through
+    layouts[k] where given), the values it yields."""
     body = op.body
     term = body.terminator
     assert term is not None
     ops = [inner for inner in body if inner is not term]
     out_shape = tuple(op.results[0].tensor_type.shape) if op.results else ()
-    return generate(body.args, ops, list(term.operands), out_shape)  # type: ignore[arg-type]
+    return generate(body.args, ops, list(term.operands), out_shape, layouts)  # type: ignore[arg-type]
 
 
-def op_source(op: Operation) -> KernelSource:
-    """The kernel of an elementwise op outside any fused group."""
+def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+    """The kernel of an elementwise op outside any fused group (its distinct operand k read
+    through layouts[k] where given)."""
     inputs = list(dict.fromkeys(op.operands))  # `mul %a, %a` reads one input
-    return generate(inputs, [op], [op.result], tuple(op.result.tensor_type.shape))  # type: ignore[arg-type]
+    return generate(inputs, [op], [op.result], tuple(op.result.tensor_type.shape), layouts)  # type: ignore[arg-type]
 
 
 _CACHE: dict[str, Any] = {}
