@@ -110,6 +110,9 @@ class Lowering:
     absorbed: dict[Value, tuple[Value, InputLayout]] = field(default_factory=dict)
     """Slice results no step makes: the kernels reading them read their source in place,
     through the layout (lower_slice)."""
+    pieces: dict[Value, tuple[Value, InputLayout, tuple]] = field(default_factory=dict)
+    """Values a kernel writes straight into their place in a concat/stack result: value ->
+    (that result, the layout of the value in it, the index of the value in it)."""
     owned: set[Value] = field(default_factory=set)
     """Values moved out of the arena (own_storage)."""
     redirectable: set[Value] = field(default_factory=set)
@@ -204,6 +207,7 @@ class Lowering:
     def block(self, block: Block) -> tuple[list[Step], list[Value]]:
         """The steps of block's ops and the values its terminator returns or yields."""
         steps: list[Step] = []
+        claim_pieces(self, block)
         for op in block:
             if op.spec.terminator:
                 return steps, list(op.operands)
@@ -245,14 +249,19 @@ def _launch(low: Lowering, op: Operation, kernel: ElementwiseKernel, inputs: lis
     low.kernels.append(kernel)
     results = list(op.results)
     for r in results:
-        low.storage(r)
-        low.redirectable.add(r)
+        if r not in low.pieces:
+            low.storage(r)
+            low.redirectable.add(r)
+    outs = [low.pieces[r][0] if r in low.pieces else r for r in results]  # a piece: its whole
+    views = [(r, low.pieces[r][0], low.pieces[r][2]) for r in results if r in low.pieces]
     n = math.prod(_shape(op.results[0]))
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
     arg = low.kernel_arg
 
     def run(env: Env) -> None:  # outputs from env: a scan may place them (lower_scan)
-        low.launch(kernel, n, [*(arg(env[r]) for r in results), *(arg(env[v]) for v in inputs), *extra])
+        low.launch(kernel, n, [*(arg(env[r]) for r in outs), *(arg(env[v]) for v in inputs), *extra])
+        for r, whole, where in views:  # for readers through xp: a strided view, no copy
+            env[r] = env[whole][where]
 
     return run
 
@@ -264,15 +273,19 @@ def _through_absorbed(low: Lowering, inputs: list[Value]) -> tuple[list[Value], 
     return [low.absorbed[v][0] if v in low.absorbed else v for v in inputs], layouts
 
 
+def _out_layouts(low: Lowering, op: Operation) -> dict[int, InputLayout]:
+    return {k: low.pieces[r][1] for k, r in enumerate(op.results) if r in low.pieces}
+
+
 def lower_fused(low: Lowering, op: Operation) -> Run | None:
     inputs, layouts = _through_absorbed(low, list(op.operands))
-    return _launch(low, op, compile_kernel(low.dev, fused_source(op, layouts)), inputs)
+    return _launch(low, op, compile_kernel(low.dev, fused_source(op, layouts, _out_layouts(low, op))), inputs)
 
 
 def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     """An elementwise op outside a fused group: a kernel of one op."""
     inputs, layouts = _through_absorbed(low, list(dict.fromkeys(op.operands)))
-    return _launch(low, op, compile_kernel(low.dev, op_source(op, layouts)), inputs)
+    return _launch(low, op, compile_kernel(low.dev, op_source(op, layouts, _out_layouts(low, op))), inputs)
 
 
 def _reads_through_kernels_only(v: Value) -> bool:
@@ -433,29 +446,74 @@ def lower_broadcast(low: Lowering, op: Operation) -> Run:
     return run
 
 
-def _join(low: Lowering, op: Operation, new_axis: bool) -> Run:
-    out = low.storage(op.result)
-    rank = op.result.tensor_type.rank
-    axis = norm_axis(op.attrs["axis"], rank)
-    pieces: list[tuple[Value, tuple]] = []
+def _join_pieces(op: Operation) -> list[tuple[Value, tuple, InputLayout]]:
+    """Per operand of a concat or stack: (it, where it goes in the result, its layout there)."""
+    r = op.result
+    new_axis = op.name == "stack"
+    axis = norm_axis(op.attrs["axis"], r.tensor_type.rank)
+    element = _strides_of(_shape(r))
+    pieces = []
     start = 0
     for v in op.operands:
         width = 1 if new_axis else _shape(v)[axis]
         where = start if new_axis else slice(start, start + width)
-        pieces.append((v, (slice(None),) * axis + (where,)))
+        strides = tuple(e for a, e in enumerate(element) if not (new_axis and a == axis))
+        pieces.append((v, (slice(None),) * axis + (where,), InputLayout(start * element[axis], strides)))
         start += width
+    return pieces
+
+
+def claim_pieces(low: Lowering, block: Block) -> None:
+    """Decides, before block's ops are lowered, which operands of its concat and stack ops
+    their kernels write straight into the result (Lowering.pieces): an operand made by a kernel
+    in this block, once, read otherwise only by kernels (which then read it in place, as an
+    absorbed slice), reductions and other concats or stacks (through a strided view). The
+    result then lives out of the arena (from its first piece's kernel on: a span the plan does
+    not know), unless a scan places it in a stack row or carry buffer."""
+    readers_ok = ("fused", "concat", "stack")
+    for op in block:
+        if op.name not in ("concat", "stack"):
+            continue
+        claimed = False
+        for v, where, layout in _join_pieces(op):
+            maker = v.defining_op
+            if v in low.pieces or maker is None or maker.parent is not block \
+                    or not (maker.name == "fused" or maker.spec.is_elementwise):
+                continue
+            if not all(u.name in readers_ok or u.spec.is_elementwise or u.spec.reduction is not None
+                       for u in v.users):
+                continue
+            low.pieces[v] = (op.result, layout, where)
+            low.absorbed[v] = (op.result, layout)
+            claimed = True
+        if claimed:
+            low.own_storage(op.result)
+
+
+def _join(low: Lowering, op: Operation, new_axis: bool) -> Run | None:
+    """The operands not written in place by their kernels (claim_pieces) copied into the
+    result, wherever env has it (a scan may place it)."""
+    r = op.result
+    low.storage(r)
+    low.redirectable.add(r)
+    copied = [(v, where) for v, where, _ in _join_pieces(op)  # all but the occurrence claimed
+              if not (v in low.pieces and low.pieces[v][0] is r and low.pieces[v][2] == where)]
+    if not copied:
+        return None
+
     def run(env: Env) -> None:
-        for v, where in pieces:
+        out = env[r]
+        for v, where in copied:
             low.copy(out[where], env[v])
 
     return run
 
 
-def lower_concat(low: Lowering, op: Operation) -> Run:
+def lower_concat(low: Lowering, op: Operation) -> Run | None:
     return _join(low, op, new_axis=False)
 
 
-def lower_stack(low: Lowering, op: Operation) -> Run:
+def lower_stack(low: Lowering, op: Operation) -> Run | None:
     return _join(low, op, new_axis=True)
 
 

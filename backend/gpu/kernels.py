@@ -279,10 +279,12 @@ NUMBA_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64
 
 
 def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
-             out_shape: tuple[int, ...], layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+             out_shape: tuple[int, ...], layouts: dict[int, InputLayout] | None = None,
+             out_layouts: dict[int, InputLayout] | None = None) -> KernelSource:
     """The kernel for ops (in order) reading inputs and writing outputs, all of out_shape but
     the inputs, which broadcast; input k is read through layouts[k] where given (a strided
-    view of the buffer it is launched with), else it is its own flat buffer."""
+    view of the buffer it is launched with), else it is its own flat buffer; output k likewise
+    written through out_layouts[k] (a piece of a concat written in place)."""
     src = _Source(out_shape)
     layouts = layouts or {}
     for k, v in enumerate(inputs):
@@ -290,7 +292,9 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
     reads = [f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type, layouts.get(k))}]" for k, v in enumerate(inputs)]
     for op in ops:
         src.op(op)
-    writes = [f"{INDENT}out{k}[i] = {src.names[v]}" for k, v in enumerate(outputs)]
+    out_layouts = out_layouts or {}
+    writes = [f"{INDENT}out{k}[{src.strided_index(out_shape, out_layouts[k]) if k in out_layouts else 'i'}] = "
+              f"{src.names[v]}" for k, v in enumerate(outputs)]
     params = ["n"] + [f"out{k}" for k in range(len(outputs))] + [f"in{k}" for k in range(len(inputs))]
     types = ["int64"] + [NUMBA_TYPES[v.tensor_type.dtype] + "[::1]" for v in [*outputs, *inputs]]
     if src.error_sites:
@@ -302,22 +306,25 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
     return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites)
 
 
-def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
+                 out_layouts: dict[int, InputLayout] | None = None) -> KernelSource:
     """The kernel of a `fused` op: its body's ops, its inputs (operand k read through
-    layouts[k] where given), the values it yields."""
+    layouts[k] where given), the values it yields (result k written through out_layouts[k])."""
     body = op.body
     term = body.terminator
     assert term is not None
     ops = [inner for inner in body if inner is not term]
     out_shape = tuple(op.results[0].tensor_type.shape) if op.results else ()
-    return generate(body.args, ops, list(term.operands), out_shape, layouts)  # type: ignore[arg-type]
+    return generate(body.args, ops, list(term.operands), out_shape, layouts, out_layouts)  # type: ignore[arg-type]
 
 
-def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
+              out_layouts: dict[int, InputLayout] | None = None) -> KernelSource:
     """The kernel of an elementwise op outside any fused group (its distinct operand k read
-    through layouts[k] where given)."""
+    through layouts[k] where given, its result through out_layouts[0])."""
     inputs = list(dict.fromkeys(op.operands))  # `mul %a, %a` reads one input
-    return generate(inputs, [op], [op.result], tuple(op.result.tensor_type.shape), layouts)  # type: ignore[arg-type]
+    return generate(inputs, [op], [op.result], tuple(op.result.tensor_type.shape), layouts,  # type: ignore[arg-type]
+                    out_layouts)
 
 
 _CACHE: dict[str, Any] = {}
