@@ -270,17 +270,21 @@ def test_gpu_extras_pair_one_cuda_major() -> None:
 
 STEP_COUNTS = {
     # model: {direction: (kernel_launches, gemm_calls, xp_launches, copies) per time step}
-    "rnn": {"forward": (2, 1, 1, 0), "reverse": (2, 1, 1, 0)},
-    "gru": {"forward": (2, 1, 1, 1), "reverse": (8, 1, 4, 2)},
-    "lstm": {"forward": (2, 1, 1, 1), "reverse": (8, 1, 4, 0)},
+    "rnn": {"forward": (2, 1, 0, 0), "reverse": (2, 1, 0, 0)},
+    "gru": {"forward": (2, 1, 0, 1), "reverse": (8, 1, 0, 2)},
+    "lstm": {"forward": (2, 1, 0, 1), "reverse": (8, 1, 0, 0)},
 }
 """Pinned in the simulator at T=3, batch 2, input 3, hidden 4 (the counts do not depend on the
-sizes). Before the scan placed its values (stack rows written in place, carries swapped by
-pointer: codegen.place_scan) and the kernels read the column slices of the step's GEMM in place
-(absorbed slices) and write the pieces of a concat in place (claimed pieces), a time step
-(forward and backward together) made 6 (rnn), 25 (gru) and 24 (lstm) device copies. Left:
-stacking the carry itself (forward: `stack (%h)`), and in the gru's backward the two pieces
-that its two concats share (each piece lives in one of them; the other gets a copy)."""
+sizes). Measured before this work (kernels, GEMMs, copies per time step, forward and backward
+together; CuPy reductions were not counted then): rnn 4 / 2 / 6, gru 10 / 2 / 25, lstm
+10 / 2 / 24, and 1 + 4 CuPy reductions per forward + backward step of the gru and lstm.
+What took them down (backend/gpu/codegen.py): stack rows written in place and carries swapped
+by pointer or double-buffered (place_scan); the column slices of the step's GEMM read in place
+by the kernels (absorbed slices); concat pieces written in place by their kernels
+(claim_pieces); a sum read by one fused kernel computed inside it (folded reductions). Left:
+stacking the carry itself (forward: `stack (%h)`), the two pieces the gru's two backward concats
+share (each lives in one), and the fused groups the fuse pass leaves apart (the loss term after
+a reduction; the backward step's four groups around its bias-gradient sums)."""
 
 
 def _per_step(fn: JitFunction) -> dict[str, dict[str, float]]:
@@ -306,8 +310,8 @@ def test_training_step_counts(model: str) -> None:
     assert s.launches == s.kernel_launches + s.gemm_calls + s.xp_launches + s.copies
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26's target is not reached yet: reductions and layout copies "
-                                       "still run per step (docs/gpu.md, Not done yet)")
+@pytest.mark.xfail(strict=True, reason="issue 26's target is not reached yet: the fuse pass leaves a step's "
+                                       "elementwise work in several groups (docs/gpu.md, Not done yet)")
 @pytest.mark.parametrize("model", ["gru", "lstm"])
 def test_training_step_meets_the_issue_target(model: str) -> None:
     """At most 2 launches (GEMM included) per forward step, 3 per backward step, 0 copies."""
@@ -419,3 +423,31 @@ def test_concat_and_stack_pieces_written_in_place(arena: str, monkeypatch: pytes
     a = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     fn = assert_matches_interpreter(PIECES, "f", [a, np.array([1, -2, 3], np.int32)], pipeline="ssa,canonicalize")
     assert fn.stats.copies == 3, fn.stats  # %e's second place, %b (an argument), %m's second place
+
+
+FOLDED = """\
+func @f(%x: tensor<5x6xDT>, %w: tensor<6x8xDT>, %acc: tensor<4xDT>, %s: tensor<DT>)
+    -> (tensor<4xDT>, tensor<DT>, tensor<1x1xDT>, tensor<6xDT>) {
+  %g = matmul %x, %w : tensor<5x8xDT>
+  %left = slice %g {limits = [5, 4], starts = [0, 0]} : tensor<5x4xDT>
+  %t = tanh(%left)
+  %col = %acc + sum(%t, axes = [0])
+  %whole = %s + sum(%x * %x)
+  %keep = exp(mean(%x, axes = [0, 1], keepdims = true))
+  %mid = slice %g {limits = [5, 8], starts = [0, 2]} : tensor<5x6xDT>
+  return %col, %whole, %keep, mean(%mid, axes = [0]) * 2.0 + index(%x, 0)
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_reductions_read_by_one_kernel_are_computed_inside_it(dtype: str) -> None:
+    """A sum or mean over leading axes read only by one fused kernel: computed in that kernel
+    (a column loop, or one block's tree for a whole array; over a contiguous value or a slice
+    read in place), no CuPy reduction launched; the interpreter's results."""
+    rng = np.random.default_rng(0)
+    np_dt = np.float32 if dtype == "f32" else np.float64
+    args = [rng.standard_normal(shape).astype(np_dt) for shape in [(5, 6), (6, 8), (4,), ()]]
+    fn = assert_matches_interpreter(FOLDED.replace("DT", dtype), "f", args)
+    assert fn.stats.xp_launches == 0, fn.stats
+    assert any("cuda.shared.array" in k for k in fn.compiled.kernel_sources)

@@ -45,7 +45,7 @@ from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
 from ...passes.memory.plan import MemoryPlan
 from .device import Device
-from .kernels import ElementwiseKernel, InputLayout, compile_kernel, fused_source, op_source
+from .kernels import ElementwiseKernel, InputLayout, ReductionRead, compile_kernel, fused_source, op_source
 from .memory import Memory
 
 Env = dict[Value, Any]
@@ -113,6 +113,9 @@ class Lowering:
     pieces: dict[Value, tuple[Value, InputLayout, tuple]] = field(default_factory=dict)
     """Values a kernel writes straight into their place in a concat/stack result: value ->
     (that result, the layout of the value in it, the index of the value in it)."""
+    folded: dict[Value, tuple[Value, ReductionRead]] = field(default_factory=dict)
+    """Reduction results no step makes: the one fused kernel reading each computes it from the
+    reduction's operand (value -> (that operand, how to reduce it): lower_reduce)."""
     owned: set[Value] = field(default_factory=set)
     """Values moved out of the arena (own_storage)."""
     redirectable: set[Value] = field(default_factory=set)
@@ -145,8 +148,8 @@ class Lowering:
     def kernel_arg(self, a: Any) -> Any:
         """a as a kernel argument. Every array a step sees is the function's own memory or a
         view of it, so wrappers are kept by address (a non-contiguous view is copied)."""
-        if not a.flags.c_contiguous:
-            return self.dev.kernel_arg(self.dev.xp.ascontiguousarray(a))
+        if not a.flags.c_contiguous:  # a device copy first (counted)
+            return self.dev.kernel_arg(self.duplicate(a))
         key = (self.dev.address(a), a.size, a.dtype.str)
         found = self._args.get(key)
         if found is None:
@@ -278,8 +281,15 @@ def _out_layouts(low: Lowering, op: Operation) -> dict[int, InputLayout]:
 
 
 def lower_fused(low: Lowering, op: Operation) -> Run | None:
-    inputs, layouts = _through_absorbed(low, list(op.operands))
-    return _launch(low, op, compile_kernel(low.dev, fused_source(op, layouts, _out_layouts(low, op))), inputs)
+    """A kernel for the group; a reduction it alone reads (lower_reduce) computed inside."""
+    operands = list(op.operands)
+    folded = {k: low.folded[v] for k, v in enumerate(operands) if v in low.folded}
+    inputs, layouts = _through_absorbed(low, [folded[k][0] if k in folded else v for k, v in enumerate(operands)])
+    for k in folded:
+        layouts.pop(k, None)  # a folded operand's layout is in its ReductionRead
+    reductions = {k: read for k, (_, read) in folded.items()}
+    source = fused_source(op, layouts, _out_layouts(low, op), reductions)
+    return _launch(low, op, compile_kernel(low.dev, source), inputs)
 
 
 def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
@@ -288,9 +298,10 @@ def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     return _launch(low, op, compile_kernel(low.dev, op_source(op, layouts, _out_layouts(low, op))), inputs)
 
 
-def _reads_through_kernels_only(v: Value) -> bool:
+def _read_by_kernels_and_reductions(v: Value) -> bool:
     users = v.users
-    return bool(users) and all(u.name == "fused" or u.spec.is_elementwise for u in users)
+    return bool(users) and all(u.name == "fused" or u.spec.is_elementwise or u.spec.reduction is not None
+                               for u in users)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +324,41 @@ _XP_REDUCTIONS = {"add": "sum", "max": "max", "min": "min"}
 """`Reduction.combine` -> the xp function folding with it (`mean` where it divides by the count)."""
 
 
-def lower_reduce(low: Lowering, op: Operation) -> Run:
+def _foldable(low: Lowering, op: Operation, axes: tuple[int, ...]) -> tuple[Value, ReductionRead] | None:
+    """(what to launch with, how to reduce it) where the fused kernel that alone reads this
+    reduction can compute it itself, saving a launch (`acc + sum(x, axes = [0])`, the loss
+    term `loss + sum(h * h)`): a float sum or mean over the leading axes of a non-empty
+    operand, read once, by a `fused` op of the reduction's shape in the same block; the
+    operand C-contiguous (a kernel or GEMM result, an argument) or a 2-D concat piece or
+    absorbed slice. A reduction to one element takes one block (kernels.ReductionRead). The
+    operand is now read by the consumer, later than the plan knows: a kernel or GEMM result
+    moves out of the arena (the plan could give its slot to the consumer's own result)."""
+    reduction = op.spec.reduction
+    x, r = op.operands[0], op.result
+    users, shape = r.users, _shape(x)
+    if reduction is None or reduction.combine != "add" or x.tensor_type.dtype not in ("f32", "f64") \
+            or len(users) != 1 or users[0].name != "fused" or users[0].parent is not op.parent \
+            or list(users[0].operands).count(r) != 1 or not math.prod(shape):
+        return None
+    if axes != tuple(range(len(axes))) or _shape(users[0].results[0]) != _shape(r) or r in low.pieces:
+        return None
+    rows = math.prod(shape[: len(axes)])
+    columns = math.prod(shape[len(axes):])
+    mean = reduction.divide_by_count
+    if x in low.absorbed:
+        source, layout = low.absorbed[x]
+        if len(shape) != 2 or columns == 1:
+            return None
+        return source, ReductionRead(rows, columns, mean, layout)
+    if x in low.function.args:
+        return x, ReductionRead(rows, columns, mean)
+    if x in low.redirectable:
+        low.own_storage(x)  # read later than the plan knows: out of the arena (as absorbed slices)
+        return x, ReductionRead(rows, columns, mean)
+    return None
+
+
+def lower_reduce(low: Lowering, op: Operation) -> Run | None:
     """Over no element (a reduced axis of size 0, known here): `sum` is its identity, `mean`
     nan (0/0, written without xp's warning), and max/min (`Reduction.empty_is_error`) raise the
     interpreter's error when the op runs (not when it compiles: in a loop body that runs no
@@ -324,6 +369,10 @@ def lower_reduce(low: Lowering, op: Operation) -> Run:
     shape = x.tensor_type.shape
     axes = tuple(reduction_axes(op.attrs, x.tensor_type.rank))
     keepdims = op.attrs["keepdims"]
+    folded = _foldable(low, op, axes)
+    if folded is not None:
+        low.folded[op.result] = folded
+        return None
     out = low.storage(op.result)
     xp = low.dev.xp
     empty = empty_reduction(op, shape)  # type: ignore[arg-type]  # static: the backend specialised
@@ -409,22 +458,27 @@ def lower_transpose(low: Lowering, op: Operation) -> Run:
 
 
 def lower_slice(low: Lowering, op: Operation) -> Run | None:
-    """A view where the plan has one. Else, where only kernels read it and its source is a
-    kernel or GEMM result (always a C-contiguous array: its storage, a stack row, a carry
-    buffer), it is *absorbed*: no step, the kernels read the source through the slice's
-    strides (kernels.InputLayout). The source then gets a buffer of its own, outside the
-    arena: the plan, which saw it die at the slice, may give its slot to a value written
-    before those kernels run. Else a copy into storage."""
+    """A view where the plan has one. Else, where only kernels and reductions read it and its
+    source is a kernel or GEMM result (always a C-contiguous array: its storage, a stack row, a
+    carry buffer), it is *absorbed*: no copy; the kernels read the source through the slice's
+    strides (kernels.InputLayout), a reduction through a strided xp view (the step sets it:
+    no device work) or its layout (folded). The source then gets a buffer of its own, outside
+    the arena: the plan, which saw it die at the slice, may give its slot to a value written
+    before those readers run. Else a copy into storage."""
     starts, limits = op.attrs["starts"], op.attrs["limits"]
     steps = op.attrs["steps"] or [1] * len(starts)
     x, r = op.operands[0], op.result
-    if not low.memory.is_view(r, op) and x in low.redirectable and _reads_through_kernels_only(r):
+    box = tuple(slice(s, lim, st) for s, lim, st in zip(starts, limits, steps))
+    if not low.memory.is_view(r, op) and x in low.redirectable and _read_by_kernels_and_reductions(r):
         element = _strides_of(_shape(x))
         low.absorbed[r] = (x, InputLayout(sum(s * e for s, e in zip(starts, element)),
                                           tuple(e * k for e, k in zip(element, steps))))
         low.own_storage(x)
-        return None
-    box = tuple(slice(s, lim, st) for s, lim, st in zip(starts, limits, steps))
+
+        def view(env: Env) -> None:
+            env[r] = env[x][box]
+
+        return view
     return _view_or_copy(low, op, lambda a: a[box])
 
 

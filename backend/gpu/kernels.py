@@ -70,6 +70,8 @@ class KernelSource:
     """The numba type signature of its launches: `void(int64, float32[::1], ...)`."""
     error_sites: list[tuple[str, Operation]] = field(default_factory=list)
     """Site k (err[0] = code + k) -> (message, op). Empty: the kernel takes no err, code."""
+    single_block: bool = False
+    """Launched as one block (a whole-array reduction: ReductionRead.whole)."""
 
 
 @dataclass(eq=False)
@@ -83,7 +85,9 @@ class ElementwiseKernel:
         return self.source.error_sites
 
     def launch(self, dev: Device, n: int, args: Sequence[Any]) -> None:
-        if n:
+        if self.source.single_block:
+            self.kernel[1, min(dev.threads_per_block, SHARED)](n, *args)
+        elif n:
             self.kernel[dev.launch_shape(n)](n, *args)
 
 
@@ -278,21 +282,71 @@ class _Source:
 NUMBA_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
 
 
+@dataclass(frozen=True)
+class ReductionRead:
+    """Input k of a kernel is a reduction computed in the kernel (codegen's fused reductions):
+    the sum (or mean) over the leading axes of the buffer the kernel is given for it, an
+    operand of `rows` x `columns` elements (C order, or 2-D through `layout`). Output element
+    i reads the sum of column i. With `columns == 1` (a reduction to one element) the whole
+    block sums (a shared-memory tree) and thread 0 runs the rest of the kernel."""
+
+    rows: int
+    columns: int
+    mean: bool = False
+    layout: InputLayout | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.columns == 1
+
+
+SHARED = 256
+"""Threads (and shared-memory slots) of a whole-array reduction's one block, at most: a power
+of two, as the tree needs (Device.threads_per_block is 256 on a GPU, 4 in the simulator)."""
+
+
+def _reduction_lines(k: int, red: ReductionRead, dtype: str) -> list[str]:
+    """The statements giving x{k}: the column sum (in the grid-stride loop), or, for a whole
+    array, the block's sum (before it: `if t == 0:` then runs the rest)."""
+    scale = [f"x{k} = {dtype}(x{k} / {dtype}({red.rows}))"] if red.mean else []
+    if red.whole:
+        return [f"x{k} = sm[0]", *scale]
+    lay = red.layout
+    at = f"r * {red.columns} + i" if lay is None else f"{lay.offset} + r * {lay.strides[0]} + i * {lay.strides[1]}"
+    return [f"x{k} = {dtype}(0)", f"for r in range({red.rows}):", f"    x{k} = {dtype}(x{k} + in{k}[{at}])", *scale]
+
+
+def _whole_head(k: int, red: ReductionRead, dtype: str) -> list[str]:
+    """A one-block kernel's sum of in{k} into sm[0] (a tree over the block's threads)."""
+    return [f"    sm = cuda.shared.array({SHARED}, {dtype})", "    t = cuda.threadIdx.x",
+            f"    acc = {dtype}(0)", f"    for r in range(t, {red.rows}, cuda.blockDim.x):",
+            f"        acc = {dtype}(acc + in{k}[r])", "    sm[t] = acc", "    cuda.syncthreads()",
+            "    s = cuda.blockDim.x // 2", "    while s > 0:", "        if t < s:",
+            f"            sm[t] = {dtype}(sm[t] + sm[t + s])", "        cuda.syncthreads()", "        s //= 2",
+            "    if t == 0:", "        i = 0"]
+
+
 def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
              out_shape: tuple[int, ...], layouts: dict[int, InputLayout] | None = None,
-             out_layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+             out_layouts: dict[int, InputLayout] | None = None,
+             reductions: dict[int, ReductionRead] | None = None) -> KernelSource:
     """The kernel for ops (in order) reading inputs and writing outputs, all of out_shape but
     the inputs, which broadcast; input k is read through layouts[k] where given (a strided
     view of the buffer it is launched with), else it is its own flat buffer; output k likewise
-    written through out_layouts[k] (a piece of a concat written in place)."""
+    written through out_layouts[k] (a piece of a concat written in place); input k is
+    reductions[k] computed from its buffer where given (at most one whole-array reduction)."""
     src = _Source(out_shape)
-    layouts = layouts or {}
+    layouts, out_layouts, reductions = layouts or {}, out_layouts or {}, reductions or {}
     for k, v in enumerate(inputs):
         src.names[v] = f"x{k}"
-    reads = [f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type, layouts.get(k))}]" for k, v in enumerate(inputs)]
+    reads: list[str] = []
+    for k, v in enumerate(inputs):
+        if k in reductions:
+            reads += [INDENT + line for line in _reduction_lines(k, reductions[k], v.tensor_type.dtype)]
+        else:
+            reads.append(f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type, layouts.get(k))}]")
     for op in ops:
         src.op(op)
-    out_layouts = out_layouts or {}
     writes = [f"{INDENT}out{k}[{src.strided_index(out_shape, out_layouts[k]) if k in out_layouts else 'i'}] = "
               f"{src.names[v]}" for k, v in enumerate(outputs)]
     params = ["n"] + [f"out{k}" for k in range(len(outputs))] + [f"in{k}" for k in range(len(inputs))]
@@ -300,14 +354,18 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
     if src.error_sites:
         params += ["err", "code"]
         types += ["int32[::1]", "int64"]
-    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
-            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
+    whole = [(k, r) for k, r in reductions.items() if r.whole]
+    loop = (_whole_head(whole[0][0], whole[0][1], inputs[whole[0][0]].tensor_type.dtype) if whole
+            else ["    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"])
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):", *loop]
     body = src.coordinate_lines() + reads + src.lines + writes or [INDENT + "pass"]
-    return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites)
+    return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites,
+                        single_block=bool(whole))
 
 
 def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
-                 out_layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+                 out_layouts: dict[int, InputLayout] | None = None,
+                 reductions: dict[int, ReductionRead] | None = None) -> KernelSource:
     """The kernel of a `fused` op: its body's ops, its inputs (operand k read through
     layouts[k] where given), the values it yields (result k written through out_layouts[k])."""
     body = op.body
@@ -315,7 +373,8 @@ def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
     assert term is not None
     ops = [inner for inner in body if inner is not term]
     out_shape = tuple(op.results[0].tensor_type.shape) if op.results else ()
-    return generate(body.args, ops, list(term.operands), out_shape, layouts, out_layouts)  # type: ignore[arg-type]
+    return generate(body.args, ops, list(term.operands), out_shape, layouts, out_layouts,  # type: ignore[arg-type]
+                    reductions)
 
 
 def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
