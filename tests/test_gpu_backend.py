@@ -271,20 +271,21 @@ def test_gpu_extras_pair_one_cuda_major() -> None:
 STEP_COUNTS = {
     # model: {direction: (kernel_launches, gemm_calls, xp_launches, copies) per time step}
     "rnn": {"forward": (2, 1, 0, 0), "reverse": (2, 1, 0, 0)},
-    "gru": {"forward": (2, 1, 0, 1), "reverse": (8, 1, 0, 2)},
-    "lstm": {"forward": (2, 1, 0, 1), "reverse": (8, 1, 0, 0)},
+    "gru": {"forward": (2, 1, 0, 0), "reverse": (8, 1, 0, 2)},
+    "lstm": {"forward": (2, 1, 0, 0), "reverse": (8, 1, 0, 0)},
 }
 """Pinned in the simulator at T=3, batch 2, input 3, hidden 4 (the counts do not depend on the
 sizes). Measured before this work (kernels, GEMMs, copies per time step, forward and backward
 together; CuPy reductions were not counted then): rnn 4 / 2 / 6, gru 10 / 2 / 25, lstm
 10 / 2 / 24, and 1 + 4 CuPy reductions per forward + backward step of the gru and lstm.
 What took them down (backend/gpu/codegen.py): stack rows written in place and carries swapped
-by pointer or double-buffered (place_scan); the column slices of the step's GEMM read in place
+by pointer or double-buffered, a stacked carry and its stacked next value one buffer a row apart
+(place_scan); the column slices of the step's GEMM read in place
 by the kernels (absorbed slices); concat pieces written in place by their kernels
 (claim_pieces); a sum read by one fused kernel computed inside it (folded reductions). Left:
-stacking the carry itself (forward: `stack (%h)`), the two pieces the gru's two backward concats
-share (each lives in one), and the fused groups the fuse pass leaves apart (the loss term after
-a reduction; the backward step's four groups around its bias-gradient sums)."""
+the two pieces the gru's two backward concats share (each lives in one: 2 copies), and the
+fused groups the fuse pass leaves apart (the loss term after a reduction: 2 kernels forward;
+the backward step's groups around its bias-gradient sums: 8)."""
 
 
 def _per_step(fn: JitFunction) -> dict[str, dict[str, float]]:
@@ -451,3 +452,31 @@ def test_reductions_read_by_one_kernel_are_computed_inside_it(dtype: str) -> Non
     fn = assert_matches_interpreter(FOLDED.replace("DT", dtype), "f", args)
     assert fn.stats.xp_launches == 0, fn.stats
     assert any("cuda.shared.array" in k for k in fn.compiled.kernel_sources)
+
+
+SHIFTED = """\
+func @f(%xs: tensor<4x2xf32>, %h0: tensor<2xf32>, %c0: tensor<2xf32>)
+    -> (tensor<2xf32>, tensor<2xf32>, tensor<4x2xf32>, tensor<4x2xf32>, tensor<4x2xf32>) {
+  %h.1, %c.1, %hs, %ns, %cs = scan DIR(%x in %xs) carry (%h = %h0, %c = %c0) {
+    %n = tanh(%h + %x)
+    %d = %c * 0.5 + %x
+    yield (%n, %d) stack (%h, %n, %c)
+  } : tensor<2xf32>, tensor<2xf32>, tensor<4x2xf32>, tensor<4x2xf32>, tensor<4x2xf32>
+  return %h.1, %c.1, %hs, %ns, %cs
+}
+"""
+
+
+@pytest.mark.parametrize("arena", ["1", "0"])
+@pytest.mark.parametrize("direction", ["", "reverse "])
+def test_a_stacked_carry_shares_a_buffer_with_its_next_values(direction: str, arena: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stack (%h, %n)` with %n the next %h: one buffer of T + 1 rows, the stacks a row apart;
+    `stack (%c)` with %c's next value in no stack: written into the buffer's next row. Forward
+    and reverse, in the arena and with a buffer per value: no copy per step."""
+    monkeypatch.setenv("GIR_GPU_ARENA", arena)
+    xs = np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)
+    fn = assert_matches_interpreter(SHIFTED.replace("DIR", direction), "f",
+                                    [xs, np.array([0.5, -0.5], np.float32), np.array([0.1, 0.2], np.float32)])
+    (counts,) = fn.stats.per_step.values()
+    assert counts["copies"] == 0, counts

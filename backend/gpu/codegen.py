@@ -617,11 +617,18 @@ class ScanPlacement:
       of two buffers of its own that the body argument does not point at; the two swap per step.
       Its own buffers, not the arena: the plan may reuse a carry's slot once the body has read
       it, and a value the plan did not place there must not be overwritten.
+    - `shifted[j] = (a, k)`: stack a stacks carry j's body argument itself, which is stack k
+      shifted by a step (carry j from stack k): both are views of one buffer of T + 1 rows, one
+      row apart, so that writing stack k's row writes stack a's next row (`stack (%h)` of a
+      BPTT forward, no copy); the initial carry is copied into stack a's first row. With k
+      None, carry j's next value (placeable, in no stack) is written into the buffer's rows that
+      are not stack a's: its next row, for the next step (instead of double buffers).
     - every other stacked value and carry is copied at the yield, as before."""
 
     in_stack: dict[int, Value]
     carry_from_stack: dict[int, int]
     double_buffered: frozenset[int]
+    shifted: dict[int, tuple[int, int | None]]
     copied_stacks: tuple[int, ...]
     copied_carries: tuple[int, ...]
 
@@ -647,9 +654,37 @@ def place_scan(low: Lowering, loop: LoopView) -> ScanPlacement:
         elif placeable(v):
             double.add(j)
             taken.add(v)
-    copied_stacks = tuple(k for k in range(len(loop.yielded_stacks)) if k not in in_stack)
-    copied_carries = tuple(j for j in range(len(loop.yielded_carries)) if j not in from_stack and j not in double)
-    return ScanPlacement(in_stack, from_stack, frozenset(double), copied_stacks, copied_carries)
+    shifted: dict[int, tuple[int, int | None]] = {}
+    for a, v in enumerate(loop.yielded_stacks):
+        j = next((j for j, arg in enumerate(loop.carry_args) if arg is v), None)
+        if a not in in_stack and j is not None and (j in from_stack or j in double) and j not in shifted:
+            shifted[j] = (a, from_stack.get(j))
+            double.discard(j)
+    implicit = {a for a, _ in shifted.values()}
+    copied_stacks = tuple(k for k in range(len(loop.yielded_stacks)) if k not in in_stack and k not in implicit)
+    copied_carries = tuple(j for j in range(len(loop.yielded_carries))
+                           if j not in from_stack and j not in double and j not in shifted)
+    return ScanPlacement(in_stack, from_stack, frozenset(double), shifted, copied_stacks, copied_carries)
+
+
+def _shifted_stacks(low: Lowering, loop: LoopView, args_stack: int, values_stack: int | None, steps: int
+                    ) -> tuple[Any, Any, Any]:
+    """(stack of the carry's argument, rows of its next value, the argument's first row) as
+    views of one buffer of steps + 1 rows, one row apart (ScanPlacement.shifted); the scan
+    results stacked there (the value rows' too, unless values_stack is None) live there from
+    now on."""
+    r_args = loop.stacked_results[args_stack]
+    shape = _shape(r_args)
+    buf = low.memory.own((shape[0] + 1, *shape[1:]), r_args.tensor_type.numpy_dtype)
+    early, late = buf[:-1], buf[1:]
+    args_rows, value_rows = (late, early) if loop.reverse else (early, late)
+    moved = [(r_args, args_rows)]
+    if values_stack is not None:
+        moved.append((loop.stacked_results[values_stack], value_rows))
+    for r, view in moved:
+        low.static[r] = low.memory.move_out(r, view)
+    first_row = buf[0] if not steps else args_rows[steps - 1] if loop.reverse else args_rows[0]
+    return args_rows, value_rows, first_row
 
 
 def lower_scan(low: Lowering, op: Operation) -> Run:
@@ -669,6 +704,14 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     buffers = {j: (low.memory.own(c.shape, c.dtype), low.memory.own(c.shape, c.dtype))
                for j, c in enumerate(carries) if j in place.double_buffered}
     first = [buffers[j][0] if j in buffers else c for j, c in enumerate(carries)]
+    hidden: dict[int, Any] = {}
+    """Carry j -> the rows its next values are written into (ScanPlacement.shifted, k None)."""
+    for j, (a, k) in place.shifted.items():
+        stacks[a], rows, first[j] = _shifted_stacks(low, loop, a, k, steps)
+        if k is None:
+            hidden[j] = rows
+        else:
+            stacks[k] = rows
     yielded_carries, yielded_stacks = loop.yielded_carries, loop.yielded_stacks
     order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
     label = f"scan {'reverse' if loop.reverse else 'forward'} at {op.loc}"
@@ -687,13 +730,15 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
                 env[v] = stacks[k][t]
             for j, pair in buffers.items():
                 env[yielded_carries[j]] = pair[(i + 1) % 2]
+            for j, rows in hidden.items():
+                env[yielded_carries[j]] = rows[t]
             run_steps(body_steps, env)
             for k in place.copied_stacks:
                 low.copy(stacks[k][t], env[yielded_stacks[k]])
             copy_carries(env)
             for j, k in place.carry_from_stack.items():
                 env[carry_args[j]] = env[place.in_stack[k]]
-            for j in buffers:
+            for j in (*buffers, *hidden):
                 env[carry_args[j]] = env[yielded_carries[j]]
         low.counters.record_steps(label, before, steps)
         for arg, final in zip(carry_args, final_storage):
