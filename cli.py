@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from . import timing
-from .calling import bind_arguments
+from .config import current
+from .driver.calling import bind_arguments
+from .driver.results import result_names
 from .errors import GirArgumentError, GirError, Location, did_you_mean, source_text
 from .frontend.parser import decode_source, parse
 from .frontend.parser import load as load_file
@@ -28,7 +29,7 @@ from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
 from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode
-from .results import result_names
+from .support import timing
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
@@ -160,13 +161,13 @@ def _opt(args: argparse.Namespace) -> int:
     module = load(args.file)
     report = run_pipeline(args, module, opt_pipeline(args), input_verified=True)
     if args.placement_report:
-        from .passes.placement import placement_reports
+        from .analysis.placement import placement_reports
 
         sys.stderr.write(placement_reports(report.analyses))
     if args.memplan_report or args.memplan_plot:
-        from .passes.memory.plan import MemoryPlan
-        from .passes.memplan import plan_module
-        from .reporting import memplan_reports, plot_plans
+        from .analysis.memory.plan import MemoryPlan
+        from .driver.reporting import memplan_reports, plot_plans
+        from .transforms.memplan import plan_module
 
         # The pipeline's plans when it ended with `memplan{...}` (its options), else default plans.
         plans = report.analyses.all(MemoryPlan) or plan_module(module)
@@ -191,13 +192,13 @@ def _opt(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .shapes import specialise_entry
+    from .driver.shapes import specialise_entry
 
     check_seed("--random", args.random)
     if args.repeat < 1:
         raise GirArgumentError(f"--repeat: run at least once, got {args.repeat}")
     mode = get_mode(args.mode or DEFAULT_MODE)
-    from .jit import usable_device
+    from .driver.jit import usable_device
 
     args.device = usable_device(args.device)  # auto without a GPU: the CPU
     cached = _cached_runner(args, mode)
@@ -209,7 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         module = load(args.file)
         f = entry_of(module, args.entry)
         names = result_names(f)  # as written: passes rename values
-        # The arrays follow gir.jit's calling convention (calling.py): exact widening only.
+        # The arrays follow gir.jit's calling convention (driver/calling.py): exact widening only.
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
         module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
@@ -279,7 +280,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
     the passes and LLVM; None when the run needs the pass manager's own run."""
     if args.device != "cpu" or getattr(args, "stats_json", None) or args.shape or args.file == "-":
         return None
-    from .jit import jit
+    from .driver.jit import jit
 
     front = args.pipeline if args.pipeline is not None else mode.front
     fn = jit(args.file, args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
@@ -291,7 +292,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
 def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) -> Callable[..., list[np.ndarray]]:
     """The interpreter, or the entry compiled for the CPU, the GPU or both (after the backend
     pipeline: the mode's, with `place` for --device auto)."""
-    from .jit import JitFunction
+    from .driver.jit import JitFunction
 
     if args.device == "interp":
         # The interpreter through gir.jit's `interp` device: the same run, with `-v` stats.
@@ -303,10 +304,10 @@ def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) 
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from .analysis.memory.plan import MemoryPlan
     from .backend.cpu.llvm_jit import target_machine
     from .backend.cpu.runtime import CPUFunction
-    from .passes.memory.plan import MemoryPlan
-    from .shapes import specialise_entry
+    from .driver.shapes import specialise_entry
 
     module = load(args.file)
     module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")
@@ -330,7 +331,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from . import cache
+    from .support import cache
 
     if args.action == "clear":
         print(f"removed {cache.clear()} files from {cache.cache_root()}")
@@ -369,7 +370,7 @@ def add_mode_flag(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     p = argparse.ArgumentParser(prog="gir", description="gir: a compiler for tensor programs with loops")
     p.add_argument("--version", action="version", version=f"gir {__version__}")
@@ -439,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         return args.func(args)
     except GirError as e:
-        if os.environ.get("GIR_TRACEBACK") and e.__cause__ is not None and not isinstance(e.__cause__, GirError):
+        if current().traceback and e.__cause__ is not None and not isinstance(e.__cause__, GirError):
             # A pass crashed (a bug in gir, reported as a located GirPassError with a
             # reproducer): show the crash's traceback too, as for any other internal error.
             traceback.print_exception(e.__cause__, file=sys.stderr)
@@ -459,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 0
     except Exception as e:  # a bug in gir, not in the program: say so, without a traceback
-        if os.environ.get("GIR_TRACEBACK"):
+        if current().traceback:
             raise
         print(f"gir: internal error: {type(e).__name__}: {e}\n(this is a bug in gir; run with GIR_TRACEBACK=1 "
               "for the traceback)", file=sys.stderr)

@@ -186,3 +186,21 @@ def describe() -> str:
         mark = "code" if f.metadata["code"] else "    "
         lines.append(f"{f.metadata['env']:<20} {f.name:<16} {mark}  {f.metadata['doc']}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other programs' variables that gir reads (not gir switches: no Options fields, no overrides)
+
+BLAS_THREAD_VARIABLES = ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_DYNAMIC")
+"""What decides how many threads MKL and OpenBLAS start with (blas.thread_setting keys on them)."""
+
+
+def blas_thread_environment() -> tuple[str, ...]:
+    """The BLAS thread variables' values ('' when unset), in BLAS_THREAD_VARIABLES order."""
+    return tuple(os.environ.get(name, "") for name in BLAS_THREAD_VARIABLES)
+
+
+def cuda_simulator_requested() -> bool:
+    """NUMBA_ENABLE_CUDASIM=1: the user asked for Numba's CUDA simulator (only effective when
+    set before numba is imported; the GPU backend says so when it is set too late)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"

@@ -1,6 +1,6 @@
 """Running a placed function split between the CPU and the GPU (`gir.jit(..., device="auto")`).
 
-The `place` pass (passes/placement.py) leaves every op with a device (`{device = "gpu"}`; a
+The `place` pass (transforms/placement.py) leaves every op with a device (`{device = "gpu"}`; a
 `scan` or `fused` op has its body ops') and a `transfer` wherever a value crosses. This module
 cuts the function at those transfers, compiles each piece with its device's backend, and runs
 the pieces in order, executing the transfers between them:
@@ -54,14 +54,14 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.memory.plan import MemoryPlan
+from ..analysis.memory.planner import plan_memory
 from ..errors import GirError
 from ..ir.core import Function, Module, Operation, Value
 from ..ir.interpreter import check_arguments
 from ..ir.ops import make_op
 from ..ir.printer import Printer, print_function
 from ..ir.types import TensorType
-from ..passes.memory.plan import MemoryPlan
-from ..passes.memory.planner import plan_memory
 
 CPU, GPU = "cpu", "gpu"
 _PARITY = {CPU: 0, GPU: 1}

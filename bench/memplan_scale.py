@@ -12,7 +12,7 @@ weights), about 1k, 4k, 25k and 100k ops each:
   stack) until a backward pass at the end consumes them in reverse: the number of values live
   at once grows with the size, like a real training step.
 
-For each: `Liveness(f)` (the sparse worklist of passes/liveness.py), `plan_memory(f)` for each
+For each: `Liveness(f)` (the sparse worklist of analysis/liveness.py), `plan_memory(f)` for each
 placement strategy (the liveness excluded), and `check_plan`. Then, on the smaller programs, a
 fixed-point liveness written here: the textbook dataflow over per-op live sets on the ops'
 control-flow graph (back edges from each yield), re-run over all ops until nothing changes, as
@@ -36,13 +36,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gir.analysis.liveness import Liveness, loop_stack_results
+from gir.analysis.memory.arena import STRATEGIES
+from gir.analysis.memory.checker import check_plan
+from gir.analysis.memory.planner import plan_memory
 from gir.ir.core import Block, Function, Module, Operation, Region, Value
 from gir.ir.ops import make_op
 from gir.ir.types import TensorType
-from gir.passes.liveness import Liveness, loop_stack_results
-from gir.passes.memory.arena import STRATEGIES
-from gir.passes.memory.checker import check_plan
-from gir.passes.memory.planner import plan_memory
 
 ACT = TensorType((32, 64), "f32")
 WEIGHT = TensorType((64, 64), "f32")

@@ -28,7 +28,6 @@ the transformer `parser._ToAst` returns for it. `GIR_PARSER=lark` switches this 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +35,7 @@ from ..errors import Location
 from ..ir.types import TensorType, parse_type
 from . import ast
 from .terminals import Terminals
-from .tokens import Token
+from .tokens import Token, unescape
 
 
 class Fallback(Exception):
@@ -191,7 +190,7 @@ class FastParser:
         self.i += 1
         end = text.rindex('"')
         line, col = text[end + 2 :].split(":")
-        return Location(_unescape(text[1:end]), _int(line), _int(col))
+        return Location(unescape(text[1:end]), _int(line), _int(col))
 
     # -- functions and statements --------------------------------------------------------------
     def parse(self) -> list[ast.Func]:
@@ -553,7 +552,3 @@ def _int(tok: str) -> int:
         raise Fallback from None
 
 
-def _unescape(text: str) -> str:
-    """Inverse of the printer's escaping of file names in `loc(...)`: \\n, \\" and \\\\ (Lark's
-    transformer, lark_parser.py, uses this one too)."""
-    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)

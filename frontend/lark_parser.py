@@ -6,33 +6,29 @@ tree is built, then walked again).
 This module is imported only when Lark is needed (parser.py imports it lazily): importing Lark,
 with interegular and regex, is a sizeable part of a `gir opt` start-up that reads valid text.
 
-The parser is loaded once per process (`_parser()`, from tables cached on disk) and holds no state of one parse, so
-threads may parse at once: the transformer sees no file name (nodes keep tokens, and the
-emitter makes `Location`s with the file it emits), and the one error it raises, a parameter
-with several types, carries a token that `lark_parse()` turns into a location in its own file.
+The parser is built once per process (`_parser()`; its tables are not cached on disk) and
+holds no state of one parse, so threads may parse at once: the transformer sees no file name
+(nodes keep tokens, and the emitter makes `Location`s with the file it emits), and the one
+error it raises, a parameter with several types, carries a token that `lark_parse()` turns
+into a location in its own file.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import math
 import os
-import sys
 from typing import Any
 
-import lark
 from lark import Lark, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from ..cache import atomic_write, cache_root, digest
 from ..errors import GirSyntaxError, Location
 from ..ir.types import parse_type
 from . import ast
-from .fast_parser import _unescape
 from .hints import numpy_hint
 from .lexer import GirLexer
-from .tokens import Token
+from .tokens import Token, unescape
 
 
 def parse_types(token: str) -> ast.Types:
@@ -280,35 +276,22 @@ class _ToAst(Transformer):
         text = str(c[0])[4:-1]  # "file":line:col, the file name escaped as the printer writes it
         end = text.rindex('"')
         line, col = text[end + 2 :].split(":")
-        return Location(_unescape(text[1:end]), _int(c[0], line), _int(c[0], col))
+        return Location(unescape(text[1:end]), _int(c[0], line), _int(c[0], col))
 
 
 @functools.cache
 def _parser() -> Lark:
     """The parser, shared: it keeps no state between parses. Its LALR tables are built once per
-    grammar, Lark and Python version and kept in the gir cache (`parser-<hash>.lark`, ~10 ms to
-    load; building them costs ~0.6 s, half of it interegular's regex-collision check). Two
-    threads parsing first at once may each load one; both are the same parser."""
+    process and never kept on disk: Lark's cache format is a pickle, and unpickling a file of
+    the cache folder runs whatever code it names (docs/backend.md, "The cache's trust model").
+    Building them cost 0.16 s in one timing (2-core machine under load, interegular
+    installed), paid only by a process that reports a syntax error or runs with
+    GIR_PARSER=lark. Two threads parsing first at once may each build one; both are the same."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grammar.lark")
     with open(path, encoding="utf-8") as f:
         grammar = f.read()
-    tables = os.path.join(cache_root(), f"parser-{digest(grammar, lark.__version__, sys.version_info[:2])}.lark")
-    load_options = {"transformer": _ToAst(), "propagate_positions": True}
-    try:
-        with open(tables, "rb") as f:
-            # Lark's own cache format (Lark.save / Lark._load), written below; the transformer
-            # is not saved but given again.
-            return Lark.__new__(Lark)._load(f, **load_options)
-    except FileNotFoundError:
-        pass
-    except Exception:  # noqa: BLE001 - damaged, or from another build of Lark: built again below
-        pass
-    parser = Lark(grammar, parser="lalr", lexer=GirLexer, strict=True, maybe_placeholders=False,
-                  source_path=path, **load_options)
-    buf = io.BytesIO()
-    parser.save(buf, exclude_options=list(load_options))
-    atomic_write(tables, buf.getvalue())  # renamed into place: another process never reads half of it
-    return parser
+    return Lark(grammar, parser="lalr", lexer=GirLexer, strict=True, maybe_placeholders=False,
+                source_path=path, transformer=_ToAst(), propagate_positions=True)
 
 
 _PRETTY = {

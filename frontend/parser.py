@@ -12,9 +12,10 @@ import gc
 import os
 from typing import Any
 
-from .. import timing
+from ..config import current
 from ..errors import GirArgumentError, GirSyntaxError, Location, remember_source
 from ..ir.core import Module
+from ..support import timing
 from . import ast
 from .fast_parser import FastParser
 from .terminals import terminals
@@ -24,7 +25,7 @@ def parse_ast(text: str, filename: str = "<string>") -> list[ast.Func]:
     """The functions of gir text as AST nodes; a syntax error names `filename`. The hand-written
     parser of fast_parser.py reads valid text; anything it does not take, Lark parses again (and
     reports). `GIR_PARSER=lark` makes Lark parse everything."""
-    if os.environ.get("GIR_PARSER") != "lark":
+    if current().parser != "lark":
         try:
             return FastParser(text, terminals()).parse()
         except Exception:  # noqa: BLE001 - Fallback, or nesting too deep for recursion: Lark decides
@@ -58,7 +59,7 @@ def parse(text: str | bytes, filename: str = "<string>") -> Module:
     gc.disable()
     try:
         with timing.phase("parse: load parser tables"):
-            terminals() if os.environ.get("GIR_PARSER") != "lark" else _parser()
+            terminals() if current().parser != "lark" else _parser()
         with timing.phase("parse: text to AST"):
             functions = parse_ast(text, filename)
         with timing.phase("parse: emit IR"):

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..cache import atomic_write, cache_root, digest
+from ..support.cache import atomic_write, cache_root, digest, read_file
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SHIPPED = os.path.join(_HERE, "terminals_table.json")
@@ -79,8 +79,14 @@ def _cache_path(sources: str, lark: str) -> str:
 def _read(path: str, sources: str, lark: str) -> Terminals | None:
     """The table saved at path when it was made from these sources and this Lark, else None."""
     try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+        if path == SHIPPED:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        else:  # the cache's copy: only a private regular file (cache.read_file), never a FIFO
+            data = read_file(path, limit=1 << 20)
+            if data is None:
+                return None
+            saved = json.loads(data)
         if saved["sources"] != sources or saved["lark"] != lark:
             return None
         return Terminals(dict(saved["keywords"]), dict(saved["punct"]), re.compile(saved["skipping_regex"]))

@@ -11,6 +11,7 @@ reads `.type` and the positions. The attributes, constructor, equality and pickl
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -69,3 +70,9 @@ class Token(str):
         return str.__eq__(self, other)
 
     __hash__ = str.__hash__
+
+
+def unescape(text: str) -> str:
+    """Inverse of the printer's escaping of file names in `loc(...)`: \\n, \\" and \\\\ (both parsers
+    use it: fast_parser.py and lark_parser.py's transformer)."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)

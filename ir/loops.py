@@ -20,10 +20,11 @@ results or block arguments apart by position.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from .core import Block, BlockArgument, Operation, OpResult, Value
-from .types import Dim
+if TYPE_CHECKING:  # names for annotations only: printer.py imports this module, core.py imports printer
+    from .core import Block, BlockArgument, Operation, OpResult, Value
+    from .types import Dim
 
 
 class Carry(NamedTuple):

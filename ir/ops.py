@@ -246,7 +246,7 @@ def check_arity(spec: OpSpec, n: int, segments: tuple[int, ...], loc: Location) 
 
 DEVICES = ("cpu", "gpu")
 """Where an op runs: every op kind accepts an optional `device` attribute (set by the `place`
-pass, passes/placement.py); `transfer` requires it (the device it moves its operand to)."""
+pass, transforms/placement.py); `transfer` requires it (the device it moves its operand to)."""
 
 
 def normalize_attrs(spec: OpSpec, attrs: dict[str, Any], loc: Location) -> dict[str, Any]:

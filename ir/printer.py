@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from .loops import LoopView  # loops.py names core's classes for type checking only
 from .spec import REGISTRY
 
 if TYPE_CHECKING:  # printer.py is imported by core.py, so it names IR nodes for type hints only
@@ -140,8 +141,6 @@ class Printer:
     def _loop(self, op: Operation, indent: str, lines: list[str]) -> None:
         """`scan reverse length N (%x in %xs) carry (%h = %h0) { ... }`; `for` has no carries.
         Reads no yield, so a loop left half-built by a failing pass still prints."""
-        from .loops import LoopView  # not at the top: core.py imports this module, loops.py imports core
-
         n = self.names
         view = LoopView(op)
         mods = (" reverse" if view.reverse else "") + (f" length {view.length}" if view.length is not None else "")

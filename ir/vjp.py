@@ -5,7 +5,7 @@ returns the cotangents of the operands (None where none flows, e.g. into an i1 c
 `c.x(i)` is operand i and `c.y` the result as seen where the backward ops are emitted (in a
 backward scan body these are residuals stacked by the forward scan, never recomputations);
 `c.ub(v, i)` sums a broadcast cotangent back to the shape of operand i. `scan` has its own
-multi-result rule in passes/autodiff.py; `call` is inlined before differentiation.
+multi-result rule in transforms/autodiff.py; `call` is inlined before differentiation.
 """
 
 from __future__ import annotations

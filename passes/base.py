@@ -7,9 +7,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..analysis.manager import Analyses
 from ..errors import GirPassError, did_you_mean
 from ..ir.core import Module
-from .analysis import Analyses
 from .rewriter import PassStatistics
 
 

@@ -16,14 +16,14 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .. import timing
+from ..analysis.manager import Analyses
 from ..errors import GirArgumentError, GirError, GirPassError, GirVerifyError, creating, did_you_mean
 from ..ir.core import Module
 from ..ir.gcpause import gc_paused
 from ..ir.interpreter import interpret, random_inputs
 from ..ir.printer import print_module
 from ..ir.verifier import verify
-from .analysis import Analyses
+from ..support import timing
 from .base import Pass
 from .pipeline import parse_pipeline
 from .rewriter import PassStatistics

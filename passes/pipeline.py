@@ -22,7 +22,7 @@ class _PassTable(MutableMapping[str, type[Pass]]):
 
     def __init__(self, where: dict[str, str]):
         self._where = dict(where)
-        """name -> `module:Class`, relative to this package, for passes not imported yet."""
+        """name -> `module:Class`, a module of transforms/, for passes not imported yet."""
         self._classes: dict[str, type[Pass]] = {}
         self._order = list(where)
 
@@ -30,7 +30,7 @@ class _PassTable(MutableMapping[str, type[Pass]]):
         cls = self._classes.get(name)
         if cls is None:
             module, _, attr = self._where[name].partition(":")  # KeyError for an unknown name
-            cls = getattr(importlib.import_module(f".{module}", __package__), attr)
+            cls = getattr(importlib.import_module(f"..transforms.{module}", __package__), attr)
             assert cls.name == name, f"PASSES says {name!r} is {self._where[name]}, which is named {cls.name!r}"
             self._classes[name] = cls
         return cls
@@ -70,7 +70,7 @@ PASSES: MutableMapping[str, type[Pass]] = _PassTable({
     "print-liveness": "liveness:PrintLiveness",
     "memplan": "memplan:Memplan",
 })
-"""Every pass, by name (`module:Class` in this package, imported on first use). A new pass is
+"""Every pass, by name (`module:Class` in transforms/, imported on first use). A new pass is
 added here and nowhere else."""
 
 DEFAULT_PIPELINE = "ssa,canonicalize,scan-grad,canonicalize,autodiff,canonicalize,scan-grad,canonicalize"
@@ -79,7 +79,7 @@ gradients inherit one GEMM per step), after it it pushes weight-gradient accumul
 
 BACKEND_PIPELINE = "inline,canonicalize,fuse,memplan"
 """What gir.jit runs after the default pipeline, before handing the IR to a backend: the last
-pass plans memory, and the backend lays its arena out by that plan (passes/analysis.py).
+pass plans memory, and the backend lays its arena out by that plan (analysis/manager.py).
 `DEFAULT_PIPELINE` is what `gir opt` runs without -p, and what `gir run` and `gir.jit` run
 before this."""
 

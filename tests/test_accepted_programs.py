@@ -186,7 +186,7 @@ def test_carry_changing_shape_is_a_type_error() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# `fuse` leaves existing `fused` ops alone (passes/fuse.py)
+# `fuse` leaves existing `fused` ops alone (transforms/fuse.py)
 
 FUSED_GROUP = """
 func @fused_group(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {
@@ -228,7 +228,7 @@ def test_fuse_is_idempotent(source: str, tmp_path: Path, capsys: pytest.CaptureF
 
 
 # ---------------------------------------------------------------------------------------------
-# Dropping the sequence that fixed a loop's trip count (passes/loops.py rebuild_scan)
+# Dropping the sequence that fixed a loop's trip count (transforms/loops.py rebuild_scan)
 
 UNUSED_STATIC_SEQUENCE = """
 func @f(%a: tensor<?x2xf32>, %b: tensor<3xf32>) -> tensor<3x2xf32> {

@@ -7,10 +7,10 @@ import pathlib
 import gir
 import numpy as np
 import pytest
+from gir.analysis.liveness import Liveness
+from gir.analysis.manager import Analyses
+from gir.analysis.memory.plan import MemoryPlan
 from gir.ir.interpreter import random_inputs
-from gir.passes.analysis import Analyses
-from gir.passes.liveness import Liveness
-from gir.passes.memory.plan import MemoryPlan
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import gir
 import gir.cli
-import gir.jitstats
+import gir.driver.jitstats
 import numpy as np
 import pytest
 from gir.backend.cpu import blas
-from gir.results import result_names
+from gir.driver.results import result_names
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -241,7 +241,7 @@ def test_interp_stats_have_the_compile_too() -> None:
 
 
 def test_a_slow_compile_says_so_on_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(gir.jitstats, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(gir.driver.jitstats, "PROGRESS_AFTER", 0.0)
     monkeypatch.delenv("GIR_PROGRESS", raising=False)
     gir.jit(SOURCE, "f", device="interp")  # stderr is not a terminal here: no progress unless asked
     assert capsys.readouterr().err == ""

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUTSIDE_IR = ["passes", "backend", "frontend", "cli.py", "jit.py", "reporting.py", "__init__.py", "errors.py"]
+OUTSIDE_IR = ["support", "analysis", "passes", "transforms", "backend", "frontend", "driver", "cli.py", "__init__.py",
+              "errors.py"]
 
 OP_NAME_LIST = re.compile(r"""\.name\s+(?:not\s+)?in\s+[(\[{]\s*["']|name\s+(?:not\s+)?in\s+\(["']""")
 """A list of op names: `op.name in ("sum", "mean")`, `name in ("call", "grad")`."""
@@ -76,31 +77,164 @@ def test_op_facts_live_in_the_registry_and_scans_are_read_through_the_view() -> 
         assert len(found[name]) <= limit, f"{name}:\n" + "\n".join(found[name])
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    """Package-relative modules imported at module level (not under TYPE_CHECKING, not lazily)."""
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split(".")) if dotted else ROOT
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _type_only(tree: ast.Module) -> set[ast.AST]:
+    """The import nodes under `if TYPE_CHECKING:` (never run)."""
+    found: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found.update(n for stmt in node.body for n in ast.walk(stmt))
+    return found
+
+
+def _imports(path: Path, *, top_level_only: bool = False, types: bool = True) -> set[str]:
+    """Package-relative modules a file imports: at module level and, unless top_level_only,
+    inside functions too (a lazy import is still a dependency). `from .. import X` counts as
+    importing module X where X is a module, else the package itself ("" is the root package).
+    Imports under `if TYPE_CHECKING:` count for the floors (a type is a dependency of the
+    design) unless `types` is False (for cycles: they never run)."""
     tree = ast.parse(path.read_text())
     rel = path.relative_to(ROOT).with_suffix("")
     package = list(rel.parts[:-1])
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    if not types:
+        skip = _type_only(tree)
+        nodes = [n for n in nodes if n not in skip]
     out = set()
-    for node in tree.body:
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
-            out.add(".".join(base + ([node.module] if node.module else [])))
+            base = package[: len(package) - (node.level - 1)]
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{module}.{alias.name}" if module else alias.name
+                out.add(sub if _is_module(sub) else module)
     return out
 
 
-def test_stages_import_one_way() -> None:
-    """DESIGN.md §1: ir imports none of the other stages; passes imports only ir; frontend
-    imports only ir; backend imports ir and passes' analyses, never a pass module. The disk
-    cache (cache.py) and the timing tree (timing.py), standard library only, are used by the stages."""
-    allowed = {"ir": ("ir", "errors", "timing"), "passes": ("ir", "passes", "errors", "timing"),
-               "frontend": ("ir", "frontend", "errors", "cache", "timing"),
-               "backend": ("ir", "backend", "errors", "cache", "timing", "passes.memory", "passes.analysis",
-                           "passes.liveness")}
-    for stage, ok in allowed.items():
+def _package_files() -> list[Path]:
+    return [p for p in sorted(ROOT.rglob("*.py")) if p.relative_to(ROOT).parts[0] not in ("tests", "bench", "examples")
+            and ".git" not in p.parts]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+FLOOR_0 = ("errors", "config", "version", "support")
+"""Leaves every floor may import: errors, the options object, the version, the floor-0 services."""
+
+FLOORS = {
+    "support": ("config", "support"),
+    "ir": FLOOR_0 + ("ir",),
+    "analysis": FLOOR_0 + ("ir", "analysis"),
+    "passes": FLOOR_0 + ("ir", "analysis", "passes"),
+    "transforms": FLOOR_0 + ("ir", "analysis", "passes", "transforms"),
+    "frontend": FLOOR_0 + ("ir", "frontend"),
+    "backend": FLOOR_0 + ("ir", "analysis", "backend"),
+}
+"""DESIGN.md §1: what each folder may import, at module level and inside functions."""
+
+KNOWN_FLOOR_BREAKS = {
+    "frontend/python/numpy_api.py imports driver.pyjit",
+}
+"""Imports that break a floor today, all lazy (inside functions): the tracing frontend runs
+traced functions through the driver. The set may only shrink (the test fails on a new one)."""
+
+
+def floor_breaks() -> set[str]:
+    found = set()
+    for stage, ok in FLOORS.items():
         for path in _files([stage]):
-            for module in _top_level_imports(path):
-                assert module.startswith(ok) or module == "", f"{path.relative_to(ROOT)} imports {module}"
+            for module in _imports(path):
+                if not (module in ok or module.startswith(tuple(f"{o}." for o in ok))):
+                    found.add(f"{path.relative_to(ROOT)} imports {module or '(the gir package)'}")
+    return found
+
+
+def test_stages_import_one_way() -> None:
+    """DESIGN.md §1: ir imports none of the other stages; analysis imports ir; passes and
+    transforms import ir and analysis; frontend imports ir; backend imports ir and analysis,
+    never a pass; every floor may use errors, config, version and support/ (floor 0, stdlib
+    only). Imports inside functions count."""
+    found = floor_breaks()
+    assert found <= KNOWN_FLOOR_BREAKS, "new imports across floors:\n" + "\n".join(sorted(found - KNOWN_FLOOR_BREAKS))
+    assert found == KNOWN_FLOOR_BREAKS, ("fixed, remove from KNOWN_FLOOR_BREAKS:\n"
+                                         + "\n".join(sorted(KNOWN_FLOOR_BREAKS - found)))
+
+
+def import_cycles() -> list[list[str]]:
+    """Strongly connected components (more than one module) of the package's import graph,
+    function-level imports included (a cycle that only works because one side imports lazily),
+    imports for type checking only left out."""
+    graph = {_module_name(p): _imports(p, types=False) for p in _package_files()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+KNOWN_CYCLES = [
+    ["backend.cpu.blas", "backend.cpu.blas_threads", "backend.cpu.codegen", "backend.cpu.externals",
+     "backend.cpu.gather", "backend.cpu.llvm_jit", "backend.cpu.overlap", "backend.cpu.runtime",
+     "backend.cpu.team"],
+    ["driver.jit", "driver.pyjit", "frontend.python.numpy_api", "frontend.python.transforms"],
+]
+"""The import cycles of today (issue 27 asks for none): each may only shrink or go. Most are lazy
+imports back into a module that imports the importer at module level."""
+
+
+def test_import_cycles_only_shrink() -> None:
+    found = import_cycles()
+    for cycle in found:
+        assert any(set(cycle) <= set(known) for known in KNOWN_CYCLES), f"a new import cycle: {cycle}"
+    assert found == KNOWN_CYCLES, f"cycles changed (update KNOWN_CYCLES to what is left): {found}"
+
+
+def test_no_environment_read_outside_config() -> None:
+    """Every gir switch is a field of config.Options; other programs' variables gir reads (BLAS
+    threads, Numba's simulator) are read by functions in config.py too."""
+    pattern = re.compile(r"\bos\.environ\b|\bos\.getenv\b|\bgetenv\(|from os import[^\n]*\b(environ|getenv)\b")
+    hits = _hits(pattern, [p for p in _package_files() if p != ROOT / "config.py"])
+    assert not hits, "environment read outside config.py:\n" + "\n".join(hits)
+
+
+def test_pyproject_lists_every_package() -> None:
+    """A moved or new folder must be in pyproject's `packages`, or an installed gir lacks it."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"(gir(?:\.[a-z_]+)*)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
+    found = {".".join(["gir", *p.parent.relative_to(ROOT).parts]) for p in _package_files() if p.name == "__init__.py"}
+    assert listed == found
 
 
 if __name__ == "__main__":
@@ -108,3 +242,9 @@ if __name__ == "__main__":
         print(f"{len(hits):4d}  {name}")
         if "-v" in sys.argv:
             print("".join(f"        {h}\n" for h in hits), end="")
+    print(f"{len(import_cycles()):4d}  import cycles (function-level imports included)")
+    for cycle in import_cycles():
+        print("        " + " ".join(cycle))
+    print(f"{len(floor_breaks()):4d}  imports across floors")
+    for line in sorted(floor_breaks()):
+        print("        " + line)

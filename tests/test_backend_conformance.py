@@ -43,8 +43,8 @@ import gir.cli  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from gir.backend.cpu import blas  # noqa: E402
+from gir.driver.jit import JitFunction  # noqa: E402
 from gir.ir.interpreter import random_inputs  # noqa: E402
-from gir.jit import JitFunction  # noqa: E402
 from gir.testing import RTOL, assert_all_close, assert_close  # noqa: E402
 from hypothesis import HealthCheck, given, note, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -1178,7 +1178,7 @@ def bad_arguments() -> list[tuple[str, tuple, str]]:
         ("int dtype", (x, n.astype(np.int64)), "%n"),
         ("shape", (np.ones((4, 3), np.float32), n), "%x"),
         ("rank", (x, n.reshape(2, 2)), "%n"),
-        ("ragged list", ([[1.0], [2.0, 3.0]], n), "%x"),  # a rectangular list is converted (calling.py)
+        ("ragged list", ([[1.0], [2.0, 3.0]], n), "%x"),  # a rectangular list is converted (driver/calling.py)
         ("object array", (x.astype(object), n), "%x"),
         ("None", (x, None), "%n"),
         ("python scalar", (x, 3), "%n"),
@@ -1232,7 +1232,7 @@ def test_jit_from_a_path(device: str, tmp_path: Path) -> None:
 # The command line
 
 SUMMARY = re.compile(r"^(\w+): shape (\([\d, ]*\)) (\w+) \[(.*)\]$")
-"""A result line of `gir run`: its name (results.py), shape, dtype and first values."""
+"""A result line of `gir run`: its name (driver/results.py), shape, dtype and first values."""
 
 
 def test_cli_run_device(device: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

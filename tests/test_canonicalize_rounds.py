@@ -1,4 +1,4 @@
-"""What canonicalize's loop of rounds relies on (passes/canonicalize.py): CSE finds nothing in
+"""What canonicalize's loop of rounds relies on (transforms/canonicalize.py): CSE finds nothing in
 its own output, so a round whose patterns changed nothing may end the loop without running
 CSE again; and a canonicalize run leaves nothing for another run to do. Likewise scan-grad
 (`ScanGrad.idempotent`: the pass manager skips a run on IR that is unchanged since its last).
@@ -12,10 +12,10 @@ import gir
 import pytest
 from gir.ir.printer import print_module
 from gir.passes.base import PassStatistics
-from gir.passes.canonicalize import Canonicalize, canonicalization_patterns, cse
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import DEFAULT_PIPELINE, split_pipeline
 from gir.passes.rewriter import Rewriter, apply_patterns_greedily
+from gir.transforms.canonicalize import Canonicalize, canonicalization_patterns, cse
 
 REPO = Path(__file__).resolve().parent.parent
 INPUTS = ["tests/data/opt_reference/passes_1k.gir", "examples/gru.gir", "examples/lstm.gir", "examples/rnn.gir",

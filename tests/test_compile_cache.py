@@ -1,7 +1,8 @@
-"""The compile cache (compile_cache.py, cache.py): keys known before any work, a hit that skips
+"""The compile cache (driver/compile_cache.py, support/cache.py): keys known before any work, a hit that skips
 parsing, the passes and LLVM, corrupt entries recompiled, the size bound, processes sharing a
 cache, `gir cache info|clear`; the parser tables on disk; GEMM paths from the model refined
-once measured; the reproducer replay of the pass manager; the --timing tree.
+once measured (in the background: the lookup loads what exists); the reproducer replay of the
+pass manager; the --timing tree.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from pathlib import Path
 import gir
 import numpy as np
 import pytest
-from gir import cache, compile_cache, timing
 from gir.backend.cpu import blas
 from gir.cli import main
+from gir.driver import compile_cache
 from gir.ir.interpreter import random_inputs
 from gir.passes.pass_manager import PassManager
+from gir.support import cache, timing
 
 SOURCE = """\
 func @f(%x: tensor<3x4xf32>, %w: tensor<4x2xf32>) -> tensor<3x2xf32> {
@@ -58,7 +60,7 @@ def test_a_hit_skips_parsing_passes_and_llvm(monkeypatch: pytest.MonkeyPatch) ->
     def boom(*a: object, **k: object) -> None:
         raise AssertionError("a hit must not parse, run passes or lower")
 
-    jit_module = sys.modules["gir.jit"]  # `gir.jit` is the function
+    jit_module = sys.modules["gir.driver.jit"]  # `gir.jit` is the function
     monkeypatch.setattr(jit_module, "parse", boom)
     monkeypatch.setattr(jit_module, "PassManager", boom)
     monkeypatch.setattr("gir.backend.cpu.llvm_jit.lower_function", boom)
@@ -223,34 +225,58 @@ def test_parser_tables_are_kept_on_disk(own_cache: Path) -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "ok False", proc.stderr[-2000:]
     assert not list(own_cache.glob("parser-*"))
     # Without it (a table made with another Lark version reads as absent), the table is built
-    # from Lark's parser once and kept in the cache with Lark's own tables.
+    # from Lark's parser once and kept in the cache as JSON; Lark's own tables (a pickle) never are.
     code = ("import gir, sys; import gir.frontend.terminals as t; t.SHIPPED = '/nonexistent/terminals.json'; "
             "gir.parse(sys.argv[1]); print('ok')")
     for _ in range(2):
         proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True, env=env,
                               timeout=120)
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
-    tables = list(own_cache.glob("parser-*.lark"))
-    assert len(tables) == 1 and tables[0].stat().st_size > 10_000
-    # The fast parser's terminal table (frontend/terminals.py), made from Lark's parser once.
+    assert not list(own_cache.glob("parser-*.lark"))
     terminals = list(own_cache.glob("parser-*.terminals.json"))
     assert len(terminals) == 1 and "skipping_regex" in json.loads(terminals[0].read_text())
-    # Damaged files are built again and replaced: the terminal table by the next parse, which
-    # builds it from Lark's parser, and so Lark's tables too.
-    for path in (*tables, *terminals):
-        path.write_bytes(b"damaged")
+    assert terminals[0].stat().st_mode & 0o777 == 0o600
+    # A damaged table is built again and replaced by the next parse.
+    terminals[0].write_bytes(b"damaged")
     proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
-    assert tables[0].stat().st_size > 10_000
     assert "skipping_regex" in json.loads(terminals[0].read_text())
-    # Lark's tables alone damaged: text the fast parser reads never loads them; Lark's parse does.
-    tables[0].write_bytes(b"damaged")
-    proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0 and tables[0].read_bytes() == b"damaged", proc.stderr[-2000:]
-    proc = subprocess.run([sys.executable, "-c", code, SOURCE], capture_output=True, text=True,
-                          env={**env, "GIR_PARSER": "lark"}, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
-    assert tables[0].stat().st_size > 10_000
+
+
+PLANT = """import os, pickle, sys
+import lark
+import gir
+try:  # the layout change moves cache.py to support/
+    from gir.support import cache
+except ImportError:
+    from gir import cache
+
+class Boom:
+    def __reduce__(self):
+        return (os.mkdir, (sys.argv[1],))
+
+grammar = open(os.path.join(os.path.dirname(gir.__file__), "frontend", "grammar.lark")).read()
+name = f"parser-{cache.digest(grammar, lark.__version__, sys.version_info[:2])}.lark"
+os.makedirs(cache.cache_root(), mode=0o700, exist_ok=True)
+with open(os.path.join(cache.cache_root(), name), "wb") as f:
+    pickle.dump(Boom(), f)
+"""
+
+
+@pytest.mark.parametrize("cache_switch", ["1", "0"])
+def test_a_planted_parser_table_is_never_unpickled(own_cache: Path, tmp_path: Path, cache_switch: str) -> None:
+    """Issue 31: Lark's tables were `pickle.load`ed from the cache folder for every text with a
+    syntax error (even with GIR_CACHE=0), at a name anyone can compute."""
+    marker = tmp_path / "ran-planted-code"
+    env = {**os.environ, "GIR_CACHE_DIR": str(own_cache), "GIR_CACHE": cache_switch}
+    proc = subprocess.run([sys.executable, "-c", PLANT, str(marker)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code = ("import gir, sys\ntry:\n    gir.parse('func @f( {')\nexcept gir.GirSyntaxError as e:\n"
+            "    print('syntax error:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and "syntax error" in proc.stdout, proc.stderr[-2000:]
+    assert not marker.exists()
 
 
 def test_timing_tree_nests_phases() -> None:
@@ -276,11 +302,17 @@ def test_gemm_paths_from_the_model_are_refined_once_measured(monkeypatch: pytest
     assert fn.compiled.code.info.gemm_measured is False and fn.compiled.layout.provisional
     assert blas.wait_for_measurements(120)
     assert list(own_cache.glob(f"gemm-times-{blas.machine_key()}.json"))
-    again = gir.jit(SOURCE, "f")
-    assert again.compiled.code.info.from_cache == ""  # compiled again with measured paths
-    assert again.compiled.code.info.gemm_measured is True
-    assert gir.jit(SOURCE, "f").compiled.code.info.from_cache == "compiled"
+    again = gir.jit(SOURCE, "f")  # the entry there is: loaded, never compiled again in the lookup (issue 28)
+    assert again.compiled.code.info.from_cache == "compiled" and again.stats.compile.cache == "hit"
+    assert again.compiled.code.info.gemm_measured is False
+    assert again.compiled.compile_stats.preparing == "code with the measured GEMM paths"
     np.testing.assert_allclose(again(*_args())[0], fn(*_args())[0], rtol=1e-5)
+    assert again.compiled.wait_for_final_code(120), again.compiled.final_error  # made in the background
+    assert again.compiled.code.info.gemm_measured is True and again.stats.compile.preparing == ""
+    np.testing.assert_allclose(again(*_args())[0], fn(*_args())[0], rtol=1e-5)
+    third = gir.jit(SOURCE, "f")  # the better code replaced the entry
+    assert third.compiled.code.info.from_cache == "compiled" and third.compiled.code.info.gemm_measured is True
+    assert third.compiled.compile_stats.preparing == ""
 
 
 FAILING_PIPELINE = "ssa,canonicalize,test-crash-on-mul"

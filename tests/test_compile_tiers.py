@@ -1,7 +1,8 @@
 """Tiered compilation (backend/cpu/tiers.py): a first compile runs quick code at once and
-swaps to -O3 code compiled in the background; caches hold only -O3 code; GIR_LLVM_TIER=0 and
-an explicit GIR_LLVM_OPT give one compile as before. Small programs; results checked against
-the interpreter on random inputs and against each other across the swap.
+swaps to -O3 code compiled in the background; the compile cache holds the quick code at once,
+then the -O3 code; GIR_LLVM_TIER=0 and an explicit GIR_LLVM_OPT give one compile as before.
+Small programs; results checked against the interpreter on random inputs and against each
+other across the swap.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from pathlib import Path
 import gir
 import numpy as np
 import pytest
-from gir import cache, compile_cache
 from gir.backend.cpu import runtime, tiers
+from gir.driver import compile_cache
 from gir.ir.interpreter import random_inputs
+from gir.support import cache
 
 RNN = """\
 func @loss(%xs: tensor<6x4x8xf32>, %h0: tensor<4x8xf32>, %wx: tensor<8x8xf32>, %wh: tensor<8x8xf32>,
@@ -108,32 +110,64 @@ def test_quick_code_then_the_swap_same_results(monkeypatch: pytest.MonkeyPatch) 
     assert "quick code" not in fn.stats.compile.describe()
 
 
-def test_caches_hold_the_final_code(monkeypatch: pytest.MonkeyPatch, own_cache: Path) -> None:
+def test_quick_code_is_stored_at_once_then_replaced(monkeypatch: pytest.MonkeyPatch, own_cache: Path) -> None:
+    """Issue 28, "store what ran": the quick code is in the compile cache before the -O3 code
+    exists (a process ending now leaves a hit for the next); the -O3 code replaces it."""
     gate = _held_back(monkeypatch)
     fn = gir.jit(RNN, "grads")
     assert fn.compiled.tier == "quick"
-    assert _stored(own_cache) == []  # nothing stored while only quick code exists
+    stored = _stored(own_cache)
+    assert len(stored) == 1 and stored[0].info.tier == "quick" and stored[0].info.opt_level == 0  # compiled/ only
+    assert fn.stats.compile.preparing == "-O3 code"
+    # A second lookup loads the quick entry at once (no wait) and follows this process's job.
+    again = gir.jit(RNN, "grads")
+    info = again.compiled.code.info
+    assert info.from_cache == "compiled" and info.tier == "quick" and again.compiled.preparing == "-O3 code"
+    assert again.compiled._final is fn.compiled._final
+    a = _inputs(1)
+    _close(list(again(*a)), _oracle(a))
     gate.set()
-    assert fn.compiled.wait_for_final_code(60)
-    shapes = tuple(tuple(a.shape) for a in _inputs(0))
+    assert fn.compiled.wait_for_final_code(60) and again.compiled.wait_for_final_code(60)
+    shapes = tuple(tuple(x.shape) for x in _inputs(0))
     tiers.wait_for_key(compile_cache.specialisation_key(fn._cache_key, shapes))
     stored = _stored(own_cache)
     assert len(stored) == 2 and all(c.info.opt_level == 3 for c in stored)  # objects/ and compiled/
     assert all(c.optimized_ir == fn.compiled.optimized_ir for c in stored)
-    again = gir.jit(RNN, "grads")  # waits for a store still pending in this process, then loads it
-    info = again.compiled.code.info
+    assert again.compiled.optimized_ir == fn.compiled.optimized_ir and again.stats.compile.preparing == ""
+    third = gir.jit(RNN, "grads")
+    info = third.compiled.code.info
     assert info.from_cache == "compiled" and info.opt_level == 3 and info.tier == ""
-    assert again.compiled.optimized_ir == fn.compiled.optimized_ir
-    a = _inputs(1)
-    _close(list(again(*a)), list(fn(*a)))
-    assert again.stats.compile.cache == "hit" and again.stats.compile.tier == ""
+    assert third.compiled.preparing == "" and third.compiled.compile_stats.preparing == ""
+    _close(list(third(*a)), list(fn(*a)))
+    assert third.stats.compile.cache == "hit" and third.stats.compile.tier == ""
 
 
-def test_a_second_compile_waits_for_the_pending_store() -> None:
-    fn = gir.jit(RNN, "grads")  # not held back: the store may or may not have happened yet
+def test_quick_code_never_replaces_better_code(monkeypatch: pytest.MonkeyPatch, own_cache: Path,
+                                              tmp_path: Path) -> None:
+    """Two processes missing at once: the one whose quick code is stored last must not replace
+    the -O3 entry the other stored meanwhile."""
+    monkeypatch.setenv("GIR_LLVM_TIER", "0")
+    final = gir.jit(RNN, "grads")
+    key = compile_cache.specialisation_key(final._cache_key, tuple(tuple(a.shape) for a in _inputs(0)))
+    monkeypatch.setenv("GIR_LLVM_TIER", "1")
+    gate = _held_back(monkeypatch)
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path / "elsewhere"))  # a miss: quick code
+    quick = gir.jit(RNN, "grads")
+    assert quick.compiled.tier == "quick"
+    compile_cache.store_compiled(key, quick.compiled, root=str(own_cache))
+    monkeypatch.setenv("GIR_CACHE_DIR", str(own_cache))
+    entry = cache.load("compiled", key)
+    assert entry is not None and runtime.Code.from_entry(*entry, "compiled").info.opt_level == 3
+    gate.set()
+
+
+def test_a_second_compile_never_waits() -> None:
+    fn = gir.jit(RNN, "grads")  # not held back: the -O3 code may or may not be there yet
     again = gir.jit(RNN, "grads")
-    assert again.compiled.code.info.from_cache == "compiled" and again.compiled.code.info.opt_level == 3
-    assert fn.compiled.wait_for_final_code(60)
+    info = again.compiled.code.info
+    assert info.from_cache == "compiled" and info.opt_level in (0, 3)
+    assert fn.compiled.wait_for_final_code(60) and again.compiled.wait_for_final_code(60)
+    assert again.compiled.code.info.opt_level == 3
 
 
 def test_four_threads_calling_through_the_swap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,7 +247,8 @@ def test_a_failed_final_compile_keeps_the_quick_code(monkeypatch: pytest.MonkeyP
     assert "no -O3 today" in str(fn.compiled.final_error) and fn.compiled.tier == "quick"
     a = _inputs(0)
     _close(list(fn(*a)), _oracle(a))
-    assert _stored(own_cache) == []  # quick code is never stored
+    stored = _stored(own_cache)  # the quick code, stored at once, is what the cache keeps
+    assert len(stored) == 1 and stored[0].info.tier == "quick"
 
 
 def test_gir_run_waits_so_its_cache_fills(tmp_path: Path, own_cache: Path, capsys: pytest.CaptureFixture) -> None:

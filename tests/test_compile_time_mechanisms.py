@@ -19,9 +19,9 @@ from gir.ir.ops import InferContext, ShapeError, infer_types, make_op
 from gir.ir.spec import REGISTRY, OpSpec
 from gir.ir.types import TensorType
 from gir.ir.verifier import verify
-from gir.passes.loops import defined_inside, is_defined_inside
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import DEFAULT_PIPELINE
+from gir.transforms.loops import defined_inside, is_defined_inside
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = [*sorted((ROOT / "examples").glob("*.gir")), ROOT / "tests" / "data" / "opt_reference" / "passes_1k.gir"]

@@ -30,8 +30,8 @@ import llvmlite.binding as llvm
 import numpy as np
 import pytest
 from gir.backend.cpu import blas
+from gir.driver.jit import JitFunction
 from gir.ir.interpreter import random_inputs
-from gir.jit import JitFunction
 from gir.testing import RTOL, assert_all_close, assert_close
 
 REPO = Path(__file__).resolve().parent.parent
@@ -187,7 +187,7 @@ func @f(%x: tensor<3x4xf32>, %n: tensor<4xi32>) -> tensor<3x4xf32> {
 
 @pytest.mark.parametrize("view", ["transposed", "strided"])
 def test_non_contiguous_view_is_copied_by_jit(view: str) -> None:
-    """gir.jit copies a view to C order, as NumPy users expect (calling.py); the CPUFunction
+    """gir.jit copies a view to C order, as NumPy users expect (driver/calling.py); the CPUFunction
     under it reads arguments in place and rejects a view it is handed directly."""
     fn = gir.jit(ARGS_PROGRAM, "f")
     base = np.arange(24, dtype=np.float32)

@@ -32,8 +32,8 @@ pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip 
 import gir  # noqa: E402
 from gir.backend.gpu import kernels  # noqa: E402
 from gir.backend.gpu.device import NO_GPU, get_device  # noqa: E402
+from gir.driver.jit import JitFunction  # noqa: E402
 from gir.ir.interpreter import random_inputs  # noqa: E402
-from gir.jit import JitFunction  # noqa: E402
 
 try:
     DEVICE = get_device()

@@ -1,6 +1,6 @@
 """What `import gir` and `gir opt` load (issue 15: start-up is part of every `gir opt`).
 
-The Python frontend (and pyjit.py) is loaded on first use of one of its names; Lark only when
+The Python frontend (and driver/pyjit.py) is loaded on first use of one of its names; Lark only when
 the hand-written parser declines the text (or GIR_PARSER=lark); the backends, llvmlite, Numba
 and SciPy never by `gir opt`. Each check runs in a fresh interpreter, as `sys.modules` of this
 one holds whatever other tests imported.
@@ -17,7 +17,7 @@ from pathlib import Path
 import gir
 import pytest
 
-HEAVY = ("gir.frontend.python", "gir.pyjit", "gir.backend", "gir.frontend.lark_parser", "gir.frontend.lexer",
+HEAVY = ("gir.frontend.python", "gir.driver.pyjit", "gir.backend", "gir.frontend.lark_parser", "gir.frontend.lexer",
          "lark", "interegular", "regex", "llvmlite", "numba", "scipy")
 """Modules `gir opt` of valid text does not need (roots: their submodules count too)."""
 
@@ -59,17 +59,17 @@ def test_the_python_frontend_loads_on_first_use(env: dict[str, str]) -> None:
     code = ("import sys, gir, numpy as np\nassert 'gir.frontend.python' not in sys.modules\n"
             "scan = gir.scan\nfrom gir import value_and_grad, PythonJit\n"
             "assert abs(float(gir.tanh(np.float32(0.5))) - float(np.tanh(np.float32(0.5)))) < 1e-6")
-    assert {"gir.frontend.python", "gir.pyjit"} <= loaded_after(code, env)
+    assert {"gir.frontend.python", "gir.driver.pyjit"} <= loaded_after(code, env)
 
 
 def test_the_frontend_alone_still_runs_functions_eagerly(env: dict[str, str]) -> None:
-    """`gir.tanh(array)` outside a trace runs through pyjit.py's runner, which importing gir no
+    """`gir.tanh(array)` outside a trace runs through driver/pyjit.py's runner, which importing gir no
     longer installs: the frontend installs it on first eager call."""
     code = ("import numpy as np\nfrom gir.frontend.python import tanh, grad\n"
             "assert abs(float(tanh(np.float32(0.5))) - float(np.tanh(np.float32(0.5)))) < 1e-6\n"
             "d = grad(lambda x: tanh(x))(np.float32(0.5))\n"
             "assert abs(float(d) - (1 - float(np.tanh(np.float32(0.5))) ** 2)) < 1e-5")
-    assert "gir.pyjit" in loaded_after(code, env)
+    assert "gir.driver.pyjit" in loaded_after(code, env)
 
 
 def test_lazy_names_are_the_frontends_and_listed() -> None:

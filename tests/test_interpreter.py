@@ -1002,7 +1002,7 @@ def test_unknown_dims_accept_any_size():
     ((np.ones((2, 3), np.float64), np.ones(3, np.float32)), "%x"),
     ((np.ones((3, 2), np.float32), np.ones(3, np.float32)), "%x"),
     ((np.ones((2, 3), np.float32), np.ones((1, 3), np.float32)), "%b"),
-    ((np.ones((2, 3), np.float32), [1.0, 2.0]), "%b"),  # a list is converted (calling.py), its shape checked
+    ((np.ones((2, 3), np.float32), [1.0, 2.0]), "%b"),  # a list is converted (driver/calling.py), its shape checked
 ], ids=["missing", "too-many", "dtype", "shape", "shape-b", "list-shape"])
 def test_bad_arguments_are_gir_argument_errors(args, match):
     text = func("%x: tensor<2x3xf32>, %b: tensor<3xf32>", "tensor<2x3xf32>", "%y = %x + %b\nreturn %y")

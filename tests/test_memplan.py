@@ -1,12 +1,12 @@
-"""Liveness and the memory plan (passes/liveness.py, passes/memory/, passes/memplan.py).
+"""Liveness and the memory plan (analysis/liveness.py, analysis/memory/, transforms/memplan.py).
 
 Three oracles besides the hand-written cases:
 - `check_plan`, on every plan made here (every example, both strategies, generated programs);
 - an arena machine that runs a function with every planned value stored at its offset in one
   byte array (views are NumPy views of it, loops follow the runtime contract in
-  passes/memory/__init__.py), compared exactly with the interpreter: a plan that lets a value
+  analysis/memory/__init__.py), compared exactly with the interpreter: a plan that lets a value
   be overwritten while it is still needed gives wrong numbers;
-- the live ranges, recomputed here from the rules in liveness.py's docstring by walking each
+- the live ranges, recomputed here from the rules in analysis/liveness.py's docstring by walking each
   use up to the loop that does not define the value, without any dataflow.
 """
 
@@ -20,16 +20,8 @@ from pathlib import Path
 import gir
 import numpy as np
 import pytest
-from gir.cli import main
-from gir.errors import GirError
-from gir.ir.core import Block, Function, Module, Operation, OpResult, Region, Value
-from gir.ir.interpreter import interpret, random_inputs
-from gir.ir.ops import REGISTRY, make_op
-from gir.ir.spec import view_source
-from gir.ir.types import TensorType
-from gir.passes.liveness import (
+from gir.analysis.liveness import (
     Liveness,
-    PrintLiveness,
     is_loop,
     loop_carry_args,
     loop_carry_results,
@@ -41,12 +33,20 @@ from gir.passes.liveness import (
     value_names,
     yielded_carries,
 )
-from gir.passes.memory.checker import check_plan
-from gir.passes.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
-from gir.passes.memory.planner import plan_memory
+from gir.analysis.memory.checker import check_plan
+from gir.analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
+from gir.analysis.memory.planner import plan_memory
+from gir.cli import main
+from gir.driver.reporting import memplan_report
+from gir.errors import GirError
+from gir.ir.core import Block, Function, Module, Operation, OpResult, Region, Value
+from gir.ir.interpreter import interpret, random_inputs
+from gir.ir.ops import REGISTRY, make_op
+from gir.ir.spec import view_source
+from gir.ir.types import TensorType
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE
-from gir.reporting import memplan_report
+from gir.transforms.liveness import PrintLiveness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -144,7 +144,7 @@ class ArenaMachine:
             regs[inner.result] = inner.spec.kernel(inner, *[regs[v] for v in inner.operands])  # type: ignore[misc]
 
     def scan(self, op: Operation) -> None:
-        """The contract in passes/memory/__init__.py: initial carries copied into the carries'
+        """The contract in analysis/memory/__init__.py: initial carries copied into the carries'
         buffers (unless already there); stacks filled row by row at the yield, then yielded
         carries copied into their buffers, those that read another carry's buffer through a
         temporary; final carries read from the carries' buffers."""
@@ -494,8 +494,8 @@ def test_busiest_points_first_when_largest_first_misses_the_lower_bound() -> Non
     """Two big buffers that are never live together share a block when placed largest first,
     pushing the small ones up; placing the buffers of the busiest points first does not.
     (The pattern of @lstm_grads: the input projection and the backward pass's stacked gates.)"""
-    from gir.passes.memory.arena import busiest, lower_bound, place_by_size
-    from gir.passes.memory.plan import Buffer
+    from gir.analysis.memory.arena import busiest, lower_bound, place_by_size
+    from gir.analysis.memory.plan import Buffer
 
     spans = [(4, 0, 1), (4, 12, 20)] + [(1, 1, 10)] * 4 + [(1, 3, 20)] * 5  # (units, first, last)
     buffers = [Buffer([], 64 * size, first, last) for size, first, last in spans]

@@ -26,11 +26,11 @@ from gir.ir.core import Module
 from gir.ir.interpreter import interpret, random_inputs
 from gir.ir.types import TensorType
 from gir.passes.base import Pass
-from gir.passes.canonicalize import Canonicalize, cse
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import DEFAULT_PIPELINE, PASSES, parse_pipeline
 from gir.passes.rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
-from gir.passes.ssa import SSA
+from gir.transforms.canonicalize import Canonicalize, cse
+from gir.transforms.ssa import SSA
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The `place` pass (passes/placement.py): the two policies on graphs where they differ, loops
+"""The `place` pass (transforms/placement.py): the two policies on graphs where they differ, loops
 placed whole, min-elements and scalars, transfers only at boundaries and round trips removed,
 idempotence (also through the printer), the report, and the interpreter as the oracle on
 every example and on generated programs.
@@ -23,7 +23,7 @@ from gir.ir.interpreter import random_inputs
 from gir.ir.types import TensorType
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import DEFAULT_PIPELINE, parse_pipeline
-from gir.passes.placement import PlacementReport
+from gir.transforms.placement import PlacementReport
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 

@@ -1,4 +1,4 @@
-"""The `scan-grad` pass (passes/scan_grad.py): accumulation push-out, input-projection hoisting
+"""The `scan-grad` pass (transforms/scan_grad.py): accumulation push-out, input-projection hoisting
 and GEMM merging, tested by counting what it did to the IR and by running the interpreter on
 the same inputs before and after.
 
@@ -39,9 +39,9 @@ import numpy as np
 import pytest
 from gir.ir.core import Function, Module, Operation, Value
 from gir.ir.interpreter import random_inputs
-from gir.passes.loops import scan_parts
 from gir.passes.pass_manager import PassManager
 from gir.passes.pipeline import DEFAULT_PIPELINE, split_pipeline
+from gir.transforms.loops import scan_parts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

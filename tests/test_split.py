@@ -26,8 +26,8 @@ import gir.cli  # noqa: E402
 import gir.passes.pipeline  # noqa: E402
 from gir.backend.gpu.device import get_device  # noqa: E402
 from gir.backend.split import Segment, SplitFunction  # noqa: E402
+from gir.driver.jit import JitFunction  # noqa: E402
 from gir.ir.interpreter import random_inputs  # noqa: E402
-from gir.jit import JitFunction  # noqa: E402
 from gir.passes.pipeline import MODES, get_mode  # noqa: E402
 from gir.testing import assert_all_close  # noqa: E402
 

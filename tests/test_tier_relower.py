@@ -218,7 +218,7 @@ def test_store_when_final_reads_the_code_once() -> None:
     out of gir.jit)."""
     from types import SimpleNamespace
 
-    from gir import compile_cache
+    from gir.driver import compile_cache
 
     job = tiers.FinalCompile(lambda: None)
     quick, final = SimpleNamespace(final=job), SimpleNamespace(final=None)

@@ -804,7 +804,7 @@ def test_vjp_reshape_keeps_a_minus_one_dim_when_the_size_is_unknown() -> None:
     it leaves -1 to reshape's type rule (it used to compute the dim from 0 elements: 0)."""
     from gir.ir.core import Value
     from gir.ir.types import TensorType
-    from gir.passes.autodiff import VJPContext
+    from gir.transforms.autodiff import VJPContext
 
     made: list[dict] = []
 

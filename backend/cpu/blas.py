@@ -30,6 +30,7 @@ from functools import cache
 
 import numpy as np
 
+from ...config import blas_thread_environment, current
 from . import quiet_timing
 
 FN_TABLE = (
@@ -79,7 +80,7 @@ def providers() -> Providers:
     table = [0] * len(FN_TABLE)
     notice = None
     mkl = None
-    if os.environ.get("GIR_NO_MKL"):
+    if current().no_mkl:
         notice = "MKL disabled by GIR_NO_MKL; using OpenBLAS"
     else:
         path = _find_mkl()
@@ -164,7 +165,7 @@ def openblas() -> OpenBLAS | None:
     it measured faster here: the per-step GEMM 32x256 @ 256x1024 took 0.132 ms with NumPy's
     0.3.31 against 0.181 ms with SciPy's 0.3.30 on 2 threads (`python bench/openblas_libs.py`,
     docs/backend.md)."""
-    order = [_scipy_openblas, _numpy_openblas] if os.environ.get("GIR_OPENBLAS") == "scipy" else \
+    order = [_scipy_openblas, _numpy_openblas] if current().openblas == "scipy" else \
         [_numpy_openblas, _scipy_openblas]
     for find in order:
         found = find()
@@ -216,7 +217,7 @@ PATHS = ("mkl", "openblas", "mkl-packed", "openblas-copy", "gir-packed")
 def _cache_file() -> str:
     """Measured times are per machine: a home directory copied to another CPU (or another BLAS)
     starts afresh instead of carrying this one's choices."""
-    from ...cache import cache_root
+    from ...support.cache import cache_root
 
     return os.path.join(cache_root(), f"gemm-times-{machine_key()}.json")
 
@@ -224,7 +225,7 @@ def _cache_file() -> str:
 @cache
 def machine_key() -> str:
     """The CPU model, the core count and the BLAS builds (MKL's version, SciPy's OpenBLAS)."""
-    from ...cache import digest
+    from ...support.cache import digest
 
     model = None
     try:
@@ -253,11 +254,14 @@ _choices_lock = threading.Lock()
 
 
 def read_times(path: str) -> dict:
-    """A JSON file of measured times (this module's and blas_threads.py's), {} if absent or damaged."""
+    """A JSON file of measured times (this module's and blas_threads.py's), {} if absent, damaged
+    or untrusted (cache.read_file: a private regular file, so a FIFO there never blocks)."""
+    from ...cache import read_file
+
+    data = read_file(path, limit=64 << 20)
     try:
-        with open(path, encoding="utf-8") as f:
-            return dict(json.load(f))
-    except (OSError, ValueError):
+        return dict(json.loads(data)) if data is not None else {}
+    except (ValueError, TypeError):
         return {}
 
 
@@ -265,7 +269,7 @@ def write_times(path: str, ours: dict, drop: tuple[str, ...] = ()) -> None:
     """Writes ours, merged into what the file holds now less the keys `drop`: another process
     may have measured other shapes meanwhile, and keeps them (atomic: a reader never sees half
     a file)."""
-    from ...cache import atomic_write
+    from ...support.cache import atomic_write
 
     merged = {k: v for k, v in read_times(path).items() if k not in drop} | ours
     atomic_write(path, json.dumps(merged, indent=1, sort_keys=True).encode())
@@ -306,8 +310,7 @@ def thread_setting() -> tuple:
     CPUs this process may run on (read without starting MKL). A count changed in-process
     (threadpoolctl) is not in it: code cached for another count runs correctly, with GEMM paths
     measured for that count."""
-    env = tuple(os.environ.get(v, "") for v in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                  "MKL_DYNAMIC"))
+    env = blas_thread_environment()
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -319,13 +322,12 @@ def measure_mode() -> str:
     """GIR_GEMM_MEASURE: 'background' (default): a shape not measured yet takes the model's
     path now and is measured in a background thread, for later compiles; 'now': measured
     before compiling (slow the first time, ~0.2 s a shape); 'off': the model only."""
-    mode = os.environ.get("GIR_GEMM_MEASURE", "background")
-    return mode if mode in ("background", "now", "off") else "background"
+    return current().gemm_measure
 
 
 def _candidates(packable: bool) -> list[str]:
     ours = ["openblas"] + (["openblas-copy"] if packable and has_transpose_copy() else []) + \
-        (["gir-packed"] if packable and os.environ.get("GIR_PACKED_GEMM", "1") != "0" else [])
+        (["gir-packed"] if packable and current().packed_gemm else [])
     return ours + (["mkl"] + (["mkl-packed"] if packable else []) if providers().has_mkl else [])
 
 
@@ -515,7 +517,7 @@ spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/per
 def choose_family(sites: list[tuple[tuple, int]]) -> str:
     """The provider whose best paths make the function's GEMMs fastest; sites are
     ((dtype, m, n, k, ta, tb, packable), times run per call)."""
-    forced = os.environ.get("GIR_GEMM_PATH")
+    forced = current().gemm_path
     if forced:
         return "openblas" if forced in FAMILIES["openblas"] else "mkl"
     if not providers().has_mkl:
@@ -533,7 +535,7 @@ def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable
     """One of PATHS for this GEMM (within `family` if given, never one of `exclude`): the
     fastest measured path (the model's guess while it is not measured). GIR_GEMM_PATH forces
     one (where it applies)."""
-    forced = os.environ.get("GIR_GEMM_PATH")
+    forced = current().gemm_path
     candidates = _candidates(packable)
     if forced in candidates:
         return forced  # type: ignore[return-value]
@@ -547,7 +549,7 @@ def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable
 def is_measured(sites: list[tuple]) -> bool:
     """Whether every GEMM shape in sites (path_times' arguments) has measured times now (a
     compiled function whose paths came from the model is compiled again once they do)."""
-    if os.environ.get("GIR_GEMM_PATH") or measure_mode() != "background":
+    if current().gemm_path or measure_mode() != "background":
         return True  # nothing is chosen by measuring, or it is measured now, or never
     return all(len(_candidates(p[-1])) == 1 or path_times(*p) is not None for p in sites)
 

@@ -65,7 +65,7 @@ def addresses() -> list[int]:
 
 def _cache_file() -> str:
     """Per machine, as blas.py's GEMM times: a copied home directory carries no other CPU's times."""
-    from ...cache import cache_root
+    from ...support.cache import cache_root
 
     return os.path.join(cache_root(), f"gemm-thread-times-{blas.machine_key()}.json")
 

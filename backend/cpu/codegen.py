@@ -21,7 +21,6 @@ the op and its source location.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
+from ...analysis.memory.plan import MemoryPlan
+from ...analysis.memory.planner import plan_memory
+from ...config import current
 from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Function, Operation, Value
@@ -37,8 +39,6 @@ from ...ir.loops import LoopView, as_loop
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
-from ...passes.memory.plan import MemoryPlan
-from ...passes.memory.planner import plan_memory
 from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
 from .layout import GemmSite, Layout
 
@@ -99,7 +99,7 @@ def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
 def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | None:
     """The plan to lay the arena out by: the pipeline's (`memplan` pass), else memplan's default
     plan of function; None when GIR_CPU_ARENA=0 or the function cannot be planned."""
-    if os.environ.get("GIR_CPU_ARENA") == "0":
+    if not current().cpu_arena:
         return None
     if plan is None or plan.function is not function:
         plan = plan_memory(function)
@@ -806,7 +806,7 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
         path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family)  # type: ignore[arg-type]
-        if path == "gir-packed" and low.quick and os.environ.get("GIR_GEMM_PATH") != path:
+        if path == "gir-packed" and low.quick and current().gemm_path != path:
             path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family, exclude=(path,))  # type: ignore[arg-type]
             low.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
         low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)

@@ -11,10 +11,10 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
-from ... import cache as disk
-from ... import timing
+from ...analysis.memory.plan import MemoryPlan
 from ...ir.core import Function
-from ...passes.memory.plan import MemoryPlan
+from ...support import cache as disk
+from ...support import timing
 from . import tiers
 from .codegen import lower_function
 from .layout import Layout
@@ -74,11 +74,14 @@ def optimize_quick(mod: llvm.ModuleRef) -> None:
     pm.run(mod, pb)
 
 
-def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> Code:
+def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None,
+                 best: bool = False) -> Code:
     """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
     function (printed after the passes) from the object cache. tiered (default: tiers.enabled())
     and a miss: quick code now, and the -O3 compile as `code.final` (tiers.py; CPUFunction
-    queues it)."""
+    queues it). An object whose GEMM paths came from the model, measured since, is used all the
+    same, its better code made in the background as its `final`; best: compiled again instead
+    (what that background job does)."""
     key = cache_key(function, plan)
     tiers.wait_for_key(key)
     with timing.phase("cache: object lookup"):
@@ -86,10 +89,16 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     if found is not None:
         try:
             code = Code.from_entry(found[0], found[1], "objects")
-            if not code.stale():
-                return code
-        except (KeyError, TypeError, ValueError):
-            pass  # another format: compile again
+        except (KeyError, TypeError, ValueError, AttributeError):
+            code = None  # another format: compile again
+        if code is not None and not code.stale():
+            return code
+        if code is not None and not best:
+            root = disk.cache_root()
+            switches = target_key()
+            make = lambda: _final_code(*_lowered(function, plan, switches), key, root)  # noqa: E731
+            code.final = tiers.FinalCompile(make, key, what="code with the measured GEMM paths")
+            return code
     t0 = time.perf_counter()
     tiered = tiers.enabled() if tiered is None else tiered
     with timing.phase("backend: lower to LLVM IR"):

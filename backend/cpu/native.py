@@ -16,11 +16,12 @@ import _ctypes
 import ctypes
 import os
 
-from ... import cache as disk
+from ...config import current
+from ...support import cache as disk
 
 
 def enabled() -> bool:
-    return os.environ.get("GIR_CPU_SHARED", "1").lower() not in ("0", "off", "no", "false")
+    return current().cpu_shared
 
 
 def _linker() -> list[str] | None:
@@ -77,7 +78,8 @@ def load(data: bytes) -> Library | None:
         return None
     import tempfile
 
-    for folder in (os.path.join(disk.cache_root(), "compiled"), None):
+    compiled = os.path.join(disk.cache_root(), "compiled")
+    for folder in (compiled if disk.private_folder(compiled) else None, None):  # never a folder others may write
         path = None
         try:
             fd, path = tempfile.mkstemp(prefix="load.tmp.", suffix=".so", dir=folder)  # `.tmp.`: trim skips it

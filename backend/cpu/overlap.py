@@ -31,9 +31,9 @@ codegen.py emits the code.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
+from ...config import current
 from ...ir.core import Function, Operation, Value
 from ...ir.loops import LoopView
 from ...ir.spec import view_source
@@ -180,7 +180,7 @@ def find_windows(function: Function) -> list[Window]:
 def mode() -> str:
     """GIR_CPU_OVERLAP: `auto` (default: decide by the measured model), `1` always, `0` never,
     `whole` always and the calling thread's BLAS on one thread for the whole call."""
-    return os.environ.get("GIR_CPU_OVERLAP", "auto")
+    return current().cpu_overlap
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,24 +28,22 @@ from typing import Any
 
 import numpy as np
 
-from ... import timing
-from ...cache import build_fingerprint, digest
+from ...analysis.memory.plan import MemoryPlan
+from ...config import code_key, current
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
-from ...passes.memory.plan import MemoryPlan
+from ...support import timing
+from ...support.cache import build_fingerprint, digest
 from . import blas, externals, native, team, tiers
 from .layout import Layout
 
 
 def opt_level() -> int:
     """LLVM's optimisation level for compiled code: GIR_LLVM_OPT (0-3), default DEFAULT_OPT."""
-    try:
-        level = int(os.environ.get("GIR_LLVM_OPT", DEFAULT_OPT))
-    except ValueError:
-        return DEFAULT_OPT
-    return min(3, max(0, level))
+    level = current().llvm_opt
+    return DEFAULT_OPT if level is None else level
 
 
 DEFAULT_OPT = 3
@@ -81,9 +79,10 @@ class CompileInfo:
     gemm_measured: bool = True
     """False when some GEMM path came from the model (it is refined by a later compile)."""
     tier: str = ""
-    """'' compiled once (tiering off, an explicit GIR_LLVM_OPT, or loaded from a cache);
-    'quick' the cheap first code while -O3 compiles in the background (tiers.py); 'final'
-    the -O3 code that replaced it."""
+    """'' compiled once (tiering off, an explicit GIR_LLVM_OPT, or final code loaded from a
+    cache); 'quick' the cheap first code while -O3 compiles in the background (tiers.py), or
+    quick code loaded from the compile cache (stored at once: what ran); 'final' the better
+    code that replaced it (-O3, or measured GEMM paths)."""
 
 
 @dataclass
@@ -109,13 +108,19 @@ class Code:
         if library is not None:
             parts["shared"] = library
         meta = {"layout": self.layout.to_json(), "opt_level": self.info.opt_level, "seconds": self.info.seconds,
-                "parts": [[name, len(data)] for name, data in parts.items()]}
+                "parts": [[name, len(data)] for name, data in parts.items()], "state": self.state()}
         return meta, b"".join(parts.values())
+
+    def state(self) -> dict[str, Any]:
+        """What a cache entry of this code says of it (`gir cache info`): 'quick' code (the -O3
+        code is better) or 'final', and whether its GEMM paths and schedule were measured."""
+        return {"tier": "quick" if self.info.tier == "quick" else "final", "measured": self.layout.measured}
 
     @classmethod
     def from_entry(cls, meta: dict, blob: bytes, source: str) -> Code:
         layout = Layout.from_json(meta["layout"])
-        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), layout.measured)
+        tier = "quick" if (meta.get("state") or {}).get("tier") == "quick" else ""  # quick code stays quick
+        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), layout.measured, tier)
         parts, at = {}, 0
         for name, size in meta["parts"]:
             parts[str(name)], at = blob[at : at + int(size)], at + int(size)
@@ -182,7 +187,7 @@ class CPUFunction:
         self.compile_seconds: dict[str, float] = {} if not s else {
             "codegen": s.get("lower", 0.0) + s.get("llvm_parse", 0.0), "llvm-optimize": s.get("llvm_opt", 0.0),
             "emit-object": s.get("llvm_emit", 0.0)}
-        """Seconds per backend stage, as `fn.stats.compile` names them (jitstats.py)."""
+        """Seconds per backend stage, as `fn.stats.compile` names them (driver/jitstats.py)."""
         check_fits(function, code.layout.arena_bytes + code.layout.pinned_bytes, host_memory_bytes(), "this machine")
         externals.check(code.layout.externals, function.loc)
         clock = time.perf_counter()
@@ -202,6 +207,21 @@ class CPUFunction:
         if self._final is not None:
             self._final.add_done_callback(self._swap)
             tiers.submit(self._final)
+
+    def follow(self, job: tiers.FinalCompile) -> None:
+        """Calls run job's code once it is made (better code for code loaded from a cache:
+        -O3 for quick code, measured GEMM paths for the model's); queued unless it is already
+        (another function of this process made it first). Calls never wait for it."""
+        self._final = job
+        job.add_done_callback(self._swap)
+        if not job.submitted:
+            tiers.submit(job)
+
+    @property
+    def preparing(self) -> str:
+        """What better code is being made in the background ('' none): the job's `what`."""
+        job = self._final
+        return job.what if job is not None and not job.done.is_set() else ""
 
     def _swap(self, job: tiers.FinalCompile) -> None:
         """On the background thread: loads the final code and makes it the entry of later calls
@@ -364,15 +384,12 @@ def target_key() -> tuple:
     """What the same IR compiles differently for: gir and llvmlite versions, LLVM's level, the
     host CPU and its features, and what decides GEMM paths (MKL present, threads, a forced
     path, the arena switch). Computed without loading LLVM, as a cache hit needs it."""
-    from ... import __version__
+    from ...version import __version__
 
     return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
             blas.openblas_int_bits(),
             blas.openblas().name if blas.openblas() else "cython_blas",
-            os.environ.get("GIR_GEMM_PATH", ""), os.environ.get("GIR_CPU_ARENA", ""),
-            os.environ.get("GIR_CPU_OVERLAP", ""), os.environ.get("GIR_CPU_SPLIT", ""), team.pool_threads(),
-            os.environ.get("GIR_PACKED_GEMM", ""),
-            opt_level())
+            team.pool_threads(), opt_level(), code_key(current()))
 
 
 @cache

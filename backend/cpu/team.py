@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 from functools import cache
 
+from ...config import current
 from ...ir.core import Function, Operation
 from ...ir.types import FLOAT_DTYPES
 
@@ -38,7 +38,7 @@ measured, so they stay on the calling thread."""
 def mode() -> str:
     """GIR_CPU_SPLIT: `auto` (default: split loops the model says gain), `1` (every loop that
     can be split), `0` (never)."""
-    return os.environ.get("GIR_CPU_SPLIT", "auto")
+    return current().cpu_split
 
 
 def level1_entry() -> tuple[int, int, int] | None:

@@ -9,8 +9,10 @@ makes no code if a switch of the cache key changed since the quick compile): one
 daemon thread ("gir-llvm-final") runs the queue, each job with a target machine of its own
 (ctypes releases the GIL, so it can run on the second core). When the -O3 object is ready it goes into the object cache,
 then the job's callbacks run: the `CPUFunction` loads it and swaps its entry points between
-calls (runtime.py), and `gir.jit` stores it in the compile cache. Caches only ever hold -O3
-objects.
+calls (runtime.py), and `gir.jit` stores it in the compile cache, replacing the quick code it
+stored at once (compile_cache.store_what_runs). The same queue makes the better code of a
+specialisation loaded from the cache as quick code, or with GEMM paths measured since
+(compile_cache.better_code_for): `FinalCompile.what` names what a job makes.
 
 llvmlite serialises every call into LLVM with one process-wide lock (llvmlite.binding.ffi), so
 the background compile overlaps the caller's Python and native code (calls of compiled
@@ -21,8 +23,8 @@ passes or code emission, up to about 0.6 s for the LSTM step) at its first LLVM 
 `GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
 level also does. At process exit, jobs whose code a cache will store are finished first, for
 up to `exit_finish()` seconds in all (GIR_LLVM_EXIT_WAIT, default 3), so a short script's next
-run loads its -O3 code from the compile cache (a shared library: ~16 ms) instead of compiling
-again; then the queue is dropped and a job still running is given `EXIT_WAIT` seconds to stop
+run loads its -O3 code from the compile cache (a shared library: ~16 ms) rather than the quick
+code stored at once; then the queue is dropped and a job still running is given `EXIT_WAIT` seconds to stop
 at its next stage; past that, exit still waits for the LLVM call in progress (llvm_exit.py: a
 process exiting inside LLVM crashed), never for the rest of the job. `gir run` waits for every
 job (`wait_all`).
@@ -31,12 +33,13 @@ job (`wait_all`).
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from ...config import current
 
 QUICK_PASSES = "cheap"
 """'cheap': SROA (registers instead of stack slots), instcombine and simplifycfg; 'none'."""
@@ -51,27 +54,26 @@ EXIT_WAIT = 0.5
 def exit_finish() -> float:
     """GIR_LLVM_EXIT_WAIT: seconds process exit spends finishing the jobs a cache will store
     (default 3; 0: none, the next process compiles again)."""
-    try:
-        return max(0.0, float(os.environ.get("GIR_LLVM_EXIT_WAIT", "3")))
-    except ValueError:
-        return 3.0
+    return current().llvm_exit_wait
 
 
 def enabled() -> bool:
     """GIR_LLVM_TIER (default on), unless GIR_LLVM_OPT asks for one explicit level."""
-    if os.environ.get("GIR_LLVM_OPT", "").strip():
-        return False
-    return os.environ.get("GIR_LLVM_TIER", "1").strip().lower() not in ("0", "off", "no", "false")
+    options = current()
+    return options.llvm_opt is None and options.llvm_tier
 
 
 class FinalCompile:
     """One function's -O3 compile, queued for the background thread. `run_job` makes the
     `Code`; the callbacks (`add_done_callback`) run after it, on that thread, in order."""
 
-    def __init__(self, make: Callable[[], Any], key: str | None = None):
+    def __init__(self, make: Callable[[], Any], key: str | None = None, what: str = "-O3 code"):
         self._make = make
         self.key = key
-        """The object-cache key the job stores (a lookup of it waits: `wait_for_key`)."""
+        """The cache key the job stores (a lookup of it waits: `wait_for_key`)."""
+        self.what = what
+        """What the job makes, as `fn.stats.compile.preparing` says it."""
+        self.submitted = False
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[FinalCompile], None]] = []
         self._ended = False
@@ -133,6 +135,7 @@ _pending_keys: dict[str, FinalCompile] = {}
 def submit(job: FinalCompile) -> FinalCompile:
     """Queues job (its key: see `wait_for_key`)."""
     global _thread
+    job.submitted = True
     _jobs.add(job)
     job.add_done_callback(_jobs.discard)
     if job.key:
@@ -163,6 +166,11 @@ def add_key(job: FinalCompile, key: str) -> None:
     """A further cache key the job's callbacks store (the compile cache's, added by gir.jit)."""
     _pending_keys[key] = job
     job.add_done_callback(lambda j: _pending_keys.pop(key, None) if _pending_keys.get(key) is j else None)
+
+
+def pending(key: str | None) -> FinalCompile | None:
+    """The queued or running job that will store key, if any."""
+    return _pending_keys.get(key) if key else None
 
 
 def wait_for_key(key: str | None, timeout: float | None = None) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.plan import MemoryPlan
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
 from ...ir.interpreter import empty_reduction
@@ -43,8 +44,8 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
-from ...passes.memory.plan import MemoryPlan
 from .device import Device
+from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .kernels import ElementwiseKernel, InputLayout, ReductionRead, compile_kernel, fused_source, op_source
 from .memory import Memory
 
@@ -575,7 +576,6 @@ def lower_index(low: Lowering, op: Operation) -> Run:
     """By a scalar: one row, a view where memplan has one. By a tensor: a gather (gather.py)."""
     x, i = op.operands
     if i.tensor_type.rank:
-        from .gather import lower_gather
         return lower_gather(low, op)
     r = op.result
     rows = _shape(x)[0]
@@ -776,7 +776,6 @@ def _carry_copier(low: Lowering, carries: list[Any], copied: tuple[int, ...], yi
 
 
 def _row_and_softmax_lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:
-    from .gather import lower_logsumexp, lower_scatter_add  # a module of its own; it imports this one
     return {"scatter_add": lower_scatter_add, "logsumexp": lower_logsumexp}
 
 

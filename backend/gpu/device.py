@@ -24,13 +24,13 @@ arrays (no DLPack / CuPy outputs yet).
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ...config import cuda_simulator_requested
 from ...errors import GirError
 
 NO_GPU = "no CUDA GPU; set NUMBA_ENABLE_CUDASIM=1 to run the kernels in the simulator"
@@ -134,7 +134,7 @@ def _find_device() -> Device:
         return Device(True, cuda, simcupy, "the CUDA simulator", threads_per_block=4, max_blocks=2,
                       _wrap=FakeCUDAArray, _scatter_add=simcupy.scatter_add)
     if not cuda.is_available():
-        late = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+        late = cuda_simulator_requested()
         raise GirError(NO_GPU, note="NUMBA_ENABLE_CUDASIM=1 must be set before numba is imported" if late else None)
     try:
         import cupy

@@ -14,12 +14,14 @@ one read-back of the smallest and the largest index per gather or scatter.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import GirError
 from ...ir.core import Operation
 from ...ir.ops import reduction_axes
-from .codegen import Env, Lowering, Run
+
+if TYPE_CHECKING:  # codegen.py imports this module; these are only its types
+    from .codegen import Env, Lowering, Run
 
 
 def _check_rows(low: Lowering, op: Operation, rows: int) -> Any:

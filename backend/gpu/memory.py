@@ -1,5 +1,5 @@
 """Device memory of a compiled function: the memplan arena as one device allocation, each
-planned value a typed view of it at its planned offset (passes/memory/; the plan is the one the
+planned value a typed view of it at its planned offset (analysis/memory/; the plan is the one the
 pipeline's `memplan` pass computed, else memplan's default plan).
 
 Terms (memplan's): *planned values* (op results and scan carries' body arguments) get a slot
@@ -24,15 +24,15 @@ Kept outside the arena, each in a buffer of its own allocated once:
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.plan import MemoryPlan
+from ...analysis.memory.planner import plan_memory
+from ...config import current
 from ...ir.core import Operation, Value
 from ...ir.spec import view_source  # one rule for the plan and both backends
-from ...passes.memory.plan import MemoryPlan
-from ...passes.memory.planner import plan_memory
 from .device import Device
 
 
@@ -98,7 +98,7 @@ class Memory:
 def _plan(function: Any, plan: MemoryPlan | None) -> tuple[Any, str | None]:
     """(the memory plan to lay the arena out by or None, why there is none): the pipeline's
     plan (`memplan` pass) when given, else memplan's default plan of function."""
-    if os.environ.get("GIR_GPU_ARENA", "1") == "0":
+    if not current().gpu_arena:
         return None, "GIR_GPU_ARENA=0"
     if plan is None or plan.function is not function:
         plan = plan_memory(function)

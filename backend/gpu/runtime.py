@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.plan import MemoryPlan
 from ...errors import GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
-from ...passes.memory.plan import MemoryPlan
 from ..cpu.runtime import check_fits, host_memory_bytes
 from .codegen import lower_function, run_steps
 from .device import get_device

@@ -2,7 +2,7 @@
 
 `gir.trace`, `gir.scan`, `gir.grad`, `gir.value_and_grad`, `gir.spec` (transforms.py), the
 NumPy-spelled functions (numpy_api.py) and the `Tracer` they work on (tracer.py). `gir.jit` of a
-Python function lives in pyjit.py (it wires this frontend to the passes and backends).
+Python function lives in driver/pyjit.py (it wires this frontend to the passes and backends).
 """
 
 from .numpy_api import (

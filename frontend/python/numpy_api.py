@@ -4,7 +4,7 @@ says what it computes and how its type follows); nothing here restates an op's s
 except where NumPy's surface differs from the op's (1-D `@`, integer indexing, `.T` of a
 vector, `logsumexp`, composed from existing ops).
 
-Outside a trace, the functions run eagerly on NumPy arrays (pyjit.py installs the runner:
+Outside a trace, the functions run eagerly on NumPy arrays (driver/pyjit.py installs the runner:
 the same ops, run by the interpreter).
 """
 
@@ -34,7 +34,7 @@ from .tracer import (
 )
 
 EAGER: list[Callable[..., Any]] = []
-"""The runner of a gir function called outside a trace on arrays (set by pyjit.py)."""
+"""The runner of a gir function called outside a trace on arrays (set by driver/pyjit.py)."""
 
 
 def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,10 +48,10 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def eager_installed() -> bool:
-    """Installs EAGER's runner if it is not yet: `import gir` loads pyjit.py (which sets it) only
+    """Installs EAGER's runner if it is not yet: `import gir` loads driver/pyjit.py (which sets it) only
     when a name of this frontend is first used, and `import gir.frontend.python` alone not at all."""
     if not EAGER:
-        from ... import pyjit  # noqa: F401 - lazily: pyjit.py imports this module
+        from ...driver import pyjit  # noqa: F401 - lazily: driver/pyjit.py imports this module
     return bool(EAGER)
 
 

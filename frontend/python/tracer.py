@@ -37,7 +37,7 @@ from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType, dtype_name
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL_FILES: set[str] = set()
-"""Other files whose frames are not the user's (pyjit.py registers itself)."""
+"""Other files whose frames are not the user's (driver/pyjit.py registers itself)."""
 
 
 class GirTraceError(GirTypeError):

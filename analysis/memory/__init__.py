@@ -1,6 +1,6 @@
 """The static memory plan: every intermediate tensor of a function gets an (offset, size) in
 one arena, so that no two values live at the same time overlap. The `memplan` pass
-(passes/memplan.py) runs it on every function; the backends compute it for the function they
+(transforms/memplan.py) runs it on every function; the backends compute it for the function they
 compile.
 
 Modules, by job:
@@ -12,7 +12,7 @@ Modules, by job:
   into buffers (in place, carries, new, pinned).
 - arena.py: where buffers go in the arena (the placement strategies) and the lower bound.
 - checker.py: `check_plan`, an independent check of a plan's rules.
-The per-value report and the plot are the CLI's (reporting.py).
+The per-value report and the plot are the CLI's (driver/reporting.py).
 
 The runtime contract the backends follow: at a scan, copy each initial carry into its carry's
 buffer unless it is already there; every step, run the body; at the yield, first copy stacked

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ..ir.core import Function, Module, Operation, Value
 from ..ir.verifier import call_cycle_error
-from .base import Pass
-from .rewriter import PassStatistics, Rewriter
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics, Rewriter
 
 
 def inline_call(rw: Rewriter, callee: Function, args: list[Value], anchor: Operation) -> tuple[list[Operation],

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from ..ir.core import Block, Module, Operation, Region, Value
 from ..ir.ops import make_op, splat_value
-from .base import Pass
-from .rewriter import PassStatistics, Rewriter
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics, Rewriter
 
 
 def _fusable(op: Operation) -> bool:

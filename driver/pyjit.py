@@ -8,7 +8,7 @@ shapes or dtypes traces fn (frontend/python) and compiles the module with `gir.j
 calls with the same key reuse that compiled specialisation. Results are rebuilt into the
 structure fn returned.
 
-Like jit.py and cli.py, this module wires stages together (frontend -> jit), which no stage may.
+Like driver/jit.py and cli.py, this module wires stages together (frontend -> jit), which no stage may.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GirArgumentError
-from .frontend.python import numpy_api
-from .frontend.python.pytree import TreeDef, flatten, unflatten
-from .frontend.python.tracer import current_frame, default_dtype, is_weak, register_internal_file
-from .frontend.python.transforms import Spec, Traced, trace_entry
-from .ir.types import DTYPES
+from ..errors import GirArgumentError
+from ..frontend.python import numpy_api
+from ..frontend.python.pytree import TreeDef, flatten, unflatten
+from ..frontend.python.tracer import current_frame, default_dtype, is_weak, register_internal_file
+from ..frontend.python.transforms import Spec, Traced, trace_entry
+from ..ir.types import DTYPES
 
 register_internal_file(__file__)
 

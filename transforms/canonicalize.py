@@ -28,9 +28,9 @@ from ..ir.core import Block, Function, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, splat_value
 from ..ir.spec import fails_at_run_time
-from .base import Pass
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
 from .loops import ScanParts, append_stack, is_defined_inside, rebuild_scan, scan_parts
-from .rewriter import PassStatistics, Pattern, Rewriter, apply_patterns_greedily
 
 FOLD_LIMIT = 1024
 """Constant folding never makes a non-splat constant larger than this many elements."""

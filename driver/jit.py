@@ -4,10 +4,10 @@
     loss, dwx, dwh, db = fn(xs, h0, wx, wh, b)
     fn.stats, fn.ir, fn.llvm_ir, fn.asm
 
-Arguments are bound and converted (calling.py) and checked (count, dtype, shape, contiguity)
+Arguments are bound and converted (driver/calling.py) and checked (count, dtype, shape, contiguity)
 before any native code runs. A signature with `?` dims is specialised per distinct argument
 shape; every specialisation is compiled once and kept in memory. Results are named
-(results.py); how each specialisation was compiled is in `fn.stats.compile` (jitstats.py).
+(driver/results.py); how each specialisation was compiled is in `fn.stats.compile` (driver/jitstats.py).
 See `help(gir.jit)`.
 """
 
@@ -15,24 +15,25 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from . import compile_cache, timing
+from ..analysis.memory.plan import MemoryPlan
+from ..errors import GirArgumentError, Location, did_you_mean
+from ..frontend.parser import parse, read_source
+from ..ir.core import Function, Module
+from ..ir.interpreter import check_arguments
+from ..ir.printer import print_module
+from ..ir.specialize import specialize
+from ..ir.verifier import verify
+from ..passes.pass_manager import PassManager
+from ..passes.pipeline import DEFAULT_MODE, get_mode
+from ..support import timing
+from . import compile_cache
 from .calling import bind_arguments
-from .errors import GirArgumentError, Location, did_you_mean
-from .frontend.parser import parse, read_source
-from .ir.core import Function, Module
-from .ir.interpreter import check_arguments
-from .ir.printer import print_module
-from .ir.specialize import specialize
-from .ir.verifier import verify
 from .jitstats import CompileStats, CompileTimer
-from .passes.memory.plan import MemoryPlan
-from .passes.pass_manager import PassManager
-from .passes.pipeline import DEFAULT_MODE, get_mode
 from .results import result_names, results_class
 
 DEVICES = ("cpu", "gpu", "auto", "interp")
@@ -56,7 +57,7 @@ class JitFunction:
         self.signature = module.functions[entry] if module is not None else signature
         assert self.signature is not None
         self.result_names = names if names is not None else result_names(self.signature)
-        """The results' names (results.py), as `fn(...)._fields` gives them."""
+        """The results' names (driver/results.py), as `fn(...)._fields` gives them."""
         self._results = results_class(entry, self.result_names)
         self._compiled: dict[tuple, Any] = {}
         self._compiling = threading.Lock()
@@ -90,22 +91,36 @@ class JitFunction:
     def _compile(self, shapes: tuple) -> Any:
         """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
         key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
-        if key is not None:
-            compile_cache.wait_for_background_store(key)
+        if key is not None:  # never waits for a better version: loads the best entry there is
             timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
             with timer.stage("cache-load"):
                 found = compile_cache.load_compiled(key)
             if found is not None:
                 found.compile_seconds = {}  # nothing was compiled: the time is the load's
+                if compile_cache.needs_better_code(found):
+                    compile_cache.better_code_for(key, found, lambda: self._better_code(shapes))
                 # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
                 # which a hit's code does only at its first call
                 found.compile_stats = timer.finish(found)
                 return found
             timer.cancel()
         compiled = self._compile_now(shapes)
-        if key is not None:  # the final code only: quick code (backend/cpu/tiers.py) stores once swapped
-            compile_cache.store_when_final(key, compiled)
+        if key is not None:  # what runs now (quick code too), then the final code once swapped
+            compile_cache.store_what_runs(key, compiled)
         return compiled
+
+    def _better_code(self, shapes: tuple) -> Any:
+        """The best code for shapes (-O3, the GEMM paths measured now), for a specialisation
+        loaded from the cache as quick code or with the model's paths: on the background
+        thread (tiers.py), so the passes run there too; the object cache may skip LLVM."""
+        from .backend.cpu.llvm_jit import compile_code
+
+        module = self._specialised_module(shapes)
+        report = PassManager(self.pipeline).run(module)
+        f = module.functions[self.entry]
+        code = compile_code(f, report.analyses.get(MemoryPlan, f), tiered=False, best=True)
+        code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
+        return code
 
     def _compile_now(self, shapes: tuple) -> Any:
         timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
@@ -137,19 +152,19 @@ class JitFunction:
         if self.device == "interp":
             compiled: Any = _Interpreted(module, self.entry)
         elif self.device == "auto":
-            from .backend.split import SplitFunction
-            from .passes.placement import PlacementReport
+            from ..analysis.placement import PlacementReport
+            from ..backend.split import SplitFunction
 
             compiled = SplitFunction.compile(f, plan)
             compiled.ir = print_module(module)
             compiled.placement = analyses.get(PlacementReport, f)  # None without a `place` pass
         elif self.device == "gpu":
-            from .backend.gpu.runtime import GPUFunction
+            from ..backend.gpu.runtime import GPUFunction
 
             compiled = GPUFunction.compile(f, plan)
             compiled.ir = print_module(module)
         else:
-            from .backend.cpu.runtime import CPUFunction
+            from ..backend.cpu.runtime import CPUFunction
 
             compiled = CPUFunction.compile(f, plan)
             with timing.phase("print IR (fn.ir)"):
@@ -157,8 +172,8 @@ class JitFunction:
         return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple:
-        """Runs @entry: arguments by position or by parameter name (calling.py); returns its
-        results as a named tuple (results.py)."""
+        """Runs @entry: arguments by position or by parameter name (driver/calling.py); returns its
+        results as a named tuple (driver/results.py)."""
         arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs))
         compiled = self._specialise(tuple(a.shape for a in arrays))
         self._last = self._thread.last = compiled
@@ -191,6 +206,9 @@ class JitFunction:
                 stats.compile.threads = _blas_threads(current)
             # `ran` is final only once current runs the final code (the swap is one way): its layout
             stats.compile = stats.compile.for_code(ran, getattr(current, "layout", None))
+            preparing = getattr(current, "preparing", "")
+            if preparing != stats.compile.preparing:  # better code being made now, or made since
+                stats.compile = replace(stats.compile, preparing=preparing)
         return stats
 
     @property
@@ -215,7 +233,7 @@ class InterpretedStats:
 
 def _blas_threads(compiled: Any) -> int | None:
     """The threads compiled's GEMMs run on (None: not known)."""
-    from .backend.cpu.blas import threads_of
+    from ..backend.cpu.blas import threads_of
 
     try:
         return threads_of([g.path for g in compiled.layout.gemms])
@@ -225,7 +243,7 @@ def _blas_threads(compiled: Any) -> int | None:
 
 class _Interpreted:
     def __init__(self, module: Module, entry: str):
-        from .ir.interpreter import Interpreter
+        from ..ir.interpreter import Interpreter
 
         self.interp = Interpreter(module)
         self.entry = entry
@@ -272,7 +290,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     narrowing or a change of kind is an error that says how to convert); Python numbers and
     lists take the parameter's dtype, as weakly typed values do in JAX. Shapes must match
     the signature, where `?` matches any size. Every error is a `gir.GirArgumentError` naming
-    the parameter (calling.py, docs/backend.md "Calling convention").
+    the parameter (driver/calling.py, docs/backend.md "Calling convention").
 
     `?` dims: a signature such as `tensor<?x?x256xf32>` is compiled once per distinct
     argument shape, on first use, and kept: the module is specialised on the shapes
@@ -282,7 +300,7 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     Results: a tuple subclass (namedtuple) named after the `return` operands: `return %loss,
     %dwx` gives `.loss` and `.dwx`; an unnamed, duplicate or unusable name is `out<i>`. It
     unpacks, indexes, has `len`, and compares equal to a list or tuple of the same arrays
-    (results.py). Outputs are fresh arrays.
+    (driver/results.py). Outputs are fresh arrays.
 
     Inspecting (the specialisation the calling thread used last):
         fn.stats     the last call: backend counters (gemm_calls, pack_calls, gemm_paths,
@@ -297,12 +315,12 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
 
     A compile that takes more than about a second prints a line to stderr when it starts
     and when it ends, if stderr is a terminal (GIR_PROGRESS=1: always; 0: never). Compiled
-    code is cached on disk (GIR_CACHE_DIR, default ~/.cache/gir; compile_cache.py): a source
+    code is cached on disk (GIR_CACHE_DIR, default ~/.cache/gir; driver/compile_cache.py): a source
     compiled before is not even parsed again. The function may be called
     from several threads. Errors in the program are `gir.GirError`s with file:line:col.
 
     A Python function (DESIGN.md §7, docs/python.md) is traced per argument structure, shapes
-    and dtypes and compiled the same way (pyjit.py): `gir.jit(gir.value_and_grad(loss))`.
+    and dtypes and compiled the same way (driver/pyjit.py): `gir.jit(gir.value_and_grad(loss))`.
     """
     if jax_options:  # jax.jit's static_argnums, donate_argnums, ...: say so, not a bare TypeError
         raise GirArgumentError("gir.jit has no option " + ", ".join(sorted(jax_options)) + " (it takes entry, device, "
@@ -352,7 +370,7 @@ def usable_device(device: str) -> str:
     default backend, "auto" means the best this machine has; "gpu" there stays an error."""
     if device != "auto":
         return device
-    from .backend.gpu.device import available
+    from ..backend.gpu.device import available
 
     return "auto" if available() else "cpu"
 

@@ -20,7 +20,6 @@ stderr is a terminal, or always with `GIR_PROGRESS=1` (never with `GIR_PROGRESS=
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -28,6 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from ..config import current
 
 PROGRESS_AFTER = 1.0
 """Seconds a compile may take before it prints a progress line."""
@@ -71,6 +72,10 @@ class CompileStats:
     (tiering off, an explicit GIR_LLVM_OPT, a cache hit: -O3)."""
     gemm_measured: bool | None = None
     """False when a GEMM path came from the model, not yet measured here (a later compile refines it)."""
+    preparing: str = ""
+    """Better code being made in the background, to replace the code that runs ('' none): '-O3
+    code' (quick code, compiled here or loaded from the cache) or 'code with the measured GEMM
+    paths'. Read live by `fn.stats`: '' once it has replaced it."""
     threads: int | None = None
     """The BLAS threads the code runs GEMMs with (CPU)."""
     gemms: list[GemmChoice] = field(default_factory=list)
@@ -93,8 +98,9 @@ class CompileStats:
         lines = [f"compiled @{self.entry} for {self.device} ({shapes}) in {self.seconds:.3f} s; "
                  f"code cache: {self.cache}" + (f"; BLAS threads: {self.threads}" if self.threads else "")
                  + (f"; LLVM -O{self.opt_level}" if self.opt_level is not None else "")
-                 + ("; quick code (-O3 compiling in the background)" if self.tier == "quick" else "")
-                 + ("; GEMM paths from the model (measuring)" if self.gemm_measured is False else "")]
+                 + ("; quick code" if self.tier == "quick" else "")
+                 + ("; GEMM paths from the model" if self.gemm_measured is False else "")
+                 + (f"; preparing {self.preparing} in the background" if self.preparing else "")]
         lines.append("  stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in self.stages.items()))
         if self.passes:
             top = sorted(self.passes.items(), key=lambda kv: -kv[1])[:5]
@@ -156,6 +162,7 @@ class CompileTimer:
         if info is not None:  # the CPU backend's CompileInfo
             s.cache = {"compiled": "hit", "objects": "hit (object code)"}.get(info.from_cache, "miss")
             s.opt_level, s.gemm_measured, s.tier = info.opt_level, info.gemm_measured, info.tier
+        s.preparing = getattr(compiled, "preparing", "") or ""
         s.gemms += gemm_choices(getattr(compiled, "layout", None))
         if self.announced:
             _say(f"gir: compiled @{s.entry} in {s.seconds:.1f} s (code cache: {s.cache})")
@@ -178,7 +185,7 @@ def gemm_choices(layout: Any) -> list[GemmChoice]:
 def progress_wanted() -> bool:
     """GIR_PROGRESS=1: always; GIR_PROGRESS=0: never; unset: when stderr is a terminal (a
     person is waiting; a log or a test capturing stderr gets no unasked-for lines)."""
-    setting = os.environ.get("GIR_PROGRESS", "")
+    setting = current().progress
     if setting in ("0", "1"):
         return setting == "1"
     try:

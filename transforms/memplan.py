@@ -1,23 +1,23 @@
 """The `memplan` pass: plans the memory of every function and counts what the plans save.
 
-The planner, its data model and its checker live in passes/memory/ (the terms are defined in
+The planner, its data model and its checker live in analysis/memory/ (the terms are defined in
 its modules' docstrings); `gir opt --memplan-report` and `--memplan-plot` are the CLI's
-(reporting.py).
+(driver/reporting.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..analysis.liveness import Liveness
+from ..analysis.memory.arena import STRATEGIES
+from ..analysis.memory.checker import check_plan
+from ..analysis.memory.plan import MemoryPlan
+from ..analysis.memory.planner import plan_memory
 from ..errors import GirPassError
 from ..ir.core import Module
-from .base import Pass
-from .liveness import Liveness
-from .memory.arena import STRATEGIES
-from .memory.checker import check_plan
-from .memory.plan import MemoryPlan
-from .memory.planner import plan_memory
-from .rewriter import PassStatistics
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics
 
 
 def plan_module(module: Module, strategy: str = "auto") -> list[MemoryPlan]:

@@ -45,15 +45,11 @@ values and its stacks are empty, which needs no extra liveness); values are whol
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable
-from typing import TextIO
 
 from ..ir.core import Block, BlockArgument, Function, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView, as_loop
 from ..ir.printer import Printer
-from .base import Pass
-from .rewriter import PassStatistics
 
 
 # How liveness reads a region op: a loop (`OpSpec.loop`: `scan`, `for`) through its LoopView;
@@ -367,52 +363,3 @@ def _rank(v: Value) -> int:
 
 def liveness_of(module: Module) -> dict[str, Liveness]:
     return {name: Liveness(f) for name, f in module.functions.items()}
-
-
-class LivenessPass(Pass):
-    """`liveness`: computes liveness for every function and counts what it found; the IR is
-    unchanged. Counters: values, worklist facts processed, the most values live at once.
-
-    Before and after: the same IR. `print-liveness` prints the sets."""
-
-    name = "liveness"
-
-    def run(self, module: Module, stats: PassStatistics) -> bool:
-        for f in module.functions.values():
-            live = Liveness(f)
-            self.analyses.put(f, live)
-            stats.count("values", len(live.first))
-            stats.count("worklist facts", live.visits)
-            stats.counters["max live values"] = max(stats.counters.get("max live values", 0), live.max_live())
-        return False
-
-
-class PrintLiveness(Pass):
-    """`print-liveness`: prints, per function and for each op in program order, the op's
-    point and its live-in and live-out sets (sorted printer names) to stdout. The IR is
-    unchanged.
-
-        liveness of @f
-          0: %0 = mul %x, %y
-              live-in: %x, %y
-              live-out: %0, %y
-          1: %1 = add %0, %y
-              live-in: %0, %y
-              live-out: %1
-          2: return %1
-              live-in: %1
-              live-out:
-    """
-
-    name = "print-liveness"
-    stream: TextIO | None = None
-    """Where to print (stdout when None); tests set it."""
-
-    def run(self, module: Module, stats: PassStatistics) -> bool:
-        out = self.stream or sys.stdout
-        for f in module.functions.values():
-            live = self.analyses.get(Liveness, f) or Liveness(f)
-            self.analyses.put(f, live)
-            out.write(live.format())
-        out.flush()
-        return False

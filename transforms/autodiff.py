@@ -38,10 +38,10 @@ from ..ir.core import Block, Module, Operation, Region, Value
 from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, reduction_axes, splat_value
 from ..ir.types import TensorType
-from .base import Pass
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics, Rewriter
 from .inline import inline_call, inline_calls
 from .loops import ScanParts, Sequence, append_stack, scan_parts
-from .rewriter import PassStatistics, Rewriter
 
 
 def _loc_of(v: Value) -> Location | None:

@@ -31,8 +31,8 @@ from ..errors import GirTypeError, rebuilding
 from ..ir.core import Block, Function, Module, Operation, Value
 from ..ir.loops import LoopView
 from ..ir.ops import make_op
-from .base import Pass
-from .rewriter import PassStatistics, Rewriter
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics, Rewriter
 
 
 class SSA(Pass):

@@ -18,7 +18,7 @@ from ..ir.loops import LoopView
 from ..ir.ops import make_op
 from ..ir.spec import fails_at_run_time
 from ..ir.types import TensorType
-from .rewriter import Rewriter
+from ..passes.rewriter import Rewriter
 
 
 @dataclass

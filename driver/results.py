@@ -24,7 +24,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from .ir.core import Function
+from ..ir.core import Function
 
 _SSA_SUFFIX = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\.\d+$")
 _RESERVED = frozenset(dir(tuple)) | {"count", "index"}

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from ..errors import GirPassError
 from ..ir.core import Block, Module, Operation, OpResult, Value
 from ..ir.loops import LoopView
-from .base import Pass
+from ..passes.base import Pass
+from ..passes.rewriter import PassStatistics, Rewriter
 from .loops import Carry, Sequence, append_stack, defined_inside, is_defined_inside, rebuild_scan, scan_parts
-from .rewriter import PassStatistics, Rewriter
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Analyses the pipeline computed, handed from pass to pass and on to the backends.
 
 An *analysis* is an object computed from one function's IR that does not change the IR: the
-liveness (passes/liveness.py `Liveness`), the memory plan (passes/memory `MemoryPlan`), the
-placement report (passes/placement.py `PlacementReport`). The pass that computes one puts it
+liveness (analysis/liveness.py `Liveness`), the memory plan (analysis/memory `MemoryPlan`), the
+placement report (transforms/placement.py `PlacementReport`). The pass that computes one puts it
 here (`analyses.put(function, result)`); a later pass or a backend asks for it by its class
 (`analyses.get(MemoryPlan, function)`) instead of computing it again with default options, so
 a pass option (`memplan{strategy=program}`) reaches the code that runs.

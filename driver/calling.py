@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GirArgumentError
-from .ir.core import Function
-from .ir.types import TensorType
+from ..errors import GirArgumentError
+from ..ir.core import Function
+from ..ir.types import TensorType
 
 _MISSING = object()
 

@@ -1,6 +1,6 @@
 """The CLI's reports on analyses, for people: `gir opt --memplan-report` and `--memplan-plot`.
 
-The analyses themselves (passes/memory/) compute and keep numbers; this module lays them out
+The analyses themselves (analysis/memory/) compute and keep numbers; this module lays them out
 as text tables and draws them.
 
 - *Memory plan report*: per function, the plan's summary line, then one row per planned value
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import GirError
-from .ir.core import OpResult, Value
-from .passes.liveness import value_names
-from .passes.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, nbytes_of, value_loc
+from ..analysis.liveness import value_names
+from ..analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, nbytes_of, value_loc
+from ..errors import GirError
+from ..ir.core import OpResult, Value
 
 
 def memplan_reports(plans: list[MemoryPlan]) -> str:

@@ -7,20 +7,20 @@ gives a meaning. So when the entry reaches a `grad`, this runs `ssa,autodiff` (n
 no rewrite that the reference should not depend on) on a copy of the module, specialised on
 the arguments' shapes first where the signature has `?` dims (autodiff makes zero
 cotangents, which need static shapes). The module given is never changed. Arguments follow
-the JIT's calling convention (calling.py); results are named as the JIT's (results.py).
+the JIT's calling convention (driver/calling.py); results are named as the JIT's (driver/results.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..errors import GirArgumentError, did_you_mean
+from ..ir.core import Module
+from ..ir.interpreter import check_arguments
+from ..ir.interpreter import interpret as run_interpreter
+from ..ir.specialize import specialize
+from ..passes.pass_manager import PassManager
 from .calling import bind_arguments
-from .errors import GirArgumentError, did_you_mean
-from .ir.core import Module
-from .ir.interpreter import check_arguments
-from .ir.interpreter import interpret as run_interpreter
-from .ir.specialize import specialize
-from .passes.pass_manager import PassManager
 from .results import name_results
 
 AUTODIFF_PIPELINE = "ssa,autodiff"

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import GirArgumentError
-from .ir.core import Function, Module
-from .ir.specialize import specialize
-from .ir.types import TensorType
+from ..errors import GirArgumentError
+from ..ir.core import Function, Module
+from ..ir.specialize import specialize
+from ..ir.types import TensorType
 
 
 def parse_shape_flags(f: Function, flags: Sequence[str] | None) -> dict[int, tuple[int | None, ...]]:

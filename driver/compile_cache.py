@@ -1,0 +1,206 @@
+"""The compile cache of `gir.jit` and `gir run`: keys known before any work, so a hit skips
+parsing, the passes and LLVM (support/cache.py stores the entries).
+
+Two kinds of entry, both under `compiled/`:
+
+- `<source key>.sig`: the signature of the entry function of a source (its text and file
+  name, the entry asked for, the device, the pipeline, the target and gir's code). With it a
+  `JitFunction` checks arguments and, for a static signature, looks its code up at once.
+- `<source key + argument shapes>.entry`: one specialisation: the object code, its layout,
+  the LLVM IR before and after LLVM's passes, the gir IR after the passes (`fn.ir`) and the
+  specialised signature.
+
+What runs is stored at once (issue 28, "store what ran"): a first compile stores its quick
+code (tiers.py) before its first call, and its -O3 code replaces the entry when the background
+compile ends; a later process loads whatever entry exists, the best one made so far. A hit on
+quick code, or on code whose GEMM paths came from blas' model and are measured now, runs that
+code at once and makes the better code in the background (`better_code_for`): it swaps in
+between calls and replaces the entry. A lookup never waits for better code, never recompiles
+in its own path. Each entry records its state (`Code.state`; `gir cache info` lists it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import code_key, current
+from ..errors import Location
+from ..ir.core import Function, Module
+from ..ir.types import parse_type
+from ..support import cache as disk
+from ..support import timing
+from .results import result_names
+
+CACHED_DEVICES = ("cpu",)
+
+
+def source_key(source: str, filename: str, entry: str | None, device: str, pipeline: str) -> str | None:
+    """The key of a source's compilation (None when the cache is off or the device has none)."""
+    if device not in CACHED_DEVICES or not disk.enabled():
+        return None
+    from ..backend.cpu.runtime import target_key
+
+    with timing.phase("cache: key"):
+        return disk.digest("gir-source", source, filename, entry, device, pipeline, _environment(), target_key(),
+                           disk.build_fingerprint())
+
+
+def module_key(module: Module, entry: str, device: str, pipeline: str) -> str | None:
+    """The key of a Module built in Python: its printed form (locations included) stands for a text."""
+    if device not in CACHED_DEVICES or not disk.enabled():
+        return None
+    from ..ir.printer import print_module
+
+    with timing.phase("cache: print module for its key"):
+        text = print_module(module, print_locations=True)
+    return source_key(text, module.filename or "", entry, device, pipeline)
+
+
+def _environment() -> tuple:
+    """The options that change generated code (config.code_key; target_key holds them too, and
+    the GPU, which has no target_key, needs them here)."""
+    return code_key(current())
+
+
+def specialisation_key(key: str, shapes: tuple) -> str:
+    return disk.digest(key, shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Signatures: body-less Functions
+
+
+def signature_json(f: Function) -> dict[str, Any]:
+    return {"name": f.name, "args": [[a.name_hint, str(a.tensor_type)] for a in f.args],
+            "results": [str(t) for t in f.result_types], "loc": [f.loc.file, f.loc.line, f.loc.col],
+            "result_names": list(result_names(f))}
+
+
+def signature_from_json(data: dict[str, Any]) -> Function:
+    """A Function with the signature and location of the one compiled, and an empty body: what
+    checking arguments and making outputs need."""
+    return Function(data["name"], [parse_type(t) for _, t in data["args"]], [parse_type(t) for t in data["results"]],
+                    [n for n, _ in data["args"]], Location(*data["loc"]))
+
+
+def store_signature(key: str, f: Function) -> None:
+    with timing.phase("cache: store"):
+        disk.store("compiled", key, {"signature": signature_json(f), "about": {"entry": f.name}}, suffix=".sig")
+
+
+def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
+    """The entry's signature and its results' names (driver/results.py: they come from the body, which
+    a signature does not keep)."""
+    with timing.phase("cache: lookup"):
+        found = disk.load("compiled", key, suffix=".sig")
+    if found is None:
+        return None
+    try:
+        data = found[0]["signature"]
+        return signature_from_json(data), tuple(str(n) for n in data["result_names"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled specialisations
+
+
+def store_compiled(key: str, compiled: Any, root: str | None = None, code: Any = None) -> None:
+    """Stores a CPUFunction (with its `ir` text) under a specialisation key (in the cache folder
+    root; default: the current one): code, default the code its calls run now."""
+    code = compiled.code if code is None else code
+    if _rank(code.state()) < _rank(_stored_state(key, root)):
+        return  # another process stored better code meanwhile: never replace it by worse
+    meta, obj = code.to_entry(shared=True)  # a hit in a new process loads it without LLVM
+    f = compiled.function
+    meta["signature"] = signature_json(f)
+    meta["ir"] = compiled.ir
+    meta["about"] = {"entry": f.name, "shapes": [list(t.shape) for t in f.arg_types]}
+    with timing.phase("cache: store"):
+        disk.store("compiled", key, meta, obj, root=root)
+
+
+def _stored_state(key: str, root: str | None) -> dict[str, Any] | None:
+    """The state (`Code.state`) of the usable entry stored under key now, None without one (a
+    damaged entry is replaced whatever it says of itself)."""
+    found = disk.load("compiled", key, root=root)
+    state = found[0].get("state") if found is not None else None
+    return state if isinstance(state, dict) else None
+
+
+def _rank(state: dict[str, Any] | None) -> int:
+    """How good code in a state is: final beats quick, measured GEMM paths beat the model's."""
+    if state is None:
+        return -1
+    return 2 * (state.get("tier") != "quick") + bool(state.get("measured", True))
+
+
+def store_what_runs(key: str, compiled: Any) -> None:
+    """Stores the code compiled's calls run now (quick code is correct code: the next process
+    loads it whatever happens to this one's background compile), and its final code when
+    that replaces it (`store_when_final`)."""
+    code = compiled.code  # read once: the swap may come between two reads
+    store_compiled(key, compiled, code=code)
+    if getattr(code, "final", None) is not None:
+        store_when_final(key, compiled)
+
+
+def store_when_final(key: str, compiled: Any) -> None:
+    """Stores compiled under key once it runs its final code (tiered compilation: after the
+    background -O3 compile, on that thread; at once otherwise): in the cache folder of the
+    lookup, even if GIR_CACHE_DIR changed meanwhile."""
+    when_final = getattr(compiled, "when_final", None)
+    final = compiled.code.final if when_final is not None else None  # read once: the swap may come between two reads
+    if final is None:
+        store_compiled(key, compiled)
+        return
+    from ..backend.cpu import tiers
+
+    tiers.add_key(final, key)
+    root = disk.cache_root()
+    when_final(lambda: store_compiled(key, compiled, root))
+
+
+def needs_better_code(compiled: Any) -> bool:
+    """Code loaded from the cache that is not the best this process can make: quick code, or
+    GEMM paths from the model that are measured now."""
+    code = getattr(compiled, "code", None)
+    return code is not None and (code.info.tier == "quick" or code.stale())
+
+
+def better_code_for(key: str, compiled: Any, make: Any) -> None:
+    """compiled (loaded from the cache) runs now; its better code is made in the background by
+    make() -> Code, swapped in between calls and stored under key. A job of this process that
+    will store key already is followed rather than started again."""
+    from ..backend.cpu import tiers
+
+    job = tiers.pending(key)
+    if job is not None:
+        compiled.follow(job)
+        return
+    what = "-O3 code" if compiled.code.info.tier == "quick" else "code with the measured GEMM paths"
+    job = tiers.FinalCompile(make, key, what=what)
+    root = disk.cache_root()
+    compiled.follow(job)
+    compiled.when_final(lambda: store_compiled(key, compiled, root))
+
+
+def load_compiled(key: str) -> Any | None:
+    """The CPUFunction stored under key, loaded (no parsing, passes or LLVM), or None."""
+    from ..backend.cpu.runtime import Code, CPUFunction
+
+    with timing.phase("cache: lookup"):
+        found = disk.load("compiled", key)
+    if found is None:
+        return None
+    meta, obj = found
+    try:
+        code = Code.from_entry(meta, obj, "compiled")
+        signature = signature_from_json(meta["signature"])
+        ir_text = meta["ir"]
+    except (KeyError, TypeError, ValueError, AttributeError):  # another format: a miss
+        return None
+    compiled = CPUFunction(signature, code=code)  # stale or quick: better code comes later (jit.py)
+    compiled.ir = ir_text
+    return compiled
