@@ -11,20 +11,28 @@ Terms.
 - Elementwise: a `fused` op, or an elementwise op outside any group, is one generated kernel
   launch (kernels.py). matmul: `xp.matmul(a, b, out=...)`, cuBLAS through CuPy; a 2-D
   transpose read only by matmuls is a strided view, which cuBLAS takes as a transpose flag.
-  Reductions: xp.sum / mean / max / min with `out=`. Layout: views where the memory plan has
-  a view (memory.py), else an xp copy into the value's storage. Constants: uploaded once.
+  Reductions: xp.sum / mean / max / min with `out=`, except a sum or mean read by one fused
+  kernel, which computes it (*folded*: `_foldable`). Layout: views where the memory plan has a
+  view (memory.py); a slice read only by kernels and reductions *absorbed* (read in place
+  through its strides); concat/stack operands made by kernels *claimed* (written in place by
+  them: `claim_pieces`); else an xp copy into the value's storage. Constants: uploaded once.
+- *Placeable*: a value whose step writes wherever env says at run time (kernel outputs, GEMM
+  results: `Lowering.redirectable`), so that a scan can put it in a stack row or a carry
+  buffer instead of its storage.
 - `scan`: a loop on the host over device-resident buffers: a sequence's element is a view of
-  row t, each carry lives in its body argument's storage (the initial value is copied in
-  unless it is already there), and at the yield, stacked values are copied into row t of
-  their stack, then each yielded carry into its carry (through a temporary when it overlaps
-  any carry's storage: a swap). Nothing is read back to the host per step.
+  row t; where each stacked value and carry goes is a decision made once (`ScanPlacement`:
+  stack rows written in place, carries swapped by pointer, shifted or double-buffered, the
+  rest copied at the yield). Nothing is read back to the host per step.
+- Counting: every kernel launch, GEMM, other xp launch and device copy goes through one
+  method of Lowering (`launch`, `gemm`, `xp_call`, `copy`), which counts it (`Counters`; per
+  scan step too).
 - Run-time errors: kernels record integer division by zero in a device flag (kernels.py);
   `index` out of range is checked on the host. `index` by a computed (not constant) index
   reads that one scalar back to the host.
 
 Known gaps: `call`, `grad` and pre-SSA ops must be gone (inline, autodiff, ssa); one stream,
 so steps never overlap; a kernel is launched per fused group per step (no persistent or
-CUDA-graph scan yet).
+CUDA-graph scan yet); only sums and means over leading axes fold.
 """
 
 from __future__ import annotations
