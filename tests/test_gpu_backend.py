@@ -480,3 +480,39 @@ def test_a_stacked_carry_shares_a_buffer_with_its_next_values(direction: str, ar
                                     [xs, np.array([0.5, -0.5], np.float32), np.array([0.1, 0.2], np.float32)])
     (counts,) = fn.stats.per_step.values()
     assert counts["copies"] == 0, counts
+
+
+class _Foreign:
+    """Another library's device array: only `__cuda_array_interface__` (as PyTorch or Numba)."""
+
+    def __init__(self, a: object) -> None:
+        self._a = a  # keeps the memory alive
+        self.__cuda_array_interface__ = a.__cuda_array_interface__  # type: ignore[attr-defined]
+        self.shape, self.dtype = a.shape, a.dtype  # type: ignore[attr-defined]
+
+
+def test_device_arrays_in_device_arrays_out() -> None:
+    """Device arrays (xp's, or any `__cuda_array_interface__`) are taken as they are: copied on
+    the device into the argument buffers, never through the host; then the results come back
+    as device arrays (fresh copies: the next call reuses the arena), as JAX and CuPy answer.
+    Training steps can so keep their parameters on the device; NumPy in gives NumPy out."""
+    from rnn_cases import training_step
+
+    from gir.testing import assert_all_close
+
+    src, args, want = training_step("gru", 3, 2, 3, 4)
+    fn = gir.jit(src, "gru_grads", device="gpu")
+    xp = DEVICE.xp
+    on_device = [xp.asarray(a) for a in args]
+    on_device[1] = _Foreign(on_device[1])
+    got = fn(*on_device)
+    assert all(isinstance(g, xp.ndarray) for g in got)
+    assert_all_close([g.get() for g in got], want, what="device arrays")
+    s = fn.stats
+    assert (s.h2d, s.d2h) == (0, 0), s
+    again = fn(*on_device)  # the first results are copies: the second call does not change them
+    assert_all_close([g.get() for g in got], [g.get() for g in again], what="first results after a second call")
+    host = fn(*args)
+    assert all(isinstance(h, np.ndarray) for h in host) and fn.stats.h2d == len(args)
+    with pytest.raises(gir.GirError, match="device array of dtype float64"):
+        fn(xp.asarray(args[0].astype(np.float64)), *on_device[1:])

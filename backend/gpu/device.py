@@ -17,8 +17,7 @@ Terms.
 - The mode is fixed when numba.cuda is first imported: NUMBA_ENABLE_CUDASIM=1 must be set
   before that (tests set it at the top of their module).
 
-Known gaps: the current device only, the default stream only; outputs come back as NumPy
-arrays (no DLPack / CuPy outputs yet).
+Known gaps: the current device only, the default stream only.
 """
 
 from __future__ import annotations
@@ -75,6 +74,13 @@ class Device:
         dtype is cast to dst's first (CuPy's `set` demands both equal)."""
         dst.set(host_copy_source(host, dst.dtype))
 
+    def as_device(self, a: Any) -> Any:
+        """A device array given by the caller (is_device_array) as an xp array, without a copy:
+        through `__cuda_array_interface__` (CuPy, PyTorch, Numba), else DLPack (JAX)."""
+        if hasattr(a, "__cuda_array_interface__"):
+            return self.xp.asarray(a)
+        return self.xp.from_dlpack(a)
+
     def download(self, a: Any) -> np.ndarray:
         """A new NumPy array holding a copy of the device array a (waits for the device)."""
         return a.get()
@@ -91,6 +97,30 @@ class Device:
 
             return self._wrap(simcupy.host_buffer(flat))
         return self.cuda.as_cuda_array(flat, sync=False)
+
+
+DLPACK_CUDA_DEVICES = (2, 3, 13)
+"""DLPack device types of CUDA memory: kDLCUDA, kDLCUDAHost, kDLCUDAManaged."""
+
+
+def is_device_array(a: Any) -> bool:
+    """Whether a is an array in CUDA memory that a compiled function takes as it is (no trip
+    through the host): anything with `__cuda_array_interface__` (CuPy, PyTorch, Numba; in the
+    simulator, simcupy's arrays), or with a DLPack device in CUDA memory (JAX)."""
+    if isinstance(a, np.ndarray):
+        return False
+    if hasattr(a, "__cuda_array_interface__"):
+        return True
+    where = getattr(a, "__dlpack_device__", None)
+    try:
+        return where is not None and int(where()[0]) in DLPACK_CUDA_DEVICES
+    except Exception:  # noqa: BLE001 (not a DLPack producer after all)
+        return False
+
+
+def device_view(a: Any) -> Any:
+    """a as an xp array without a copy when it is a device array (is_device_array), else None."""
+    return get_device().as_device(a) if is_device_array(a) else None
 
 
 def host_copy_source(host: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -31,7 +31,7 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ..cpu.runtime import check_fits, host_memory_bytes
 from .codegen import lower_function, run_steps
-from .device import get_device
+from .device import get_device, is_device_array
 
 
 @dataclass
@@ -126,22 +126,37 @@ class GPUFunction:
             texts.extend(kernel.inspect_asm().values())
         return "\n".join(texts)
 
-    def __call__(self, *args: Any) -> list[np.ndarray]:
-        arrays = check_arguments(self.function, args)
+    def __call__(self, *args: Any) -> list[Any]:
+        """Runs the function. Arguments: NumPy arrays (copied to the device), or device arrays
+        (is_device_array: CuPy, PyTorch, JAX on the GPU; copied on the device, never through the
+        host). Results: NumPy arrays; device arrays (xp arrays, fresh copies) when any argument
+        was a device array, as CuPy's and JAX's functions answer device arrays with device
+        arrays."""
+        args = [self.dev.as_device(a) if is_device_array(a) else a for a in args]
+        arrays = check_arguments(self.function, args, is_device_array)
         with self._lock:
             return self._run(arrays)
 
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def _run(self, arrays: list[Any]) -> list[Any]:
         dev = self.dev
         start = time.perf_counter()
-        for buffer, a in zip(self.arg_buffers, arrays):
-            dev.upload(buffer, a)
-        outs = [dev.download(r) for r in self.run_on_device()]
+        on_device = [is_device_array(a) for a in arrays]
+        for buffer, a, there in zip(self.arg_buffers, arrays, on_device):
+            if there:
+                buffer[...] = dev.as_device(a)  # device to device (counted below)
+            else:
+                dev.upload(buffer, a)
+        results = self.run_on_device()
         c = self.lowering.counters
+        if any(on_device):
+            outs = [self.lowering.duplicate(r) for r in results]  # the arena is reused by the next call
+        else:
+            outs = [dev.download(r) for r in results]
         self._local.stats = self._last_stats = Stats(
-            c.kernel_launches, c.gemm_calls, c.copies, time.perf_counter() - start, self.memory.describe(), dev.name,
-            h2d=len(arrays), d2h=len(outs) + c.read_backs, xp_launches=c.xp_launches, graph_replays=c.graph_replays,
-            per_step=dict(c.per_step))
+            c.kernel_launches, c.gemm_calls, c.copies + sum(on_device), time.perf_counter() - start,
+            self.memory.describe(), dev.name, h2d=len(arrays) - sum(on_device),
+            d2h=(0 if any(on_device) else len(outs)) + c.read_backs, xp_launches=c.xp_launches,
+            graph_replays=c.graph_replays, per_step=dict(c.per_step))
         return outs
 
     # -- for an executor that keeps values on the device between functions (backend/split.py) --

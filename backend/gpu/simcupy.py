@@ -30,6 +30,9 @@ NumPy.
 
 from __future__ import annotations
 
+import builtins  # this module's max/min/sum are CuPy's
+import ctypes
+import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -267,11 +270,36 @@ def zeros(shape: Any, dtype: Any = float, order: str = "C") -> ndarray:
 
 
 def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
-    """A device array of a: a itself (or a cast copy) when on the device, else a new device
-    array holding a copy of the host data (an explicit host-to-device copy, as in CuPy)."""
+    """A device array of a: a itself (or a cast copy) when on the device; a view, no copy, of
+    another producer's `__cuda_array_interface__` (device memory is host memory here); else a
+    new device array holding a copy of the host data (an explicit host-to-device copy, as in
+    CuPy)."""
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+    if hasattr(a, "__cuda_array_interface__"):
+        view = ndarray(_from_interface(a.__cuda_array_interface__))
+        return view if dtype is None or view.dtype == np.dtype(dtype) else view.astype(dtype)
     return ndarray(np.array(a, dtype=dtype, order=order or "K", copy=True))
+
+
+def _from_interface(cai: dict[str, Any]) -> np.ndarray:
+    """The memory a `__cuda_array_interface__` describes, as a NumPy view (the simulator's
+    device memory is host memory, so its pointer is a host address)."""
+    shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
+    strides = cai.get("strides") or None
+    ptr = int(cai["data"][0])
+    if not ptr or not math.prod(shape):
+        return np.empty(shape, dtype)
+    extent = builtins.max((d - 1) * abs(s) for d, s in zip(shape, strides)) + dtype.itemsize if strides else \
+        math.prod(shape) * dtype.itemsize
+    buffer = (ctypes.c_char * extent).from_address(ptr)
+    return np.ndarray(shape, dtype, buffer=buffer, strides=strides)
+
+
+def from_dlpack(a: Any) -> ndarray:
+    """cupy.from_dlpack; in the simulator only CPU DLPack producers exist (NumPy), whose memory
+    is this stand-in's device memory."""
+    return ndarray(np.from_dlpack(a))
 
 
 array = asarray
