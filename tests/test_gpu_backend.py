@@ -271,7 +271,7 @@ def test_gpu_extras_pair_one_cuda_major() -> None:
 STEP_COUNTS = {
     # model: {direction: (kernel_launches, gemm_calls, xp_launches, copies) per time step}
     "rnn": {"forward": (2, 1, 0, 0), "reverse": (2, 1, 0, 0)},
-    "gru": {"forward": (2, 1, 0, 0), "reverse": (8, 1, 0, 2)},
+    "gru": {"forward": (2, 1, 0, 0), "reverse": (8, 1, 0, 0)},
     "lstm": {"forward": (2, 1, 0, 0), "reverse": (8, 1, 0, 0)},
 }
 """Pinned in the simulator at T=3, batch 2, input 3, hidden 4 (the counts do not depend on the
@@ -282,10 +282,10 @@ What took them down (backend/gpu/codegen.py): stack rows written in place and ca
 by pointer or double-buffered, a stacked carry and its stacked next value one buffer a row apart
 (place_scan); the column slices of the step's GEMM read in place
 by the kernels (absorbed slices); concat pieces written in place by their kernels
-(claim_pieces); a sum read by one fused kernel computed inside it (folded reductions). Left:
-the two pieces the gru's two backward concats share (each lives in one: 2 copies), and the
-fused groups the fuse pass leaves apart (the loss term after a reduction: 2 kernels forward;
-the backward step's groups around its bias-gradient sums: 8)."""
+(claim_pieces; a piece of two concats stored into both); a sum read by one fused kernel
+computed inside it (folded reductions). Left: the fused groups the fuse pass leaves apart (the
+loss term after a reduction: 2 kernels forward; the backward step's groups around its
+bias-gradient sums: 8)."""
 
 
 def _per_step(fn: JitFunction) -> dict[str, dict[str, float]]:
@@ -404,22 +404,25 @@ def test_every_kernel_a_training_step_launches_compiles_to_ptx(tmp_path: Path) -
 
 
 PIECES = """\
-func @f(%a: tensor<2x3xf32>, %b: tensor<3xi32>) -> (tensor<2x9xf32>, tensor<3x3xi32>, tensor<2x3xf32>, tensor<3xf32>) {
+func @f(%a: tensor<2x3xf32>, %b: tensor<3xi32>)
+    -> (tensor<2x9xf32>, tensor<3x3xi32>, tensor<2x3xf32>, tensor<3xf32>, tensor<2x6xf32>) {
   %t = tanh %a : tensor<2x3xf32>
   %e = %t * 2.0
   %c = concat %t, %e, %e {axis = 1} : tensor<2x9xf32>
   %m = mul %b, %b : tensor<3xi32>
   %s = stack %m, %b, %m {axis = 0} : tensor<3x3xi32>
-  return %c, %s, %e + 1.0, sum(%t, axes = [0])
+  %d = concat %e, %t {axis = 1} : tensor<2x6xf32>
+  return %c, %s, %e + 1.0, sum(%t, axes = [0]), %d
 }
 """
 
 
 @pytest.mark.parametrize("arena", ["1", "0"])
 def test_concat_and_stack_pieces_written_in_place(arena: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Kernel results written straight into their concat/stack (a value there twice: the second
-    occurrence copied), read after that by a kernel (in place), a reduction (a strided view)
-    and returned: the interpreter's results, and only the repeated occurrences copied."""
+    """Kernel results written straight into their concat/stack (a value in two results: stored
+    into both by its kernel; a value twice in one: the second occurrence copied), read after
+    that by a kernel (in place), a reduction (a strided view) and returned: the interpreter's
+    results, and only the repeated occurrences and the argument copied."""
     monkeypatch.setenv("GIR_GPU_ARENA", arena)
     a = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     fn = assert_matches_interpreter(PIECES, "f", [a, np.array([1, -2, 3], np.int32)], pipeline="ssa,canonicalize")
@@ -496,9 +499,8 @@ def test_device_arrays_in_device_arrays_out() -> None:
     the device into the argument buffers, never through the host; then the results come back
     as device arrays (fresh copies: the next call reuses the arena), as JAX and CuPy answer.
     Training steps can so keep their parameters on the device; NumPy in gives NumPy out."""
-    from rnn_cases import training_step
-
     from gir.testing import assert_all_close
+    from rnn_cases import training_step
 
     src, args, want = training_step("gru", 3, 2, 3, 4)
     fn = gir.jit(src, "gru_grads", device="gpu")

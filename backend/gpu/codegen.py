@@ -122,6 +122,8 @@ class Lowering:
     pieces: dict[Value, tuple[Value, InputLayout, tuple]] = field(default_factory=dict)
     """Values a kernel writes straight into their place in a concat/stack result: value ->
     (that result, the layout of the value in it, the index of the value in it)."""
+    extra_places: dict[Value, list[tuple[Value, InputLayout, tuple]]] = field(default_factory=dict)
+    """A piece's places in other concat/stack results, which its kernel also stores it into."""
     folded: dict[Value, tuple[Value, ReductionRead]] = field(default_factory=dict)
     """Reduction results no step makes: the one fused kernel reading each computes it from the
     reduction's operand (value -> (that operand, how to reduce it): lower_reduce)."""
@@ -264,7 +266,7 @@ def _launch(low: Lowering, op: Operation, kernel: ElementwiseKernel, inputs: lis
         if r not in low.pieces:
             low.storage(r)
             low.redirectable.add(r)
-    outs = [low.pieces[r][0] if r in low.pieces else r for r in results]  # a piece: its whole
+    outs, _, _ = _output_places(low, op)  # a piece: its whole(s)
     views = [(r, low.pieces[r][0], low.pieces[r][2]) for r in results if r in low.pieces]
     n = math.prod(_shape(op.results[0]))
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
@@ -285,8 +287,24 @@ def _through_absorbed(low: Lowering, inputs: list[Value]) -> tuple[list[Value], 
     return [low.absorbed[v][0] if v in low.absorbed else v for v in inputs], layouts
 
 
-def _out_layouts(low: Lowering, op: Operation) -> dict[int, InputLayout]:
-    return {k: low.pieces[r][1] for k, r in enumerate(op.results) if r in low.pieces}
+def _output_places(low: Lowering, op: Operation) -> tuple[list[Value], dict[int, InputLayout], list[int]]:
+    """Per output parameter of op's kernel: the value whose env array it writes (a result, or
+    the concat/stack a piece of it is written into), the layouts of those written as pieces,
+    and which result each writes. A result claimed by two concats has two parameters: its
+    kernel stores it twice, once in each."""
+    outs: list[Value] = []
+    layouts: dict[int, InputLayout] = {}
+    repeat: list[int] = []
+    for k, r in enumerate(op.results):
+        places = ([low.pieces[r]] if r in low.pieces else []) + low.extra_places.get(r, [])
+        if not places:
+            outs.append(r)
+            repeat.append(k)
+        for whole, layout, _ in places:
+            layouts[len(outs)] = layout
+            outs.append(whole)
+            repeat.append(k)
+    return outs, layouts, repeat
 
 
 def lower_fused(low: Lowering, op: Operation) -> Run | None:
@@ -297,14 +315,16 @@ def lower_fused(low: Lowering, op: Operation) -> Run | None:
     for k in folded:
         layouts.pop(k, None)  # a folded operand's layout is in its ReductionRead
     reductions = {k: read for k, (_, read) in folded.items()}
-    source = fused_source(op, layouts, _out_layouts(low, op), reductions)
+    _, out_layouts, repeat = _output_places(low, op)
+    source = fused_source(op, layouts, out_layouts, reductions, repeat)
     return _launch(low, op, compile_kernel(low.dev, source), inputs)
 
 
 def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     """An elementwise op outside a fused group: a kernel of one op."""
     inputs, layouts = _through_absorbed(low, list(dict.fromkeys(op.operands)))
-    return _launch(low, op, compile_kernel(low.dev, op_source(op, layouts, _out_layouts(low, op))), inputs)
+    _, out_layouts, repeat = _output_places(low, op)
+    return _launch(low, op, compile_kernel(low.dev, op_source(op, layouts, out_layouts, len(repeat))), inputs)
 
 
 def _read_by_kernels_and_reductions(v: Value) -> bool:
@@ -540,8 +560,13 @@ def claim_pieces(low: Lowering, block: Block) -> None:
         claimed = False
         for v, where, layout in _join_pieces(op):
             maker = v.defining_op
-            if v in low.pieces or maker is None or maker.parent is not block \
-                    or not (maker.name == "fused" or maker.spec.is_elementwise):
+            if maker is None or maker.parent is not block or not (maker.name == "fused" or maker.spec.is_elementwise):
+                continue
+            if v in low.pieces:  # claimed by an earlier concat: stored here too, once per result
+                places = [low.pieces[v], *low.extra_places.get(v, [])]
+                if all(whole is not op.result for whole, _, _ in places):
+                    low.extra_places.setdefault(v, []).append((op.result, layout, where))
+                    claimed = True
                 continue
             if not all(u.name in readers_ok or u.spec.is_elementwise or u.spec.reduction is not None
                        for u in v.users):
@@ -559,8 +584,11 @@ def _join(low: Lowering, op: Operation, new_axis: bool) -> Run | None:
     r = op.result
     low.storage(r)
     low.redirectable.add(r)
-    copied = [(v, where) for v, where, _ in _join_pieces(op)  # all but the occurrence claimed
-              if not (v in low.pieces and low.pieces[v][0] is r and low.pieces[v][2] == where)]
+    def claimed(v: Value, where: tuple) -> bool:
+        places = ([low.pieces[v]] if v in low.pieces else []) + low.extra_places.get(v, [])
+        return any(whole is r and at == where for whole, _, at in places)
+
+    copied = [(v, where) for v, where, _ in _join_pieces(op) if not claimed(v, where)]  # all but those claimed
     if not copied:
         return None
 

@@ -365,7 +365,8 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
 
 def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
                  out_layouts: dict[int, InputLayout] | None = None,
-                 reductions: dict[int, ReductionRead] | None = None) -> KernelSource:
+                 reductions: dict[int, ReductionRead] | None = None, repeat: Sequence[int] | None = None
+                 ) -> KernelSource:
     """The kernel of a `fused` op: its body's ops, its inputs (operand k read through
     layouts[k] where given), the values it yields (result k written through out_layouts[k])."""
     body = op.body
@@ -373,16 +374,17 @@ def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
     assert term is not None
     ops = [inner for inner in body if inner is not term]
     out_shape = tuple(op.results[0].tensor_type.shape) if op.results else ()
-    return generate(body.args, ops, list(term.operands), out_shape, layouts, out_layouts,  # type: ignore[arg-type]
-                    reductions)
+    outputs = list(term.operands) if repeat is None else [term.operands[k] for k in repeat]  # a value stored twice
+    return generate(body.args, ops, outputs, out_shape, layouts, out_layouts, reductions)  # type: ignore[arg-type]
 
 
 def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
-              out_layouts: dict[int, InputLayout] | None = None) -> KernelSource:
+              out_layouts: dict[int, InputLayout] | None = None, stores: int = 1) -> KernelSource:
     """The kernel of an elementwise op outside any fused group (its distinct operand k read
-    through layouts[k] where given, its result through out_layouts[0])."""
+    through layouts[k] where given, its result stored `stores` times, the k-th through
+    out_layouts[k])."""
     inputs = list(dict.fromkeys(op.operands))  # `mul %a, %a` reads one input
-    return generate(inputs, [op], [op.result], tuple(op.result.tensor_type.shape), layouts,  # type: ignore[arg-type]
+    return generate(inputs, [op], [op.result] * stores, tuple(op.result.tensor_type.shape), layouts,  # type: ignore[arg-type]
                     out_layouts)
 
 
