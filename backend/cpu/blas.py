@@ -256,7 +256,7 @@ _choices_lock = threading.Lock()
 def read_times(path: str) -> dict:
     """A JSON file of measured times (this module's and blas_threads.py's), {} if absent, damaged
     or untrusted (cache.read_file: a private regular file, so a FIFO there never blocks)."""
-    from ...cache import read_file
+    from ...support.cache import read_file
 
     data = read_file(path, limit=64 << 20)
     try:
