@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "prepare" ]; then
   mkdir -p .gpu .whl && cp -r ../shared/gpu/. .gpu/
   python3 -m pip download -q --no-deps -d .whl lark interegular filecheck
-  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> "$(git rev-parse --git-path info/exclude)"
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> "$(git rev-parse --git-path info/exclude)"
+  exclude=$(git rev-parse --git-path info/exclude)
+  for d in /.gpu/ /.whl/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"; done
   ls .gpu .whl; exit 0
 fi
 OUT=${OUT:-/tmp/gir-gpu-check}
