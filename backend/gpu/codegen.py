@@ -54,7 +54,15 @@ from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
-from .kernels import ElementwiseKernel, InputLayout, ReductionRead, compile_kernel, fused_source, op_source
+from .kernels import (
+    ElementwiseKernel,
+    InputLayout,
+    KernelPart,
+    ReductionRead,
+    compile_kernel,
+    fused_group_source,
+    op_source,
+)
 from .memory import Memory
 
 Env = dict[Value, Any]
@@ -222,10 +230,14 @@ class Lowering:
         """The steps of block's ops and the values its terminator returns or yields."""
         steps: list[Step] = []
         claim_pieces(self, block)
+        runs = fused_runs(block)
+        merged = {later for run in runs.values() for later in run[1:]}
         for op in block:
             if op.spec.terminator:
                 return steps, list(op.operands)
-            lower = LOWER.get(op.name)
+            if op in merged:
+                continue  # lowered with the first op of its run
+            lower = (lambda low, first: lower_fused_ops(low, runs[first])) if op in runs else LOWER.get(op.name)
             if lower is None:
                 raise GirError(f"the GPU backend cannot compile '{op.name}'", op.loc)
             try:
@@ -257,18 +269,19 @@ def _shape(v: Value) -> tuple[int, ...]:
 # Elementwise: generated kernels
 
 
-def _launch(low: Lowering, op: Operation, kernel: ElementwiseKernel, inputs: list[Value]) -> Run | None:
-    if not op.results:
+def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inputs: list[Value]) -> Run | None:
+    """The step launching kernel for ops (one, or a merged run of one shape)."""
+    results = [r for op in ops for r in op.results]
+    if not results:
         return None
     low.kernels.append(kernel)
-    results = list(op.results)
     for r in results:
         if r not in low.pieces:
             low.storage(r)
             low.redirectable.add(r)
-    outs, _, _ = _output_places(low, op)  # a piece: its whole(s)
+    outs = [v for op in ops for v in _output_places(low, op)[0]]  # a piece: its whole(s)
     views = [(r, low.pieces[r][0], low.pieces[r][2]) for r in results if r in low.pieces]
-    n = math.prod(_shape(op.results[0]))
+    n = math.prod(_shape(results[0]))
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
     arg = low.kernel_arg
 
@@ -307,8 +320,10 @@ def _output_places(low: Lowering, op: Operation) -> tuple[list[Value], dict[int,
     return outs, layouts, repeat
 
 
-def lower_fused(low: Lowering, op: Operation) -> Run | None:
-    """A kernel for the group; a reduction it alone reads (lower_reduce) computed inside."""
+def _kernel_part(low: Lowering, op: Operation) -> tuple[list[Value], KernelPart]:
+    """(what the kernel is launched with for op's operands, how op's part of it reads and
+    writes): absorbed slices and pieces through their layouts, a reduction op alone reads
+    (lower_reduce) computed inside."""
     operands = list(op.operands)
     folded = {k: low.folded[v] for k, v in enumerate(operands) if v in low.folded}
     inputs, layouts = _through_absorbed(low, [folded[k][0] if k in folded else v for k, v in enumerate(operands)])
@@ -316,15 +331,62 @@ def lower_fused(low: Lowering, op: Operation) -> Run | None:
         layouts.pop(k, None)  # a folded operand's layout is in its ReductionRead
     reductions = {k: read for k, (_, read) in folded.items()}
     _, out_layouts, repeat = _output_places(low, op)
-    source = fused_source(op, layouts, out_layouts, reductions, repeat)
-    return _launch(low, op, compile_kernel(low.dev, source), inputs)
+    return inputs, KernelPart(op, layouts, out_layouts, reductions, tuple(repeat))
+
+
+def lower_fused(low: Lowering, op: Operation) -> Run | None:
+    """A kernel for the group."""
+    return lower_fused_ops(low, [op])
+
+
+def lower_fused_ops(low: Lowering, ops: list[Operation]) -> Run | None:
+    """One kernel for a run of fused ops (fused_runs; or one op). A run whose parts take a
+    whole-array reduction (one block) is launched op by op instead: a grid cannot be one block."""
+    parts = [_kernel_part(low, op) for op in ops]
+    if len(ops) > 1 and any(r.whole for _, part in parts for r in part.reductions.values()):
+        runs = [r for r in (_launch(low, [op], compile_kernel(low.dev, fused_group_source([part])), inputs)
+                            for op, (inputs, part) in zip(ops, parts)) if r is not None]
+
+        def each(env: Env) -> None:
+            for one in runs:
+                one(env)
+
+        return each
+    for later in ops[1:]:  # the plan may have put one in place of an earlier op's input, read by
+        for r in later.results:  # other threads of the same launch now: a buffer of its own
+            if r not in low.pieces:
+                low.own_storage(r)
+    inputs = [v for launched, _ in parts for v in launched]
+    source = fused_group_source([part for _, part in parts])
+    return _launch(low, ops, compile_kernel(low.dev, source), inputs)
+
+
+def fused_runs(block: Block) -> dict[Operation, list[Operation]]:
+    """Runs of consecutive `fused` ops of one result shape, none reading a result of an earlier
+    one in the run (the bias-gradient accumulations of a backward step): first op -> the run
+    (two or more), each lowered as one kernel."""
+    runs: dict[Operation, list[Operation]] = {}
+    run: list[Operation] = []
+    for op in block:
+        made = {r for prior in run for r in prior.results}
+        fits = op.name == "fused" and op.results and run and _shape(op.results[0]) == _shape(run[0].results[0]) \
+            and not any(v in made for v in op.operands)
+        if fits:
+            run.append(op)
+            continue
+        if len(run) > 1:
+            runs[run[0]] = run
+        run = [op] if op.name == "fused" and op.results else []
+    if len(run) > 1:
+        runs[run[0]] = run
+    return runs
 
 
 def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     """An elementwise op outside a fused group: a kernel of one op."""
     inputs, layouts = _through_absorbed(low, list(dict.fromkeys(op.operands)))
     _, out_layouts, repeat = _output_places(low, op)
-    return _launch(low, op, compile_kernel(low.dev, op_source(op, layouts, out_layouts, len(repeat))), inputs)
+    return _launch(low, [op], compile_kernel(low.dev, op_source(op, layouts, out_layouts, len(repeat))), inputs)
 
 
 def _read_by_kernels_and_reductions(v: Value) -> bool:

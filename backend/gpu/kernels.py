@@ -363,19 +363,55 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
                         single_block=bool(whole))
 
 
+@dataclass(frozen=True)
+class KernelPart:
+    """One `fused` op of a kernel, and how its operands and results are read and written
+    (each dict keyed by the op's own operand or output-parameter index)."""
+
+    op: Operation
+    layouts: dict[int, InputLayout] = field(default_factory=dict)
+    out_layouts: dict[int, InputLayout] = field(default_factory=dict)
+    reductions: dict[int, ReductionRead] = field(default_factory=dict)
+    repeat: tuple[int, ...] | None = None
+    """Which result each output parameter stores (a result stored twice: a piece of two
+    concats); None: each result once, in order."""
+
+
 def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
                  out_layouts: dict[int, InputLayout] | None = None,
                  reductions: dict[int, ReductionRead] | None = None, repeat: Sequence[int] | None = None
                  ) -> KernelSource:
     """The kernel of a `fused` op: its body's ops, its inputs (operand k read through
     layouts[k] where given), the values it yields (result k written through out_layouts[k])."""
-    body = op.body
-    term = body.terminator
-    assert term is not None
-    ops = [inner for inner in body if inner is not term]
-    out_shape = tuple(op.results[0].tensor_type.shape) if op.results else ()
-    outputs = list(term.operands) if repeat is None else [term.operands[k] for k in repeat]  # a value stored twice
-    return generate(body.args, ops, outputs, out_shape, layouts, out_layouts, reductions)  # type: ignore[arg-type]
+    return fused_group_source([KernelPart(op, layouts or {}, out_layouts or {}, reductions or {},
+                                          None if repeat is None else tuple(repeat))])
+
+
+def fused_group_source(parts: Sequence[KernelPart]) -> KernelSource:
+    """One kernel for several `fused` ops of one shape, none reading another's results (a run
+    codegen merges: one launch instead of several): their bodies one after the other, their
+    inputs and outputs side by side."""
+    args: list[Value] = []
+    ops: list[Operation] = []
+    outputs: list[Value] = []
+    layouts: dict[int, InputLayout] = {}
+    out_layouts: dict[int, InputLayout] = {}
+    reductions: dict[int, ReductionRead] = {}
+    for part in parts:
+        body = part.op.body
+        term = body.terminator
+        assert term is not None
+        base_in, base_out = len(args), len(outputs)
+        args += body.args
+        ops += [inner for inner in body if inner is not term]
+        yielded = list(term.operands)
+        outputs += yielded if part.repeat is None else [yielded[k] for k in part.repeat]  # a value stored twice
+        layouts.update({base_in + k: v for k, v in part.layouts.items()})
+        reductions.update({base_in + k: v for k, v in part.reductions.items()})
+        out_layouts.update({base_out + k: v for k, v in part.out_layouts.items()})
+    first = parts[0].op
+    out_shape = tuple(first.results[0].tensor_type.shape) if first.results else ()
+    return generate(args, ops, outputs, out_shape, layouts, out_layouts, reductions)  # type: ignore[arg-type]
 
 
 def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
