@@ -56,12 +56,14 @@ from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .kernels import (
     ElementwiseKernel,
+    GridTotal,
     InputLayout,
     KernelPart,
     ReductionRead,
     compile_kernel,
     fused_group_source,
     op_source,
+    total_source,
 )
 from .memory import Memory
 
@@ -231,13 +233,16 @@ class Lowering:
         steps: list[Step] = []
         claim_pieces(self, block)
         runs = fused_runs(block)
-        merged = {later for run in runs.values() for later in run[1:]}
+        totals = fused_totals(block, runs)
+        merged = {later for run in runs.values() for later in run[1:]} | {o for pair in totals.values() for o in pair}
         for op in block:
             if op.spec.terminator:
                 return steps, list(op.operands)
             if op in merged:
                 continue  # lowered with the first op of its run
-            lower = (lambda low, first: lower_fused_ops(low, runs[first])) if op in runs else LOWER.get(op.name)
+            lower = ((lambda low, first: lower_fused_ops(low, runs[first])) if op in runs
+                     else (lambda low, first: lower_fused_total(low, first, *totals[first])) if op in totals
+                     else LOWER.get(op.name))
             if lower is None:
                 raise GirError(f"the GPU backend cannot compile '{op.name}'", op.loc)
             try:
@@ -269,8 +274,10 @@ def _shape(v: Value) -> tuple[int, ...]:
 # Elementwise: generated kernels
 
 
-def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inputs: list[Value]) -> Run | None:
-    """The step launching kernel for ops (one, or a merged run of one shape)."""
+def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inputs: list[Value],
+            scratch: tuple[Any, ...] = ()) -> Run | None:
+    """The step launching kernel for ops (one, a merged run of one shape, or a group and its
+    grid total's group), scratch arrays last."""
     results = [r for op in ops for r in op.results]
     if not results:
         return None
@@ -283,6 +290,7 @@ def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inpu
     views = [(r, low.pieces[r][0], low.pieces[r][2]) for r in results if r in low.pieces]
     n = math.prod(_shape(results[0]))
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
+    extra = (*extra, *(low.kernel_arg(a) for a in scratch))
     arg = low.kernel_arg
 
     def run(env: Env) -> None:  # outputs from env: a scan may place them (lower_scan)
@@ -359,6 +367,62 @@ def lower_fused_ops(low: Lowering, ops: list[Operation]) -> Run | None:
     inputs = [v for launched, _ in parts for v in launched]
     source = fused_group_source([part for _, part in parts])
     return _launch(low, ops, compile_kernel(low.dev, source), inputs)
+
+
+def fused_totals(block: Block, runs: dict[Operation, list[Operation]]
+                 ) -> dict[Operation, tuple[Operation, Operation]]:
+    """`fused` ops F followed by a float sum or mean R of one of F's results over all its axes
+    and a one-element `fused` op G that alone reads R (the loss term: `loss + sum(h * h)` after
+    the step's group): F -> (R, G), each lowered as one kernel (lower_fused_total). G's other
+    operands are single elements made before F. Constants between them do not count (they are
+    uploaded when compiling)."""
+    ops = [op for op in block if op.spec.category != "constant"]  # constants: no step, so no order
+    in_runs = {o for run in runs.values() for o in run}
+    found: dict[Operation, tuple[Operation, Operation]] = {}
+    for f, r, g in zip(ops, ops[1:], ops[2:]):
+        red = r.spec.reduction
+        if f.name != "fused" or g.name != "fused" or not f.results or not g.results or f in in_runs \
+                or g in in_runs or red is None or red.combine != "add" or not r.operands \
+                or r.operands[0] not in f.results or r.operands[0].tensor_type.dtype not in ("f32", "f64"):
+            continue
+        x = r.operands[0]
+        axes = tuple(reduction_axes(r.attrs, x.tensor_type.rank))
+        others = [v for v in g.operands if v is not r.result]
+        if sorted(axes) != list(range(x.tensor_type.rank)) or r.result.users != [g] \
+                or list(g.operands).count(r.result) != 1 or math.prod(_shape(g.results[0])) != 1 \
+                or not math.prod(_shape(x)) or any(math.prod(_shape(v)) != 1 or v in f.results for v in others):
+            continue
+        found[f] = (r, g)
+    return found
+
+
+def lower_fused_total(low: Lowering, f: Operation, r: Operation, g: Operation) -> Run | None:
+    """f, the sum r of one of its results and the one-element group g on it, as one kernel
+    (kernels.GridTotal): one launch where there were two. Where f folds a whole-array
+    reduction itself (one block), the three are lowered one by one."""
+    inputs, part = _kernel_part(low, f)
+    if any(read.whole for read in part.reductions.values()) or any(v in low.folded or v in low.absorbed
+                                                                    for v in g.operands):
+        steps = [s for s in (lower_fused(low, f), lower_reduce(low, r), lower_fused(low, g)) if s is not None]
+
+        def each(env: Env) -> None:
+            for one in steps:
+                one(env)
+
+        return each
+    x = r.operands[0]
+    k = list(g.operands).index(r.result)
+    inputs2, part2 = _kernel_part(low, g)
+    inputs2[k] = x  # a parameter the kernel does not read (the total stands for it)
+    term = f.body.terminator
+    assert term is not None
+    reduction = r.spec.reduction
+    assert reduction is not None
+    total = GridTotal(term.operands[list(f.results).index(x)], math.prod(_shape(x)), reduction.divide_by_count,
+                      part2, k)
+    dtype = x.tensor_type.numpy_dtype
+    scratch = (low.memory.constant(np.zeros((1,), dtype)), low.memory.constant(np.zeros((1,), np.int32)))
+    return _launch(low, [f, g], compile_kernel(low.dev, total_source(part, total)), [*inputs, *inputs2], scratch)
 
 
 def fused_runs(block: Block) -> dict[Operation, list[Operation]]:

@@ -326,6 +326,42 @@ def _whole_head(k: int, red: ReductionRead, dtype: str) -> list[str]:
             "    if t == 0:", "        i = 0"]
 
 
+def _part_lines(src: _Source, inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
+                layouts: dict[int, InputLayout], out_layouts: dict[int, InputLayout],
+                reductions: dict[int, ReductionRead], in_base: int = 0, out_base: int = 0,
+                given: dict[int, str] | None = None) -> tuple[list[str], list[str]]:
+    """(reads, writes) of one group of ops in src (its statements go to src.lines): input k
+    is parameter in{in_base + k} (or the expression given[k]: a total computed elsewhere),
+    output k parameter out{out_base + k}."""
+    given = given or {}
+    for k, v in enumerate(inputs):
+        src.names[v] = f"x{in_base + k}"
+    reads: list[str] = []
+    for k, v in enumerate(inputs):
+        name = f"x{in_base + k}"
+        if k in given:
+            reads.append(f"{INDENT}{name} = {given[k]}")
+        elif k in reductions:
+            reads += [INDENT + line for line in _reduction_lines(in_base + k, reductions[k], v.tensor_type.dtype)]
+        else:
+            reads.append(f"{INDENT}{name} = in{in_base + k}[{src.index(v.tensor_type, layouts.get(k))}]")
+    for op in ops:
+        src.op(op)
+    at = [src.strided_index(src.out_shape, out_layouts[k]) if k in out_layouts else "i" for k in range(len(outputs))]
+    writes = [f"{INDENT}out{out_base + k}[{at[k]}] = {src.names[v]}" for k, v in enumerate(outputs)]
+    return reads, writes
+
+
+def _signature(outputs: Sequence[Value], inputs: Sequence[Value], errors: bool) -> tuple[list[str], list[str]]:
+    """(parameter names, numba types): n, the outputs, the inputs, then err and code if errors."""
+    params = ["n"] + [f"out{k}" for k in range(len(outputs))] + [f"in{k}" for k in range(len(inputs))]
+    types = ["int64"] + [NUMBA_TYPES[v.tensor_type.dtype] + "[::1]" for v in [*outputs, *inputs]]
+    if errors:
+        params += ["err", "code"]
+        types += ["int32[::1]", "int64"]
+    return params, types
+
+
 def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
              out_shape: tuple[int, ...], layouts: dict[int, InputLayout] | None = None,
              out_layouts: dict[int, InputLayout] | None = None,
@@ -336,24 +372,9 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
     written through out_layouts[k] (a piece of a concat written in place); input k is
     reductions[k] computed from its buffer where given (at most one whole-array reduction)."""
     src = _Source(out_shape)
-    layouts, out_layouts, reductions = layouts or {}, out_layouts or {}, reductions or {}
-    for k, v in enumerate(inputs):
-        src.names[v] = f"x{k}"
-    reads: list[str] = []
-    for k, v in enumerate(inputs):
-        if k in reductions:
-            reads += [INDENT + line for line in _reduction_lines(k, reductions[k], v.tensor_type.dtype)]
-        else:
-            reads.append(f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type, layouts.get(k))}]")
-    for op in ops:
-        src.op(op)
-    writes = [f"{INDENT}out{k}[{src.strided_index(out_shape, out_layouts[k]) if k in out_layouts else 'i'}] = "
-              f"{src.names[v]}" for k, v in enumerate(outputs)]
-    params = ["n"] + [f"out{k}" for k in range(len(outputs))] + [f"in{k}" for k in range(len(inputs))]
-    types = ["int64"] + [NUMBA_TYPES[v.tensor_type.dtype] + "[::1]" for v in [*outputs, *inputs]]
-    if src.error_sites:
-        params += ["err", "code"]
-        types += ["int32[::1]", "int64"]
+    reductions = reductions or {}
+    reads, writes = _part_lines(src, inputs, ops, outputs, layouts or {}, out_layouts or {}, reductions)
+    params, types = _signature(outputs, inputs, bool(src.error_sites))
     whole = [(k, r) for k, r in reductions.items() if r.whole]
     loop = (_whole_head(whole[0][0], whole[0][1], inputs[whole[0][0]].tensor_type.dtype) if whole
             else ["    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"])
@@ -361,6 +382,69 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
     body = src.coordinate_lines() + reads + src.lines + writes or [INDENT + "pass"]
     return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites,
                         single_block=bool(whole))
+
+
+@dataclass(frozen=True)
+class GridTotal:
+    """A kernel that also sums one of its values over the whole grid and then runs a second,
+    one-element group on the total (codegen's `loss + sum(h * h)` after the step's group):
+    each thread sums its elements, each block its threads (a shared-memory tree), the blocks
+    add theirs into `acc` atomically, and the last block to finish (an atomic count) runs the
+    second group and resets acc and count for the next launch. The order of the blocks'
+    additions varies: the total may differ in its last bits from launch to launch."""
+
+    value: Value
+    """The first group's value summed (a yielded value)."""
+    rows: int
+    mean: bool
+    then: KernelPart
+    """The second group (one element)."""
+    operand: int
+    """The second group's operand that is the total."""
+
+
+def _total_tail(dtype: str, after: list[str]) -> list[str]:
+    """After the grid-stride loop: the block's tree, the atomic sum, the last block's `after`."""
+    return ["    t = cuda.threadIdx.x", "    sm[t] = part", "    cuda.syncthreads()",
+            "    s = cuda.blockDim.x // 2", "    while s > 0:", "        if t < s:",
+            f"            sm[t] = {dtype}(sm[t] + sm[t + s])", "        cuda.syncthreads()", "        s //= 2",
+            "    if t == 0:", "        cuda.atomic.add(acc, 0, sm[0])", "        cuda.threadfence()",
+            "        if cuda.atomic.add(count, 0, 1) == cuda.gridDim.x - 1:",
+            f"            total = cuda.atomic.add(acc, 0, {dtype}(0))",
+            f"            acc[0] = {dtype}(0)", "            count[0] = 0", "            i = 0",
+            *("    " + line for line in after)]
+
+
+def total_source(first: KernelPart, total: GridTotal) -> KernelSource:
+    """One kernel for `first` and a one-element group on the grid-wide sum of one of its values."""
+    body, term = first.op.body, first.op.body.terminator
+    assert term is not None
+    ops = [inner for inner in body if inner is not term]
+    yielded = list(term.operands)
+    outputs = yielded if first.repeat is None else [yielded[k] for k in first.repeat]
+    src = _Source(tuple(first.op.results[0].tensor_type.shape))  # type: ignore[arg-type]
+    reads, writes = _part_lines(src, body.args, ops, outputs, first.layouts, first.out_layouts, first.reductions)
+    dtype = total.value.tensor_type.dtype
+    summed = src.names[total.value]
+    second, term2 = total.then.op.body, total.then.op.body.terminator
+    assert term2 is not None
+    src2 = _Source(tuple(total.then.op.results[0].tensor_type.shape))  # type: ignore[arg-type]
+    src2.error_sites, src2.count = src.error_sites, src.count  # one numbering of sites and names
+    scaled = f"{dtype}(total / {dtype}({total.rows}))" if total.mean else "total"
+    yielded2 = list(term2.operands)
+    outputs2 = yielded2 if total.then.repeat is None else [yielded2[k] for k in total.then.repeat]
+    reads2, writes2 = _part_lines(src2, second.args, [o for o in second if o is not term2], outputs2,
+                                  total.then.layouts, total.then.out_layouts, {}, len(body.args), len(outputs),
+                                  {total.operand: scaled})
+    params, types = _signature([*outputs, *outputs2], [*body.args, *second.args], bool(src.error_sites))
+    params += ["acc", "count"]
+    types += [NUMBA_TYPES[dtype] + "[::1]", "int32[::1]"]
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+            f"    sm = cuda.shared.array({SHARED}, {dtype})", f"    part = {dtype}(0)",
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
+    loop = src.coordinate_lines() + reads + src.lines + writes + [f"{INDENT}part = {dtype}(part + {summed})"]
+    tail = _total_tail(dtype, src2.coordinate_lines() + reads2 + src2.lines + writes2)
+    return KernelSource("\n".join(head + loop + tail) + "\n", f"void({', '.join(types)})", src.error_sites)
 
 
 @dataclass(frozen=True)
