@@ -60,6 +60,7 @@ from .kernels import (
     InputLayout,
     KernelPart,
     ReductionRead,
+    chain_source,
     compile_kernel,
     fused_group_source,
     op_source,
@@ -234,7 +235,10 @@ class Lowering:
         claim_pieces(self, block)
         runs = fused_runs(block)
         totals = fused_totals(block, runs)
-        merged = {later for run in runs.values() for later in run[1:]} | {o for pair in totals.values() for o in pair}
+        taken = {o for run in runs.values() for o in run} | {o for f, pair in totals.items() for o in (f, *pair)}
+        chains = fused_chains(block, taken)
+        merged = {later for run in runs.values() for later in run[1:]} | {o for pair in totals.values() for o in pair} \
+            | {later for chain in chains.values() for later in chain[1:]}
         for op in block:
             if op.spec.terminator:
                 return steps, list(op.operands)
@@ -242,6 +246,7 @@ class Lowering:
                 continue  # lowered with the first op of its run
             lower = ((lambda low, first: lower_fused_ops(low, runs[first])) if op in runs
                      else (lambda low, first: lower_fused_total(low, first, *totals[first])) if op in totals
+                     else (lambda low, first: lower_fused_chain(low, chains[first])) if op in chains
                      else LOWER.get(op.name))
             if lower is None:
                 raise GirError(f"the GPU backend cannot compile '{op.name}'", op.loc)
@@ -423,6 +428,63 @@ def lower_fused_total(low: Lowering, f: Operation, r: Operation, g: Operation) -
     dtype = x.tensor_type.numpy_dtype
     scratch = (low.memory.constant(np.zeros((1,), dtype)), low.memory.constant(np.zeros((1,), np.int32)))
     return _launch(low, [f, g], compile_kernel(low.dev, total_source(part, total)), [*inputs, *inputs2], scratch)
+
+
+def fused_chains(block: Block, taken: set[Operation]) -> dict[Operation, list[Operation]]:
+    """Chains of `fused` ops of one result shape where each later one reads results of earlier
+    ones at the same index (operands of the shape) and otherwise only values made before the
+    first (the groups of a backward step, which the fuse pass leaves apart around reductions):
+    first op -> the chain, lowered as one kernel at the first op's place (lower_fused_chain).
+    Ops in `taken` (runs, totals) stay out."""
+    ops = list(block)
+    position = {op: i for i, op in enumerate(ops)}
+    claimed = set(taken)
+    chains: dict[Operation, list[Operation]] = {}
+    for i, first in enumerate(ops):
+        if first.name != "fused" or not first.results or first in claimed:
+            continue
+        shape = _shape(first.results[0])
+        chain, made = [first], set(first.results)
+        for later in ops[i + 1:]:
+            if later.name != "fused" or not later.results or later in claimed or _shape(later.results[0]) != shape:
+                continue
+            links = [v for v in later.operands if v in made]
+            late = [v for v in later.operands if v not in made and v.defining_op is not None
+                    and position.get(v.defining_op, -1) > i]
+            if links and not late and all(_shape(v) == shape for v in links):
+                chain.append(later)
+                made |= set(later.results)
+        if len(chain) > 1:
+            chains[first] = chain
+            claimed |= set(chain)
+    return chains
+
+
+def lower_fused_chain(low: Lowering, chain: list[Operation]) -> Run | None:
+    """A chain (fused_chains) as one kernel, each later group reading the earlier groups'
+    results from registers (kernels.chain_source). The later groups now run before the ops
+    between them and the first: their results get buffers of their own (the plan may have given
+    their slots to those ops' values). With a whole-array reduction in a part (one block), op
+    by op instead."""
+    for later in chain[1:]:
+        for r in later.results:
+            if r not in low.pieces:
+                low.own_storage(r)
+    parts = [_kernel_part(low, op) for op in chain]
+    if any(read.whole for _, part in parts for read in part.reductions.values()):
+        steps = [s for s in (lower_fused(low, op) for op in chain) if s is not None]
+
+        def each(env: Env) -> None:
+            for one in steps:
+                one(env)
+
+        return each
+    made = {r: (j, y) for j, op in enumerate(chain) for y, r in enumerate(op.results)}
+    links = [{k: made[v] for k, v in enumerate(op.operands) if v in made and made[v][0] < j}
+             for j, op in enumerate(chain)]
+    inputs = [v for launched, _ in parts for v in launched]
+    source = chain_source([part for _, part in parts], links)
+    return _launch(low, chain, compile_kernel(low.dev, source), inputs)
 
 
 def fused_runs(block: Block) -> dict[Operation, list[Operation]]:

@@ -384,6 +384,39 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
                         single_block=bool(whole))
 
 
+def chain_source(parts: Sequence[KernelPart], links: Sequence[dict[int, tuple[int, int]]]) -> KernelSource:
+    """One kernel for `fused` ops of one shape where a later one reads results of earlier ones
+    at the same index (codegen's chains: the groups of a backward step): per thread, each part
+    in turn, a linked operand (links[p][k] = (earlier part, its yielded value)) taken from the
+    earlier part's register rather than from memory."""
+    first = parts[0].op
+    src = _Source(tuple(first.results[0].tensor_type.shape))  # type: ignore[arg-type]
+    body_lines: list[str] = []
+    writes: list[str] = []
+    all_in: list[Value] = []
+    all_out: list[Value] = []
+    yielded_names: list[list[str]] = []
+    for part, link in zip(parts, links):
+        body, term = part.op.body, part.op.body.terminator
+        assert term is not None
+        yielded = list(term.operands)
+        outputs = yielded if part.repeat is None else [yielded[k] for k in part.repeat]
+        given = {k: yielded_names[j][y] for k, (j, y) in link.items()}
+        start = len(src.lines)
+        reads, part_writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, part.layouts,
+                                         part.out_layouts, part.reductions, len(all_in), len(all_out), given)
+        body_lines += reads + src.lines[start:]
+        writes += part_writes
+        yielded_names.append([src.names[v] for v in yielded])
+        all_in += body.args
+        all_out += outputs
+    params, types = _signature(all_out, all_in, bool(src.error_sites))
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
+    return KernelSource("\n".join(head + src.coordinate_lines() + body_lines + writes) + "\n",
+                        f"void({', '.join(types)})", src.error_sites)
+
+
 @dataclass(frozen=True)
 class GridTotal:
     """A kernel that also sums one of its values over the whole grid and then runs a second,
