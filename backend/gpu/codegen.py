@@ -64,6 +64,7 @@ from .kernels import (
     compile_kernel,
     fused_group_source,
     op_source,
+    ranges_source,
     total_source,
 )
 from .memory import Memory
@@ -293,7 +294,7 @@ def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inpu
             low.redirectable.add(r)
     outs = [v for op in ops for v in _output_places(low, op)[0]]  # a piece: its whole(s)
     views = [(r, low.pieces[r][0], low.pieces[r][2]) for r in results if r in low.pieces]
-    n = math.prod(_shape(results[0]))
+    n = max(math.prod(_shape(op.results[0])) for op in ops if op.results)  # a run of shapes: the largest
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
     extra = (*extra, *(low.kernel_arg(a) for a in scratch))
     arg = low.kernel_arg
@@ -370,7 +371,8 @@ def lower_fused_ops(low: Lowering, ops: list[Operation]) -> Run | None:
             if r not in low.pieces:
                 low.own_storage(r)
     inputs = [v for launched, _ in parts for v in launched]
-    source = fused_group_source([part for _, part in parts])
+    same = all(_shape(op.results[0]) == _shape(ops[0].results[0]) for op in ops)
+    source = (fused_group_source if same else ranges_source)([part for _, part in parts])
     return _launch(low, ops, compile_kernel(low.dev, source), inputs)
 
 
@@ -488,15 +490,15 @@ def lower_fused_chain(low: Lowering, chain: list[Operation]) -> Run | None:
 
 
 def fused_runs(block: Block) -> dict[Operation, list[Operation]]:
-    """Runs of consecutive `fused` ops of one result shape, none reading a result of an earlier
-    one in the run (the bias-gradient accumulations of a backward step): first op -> the run
-    (two or more), each lowered as one kernel."""
+    """Runs of consecutive `fused` ops, none reading a result of an earlier one in the run (the
+    bias-gradient accumulations of a backward step, and the `dh` sum before them): first op ->
+    the run (two or more), each lowered as one kernel (over the largest shape, each op on the
+    indices below its size: kernels.ranges_source, where the shapes differ)."""
     runs: dict[Operation, list[Operation]] = {}
     run: list[Operation] = []
     for op in block:
         made = {r for prior in run for r in prior.results}
-        fits = op.name == "fused" and op.results and run and _shape(op.results[0]) == _shape(run[0].results[0]) \
-            and not any(v in made for v in op.operands)
+        fits = op.name == "fused" and op.results and run and not any(v in made for v in op.operands)
         if fits:
             run.append(op)
             continue

@@ -417,6 +417,36 @@ def chain_source(parts: Sequence[KernelPart], links: Sequence[dict[int, tuple[in
                         f"void({', '.join(types)})", src.error_sites)
 
 
+def ranges_source(parts: Sequence[KernelPart]) -> KernelSource:
+    """One kernel for independent `fused` ops of different shapes (codegen's runs: a backward
+    step's `dh` sum and its bias-gradient accumulations): the grid-stride loop runs over the
+    largest, and each part works on the indices below its own size."""
+    error_sites: list[tuple[str, Operation]] = []
+    count = 0
+    lines: list[str] = []
+    all_in: list[Value] = []
+    all_out: list[Value] = []
+    for part in parts:
+        body, term = part.op.body, part.op.body.terminator
+        assert term is not None
+        shape = tuple(part.op.results[0].tensor_type.shape)
+        src = _Source(shape)  # type: ignore[arg-type]
+        src.error_sites, src.count = error_sites, count  # one numbering of sites and names
+        yielded = list(term.operands)
+        outputs = yielded if part.repeat is None else [yielded[k] for k in part.repeat]
+        reads, writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, part.layouts,
+                                    part.out_layouts, part.reductions, len(all_in), len(all_out))
+        count = src.count
+        lines.append(f"{INDENT}if i < {math.prod(shape)}:")  # type: ignore[arg-type]
+        lines += ["    " + line for line in src.coordinate_lines() + reads + src.lines + writes]
+        all_in += body.args
+        all_out += outputs
+    params, types = _signature(all_out, all_in, bool(error_sites))
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
+    return KernelSource("\n".join(head + lines) + "\n", f"void({', '.join(types)})", error_sites)
+
+
 @dataclass(frozen=True)
 class GridTotal:
     """A kernel that also sums one of its values over the whole grid and then runs a second,
