@@ -42,7 +42,7 @@ from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Operation, Value
 from ...ir.types import FLOAT_DTYPES, TensorType
-from .device import Device
+from .device import SIMULATOR_LAUNCHES, Device
 
 INDENT = " " * 8
 """Statements of the body sit inside `def` and the grid-stride `for`."""
@@ -85,10 +85,14 @@ class ElementwiseKernel:
         return self.source.error_sites
 
     def launch(self, dev: Device, n: int, args: Sequence[Any]) -> None:
-        if self.source.single_block:
-            self.kernel[1, min(dev.threads_per_block, SHARED)](n, *args)
-        elif n:
-            self.kernel[dev.launch_shape(n)](n, *args)
+        if not n and not self.source.single_block:
+            return
+        shape = (1, min(dev.threads_per_block, SHARED)) if self.source.single_block else dev.launch_shape(n)
+        if dev.simulated:
+            with SIMULATOR_LAUNCHES:  # the simulator's launches share process state (device.py)
+                self.kernel[shape](n, *args)
+        else:
+            self.kernel[shape](n, *args)
 
 
 # ---------------------------------------------------------------------------------------------
