@@ -543,3 +543,29 @@ def test_a_group_and_the_total_of_its_result_are_one_kernel(dtype: str, reduce: 
     assert any("cuda.atomic.add(acc" in k for k in fn.compiled.kernel_sources)
     first = fn(*args)
     np.testing.assert_allclose(fn(*args)[1], first[1], rtol=1e-6)
+
+
+CHAINED = """\
+func @f(%x: tensor<3x4xf32>, %b: tensor<4xf32>, %acc: tensor<4xf32>, %v: tensor<4xf32>)
+    -> (tensor<3x4xf32>, tensor<3x4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %a = tanh(%x + %b)
+  %s = sum(%a, axes = [0])
+  %c = %a * %x - %b
+  %acc.1 = %acc + %s
+  %v.1 = %v * 0.5
+  return %a, %c, %acc.1, %v.1
+}
+"""
+
+
+@pytest.mark.parametrize("arena", ["1", "0"])
+def test_groups_chained_and_run_over_two_ranges(arena: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels merged by the backend, against the interpreter: a group reading an earlier one's
+    result at the same index, across a reduction between them (one kernel, the later group's
+    register read); independent groups after them, across a constant (one kernel)."""
+    monkeypatch.setenv("GIR_GPU_ARENA", arena)
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(3, 4), (4,), (4,), (4,)]]
+    fn = assert_matches_interpreter(CHAINED, "f", args, pipeline="ssa,canonicalize,fuse")
+    assert fn.stats.kernel_launches == 2, fn.stats  # %a with %c (across the sum), %acc.1 with %v.1
+    assert fn.stats.xp_launches == 0, fn.stats  # the sum is computed by the %acc.1 kernel

@@ -234,10 +234,11 @@ class Lowering:
         """The steps of block's ops and the values its terminator returns or yields."""
         steps: list[Step] = []
         claim_pieces(self, block)
-        runs = fused_runs(block)
-        totals = fused_totals(block, runs)
-        taken = {o for run in runs.values() for o in run} | {o for f, pair in totals.items() for o in (f, *pair)}
+        # Merges, most specific first: totals, chains (across other ops), runs (of the rest).
+        totals = fused_totals(block, {})
+        taken = {o for f, pair in totals.items() for o in (f, *pair)}
         chains = fused_chains(block, taken)
+        runs = fused_runs(block, taken | {o for chain in chains.values() for o in chain})
         merged = {later for run in runs.values() for later in run[1:]} | {o for pair in totals.values() for o in pair} \
             | {later for chain in chains.values() for later in chain[1:]}
         for op in block:
@@ -489,22 +490,28 @@ def lower_fused_chain(low: Lowering, chain: list[Operation]) -> Run | None:
     return _launch(low, chain, compile_kernel(low.dev, source), inputs)
 
 
-def fused_runs(block: Block) -> dict[Operation, list[Operation]]:
+def fused_runs(block: Block, taken: set[Operation]) -> dict[Operation, list[Operation]]:
     """Runs of consecutive `fused` ops, none reading a result of an earlier one in the run (the
     bias-gradient accumulations of a backward step, and the `dh` sum before them): first op ->
     the run (two or more), each lowered as one kernel (over the largest shape, each op on the
-    indices below its size: kernels.ranges_source, where the shapes differ)."""
+    indices below its size: kernels.ranges_source, where the shapes differ). Constants and the
+    ops in `taken` (merged elsewhere) between them are passed over, unless a later op reads
+    what one of those makes."""
     runs: dict[Operation, list[Operation]] = {}
     run: list[Operation] = []
+    passed: set[Value] = set()  # results of the taken ops passed over since the run began
     for op in block:
-        made = {r for prior in run for r in prior.results}
-        fits = op.name == "fused" and op.results and run and not any(v in made for v in op.operands)
-        if fits:
+        if run and (op in taken or op.spec.category == "constant"):
+            passed |= set(op.results)
+            continue
+        made = {r for prior in run for r in prior.results} | passed
+        free = op.name == "fused" and op.results and op not in taken
+        if free and run and not any(v in made for v in op.operands):
             run.append(op)
             continue
         if len(run) > 1:
             runs[run[0]] = run
-        run = [op] if op.name == "fused" and op.results else []
+        run, passed = ([op] if free else []), set()
     if len(run) > 1:
         runs[run[0]] = run
     return runs
