@@ -729,7 +729,7 @@ def lower_broadcast(low: Lowering, op: Operation) -> Run:
 def _join_pieces(op: Operation) -> list[tuple[Value, tuple, InputLayout]]:
     """Per operand of a concat or stack: (it, where it goes in the result, its layout there)."""
     r = op.result
-    new_axis = op.name == "stack"
+    new_axis = LOWER.get(op.name) is lower_stack
     axis = norm_axis(op.attrs["axis"], r.tensor_type.rank)
     element = _strides_of(_shape(r))
     pieces = []
@@ -750,9 +750,8 @@ def claim_pieces(low: Lowering, block: Block) -> None:
     absorbed slice), reductions and other concats or stacks (through a strided view). The
     result then lives out of the arena (from its first piece's kernel on: a span the plan does
     not know), unless a scan places it in a stack row or carry buffer."""
-    readers_ok = ("fused", "concat", "stack")
     for op in block:
-        if op.name not in ("concat", "stack"):
+        if not _joins(op):
             continue
         claimed = False
         for v, where, layout in _join_pieces(op):
@@ -765,7 +764,7 @@ def claim_pieces(low: Lowering, block: Block) -> None:
                     low.extra_places.setdefault(v, []).append((op.result, layout, where))
                     claimed = True
                 continue
-            if not all(u.name in readers_ok or u.spec.is_elementwise or u.spec.reduction is not None
+            if not all(u.name == "fused" or _joins(u) or u.spec.is_elementwise or u.spec.reduction is not None
                        for u in v.users):
                 continue
             low.pieces[v] = (op.result, layout, where)
@@ -773,6 +772,11 @@ def claim_pieces(low: Lowering, block: Block) -> None:
             claimed = True
         if claimed:
             low.own_storage(op.result)
+
+
+def _joins(op: Operation) -> bool:
+    """Whether op puts its operands side by side (its lowering is _join's: concat, stack)."""
+    return LOWER.get(op.name) in (lower_concat, lower_stack)
 
 
 def _join(low: Lowering, op: Operation, new_axis: bool) -> Run | None:
