@@ -133,7 +133,8 @@ class JitFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> tuple:
         """Runs @entry: arguments by position or by parameter name (driver/calling.py); returns its
         results as a named tuple (driver/results.py)."""
-        arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs))
+        device = _gpu_device_arrays() if self.device == "gpu" else (None, None)  # taken as they are
+        arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs, device[0]), device[1])
         compiled = self._compiled.get(self.specialisation_key(arrays), self._compile)
         return self._results(*compiled.run(arrays))  # checked: the backend does not check again
 
@@ -339,3 +340,11 @@ def _entry(module: Module, entry: str | None) -> str:
                                + ", ".join("@" + n for n in module.functions)
                                + did_you_mean(entry, module.functions, prefix="@"), Location(module.filename, 1, 1))
     return entry
+
+
+def _gpu_device_arrays() -> tuple[Any, Any]:
+    """backend/gpu/device's device_view and is_device_array (imported when a gpu function is
+    called: the GPU backend stays unimported for CPU users)."""
+    from ..backend.gpu.device import device_view, is_device_array
+
+    return device_view, is_device_array

@@ -7,7 +7,7 @@ expanded by the autodiff pass first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,18 +23,23 @@ from .verifier import call_cycle_error
 Env = dict[Value, Any]
 
 
-def check_arguments(f: Function, args: Sequence[Any]) -> list[np.ndarray]:
-    """Checks count, dtype and shape of arguments against f's signature; returns arrays."""
+def check_arguments(f: Function, args: Sequence[Any], device_array: Callable[[Any], bool] | None = None
+                    ) -> list[np.ndarray]:
+    """Checks count, dtype and shape of arguments against f's signature; returns arrays (a
+    value device_array accepts, the GPU backend's device arrays, as it is)."""
     if len(args) != len(f.args):
         raise GirArgumentError(f"@{f.name} takes {len(f.args)} argument(s), got {len(args)}", f.loc)
     arrays = []
     for i, (a, param) in enumerate(zip(args, f.args)):
         t = param.tensor_type
         name = "%" + (param.name_hint or str(i))
-        if not isinstance(a, (np.ndarray, np.generic)):
+        if device_array is not None and device_array(a):
+            pass  # checked below by its shape and dtype, never copied to the host
+        elif not isinstance(a, (np.ndarray, np.generic)):
             raise GirArgumentError(f"argument {name} of @{f.name} must be a NumPy array of {t}, "
                                    f"got {type(a).__name__}", f.loc)
-        a = np.asarray(a)
+        else:
+            a = np.asarray(a)
         if not t.matches(a):
             raise GirArgumentError(f"argument {name} of @{f.name} must be {t}, got an array of shape "
                                    f"{a.shape} and dtype {a.dtype}", f.loc)
