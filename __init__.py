@@ -53,7 +53,7 @@ def _lazy_namespace(short: str, target: str) -> types.ModuleType:
 
     def load(name: str) -> object:
         real = importlib.import_module(f".frontend.python.{target}", __name__)
-        module.__dict__.update({n: getattr(real, n) for n in real.__all__})
+        module.__dict__.update({n: vars(real)[n] for n in real.__all__})
         module.__dict__.update(__all__=list(real.__all__), __doc__=real.__doc__)
         if name in module.__dict__:
             return module.__dict__[name]

@@ -63,9 +63,9 @@ def test_arguments_are_checked_once_per_call(device: str, monkeypatch: pytest.Mo
     calls = []
     original = interpreter.check_arguments
 
-    def counted(f: Any, args: Any) -> Any:
+    def counted(f: Any, args: Any, *rest: Any) -> Any:
         calls.append(f.name)
-        return original(f, args)
+        return original(f, args, *rest)
 
     fn = gir.jit(SOURCE, "f", device=device)
     x, w = _args(5)
