@@ -619,8 +619,10 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
         b, tb = np.ascontiguousarray(b.T), not tb
         ldb = b.shape[1]
         path = "openblas"
+    if path in _CALLERS:
+        return _CALLERS[path](dtype, m, n, k, ta, tb, a, b, c)
     if path == "gir-packed":
-        return _packed_caller(dtype, m, n, k, ta, tb, a, b, c)
+        raise RuntimeError("gir-packed is measured through LLVM: import gir.backend.cpu.llvm_jit first")
     pa, pb, pc = (x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c))
     if path == "openblas":
         fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 13))(prov.table[FN_TABLE.index(f"ob_{dtype[0:1]}gemm".replace(
@@ -658,28 +660,12 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
     return lambda: (compute(CBLAS_ROW_MAJOR, t_a, CBLAS_PACKED, m, n, k, pa, lda, pp, ldb, 0.0, pc, n), packed)
 
 
-def _packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
-                   a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], object]:
-    """gemm_caller's `gir-packed`: the weight packed once (not timed), each call run as compiled
-    code runs it: on both threads through OpenBLAS's blas_level1_thread when its pool and
-    setting have two, else on this thread (packed_gemm.py, codegen.py `_Split.dispatch`)."""
-    from . import llvm_jit, packed_gemm, team  # lazily: LLVM
+_CALLERS: dict[str, Callable[..., Callable[[], object]]] = {}
+"""Paths measured through a caller a higher floor provides: `gir-packed` runs gir's own kernel,
+compiled by LLVM (llvm_jit.packed_caller registers it when llvm_jit is imported, which every
+compile does before it schedules: blas.py imports nothing above it)."""
 
-    entry = team.level1_entry()
-    shape = packed_gemm.Shape(dtype, m, n, k, ta, tb)
-    engine, pack, task = llvm_jit.packed_functions(shape, entry[2] if entry is not None else 1)
-    packed = np.zeros(shape.packed_bytes // c.itemsize, c.dtype)
-    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(pack)(
-        b.ctypes.data, packed.ctypes.data, n, k)
-    args = (ctypes.c_int64 * packed_gemm.TASK_ARGS)(c.ctypes.data, a.ctypes.data, packed.ctypes.data)
-    long = ctypes.c_int64
-    blocks = shape.blocks
-    keep = (engine, packed, args, a, c)
-    if entry is None or blocks < 2 or team.cpu_number() < 2:
-        alone = ctypes.CFUNCTYPE(None, long, long, long, ctypes.c_void_p, long, ctypes.c_void_p)(task)
-        return lambda: (alone(blocks, blocks, 0, ctypes.addressof(args), 0, None), keep)
-    both = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, long, long, long, ctypes.c_void_p, ctypes.c_void_p, long,
-                            ctypes.c_void_p, long, ctypes.c_void_p, long, ctypes.c_void_p, ctypes.c_int)(entry[0])
-    alpha = (ctypes.c_double * 4)()
-    call = (entry[1], blocks, blocks, 0, ctypes.addressof(alpha), ctypes.addressof(args), 0, None, 1, None, 0, task, 2)
-    return lambda: (both(*call), keep, alpha)
+
+def register_caller(path: str, make: Callable[..., Callable[[], object]]) -> None:
+    """make(dtype, m, n, k, ta, tb, a, b, c) -> a callable doing c = a @ b through path."""
+    _CALLERS[path] = make
