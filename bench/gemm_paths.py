@@ -1,7 +1,7 @@
 """Which GEMM path the CPU backend picks for each GEMM of bench/rnn.py's training steps.
 
 For every model (rnn, gru, lstm), size (S, M) and thread count, the training step is compiled
-through gir.jit's pipeline and every GEMM site of the compiled function (`_gemm_sites`: shape,
+through gir.jit's pipeline and every GEMM site of the compiled function (`schedule.gemms.sites`: shape,
 transposes, packable, times run per step) is measured through each available path (MKL
 `cblas_sgemm`, MKL packed, OpenBLAS from SciPy; `blas.path_times`, the measurement the backend
 itself makes and caches). Printed: the provider the backend chooses for the function
@@ -35,7 +35,7 @@ os.environ.setdefault("GIR_GEMM_MEASURE", "now")  # path_times measures here, no
 
 import gir  # noqa: E402
 from gir.backend.cpu import blas  # noqa: E402
-from gir.backend.cpu.codegen import _gemm_sites  # noqa: E402
+from gir.backend.cpu.schedule.gemms import sites as _gemm_sites  # noqa: E402
 from gir.passes.pass_manager import PassManager  # noqa: E402
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE  # noqa: E402
 from rnn import MODELS, SIZES, gir_source, make_inputs, param_names  # noqa: E402
