@@ -28,7 +28,7 @@ from .ir.gcpause import gc_paused, skip_final_collection
 from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
-from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode
+from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode, parse_bytes, with_memory_budget
 from .support import timing
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -143,12 +143,19 @@ def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str, input_
 
 
 def opt_pipeline(args: argparse.Namespace) -> str:
-    """-p, else --mode's whole pipeline as device="auto" compiles it (placed), else the default."""
+    """-p, else --mode's whole pipeline as device="auto" compiles it (placed), else the default;
+    with --memory-budget, made to fit it (passes/pipeline.py with_memory_budget)."""
     if args.mode is not None:
         if args.pipeline is not None:
             raise GirArgumentError("give -p or --mode, not both")
-        return get_mode(args.mode).pipeline("auto")
-    return args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE
+        return budgeted(args, get_mode(args.mode).pipeline("auto"))
+    return budgeted(args, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+
+
+def budgeted(args: argparse.Namespace, pipeline: str) -> str:
+    """pipeline with --memory-budget's checkpointing, when the flag is given."""
+    budget = parse_bytes(getattr(args, "memory_budget", None))
+    return with_memory_budget(pipeline, budget) if budget is not None else pipeline
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
@@ -168,16 +175,18 @@ def _opt(args: argparse.Namespace) -> int:
         sys.stderr.write(_cpu_schedules(module, report.analyses))
     if args.memplan_report or args.memplan_plot:
         from .analysis.memory.plan import MemoryPlan
-        from .driver.reporting import memplan_reports, plot_plans
+        from .driver.reporting import checkpoint_report, memplan_reports, peaks_before_checkpointing, plot_plans
+        from .transforms.checkpoint import checkpoint_decisions
         from .transforms.memplan import plan_module
 
         # The pipeline's plans when it ended with `memplan{...}` (its options), else default plans.
         plans = report.analyses.all(MemoryPlan) or plan_module(module)
         if args.memplan_report:
+            sys.stderr.write(checkpoint_report(checkpoint_decisions(report.records)))
             sys.stderr.write(memplan_reports(plans))
         if args.memplan_plot:
             try:
-                plot_plans(plans, args.memplan_plot)
+                plot_plans(plans, args.memplan_plot, peaks_before_checkpointing(checkpoint_decisions(report.records)))
             except OSError as e:
                 raise cannot_write(args.memplan_plot, e) from None
     with timing.phase("print IR (output)"):
@@ -233,7 +242,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
         module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
-        run_pipeline(args, module, args.pipeline if args.pipeline is not None else mode.front)
+        run_pipeline(args, module, budgeted(args, args.pipeline if args.pipeline is not None else mode.front))
     if inputs is None:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
     if args.verbose and args.device == "cpu":
@@ -301,7 +310,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
         return None
     from .driver.jit import jit
 
-    front = args.pipeline if args.pipeline is not None else mode.front
+    front = budgeted(args, args.pipeline if args.pipeline is not None else mode.front)
     fn = jit(args.file, args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
     if args.inputs is None and not all(t.is_static for t in fn.signature.arg_types):
         return None  # --random needs --shape: the pass manager's path says which
@@ -378,6 +387,13 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
                    help="where a failing pass writes its reproducer (default: the dump dir or the temp dir)")
 
 
+def add_budget_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", metavar="BYTES",
+                   help="bytes the planned peak should fit (e.g. 256MB, 1GB, or an integer): backward scans whose "
+                        "residuals do not fit are checkpointed, recomputing the forward steps segment by segment "
+                        "(the checkpoint pass; docs/memplan.md)")
+
+
 def add_shape_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shape", action="append", metavar="NAME=DIMS",
                    help="the shape of parameter NAME, e.g. xs=50x32x256 (fixes its `?` dims; a `?` written here "
@@ -410,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="after the passes, print where the place pass put each op and why, and the transfers, "
                           "to stderr")
     add_pipeline_flags(opt)
+    add_budget_flag(opt)
     add_mode_flag(opt, "run the mode's whole pipeline, placed as --device auto compiles it, instead of the "
                        "default pipeline; not with -p")
     opt.set_defaults(func=cmd_opt)
@@ -436,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mode_flag(run, "the passes before the backend's and the backend's own (with --device auto, the place "
                        "policy)")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
+    add_budget_flag(run)
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compile", help="compile a function for the CPU and write LLVM IR, assembly or an object")
     comp.add_argument("file", help="a .gir file, or - for standard input")
