@@ -433,11 +433,20 @@ def test_gemm_caller_openblas_copy_equals_numpy(tb: bool) -> None:
 
 def test_one_candidate_is_chosen_without_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a single candidate path (no MKL, not in a loop) nothing is measured or queued."""
+    from gir.backend.cpu import snapshot
+    from gir.backend.cpu.schedule import plan
+    from gir.config import current
+
     monkeypatch.setattr(blas, "_candidates", lambda packable: ["openblas"])
-    monkeypatch.setattr(blas, "times_or_model", lambda params: pytest.fail("measured a shape with one path"))
+    monkeypatch.setattr(blas, "path_times", lambda *params: pytest.fail("measured a shape with one path"))
+    monkeypatch.setattr(blas, "measure_later", lambda params: pytest.fail("queued a shape with one path"))
     monkeypatch.delenv("GIR_GEMM_PATH", raising=False)
-    assert blas.choose_path("f32", 3, 4, 5, False, False, False) == "openblas"
     monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
+    f = gir.parse("func @f(%a: tensor<3x5xf32>, %b: tensor<5x4xf32>) -> tensor<3x4xf32> {\n"
+                  "  return %a @ %b\n}\n").functions["f"]
+    measured, missing = snapshot.take(f, current())
+    schedule = plan(f, None, measured, current())
+    assert not missing and [g.path for g in schedule.gemms] == ["openblas"] and not schedule.provisional
     assert blas.is_measured([("f32", 3, 4, 5, False, False, False)])
 
 

@@ -500,50 +500,13 @@ def _stop_measuring() -> None:
         worker.join(1.0)
 
 
-def times_or_model(params: tuple) -> tuple[dict[str, float], bool]:
-    """(times, measured): the measured times of a shape, or the model's (and the shape queued)."""
-    times = path_times(*params)
-    if times is not None:
-        return times, True
-    measure_later(params)
-    return model_times(*params), False
-
-
 FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas", "openblas-copy", "gir-packed")}
 """A compiled function calls one provider only: MKL's and OpenBLAS's thread pools, both
 spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/performance.md)."""
 
 
-def choose_family(sites: list[tuple[tuple, int]]) -> str:
-    """The provider whose best paths make the function's GEMMs fastest; sites are
-    ((dtype, m, n, k, ta, tb, packable), times run per call)."""
-    forced = current().gemm_path
-    if forced:
-        return "openblas" if forced in FAMILIES["openblas"] else "mkl"
-    if not providers().has_mkl:
-        return "openblas"
-    totals = {family: 0.0 for family in FAMILIES}
-    for params, count in sites:
-        times, _ = times_or_model(params)
-        for family, paths in FAMILIES.items():
-            totals[family] += count * min(times[p] for p in paths if p in times)
-    return min(totals, key=totals.__getitem__)
-
-
-def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool,
-                family: str | None = None, exclude: tuple[str, ...] = ()) -> str:
-    """One of PATHS for this GEMM (within `family` if given, never one of `exclude`): the
-    fastest measured path (the model's guess while it is not measured). GIR_GEMM_PATH forces
-    one (where it applies)."""
-    forced = current().gemm_path
-    candidates = _candidates(packable)
-    if forced in candidates:
-        return forced  # type: ignore[return-value]
-    if len(candidates) == 1:
-        return candidates[0]  # nothing to choose: nothing to measure
-    times, _ = times_or_model((dtype, m, n, k, ta, tb, packable))
-    allowed = [p for p in times if (family is None or p in FAMILIES[family]) and p not in exclude]
-    return min(allowed or [p for p in times if p not in exclude], key=times.__getitem__)
+# Choosing the family and each GEMM's path from these times is the schedule step's
+# (schedule/gemms.py), on a snapshot of them (snapshot.py).
 
 
 def is_measured(sites: list[tuple]) -> bool:
