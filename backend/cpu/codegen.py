@@ -15,7 +15,9 @@ the memory plan of memplan can replace this layout). Views need none: `reshape`,
 registers. A `transpose` read only by matmuls is folded into the GEMM's transpose flag.
 
 Lowering is a dispatch table from op kind to one function per op family; every error names
-the op and its source location.
+the op and its source location. It decides nothing: the BLAS family, each GEMM's path, the
+packed weights, the split loops and the two-core windows come from the CpuSchedule
+(schedule/), so the module is a pure function of (Function, MemoryPlan, CpuSchedule).
 """
 
 from __future__ import annotations
