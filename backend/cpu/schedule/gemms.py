@@ -122,7 +122,8 @@ def choose_family(found: list[tuple[GemmParams, int]], measured: Measurements, o
         times, was = _times(params, measured)
         all_measured &= was
         for family, paths in FAMILIES.items():
-            totals[family] += count * min(times[p] for p in paths if p in times)
+            # a family none of whose paths is available here never wins
+            totals[family] += count * min((times[p] for p in paths if p in times), default=math.inf)
     best = min(totals, key=totals.__getitem__)
     return best, ("measured" if all_measured else "model") + f": {1e3 * totals[best]:.3f} ms per call"
 
