@@ -35,7 +35,7 @@ def take(function: Function, options: Options) -> tuple[Measurements, list[GemmP
     """(the snapshot, the GEMM shapes asked for that have no measured times)."""
     shapes = needed_shapes(function)
     scans = any(op.name == "scan" for op in function.body)
-    if not shapes and not scans:  # nothing to decide: start no BLAS
+    if not shapes and not scans:  # nothing to decide: start no BLAS (MKL's first call costs ~8 ms)
         return Measurements(False, {False: ("openblas",), True: ("openblas",)}, 1), []
     candidates = {False: tuple(blas._candidates(False)), True: tuple(blas._candidates(True))}
     has_mkl = blas.providers().has_mkl

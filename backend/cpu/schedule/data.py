@@ -155,7 +155,8 @@ class CpuSchedule:
             lines.append(f"  gemm {g.op_id} at {g.where or '?'} {dtype} m={m} n={n} k={k} ta={int(ta)} tb={int(tb)} "
                          f"packable={int(packable)}: {g.path}{quick}{extra} ({g.reason})")
         split = self.notes.get("split")
-        lines.append(f"  split: {split}" if isinstance(split, str) else "  split: by loop")
+        lines.append(f"  split: {split}" if isinstance(split, str)
+                     else "  split: by loop" if self.split else "  split: no candidate loop")
         for s in self.split:
             lines.append(f"  split {s.op_id} elements={s.elements}: {'yes' if s.used else 'no'}")
         overlap = self.notes.get("overlap")

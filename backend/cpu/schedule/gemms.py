@@ -112,10 +112,10 @@ def choose_family(found: list[tuple[GemmParams, int]], measured: Measurements, o
     forced = options.gemm_path
     if forced:
         return ("openblas" if forced in FAMILIES["openblas"] else "mkl"), f"GIR_GEMM_PATH={forced}"
+    if not found:  # nothing to choose: the family blas.choose_family gave (all totals 0)
+        return ("mkl" if measured.has_mkl else "openblas"), "no GEMM with static shapes"
     if not measured.has_mkl:
         return "openblas", "MKL is not available"
-    if not found:
-        return min(FAMILIES, key=lambda f: 0.0), "no GEMM"
     totals = {family: 0.0 for family in FAMILIES}
     all_measured = True
     for params, count in found:
