@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -311,7 +312,7 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
     from .driver.jit import jit
 
     front = budgeted(args, args.pipeline if args.pipeline is not None else mode.front)
-    fn = jit(args.file, args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
+    fn = jit(Path(args.file), args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
     if args.inputs is None and not all(t.is_static for t in fn.signature.arg_types):
         return None  # --random needs --shape: the pass manager's path says which
     return fn
@@ -380,9 +381,9 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump-dir", metavar="DIR", help="write 00-input.gir, 01-<pass>.gir, ... into DIR")
     p.add_argument("--timing", action="store_true", help="print time per pass and per rewrite pattern")
     p.add_argument("--stats-json", metavar="OUT.json", help="write timing, pattern counts and op counts as JSON")
-    p.add_argument("--check-numerics", nargs="?", const=0, type=int, metavar="SEED",
-                   help="run the interpreter before and after every pass on seeded inputs; stop at the first "
-                        "pass that changes a result")
+    p.add_argument(_SEED_FLAG, nargs="?", const=0, type=int, metavar="SEED",
+                   help="run the interpreter before and after every pass on seeded inputs (--check-numerics=SEED; "
+                        "seed 0 when not given); stop at the first pass that changes a result")
     p.add_argument("--reproducer-dir", metavar="DIR",
                    help="where a failing pass writes its reproducer (default: the dump dir or the temp dir)")
 
@@ -469,9 +470,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_SEED_FLAG = "--check-numerics"
+
+
+def seed_only_after_equals(argv: Sequence[str]) -> list[str]:
+    """`--check-numerics[=SEED]` takes its seed only after `=`: a bare flag becomes
+    `--check-numerics=0`, so the word after it is never read as its seed (`gir opt
+    --check-numerics model.gir` took model.gir for the seed: argparse's optional value, nargs='?',
+    consumes the next word). The flag's abbreviations (`--check`) are rewritten too."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + list(argv[i:])
+        bare = len(arg) >= len("--ch") and "=" not in arg and _SEED_FLAG.startswith(arg)
+        out.append(f"{_SEED_FLAG}=0" if bare else arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(seed_only_after_equals(sys.argv[1:] if argv is None else argv))
     try:
         if getattr(args, "timing", False):  # one tree: parse, passes, verify, print, backend, LLVM, cache
             with timing.collect(f"gir {args.command}") as root:

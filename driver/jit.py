@@ -358,13 +358,13 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
         entry = _entry(module, entry)
         return JitFunction(module, entry, device, full, cache_key=compile_cache.module_key(module, entry, device, full))
-    if isinstance(source_or_module, os.PathLike):  # a pathlib.Path is a path, as gir.load takes it
-        source_or_module = os.fspath(source_or_module)
-    if not isinstance(source_or_module, str):
+    if isinstance(source_or_module, os.PathLike):  # a pathlib.Path is a path, whatever its characters
+        path = os.fspath(source_or_module)
+        text, filename = read_source(path), path
+    elif not isinstance(source_or_module, str):
         kind = type(source_or_module).__name__
         raise GirArgumentError(f"gir.jit takes a Module, gir source, a .gir path or a Python function, not {kind}")
-    if "\n" not in source_or_module and "{" not in source_or_module \
-            and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
+    elif names_a_file(source_or_module):
         text, filename = read_source(source_or_module), source_or_module
     else:
         text, filename = source_or_module, "<jit>"
@@ -380,6 +380,13 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if key:
         compile_cache.store_signature(key, module.functions[entry])
     return JitFunction(module, entry, device, full, cache_key=key)
+
+
+def names_a_file(text: str) -> bool:
+    """A str given as a program is a path when it is one line that ends with `.gir` (no program
+    text ends so: its last token is `}`) or names an existing file; `{` or a blank in a path
+    does not make it source text. A caller that knows passes a pathlib.Path (the CLI does)."""
+    return "\n" not in text and (text.endswith(".gir") or os.path.isfile(text))
 
 
 def usable_device(device: str) -> str:
