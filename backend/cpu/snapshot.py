@@ -14,6 +14,7 @@ from ...config import Options
 from ...ir.core import Function
 from . import blas, blas_threads, team
 from .schedule import CpuSchedule, GemmParams, Measurements, needed_shapes, plan
+from .schedule.gemms import sites
 
 _THREAD_KEY = re.compile(r"^(\w+) m=(\d+) n=(\d+) k=(\d+) ta=([01]) tb=([01]) threads=(\d+) (t[01])$")
 
@@ -58,13 +59,23 @@ def take(function: Function, options: Options) -> tuple[Measurements, list[GemmP
         pack_bytes), missing
 
 
+def _consulted(function: Function, result: CpuSchedule, measured: Measurements, options: Options) -> set[GemmParams]:
+    """The shapes whose times the step used (blas.choose_family's and choose_path's asks): the
+    family's sites unless a path is forced or MKL is missing, and every call site's. The chunks
+    of a window left unused are in the snapshot but not consulted: they are not measured."""
+    used = {g.params for g in result.gemms}
+    if not options.gemm_path and measured.has_mkl:
+        used |= {p for p, _ in sites(function)}
+    return used
+
+
 def schedule(function: Function, memory: MemoryPlan | None, options: Options) -> CpuSchedule:
     """The CpuSchedule of function now, the measurements it lacked queued (or, with
     GIR_GEMM_MEASURE=now, measured and the step run again with them)."""
     for _ in range(4):  # =now: each round measures what the last decision asked for
         measured, missing = take(function, options)
         result = plan(function, memory, measured, options)
-        for p in missing:
+        for p in _consulted(function, result, measured, options) & set(missing):
             blas.measure_later(p)  # only in the background mode
         lacking = [p for p in result.thread_shapes if p not in measured.thread_times]
         for p in result.thread_shapes:
