@@ -218,6 +218,33 @@ def test_import_cycles_only_shrink() -> None:
     assert found == KNOWN_CYCLES, f"cycles changed (update KNOWN_CYCLES to what is left): {found}"
 
 
+CPU_LAYERS = {
+    "runtime": 4,
+    "llvm_jit": 3, "code": 3,
+    "codegen": 2, "gather": 2, "llvm_types": 2, "snapshot": 2,
+    "schedule": 1,
+}
+"""backend/cpu, one way (docs/backend.md, "The schedule"): runtime -> llvm -> lower -> schedule ->
+blas (every module not named here: BLAS, its measurements and probes, the IR analyses of the
+split and two-core schedules, packed_gemm's kernel, the layout). A module imports only its own
+layer or those below it, inside functions too."""
+
+
+def _cpu_layer(module: str) -> int:
+    parts = module.split(".")
+    return CPU_LAYERS.get(parts[2] if len(parts) > 2 else "", 0)
+
+
+def test_the_cpu_backend_imports_one_way() -> None:
+    found = []
+    for path in _files(["backend/cpu"]):
+        module = _module_name(path)
+        for target in _imports(path, types=False):
+            if target.startswith("backend.cpu.") and _cpu_layer(target) > _cpu_layer(module):
+                found.append(f"{module} imports {target}")
+    assert not found, "backend/cpu imports upward:\n" + "\n".join(found)
+
+
 def test_no_environment_read_outside_config() -> None:
     """Every gir switch is a field of config.Options; other programs' variables gir reads (BLAS
     threads, Numba's simulator) are read by functions in config.py too."""
