@@ -184,6 +184,8 @@ def _opt(args: argparse.Namespace) -> int:
         from .analysis.placement import placement_reports
 
         sys.stderr.write(placement_reports(report.analyses))
+    if args.cpu_schedule:
+        sys.stderr.write(_cpu_schedules(module, report.analyses))
     if args.memplan_report or args.memplan_plot:
         from .analysis.memory.plan import MemoryPlan
         from .driver.reporting import checkpoint_report, memplan_reports, peaks_before_checkpointing, plot_plans
@@ -211,6 +213,23 @@ def _opt(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _cpu_schedules(module: Module, analyses: Any) -> str:
+    """`--cpu-schedule`: the CPU backend's schedule of each function of the module as the pipeline
+    left it (its memory plan where the pipeline made one), from this machine's measurements
+    now; nothing is measured or queued (GIR_GEMM_MEASURE=now measures what is missing)."""
+    from .analysis.memory.plan import MemoryPlan
+    from .backend.cpu import snapshot
+    from .backend.cpu.schedule import plan
+    from .config import current
+
+    plans = {p.function: p for p in analyses.all(MemoryPlan)}
+    out = []
+    for f in module.functions.values():
+        measured, _ = snapshot.take(f, current())
+        out.append(plan(f, plans.get(f), measured, current()).format())
+    return "".join(out)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -405,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("file", help="a .gir file, or - for standard input")
     opt.add_argument("-o", "--output", help="write the IR here instead of stdout")
     opt.add_argument("--print-locations", action="store_true", help="print loc(...) on every op")
+    opt.add_argument("--cpu-schedule", action="store_true",
+                     help="print the CPU backend's schedule of each function (BLAS family, GEMM paths, packed weights, "
+                          "split loops, two-core windows, with reasons; docs/backend.md) to stderr")
     opt.add_argument("--memplan-report", action="store_true",
                      help="after the passes, print each function's memory plan, a row per value, to stderr")
     opt.add_argument("--memplan-plot", metavar="FILE.png",

@@ -84,6 +84,12 @@ def _load() -> dict[str, float]:
     return _times
 
 
+def measured_times() -> dict[str, float]:
+    """A copy of the times file in use now (for the schedule's snapshot, snapshot.py)."""
+    with _lock:
+        return dict(_load())
+
+
 class NotMeasured(Exception):
     """A GEMM's thread times are not measured yet; `params` are seconds()'s arguments (the
     measurement is queued in the background unless GIR_GEMM_MEASURE=off)."""

@@ -15,7 +15,9 @@ the memory plan of memplan can replace this layout). Views need none: `reshape`,
 registers. A `transpose` read only by matmuls is folded into the GEMM's transpose flag.
 
 Lowering is a dispatch table from op kind to one function per op family; every error names
-the op and its source location.
+the op and its source location. It decides nothing: the BLAS family, each GEMM's path, the
+packed weights, the split loops and the two-core windows come from the CpuSchedule
+(schedule/), so the module is a pure function of (Function, MemoryPlan, CpuSchedule).
 """
 
 from __future__ import annotations
@@ -30,76 +32,28 @@ from llvmlite import ir
 
 from ...analysis.memory.plan import MemoryPlan
 from ...analysis.memory.planner import plan_memory
-from ...config import current
 from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Function, Operation, Value
 from ...ir.interpreter import empty_reduction
-from ...ir.loops import LoopView, as_loop
+from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
-from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
+from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm
 from .layout import GemmSite, Layout
-
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
-PTR = ir.PointerType()
-LLVM_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "i32": I32, "i64": I64, "i1": I1}
-MEM_TYPES = {**LLVM_TYPES, "i1": I8}  # NumPy stores bools as bytes
-ALIGN = 64
-
-
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
+from .llvm_types import ALIGN, I1, I8, I32, I64, LLVM_TYPES, MEM_TYPES, PTR, _static, _strides
+from .schedule import CpuSchedule, op_ids
+from .schedule.gemms import gemm_operand as _gemm_operand
+from .schedule.gemms import is_gemm as _is_gemm
+from .schedule.gemms import packable as _packable
 
 
-def _static(t: TensorType, op: Operation) -> tuple[int, ...]:
-    if not t.is_static:
-        raise GirError(f"the CPU backend needs static shapes; '{op.name}' has {t} (gir.jit specialises `?` dims "
-                       "on the arguments' shapes)", op.loc)
-    return tuple(d for d in t.shape if d is not None)
-
-
-def _is_gemm(op: Operation) -> bool:
-    """op runs as a BLAS GEMM (`OpSpec.gemm_dtypes`)."""
-    return bool(op.spec.gemm_dtypes) and op.result.tensor_type.dtype in op.spec.gemm_dtypes
-
-
-def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
-    """Every float GEMM of the function as lower_matmul will call it, with how many times it
-    runs per call (the trip counts of its enclosing loops)."""
-    sites = []
-    for op in function.walk():
-        if not _is_gemm(op):
-            continue
-        ta_t, tb_t, out = op.operands[0].tensor_type, op.operands[1].tensor_type, op.result.tensor_type
-        if not (ta_t.is_static and tb_t.is_static):
-            continue
-        _, ta = _gemm_operand(op.operands[0])
-        _, tb = _gemm_operand(op.operands[1])
-        count, parent = 1, op.parent_op
-        while parent is not None:
-            loop = as_loop(parent)
-            if loop is not None:
-                count *= loop.trip_count or 1
-            parent = parent.parent_op
-        if tb_t.rank == 2:
-            m = math.prod(out.shape[:-1])  # type: ignore[arg-type]
-        else:
-            m = out.shape[-2]  # type: ignore[assignment]
-            count *= math.prod(out.shape[:-2])  # type: ignore[arg-type]
-        sites.append(((out.dtype, m, tb_t.shape[-1], ta_t.shape[-1], ta, tb, _packable(op)), count))
-    return sites
-
-
-def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | None:
+def _memory_plan(function: Function, plan: MemoryPlan | None, schedule: CpuSchedule) -> MemoryPlan | None:
     """The plan to lay the arena out by: the pipeline's (`memplan` pass), else memplan's default
-    plan of function; None when GIR_CPU_ARENA=0 or the function cannot be planned."""
-    if not current().cpu_arena:
+    plan of function; None when the schedule says no arena plan (GIR_CPU_ARENA=0) or the
+    function cannot be planned."""
+    if not schedule.arena_plan:
         return None
     if plan is None or plan.function is not function:
         plan = plan_memory(function)
@@ -107,12 +61,17 @@ def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | No
 
 
 class Lowering:
-    def __init__(self, function: Function, plan: MemoryPlan | None = None, quick: bool = False):
+    def __init__(self, function: Function, plan: MemoryPlan | None, schedule: CpuSchedule, quick: bool = False):
         self.function = function
+        self.schedule = schedule
+        """Every decision this lowering follows (schedule/): it decides nothing itself."""
+        self.ids = op_ids(function)
+        """op -> its id in the schedule."""
         self.quick = quick
-        """Lowered for the quick tier (tiers.py): no `gir-packed` GEMMs, whose kernels cost the
-        quick compile ~40 ms and pay only in long runs; the -O3 code is lowered again with them
-        (llvm_jit.compile_code), where `schedule["quick_tier"]` says so."""
+        """Lowered for the quick tier (tiers.py): each GEMM on its `quick_path` (no `gir-packed`
+        GEMMs, whose kernels cost the quick compile ~40 ms and pay only in long runs); the -O3
+        code is lowered again with them (llvm_jit.compile_code), where `schedule["quick_tier"]`
+        says so."""
         self.module = ir.Module(name=f"gir.{function.name}")
         fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR])
         self.fn = ir.Function(self.module, fnty, name="gir_main")
@@ -123,20 +82,20 @@ class Lowering:
         self.ptr: dict[Value, ir.Value] = {}
         self.root: dict[Value, Value] = {}
         """A view -> the value whose storage it lives in."""
-        self.layout = Layout()
+        self.layout = Layout(schedule=_notes(schedule), provisional=[list(p) for p in schedule.provisional])
+        if quick and schedule.quick_differs:
+            self.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
         self.pack_slots: dict[Operation, ir.Value] = {}
         self.loop_paths: dict[Operation, str] = {}
+        """A GEMM with a loop-invariant weight -> its path in this code, once the scan that
+        prepares its weight (the outermost it is invariant in) has done so."""
         self.shared_packs: dict[tuple, ir.Value] = {}
         """(path, weight, dtype, m, n, k, ta, tb) -> the pinned pack made for it: GEMMs on the
         same weight share it (the pack is made before the outermost loop it is invariant in,
         which comes before every later use in program order)."""
-        """A GEMM with a loop-invariant weight -> the path chosen when its scan packed (or
-        copied) the weight: a background measurement finishing in between must not change it."""
-        sites = _gemm_sites(function)
-        self.layout.provisional += [list(p) for p, _ in sites if not blas.is_measured([p])]
-        self.gemm_family = blas.choose_family(sites)
+        self.gemm_family = schedule.family
         """One BLAS provider for the whole function (blas.FAMILIES)."""
-        self.plan = _memory_plan(function, plan)
+        self.plan = _memory_plan(function, plan, schedule)
         """memplan's plan: values share arena memory when their lifetimes do not overlap."""
         if self.plan is not None:
             self.layout.arena_bytes = self.plan.arena_bytes
@@ -146,15 +105,11 @@ class Lowering:
         """A value with storage of its own -> its byte offset in the arena."""
         self.stack_rows: dict[Value, ir.Value] = {}
         """A value stacked by the scan step being lowered -> its row of the stack (written in place)."""
-        self.layout.schedule["stack_copies_avoided"] = 0
-        self.layout.schedule["stack_copies"] = 0
         self.rows: tuple[ir.Value, ir.Value] | None = None
         """While a split loop's task is emitted: the range of the outer loop dimension it covers."""
-        self.team = _Split(self, team.plan(function, self.gemm_family if sites else None, self.layout.schedule))
+        self.team = _Split(self, {op for op, i in self.ids.items() if i in schedule.split_ids})
         """The split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
-        if self.team.split:  # it measured faster than the two-core schedule where both applied
-            self.layout.schedule["overlap"] = "off: the split schedule (team.py) uses the second core"
-        windows = [] if self.team.split else overlap.plan(function, self.gemm_family, self.layout.schedule)
+        windows = [w for w in overlap.find_windows(function) if self.ids[w.scan] in schedule.window_ids]
         self.worker = _Worker(self, windows)
         """Or the second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         n_args = len(function.args)
@@ -164,6 +119,16 @@ class Lowering:
         for i, arg in enumerate(function.args):
             self.ptr[arg] = self._load_ptr(self.buffers, i)
         self.out_ptrs = [self._load_ptr(self.buffers, n_args + i) for i in range(n_outs)]
+
+    def scalar(self, op: Operation, dtype: str, reassociate: bool = False) -> Scalar:
+        """Where one element of op is computed in dtype (gather.py builds its sums with it)."""
+        return Scalar(self, op, dtype, reassociate)
+
+    def path(self, site: str) -> str:
+        """The GEMM path of a call site (an op's id, or `<id>#<chunk>`) in this tier's code."""
+        choice = self.schedule.gemm(site)
+        assert choice is not None, f"the schedule has no GEMM {site}"
+        return choice.path_for(self.quick)
 
     # -- helpers ----------------------------------------------------------------------------
     def _load_ptr(self, base: ir.Value, index: int) -> ir.Value:
@@ -293,6 +258,12 @@ class Lowering:
             except (ValueError, TypeError, KeyError, AssertionError) as e:
                 raise GirError(f"the CPU backend failed on '{op.name}': {type(e).__name__}: {e}", op.loc) from e
         return []
+
+
+def _notes(schedule: CpuSchedule) -> dict[str, object]:
+    """Layout.schedule (`fn.stats.schedule`) as the schedule starts it: its reasons, then what
+    the lowering counts."""
+    return {**dict(schedule.notes), "stack_copies_avoided": 0, "stack_copies": 0}
 
 
 @contextmanager
@@ -651,26 +622,6 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
 # Matmul through BLAS
 
 
-def _gemm_operand(v: Value) -> tuple[Value, bool]:
-    """A 2-D transpose read only by GEMMs (`reads_transposed`: the transpose is a view, by the
-    same rule memplan follows) is folded into the GEMM's transpose flag."""
-    d = v.defining_op
-    if d is not None and d.name == "transpose" and view_source(d) is not None:
-        return d.operands[0], True
-    return v, False
-
-
-def _packable(op: Operation) -> bool:
-    """Inside a loop body, with a loop-invariant 2-D right operand: pack it once per loop."""
-    parent = op.parent_op
-    if parent is None or not parent.spec.loop:
-        return False
-    w = op.operands[1]
-    owner = w.defining_op
-    inside = owner is not None and parent.is_ancestor_of(owner)
-    return not inside and w.defining_block is not parent.body and w.tensor_type.rank == 2
-
-
 def lower_matmul(low: Lowering, op: Operation) -> None:
     a_val, b_val = op.operands
     ta_t, tb_t = a_val.tensor_type, b_val.tensor_type
@@ -744,13 +695,10 @@ def call_external(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
                pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool, beta: float = 0.0,
-               counter: int = 0) -> None:
-    """C = A B (+ C when beta is 1) through the chosen path; counts the call in counters[counter]."""
-    if not blas.is_measured([(dtype, m, n, k, ta, tb, packable)]):  # asked first: it may be measured meanwhile
-        low.layout.provisional.append([dtype, m, n, k, ta, tb, packable])
-    path = low.loop_paths.get(op) if packable else None
-    if path is None:
-        path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
+               counter: int = 0, site: str | None = None) -> None:
+    """C = A B (+ C when beta is 1) through the path the schedule chose for the call site (op's
+    id, or site: a worker's chunk); counts the call in counters[counter]."""
+    path = low.path(site if site is not None else low.ids[op])
     low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
@@ -784,7 +732,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
         ldb = k if tb else n
     # OpenBLAS, Fortran ABI, column-major: C^T = B^T A^T, every argument by reference; its
     # integers are 64-bit in NumPy's ILP64 build (blas.openblas()).
-    fint = ir.IntType(blas.openblas_int_bits())
+    fint = ir.IntType(low.schedule.openblas_int_bits)
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
         cells = [low.b.alloca(I8), low.b.alloca(I8)] + [low.b.alloca(fint) for _ in range(6)] + \
@@ -814,11 +762,10 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         dtype = op.result.tensor_type.dtype
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
-        path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family)  # type: ignore[arg-type]
-        if path == "gir-packed" and low.quick and current().gemm_path != path:
-            path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family, exclude=(path,))  # type: ignore[arg-type]
-            low.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
-        low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)
+        choice = low.schedule.gemm(low.ids[op])
+        assert choice is not None and choice.loop_weight, f"the schedule has no loop weight for {op.loc}"
+        path = choice.path_for(low.quick)
+        low.loop_paths[op] = path
         if path not in ("mkl-packed", "gir-packed", "openblas-copy"):
             continue
         key = (path, b_src, dtype, m, n, k, ta, tb)
@@ -827,7 +774,7 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
             low.pack_slots[op] = shared
             continue
         if path == "mkl-packed":
-            low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
+            low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src], choice.pack_bytes)  # type: ignore[arg-type]
         elif path == "gir-packed":
             low.pack_slots[op] = _gir_pack(low, packed_gemm.Shape(dtype, m, n, k, ta, tb), low.ptr[b_src])  # type: ignore[arg-type]
         else:
@@ -856,8 +803,8 @@ def _defined_outside(v: Value, scan: Operation) -> bool:
     return block_owner is None or not scan.is_ancestor_of(block_owner)
 
 
-def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: ir.Value) -> ir.Value:
-    dest = low.alloc_pinned(blas.pack_size(dtype, m, n, k))
+def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: ir.Value, nbytes: int) -> ir.Value:
+    dest = low.alloc_pinned(nbytes)
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
     sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR])
@@ -885,22 +832,22 @@ def _gir_packed_gemm(low: Lowering, op: Operation, shape: packed_gemm.Shape, pa:
     across OpenBLAS's pool (`_Split.dispatch`)."""
     packed = low.pack_slots.get(op)
     assert packed is not None, "the enclosing scan packs this weight before its loop"
-    task = packed_gemm.emit_task(low.module, shape, _level1_unit())
+    task = packed_gemm.emit_task(low.module, shape, _level1_unit(low))
     low.team.dispatch(task, shape.blocks, [pc, pa, packed])
     threads = ("the calling thread (one row block)" if shape.blocks < 2
                else "the calling thread (OpenBLAS's blas_level1_thread is not usable here)"
-               if team.level1_entry() is None
+               if low.schedule.level1 is None
                else "both, through blas_level1_thread, while OpenBLAS is set to two or more threads at run time")
     low.layout.schedule.setdefault("packed_gemm", []).append(
         {"gemm": f"{op.loc}", "shape": f"{shape.m}x{shape.k} @ {shape.k}x{shape.n}", "row_blocks": shape.blocks,
          "threads": threads})
 
 
-def _level1_unit() -> int:
+def _level1_unit(low: Lowering) -> int:
     """The bytes OpenBLAS advances a level-1 routine's `b` by per row (1 where its entry is not
     used: the task then runs all rows from 0)."""
-    entry = team.level1_entry()
-    return entry[2] if entry is not None else 1
+    entry = low.schedule.level1
+    return entry[1] if entry is not None else 1
 
 
 def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Value) -> ir.Value:
@@ -909,7 +856,7 @@ def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Val
     matrix with leading dimension cols). Counted as a pack call."""
     fty = LLVM_TYPES[dtype]
     dest = low.alloc_pinned(rows * cols * (4 if dtype == "f32" else 8))
-    fint = ir.IntType(blas.openblas_int_bits())
+    fint = ir.IntType(low.schedule.openblas_int_bits)
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
         order, trans, c_rows, c_cols, lda, ldb, alpha = [low.b.alloca(I8), low.b.alloca(I8)] + \
@@ -1007,9 +954,9 @@ class _Worker:
         self.tasks.sort(key=lambda task: task[0])
         self.last = {d.op: max(i for i, task in enumerate(self.tasks) if task[1] is d) for d in self.deferred.values()}
         self.saved: ir.Value | None = None
-        self.whole = bool(self.tasks) and overlap.whole_call_one_thread(low.layout.schedule)
+        self.whole = bool(self.tasks) and low.schedule.main_one_thread
         """This thread's BLAS on one thread for the whole call, not only during the windows, when
-        overlap.plan measured that faster (or GIR_CPU_OVERLAP=whole)."""
+        the schedule measured that faster (or GIR_CPU_OVERLAP=whole)."""
 
     def _one_thread(self) -> None:
         b = self.low.b
@@ -1121,7 +1068,8 @@ class _Worker:
             pa = self._pointer(d.a, c.k0 * d.m * item)
             pb = self._pointer(d.b, c.k0 * d.n * item)
             pc = self._pointer(overlap.Address(d.op.result, 0), 0)
-            _emit_gemm(low, d.op, "f32", d.m, d.n, c.k1 - c.k0, True, False, pa, pb, pc, False, c.beta, self.GEMMS)
+            _emit_gemm(low, d.op, "f32", d.m, d.n, c.k1 - c.k0, True, False, pa, pb, pc, False, c.beta, self.GEMMS,
+                       f"{low.ids[d.op]}#{d.chunks.index(c)}")
             # lda/ldb of a chunk are the whole operands' (m, n): the chunk is a block of rows
             b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, index + 1), "release")
         b.ret_void()
@@ -1149,10 +1097,10 @@ class _Split:
         for r in op.results:
             low.slot(r, op)
         values = [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results] + [low.counters, low.fns]
-        entry = team.level1_entry()
-        assert entry is not None, "team.plan splits loops only where the probe found the entry"
+        entry = low.schedule.level1
+        assert entry is not None, "the schedule splits loops only where the probe found the entry"
         rows = int(op.results[0].tensor_type.shape[0])  # type: ignore[arg-type]
-        self.dispatch(self._outline(op, len(values), entry[2]), rows, values)
+        self.dispatch(self._outline(op, len(values), entry[1]), rows, values)
 
     def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value]) -> None:
         """Runs `task` (OpenBLAS's level-1 routine signature) over `rows` rows, its `args` the
@@ -1165,7 +1113,7 @@ class _Split:
         for i, p in enumerate(values):
             b.store(b.ptrtoint(p, I64), b.gep(words, [ir.Constant(I64, i)]))
         args = b.bitcast(words, PTR)
-        entry = team.level1_entry()
+        entry = low.schedule.level1
         null, zero, count = ir.Constant(PTR, None), ir.Constant(I64, 0), ir.Constant(I64, rows)
         if entry is None or rows < 2:
             b.call(task, [count, count, zero, args, zero, null])
@@ -1177,7 +1125,7 @@ class _Split:
         sig = ir.FunctionType(I32, [I32, I64, I64, I64, PTR, PTR, I64, PTR, I64, PTR, I64, PTR, I32])
         with b.if_else(b.icmp_signed(">=", self._blas_threads(), ir.Constant(I32, 2))) as (both, alone):
             with both:
-                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), count, count, zero,
+                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[0]), count, count, zero,
                                                              self.alpha, args, zero, null, ir.Constant(I64, 1),
                                                              null, zero, task, ir.Constant(I32, 2)])
             with alone:  # OpenBLAS set to one thread now: the whole loop here
@@ -1309,10 +1257,11 @@ LOWER = _lowerings()
 """Op kind -> lowering function."""
 
 
-def lower_function(function: Function, plan: MemoryPlan | None = None, quick: bool = False) -> tuple[ir.Module, Layout]:
-    """function as an LLVM module and the layout the runtime needs; quick: for the quick tier
-    (`Lowering.quick`)."""
-    low = Lowering(function, plan, quick)
+def lower_function(function: Function, plan: MemoryPlan | None, schedule: CpuSchedule,
+                   quick: bool = False) -> tuple[ir.Module, Layout]:
+    """function as an LLVM module and the layout the runtime needs, following schedule (a pure
+    function of the three); quick: for the quick tier (`Lowering.quick`)."""
+    low = Lowering(function, plan, schedule, quick)
     body = function.body
     low.worker.begin()
     returned = low.block(body)

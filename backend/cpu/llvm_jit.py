@@ -14,13 +14,15 @@ from llvmlite.binding.ffi import ObjectRef
 from llvmlite.binding.newpassmanagers import NewPassManager
 
 from ...analysis.memory.plan import MemoryPlan
+from ...config import current
 from ...ir.core import Function
 from ...support import cache as disk
 from ...support import timing
-from . import tiers
+from . import blas, snapshot, tiers
+from .code import Code, CompileInfo, cache_key, has_worker, host, opt_level, target_key
 from .codegen import lower_function
 from .layout import Layout
-from .runtime import Code, CompileInfo, cache_key, has_worker, opt_level, target_key
+from .schedule import CpuSchedule
 
 
 def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
@@ -31,14 +33,6 @@ def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=cpu, features=features, opt=opt_level() if opt is None else opt,
                                         reloc="pic", codemodel="jitdefault")
-
-
-@cache
-def host() -> tuple[str, str]:
-    """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
 @cache
@@ -120,13 +114,16 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         if code is not None and not best:
             root = disk.cache_root()
             switches = target_key()
-            make = lambda: _final_code(*_lowered(function, plan, switches), key, root)  # noqa: E731
+            # a schedule of its own, from the measurements of when it runs
+            make = lambda: _final_code(*_lowered(function, plan, switches, None), key, root)  # noqa: E731
             code.final = tiers.FinalCompile(make, key, what="code with the measured GEMM paths")
             return code
     t0 = time.perf_counter()
     tiered = tiers.enabled() if tiered is None else tiered
+    with timing.phase("backend: schedule"):
+        schedule = snapshot.schedule(function, plan, current())
     with timing.phase("backend: lower to LLVM IR"):
-        module, layout = lower_function(function, plan, quick=tiered)
+        module, layout = lower_function(function, plan, schedule, quick=tiered)
         llvm_ir = str(module)
     lower = time.perf_counter() - t0
     if not tiered:
@@ -139,26 +136,30 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
     # with one lock, so loading it while the background holds that lock would wait for -O3
     root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
-    if "quick_tier" in layout.schedule:  # the -O3 code takes gir-packed where the quick code did not
+    if schedule.quick_differs:  # the -O3 code takes gir-packed where the quick code did not
         switches = target_key()  # the environment `key` was made in: the job lowers under it or not at all
-        job = lambda: _final_code(*_lowered(function, plan, switches), key, root)  # noqa: E731
+        job = lambda: _final_code(*_lowered(function, plan, switches, schedule), key, root)  # noqa: E731
     else:
         job = lambda: _final_code(llvm_ir, layout, key, root)  # noqa: E731
     code.final = tiers.FinalCompile(job, key if root else None)
     return code
 
 
-def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple) -> tuple[str, Layout]:
+def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple,
+             schedule: CpuSchedule | None) -> tuple[str, Layout]:
     """function lowered for the -O3 tier (on the background thread: the IR is not changed once
-    compiled, and what lowering reads of BLAS measurements is under their locks). Lowering
-    reads the GIR_* switches of target_key (GIR_PACKED_GEMM, GIR_CPU_OVERLAP, ...) when the job
-    runs: if one changed since the quick compile (the job may wait behind others), code lowered
-    now would go into the caches under the key of another environment, so none is made (the
-    quick code keeps running; CPUFunction.final_error says why)."""
+    compiled), by the quick code's schedule, or (None: code whose GEMM paths were measured
+    since) a new one from the measurements of now. The schedule step reads the GIR_* switches
+    of target_key (GIR_PACKED_GEMM, GIR_CPU_OVERLAP, ...) and the cache key was made under them:
+    if one changed since the quick compile (the job may wait behind others), code lowered now
+    would go into the caches under the key of another environment, so none is made (the quick
+    code keeps running; CPUFunction.final_error says why)."""
     if target_key() != switches:
         raise RuntimeError("a switch of the cache key (GIR_*, BLAS threads) changed between the quick compile and "
                            "its -O3 job: the final code is not lowered under another environment")
-    module, layout = lower_function(function, plan)
+    if schedule is None:
+        schedule = snapshot.schedule(function, plan, current())
+    module, layout = lower_function(function, plan, schedule)
     return str(module), layout
 
 
@@ -225,6 +226,41 @@ def assembly(code: Code) -> str:
     """The host assembly of code's optimised LLVM IR (as costly as compiling it)."""
     opt = tiers.QUICK_CODEGEN if code.info.tier == "quick" else code.info.opt_level
     return _target_machine(opt).emit_assembly(llvm.parse_assembly(code.optimized_ir))
+
+
+def packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
+                  a: Any, b: Any, c: Any) -> Any:
+    """blas.gemm_caller's `gir-packed` (registered with blas below: blas.py is the floor under
+    this one and imports no LLVM): the weight packed once (not timed), each call run as compiled
+    code runs it: on both threads through OpenBLAS's blas_level1_thread when its pool and
+    setting have two, else on this thread (packed_gemm.py, codegen.py `_Split.dispatch`)."""
+    import ctypes
+
+    import numpy as np
+
+    from . import packed_gemm, team
+
+    entry = team.level1_entry()
+    shape = packed_gemm.Shape(dtype, m, n, k, ta, tb)
+    engine, pack, task = packed_functions(shape, entry[2] if entry is not None else 1)
+    packed = np.zeros(shape.packed_bytes // c.itemsize, c.dtype)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(pack)(
+        b.ctypes.data, packed.ctypes.data, n, k)
+    args = (ctypes.c_int64 * packed_gemm.TASK_ARGS)(c.ctypes.data, a.ctypes.data, packed.ctypes.data)
+    long = ctypes.c_int64
+    blocks = shape.blocks
+    keep = (engine, packed, args, a, c)
+    if entry is None or blocks < 2 or team.cpu_number() < 2:
+        alone = ctypes.CFUNCTYPE(None, long, long, long, ctypes.c_void_p, long, ctypes.c_void_p)(task)
+        return lambda: (alone(blocks, blocks, 0, ctypes.addressof(args), 0, None), keep)
+    both = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, long, long, long, ctypes.c_void_p, ctypes.c_void_p, long,
+                            ctypes.c_void_p, long, ctypes.c_void_p, long, ctypes.c_void_p, ctypes.c_int)(entry[0])
+    alpha = (ctypes.c_double * 4)()
+    call = (entry[1], blocks, blocks, 0, ctypes.addressof(alpha), ctypes.addressof(args), 0, None, 1, None, 0, task, 2)
+    return lambda: (both(*call), keep, alpha)
+
+
+blas.register_caller("gir-packed", packed_caller)
 
 
 def packed_functions(shape: Any, unit: int) -> tuple[Any, int, int]:

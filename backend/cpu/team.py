@@ -24,7 +24,7 @@ import math
 from functools import cache
 
 from ...config import current
-from ...ir.core import Function, Operation
+from ...ir.core import Operation
 from ...ir.types import FLOAT_DTYPES
 
 MIN_ELEMENTS = 1024
@@ -147,38 +147,3 @@ def splittable(op: Operation) -> bool:
 
 def elements(op: Operation) -> int:
     return math.prod(int(d) for d in op.results[0].tensor_type.shape)  # type: ignore[arg-type]
-
-
-def plan(function: Function, family: str | None, schedule: dict[str, object]) -> set[Operation]:
-    """The loops in scan bodies to split (family: the function's GEMM provider, None without
-    GEMMs); the decision and its reasons in schedule["split"].
-    Asked before the two-core schedule (overlap.py): where both apply, the split measured
-    faster (gru-S 1.045x, gru-M 1.03x, rnn-S even; bench/rnn_split.py, docs/performance-rnn.md),
-    unless GIR_CPU_OVERLAP asks for that schedule."""
-    from . import blas, overlap  # lazily: they load BLAS
-
-    scans = [op for op in function.body if op.name == "scan"]
-    if not scans:
-        return set()
-    chosen = mode()
-    why = ("GIR_CPU_SPLIT=0" if chosen == "0"
-           else f"GIR_CPU_OVERLAP={overlap.mode()} asks for the two-core schedule" if overlap.mode() in ("1", "whole")
-           else "the function's GEMMs run on MKL (its threads would spin beside OpenBLAS's)" if family == "mkl"
-           else f"BLAS runs on {blas.threads()} thread" if blas.threads() < 2
-           else "OpenBLAS's blas_level1_thread is not usable here (not exported, or a pool of one thread)"
-           if level1_entry() is None
-           else None)
-    if why is not None:
-        schedule["split"] = "off: " + why
-        return set()
-    out: set[Operation] = set()
-    notes = []
-    for scan in scans:
-        loops = [op for op in scan.body if splittable(op)]
-        large = [op for op in loops if chosen == "1" or elements(op) >= MIN_ELEMENTS]
-        out.update(large)
-        notes.append({"scan": str(scan.loc), "used": bool(large), "split_loops": len(large),
-                      "loops": [f"{op.loc} {op.name} {elements(op)}" for op in large],
-                      "why": "GIR_CPU_SPLIT=1" if chosen == "1" else f"loops of at least {MIN_ELEMENTS} elements"})
-    schedule["split"] = notes
-    return out
