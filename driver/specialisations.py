@@ -45,3 +45,7 @@ class Specialisations(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._found)
+
+    def values(self) -> list[V]:
+        """Every specialisation made so far, in the order they were made."""
+        return list(self._found.values())
