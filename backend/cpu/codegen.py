@@ -950,9 +950,20 @@ class _Worker:
     wake the worker), the steps done after every step, the waits at the deferred GEMMs; and the
     `gir_worker` function, which runs the chunks. counters[4] (its low 32 bits) is the futex
     word that wakes the worker, counters[5] the steps done, counters[6] the chunks done,
-    counters[7] the worker's GEMM calls."""
+    counters[7] the chunks' GEMM calls, counters[8] the chunks the calling thread ran,
+    counters[9] the next chunk to claim.
 
-    FUTEX, PROGRESS, DONE, GEMMS = 4, 5, 6, 7
+    Degrading gracefully (issue 28): a chunk runs on whichever thread claims it first, by a
+    compare-and-swap of counters[9] from its index to the next, in index order, and each chunk
+    starts once the one before it is done (`gir_chunk`: chunks of one GEMM accumulate into one
+    C in order). At a deferred GEMM the calling thread claims every chunk up to that GEMM's last
+    that the worker has not, runs them itself, and then waits only for the chunk the worker is
+    running, if any: when the second core is busy and the worker has not even started, the step
+    costs about what the one-thread step does, instead of waiting for a time slice of that core.
+    A worker that starts after `gir_main` returned finds every chunk claimed and touches nothing
+    but the counters (the runtime joins it before the next call sets them to zero)."""
+
+    FUTEX, PROGRESS, DONE, GEMMS, MAIN, NEXT = 4, 5, 6, 7, 8, 9
 
     def __init__(self, low: Lowering, windows: list[overlap.Window]):
         self.low = low
@@ -972,6 +983,11 @@ class _Worker:
         self.whole = bool(self.tasks) and overlap.whole_call_one_thread(low.layout.schedule)
         """This thread's BLAS on one thread for the whole call, not only during the windows, when
         overlap.plan measured that faster (or GIR_CPU_OVERLAP=whole)."""
+        self.chunk: ir.Function | None = None
+        """`void gir_chunk(buffers, counters, fns, i64 index)`: runs one claimed chunk (emit)."""
+        if self.tasks:
+            self.chunk = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, I64]), name="gir_chunk")
+            self.chunk.linkage = "internal"
 
     def _one_thread(self) -> None:
         b = self.low.b
@@ -1038,8 +1054,30 @@ class _Worker:
             done = self.low.b.add(i, ir.Constant(I64, self.base[scan] + 1))
             self.low.b.atomic_rmw("xchg", self._word(self.PROGRESS), done, "release")
 
+    def _claim_and_run(self, limit: int, counted: int | None) -> None:
+        """Claims the next chunks (compare-and-swap of counters[NEXT]) while their index is
+        below limit, running each here; counts them in counters[counted] (None: not counted)."""
+        b, fn = self.low.b, self.low.fn
+        labels = ("claim", "claim.try", "claim.run", "claim.done")
+        head, claim, run, done = (fn.append_basic_block(label) for label in labels)
+        b.branch(head)
+        b.position_at_end(head)
+        index = b.load_atomic(self._word(self.NEXT), "acquire", 8, typ=I64)
+        b.cbranch(b.icmp_signed("<", index, ir.Constant(I64, limit)), claim, done)
+        b.position_at_end(claim)
+        swapped = b.cmpxchg(self._word(self.NEXT), index, b.add(index, ir.Constant(I64, 1)), "acq_rel", "acquire")
+        b.cbranch(b.extract_value(swapped, 1), run, head)
+        b.position_at_end(run)
+        if counted is not None:
+            b.atomic_rmw("add", self._word(counted), ir.Constant(I64, 1), "monotonic")
+        b.call(self.chunk, [self.low.buffers, self.low.counters, self.low.fns, index])
+        b.branch(head)
+        b.position_at_end(done)
+
     def wait_for(self, op: Operation) -> None:
-        """At a deferred GEMM: wait for all its chunks; after a window's last one, restore BLAS threads."""
+        """At a deferred GEMM: run here the chunks up to its last that the worker has not
+        claimed, then wait for the one it runs; after a window's last one, restore BLAS threads."""
+        self._claim_and_run(self.last[op] + 1, self.MAIN)
         self._spin_until(self.DONE, self.last[op] + 1)
         window = next(w for w in self.windows.values() if any(d.op is op for d in w.deferred))
         if window.deferred[-1].op is op and not self.whole:
@@ -1056,16 +1094,16 @@ class _Worker:
         return low.b.gep(base, [ir.Constant(I64, a.offset + extra)], source_etype=I8)
 
     def emit(self) -> None:
-        """`void gir_worker(ptr buffers, ptr counters, ptr fns)`: wait to be woken, then each chunk in order."""
+        """`gir_chunk` (one chunk by index) and `void gir_worker(ptr buffers, ptr counters, ptr
+        fns)`: wait to be woken, then claim and run chunks until none is left."""
         if not self.tasks:
             return
+        self._emit_chunk()
         low = self.low
-        fn = ir.Function(low.module, low.fn.function_type, name="gir_worker")
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR]), name="gir_worker")
         low.fn, low.entry = fn, fn.append_basic_block("entry")
         low.b = ir.IRBuilder(low.entry)
         low.buffers, low.counters, low.fns = fn.args
-        n = len(low.function.args) + len(low.function.result_types)
-        low.arena = low._load_ptr(low.buffers, n)
         b = low.b
         head, sleep, awake = (fn.append_basic_block(label) for label in ("woken", "sleep", "awake"))
         b.branch(head)
@@ -1076,16 +1114,43 @@ class _Worker:
         self._futex(0 | 128, 0)  # FUTEX_WAIT_PRIVATE while the word is 0
         b.branch(head)
         b.position_at_end(awake)
-        self._set_threads(ir.Constant(I32, 1))
-        for index, (trigger, d, c) in enumerate(self.tasks):
+        # BLAS to one thread only once a chunk is claimed: a late worker that claims none must
+        # not change the setting (OpenBLAS's "local" setter is process-wide, blas_threads.py)
+        first = b.load_atomic(self._word(self.NEXT), "acquire", 8, typ=I64)
+        with b.if_then(b.icmp_signed("<", first, ir.Constant(I64, len(self.tasks)))):
+            self._set_threads(ir.Constant(I32, 1))
+        self._claim_and_run(len(self.tasks), None)
+        b.ret_void()
+
+    def _emit_chunk(self) -> None:
+        """`gir_chunk(buffers, counters, fns, index)`: waits until the chunk's steps are done and
+        the chunk before it is done, runs its GEMM, and publishes it done."""
+        low = self.low
+        fn = self.chunk
+        assert fn is not None
+        low.fn, low.entry = fn, fn.append_basic_block("entry")
+        low.b = ir.IRBuilder(low.entry)
+        low.buffers, low.counters, low.fns, index = fn.args
+        n = len(low.function.args) + len(low.function.result_types)
+        low.arena = low._load_ptr(low.buffers, n)
+        b = low.b
+        end = fn.append_basic_block("end")
+        switch = b.switch(index, end)
+        for i, (trigger, d, c) in enumerate(self.tasks):
+            block = fn.append_basic_block(f"chunk{i}")
+            switch.add_case(ir.Constant(I64, i), block)
+            b.position_at_end(block)
             self._spin_until(self.PROGRESS, trigger)
+            self._spin_until(self.DONE, i)
             item = d.op.result.tensor_type.numpy_dtype.itemsize
             pa = self._pointer(d.a, c.k0 * d.m * item)
             pb = self._pointer(d.b, c.k0 * d.n * item)
             pc = self._pointer(overlap.Address(d.op.result, 0), 0)
             _emit_gemm(low, d.op, "f32", d.m, d.n, c.k1 - c.k0, True, False, pa, pb, pc, False, c.beta, self.GEMMS)
             # lda/ldb of a chunk are the whole operands' (m, n): the chunk is a block of rows
-            b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, index + 1), "release")
+            b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, i + 1), "release")
+            b.branch(end)
+        b.position_at_end(end)
         b.ret_void()
 
 

@@ -36,7 +36,7 @@ from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...support import timing
 from ...support.cache import build_fingerprint, digest
-from . import blas, externals, native, team, tiers
+from . import blas, externals, native, quiet_timing, team, tiers
 from .layout import Layout
 
 
@@ -65,6 +65,29 @@ class Stats:
     schedule: dict[str, object] = field(default_factory=dict)
     """How the compiled code lays out its work (Layout.schedule): stacked values written in
     place or copied, and the two-core schedule with the reasons for it."""
+    quiet_seconds: float = 0.0
+    """The fastest call of this code in this process so far: its quiet time."""
+    slower_because: list[str] = field(default_factory=list)
+    """When this call took more than SLOW_FACTOR times the quiet time: what competed with it
+    (quiet_timing.competitors: background work of this process, other processes, the switches
+    the call suffered); empty otherwise."""
+    background: list[str] = field(default_factory=list)
+    """Background work of this process pending or running after the call (GEMM measurements,
+    better code being compiled), as `gir run -v` says it."""
+    worker_chunks: int = 0
+    """Two-core schedule: chunks of the deferred GEMMs the worker thread ran (the calling thread
+    ran the others: those the worker had not claimed when it needed them, codegen._Worker)."""
+
+    def slow_note(self) -> str:
+        """One line on a slow call ('' when it was not slow)."""
+        if not self.slower_because:
+            return ""
+        return (f"this call took {self.seconds * 1e3:.2f} ms against {self.quiet_seconds * 1e3:.2f} ms quiet; "
+                "competing: " + "; ".join(self.slower_because))
+
+
+SLOW_FACTOR = 2.0
+"""A call slower than this many times its code's quiet time gets `Stats.slower_because`."""
 
 
 @dataclass
@@ -201,6 +224,8 @@ class CPUFunction:
         self._fns_ptr = ctypes.cast(externals.table(), ctypes.c_void_p)
         self._local = threading.local()
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
+        self._quiet: dict[int, float] = {}
+        """Fastest call seconds per code (id of its CompileInfo: the quick and the final code differ)."""
         self._last_stats: Stats | None = None
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self.compile_seconds["load"] = time.perf_counter() - clock
@@ -323,17 +348,19 @@ class CPUFunction:
         outs = [np.empty(t.shape, t.numpy_dtype) for t in f.result_types]  # type: ignore[arg-type]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        ws.join_worker()  # a late worker of this thread's last call (it claims nothing more)
         counters = ws.counters
         counters[:] = 0
-        start = time.perf_counter()
-        worker = None
-        if entry.worker is not None:  # ctypes releases the GIL: the two run at once
-            worker = threading.Thread(target=entry.worker, args=(buffers, ws.counters_ptr, self._fns_ptr))
-            worker.start()
-        entry.native(buffers, ws.counters_ptr, self._fns_ptr)
-        if worker is not None:
-            worker.join()
-        seconds = time.perf_counter() - start
+        switches = quiet_timing.thread_switches()
+        with quiet_timing.running_call():
+            start = time.perf_counter()
+            if entry.worker is not None:  # ctypes releases the GIL: the two run at once
+                ws.start_worker(entry.worker, buffers, self._fns_ptr)
+            entry.native(buffers, ws.counters_ptr, self._fns_ptr)
+            seconds = time.perf_counter() - start
+        # gir_main returns once every chunk is done, by whichever thread: a worker that has not
+        # run yet finds them all claimed, and is joined before the workspace is used again
+        switches = quiet_timing.thread_switches() - switches
         if counters[2]:
             message, loc = layout.errors[int(counters[2]) - 1]
             message = message.replace("{value}", str(int(counters[3])))  # the offending index (flag_error)
@@ -341,9 +368,32 @@ class CPUFunction:
         paths: dict[str, int] = {}
         for g in layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self._local.stats = self._last_stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths,
-                                                     entry.code.info, layout.schedule)
+        stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths, entry.code.info,
+                      layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0)
+        self._note_quiet_time(stats, switches)
+        self._local.stats = self._last_stats = stats
         return outs
+
+    def _note_quiet_time(self, stats: Stats, switches: int) -> None:
+        """Keeps the fastest call as the quiet time; a call much slower says what competed."""
+        quiet = self._quiet.get(id(stats.compile), 0.0)
+        if not quiet or stats.seconds < quiet:
+            self._quiet[id(stats.compile)] = quiet = stats.seconds
+        stats.quiet_seconds = quiet
+        stats.background = quiet_timing.background_work() + ([f"preparing {self.preparing}"] if self.preparing else [])
+        if stats.seconds > SLOW_FACTOR * quiet and stats.seconds > 1e-5:  # jitter of a few us is no news
+            stats.slower_because = quiet_timing.competitors(switches) or ["nothing seen (a page fault, a timer?)"]
+
+
+worker_hook: Any = None
+"""Tests: called on the worker's thread before `gir_worker` runs (a test delays the worker,
+as a busy second core would, and counts who ran the chunks)."""
+
+
+def _run_worker(worker: Any, buffers: Any, ws: Workspace, fns: Any) -> None:
+    if worker_hook is not None:
+        worker_hook()
+    worker(buffers, ws.counters_ptr, fns)
 
 
 class Workspace:
@@ -354,14 +404,28 @@ class Workspace:
         self.sizes = (layout.arena_bytes, layout.pinned_bytes)
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(8, np.int64)
+        self.counters = np.zeros(10, np.int64)
         """GEMM calls, pack calls, the error code (layout.errors[code - 1]), the value its message
         names (an index out of range), and the
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
-        worker's GEMM calls."""
+        worker's GEMM calls, chunks the calling thread ran, the next chunk to claim."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
+        self._worker: threading.Thread | None = None
+
+    def start_worker(self, worker: Any, buffers: Any, fns: Any) -> None:
+        """Starts `gir_worker` on a thread of its own for this call (it holds the buffers and
+        this workspace alive until it has run, however late)."""
+        self._worker = threading.Thread(target=_run_worker, args=(worker, buffers, self, fns), daemon=True)
+        self._worker.start()
+
+    def join_worker(self) -> None:
+        """Waits for the last call's worker: it has claimed nothing left (gir_main returned),
+        but it reads the counters, which the next call sets to zero."""
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
 
     def fits(self, layout: Layout) -> bool:
         return layout.arena_bytes <= self.sizes[0] and layout.pinned_bytes <= self.sizes[1]

@@ -33,7 +33,12 @@ job (`wait_all`).
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import queue
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +54,9 @@ cheap passes + level 1 costs 0.10 of -O3's LLVM time and runs steps 1.4x slower;
 instruction selection) 0.02-0.03 and 1.8-1.9x slower; the -O1 pipeline 0.25-0.45 and 1.4-1.5x."""
 EXIT_WAIT = 0.5
 """Seconds process exit waits for a running background compile to stop."""
+FINAL_BUDGET = 600.0
+"""Seconds an -O3 compile's process may take (at nice 19 on a busy machine it can take long);
+past that it is killed and the quick code keeps running (its `error` says why)."""
 
 
 def exit_finish() -> float:
@@ -196,6 +204,51 @@ def _serve() -> None:
             _running = None
 
 
+_children: set[subprocess.Popen] = set()
+"""The -O3 compiles' processes now running (killed at exit)."""
+child_hook: Callable[[subprocess.Popen], None] | None = None
+"""Tests: called on the background thread once a child is started, before its output is read
+(a test holds the job there, mid-compile, deterministically)."""
+
+
+def compile_in_child(llvm_ir: str, cpu: str, features: str, opt: int) -> tuple[str, bytes, dict[str, float]]:
+    """(optimised IR, object, CPU seconds per stage) of llvm_ir at -O<opt>, made by a process of
+    its own at nice 19 (final_child.py): it holds no LLVM lock of this process, so a quick
+    compile of another shape never waits behind it, and it takes a core only when the step and
+    everything else at normal priority leave one. At most FINAL_BUDGET seconds."""
+    if _stopping:
+        raise RuntimeError("process exiting")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "final_child.py")
+    child = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    _children.add(child)
+    try:
+        if child_hook is not None:
+            child_hook(child)
+        request = json.dumps({"cpu": cpu, "features": features, "opt": opt}).encode() + b"\n"
+        try:
+            out, err = child.communicate(request + llvm_ir.encode(), timeout=FINAL_BUDGET)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise RuntimeError(f"the -O3 compile took more than {FINAL_BUDGET:.0f} s: stopped") from None
+    finally:
+        _children.discard(child)
+    if child.returncode != 0 or _stopping:
+        raise RuntimeError(f"the -O3 compile's process ended with {child.returncode}: "
+                           f"{err.decode(errors='replace')[-2000:]}")
+    return _parse_child(out)
+
+
+def _parse_child(out: bytes) -> tuple[str, bytes, dict[str, float]]:
+    parts, at = [], 0
+    for _ in range(2):
+        (size,) = struct.unpack_from(">Q", out, at)
+        parts.append(out[at + 8: at + 8 + size])
+        at += 8 + size
+    return parts[0].decode(), parts[1], json.loads(out[at:])
+
+
 def stopping() -> bool:
     """True once the process is exiting: a running job stops at its next stage."""
     return _stopping
@@ -214,6 +267,11 @@ def _at_exit() -> None:
     for job in list(_pending_keys.values()):
         job.wait(max(0.0, deadline - time.monotonic()))
     _stopping = True
+    for child in list(_children):  # a compile not finished in time: nothing of it is stored
+        try:
+            child.kill()
+        except OSError:
+            pass
     deadline = time.monotonic() + EXIT_WAIT
     while _running is not None and time.monotonic() < deadline:
         time.sleep(0.005)
