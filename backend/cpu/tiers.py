@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ... import config
 from ...config import current
 
 QUICK_PASSES = "cheap"
@@ -77,6 +78,10 @@ class FinalCompile:
 
     def __init__(self, make: Callable[[], Any], key: str | None = None, what: str = "-O3 code"):
         self._make = make
+        self.options = current()
+        """The options in force when the job was made: it runs under them (the environment may
+        have changed by the time it runs: a test's GIR_* switches undone, GIR_CACHE_DIR moved), so
+        it makes the code its cache key names."""
         self.key = key
         """The cache key the job stores (a lookup of it waits: `wait_for_key`)."""
         self.what = what
@@ -93,7 +98,8 @@ class FinalCompile:
 
     def run_job(self) -> None:
         try:
-            self.code = self._make()
+            with config.override(**{f.name: getattr(self.options, f.name) for f in config.FIELDS}):
+                self.code = self._make()
         except BaseException as e:  # noqa: BLE001 - the quick code keeps running; the error is kept
             self.error = e
         self._finish()
