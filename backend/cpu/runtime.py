@@ -88,6 +88,8 @@ class Stats:
 
 SLOW_FACTOR = 2.0
 """A call slower than this many times its code's quiet time gets `Stats.slower_because`."""
+SLOW_FLOOR = 1e-4
+"""Seconds below which a call is never called slow (jitter of microseconds is no news)."""
 
 
 @dataclass
@@ -355,7 +357,7 @@ class CPUFunction:
         with quiet_timing.running_call():
             start = time.perf_counter()
             if entry.worker is not None:  # ctypes releases the GIL: the two run at once
-                ws.start_worker(entry.worker, buffers, self._fns_ptr)
+                ws.start_worker(entry, buffers, self._fns_ptr)
             entry.native(buffers, ws.counters_ptr, self._fns_ptr)
             seconds = time.perf_counter() - start
         # gir_main returns once every chunk is done, by whichever thread: a worker that has not
@@ -381,7 +383,7 @@ class CPUFunction:
             self._quiet[id(stats.compile)] = quiet = stats.seconds
         stats.quiet_seconds = quiet
         stats.background = quiet_timing.background_work() + ([f"preparing {self.preparing}"] if self.preparing else [])
-        if stats.seconds > SLOW_FACTOR * quiet and stats.seconds > 1e-5:  # jitter of a few us is no news
+        if stats.seconds > SLOW_FACTOR * quiet and stats.seconds > SLOW_FLOOR:
             stats.slower_because = quiet_timing.competitors(switches) or ["nothing seen (a page fault, a timer?)"]
 
 
@@ -390,10 +392,10 @@ worker_hook: Any = None
 as a busy second core would, and counts who ran the chunks)."""
 
 
-def _run_worker(worker: Any, buffers: Any, ws: Workspace, fns: Any) -> None:
+def _run_worker(entry: _Entry, buffers: Any, ws: Workspace, fns: Any) -> None:
     if worker_hook is not None:
         worker_hook()
-    worker(buffers, ws.counters_ptr, fns)
+    entry.worker(buffers, ws.counters_ptr, fns)
 
 
 class Workspace:
@@ -414,10 +416,11 @@ class Workspace:
         self.counters_ptr = self.counters.ctypes.data
         self._worker: threading.Thread | None = None
 
-    def start_worker(self, worker: Any, buffers: Any, fns: Any) -> None:
-        """Starts `gir_worker` on a thread of its own for this call (it holds the buffers and
-        this workspace alive until it has run, however late)."""
-        self._worker = threading.Thread(target=_run_worker, args=(worker, buffers, self, fns), daemon=True)
+    def start_worker(self, entry: _Entry, buffers: Any, fns: Any) -> None:
+        """Starts `gir_worker` on a thread of its own for this call. It holds the entry (its code:
+        a swap to the final code may drop the old one before a late worker runs), the buffers
+        and this workspace alive until it has run, however late."""
+        self._worker = threading.Thread(target=_run_worker, args=(entry, buffers, self, fns), daemon=True)
         self._worker.start()
 
     def join_worker(self) -> None:
