@@ -181,3 +181,58 @@ def test_a_slow_call_says_what_competed(monkeypatch: pytest.MonkeyPatch) -> None
     fn(*args)
     assert not fn.stats.slower_because and fn.stats.slow_note() == ""
     assert np.isfinite(fn(*args)[0]).all()
+
+
+SPLIT = """
+func @f(%xs: tensor<5x33x64xf32>, %h0: tensor<33x64xf32>, %b: tensor<64xf32>)
+    -> (tensor<5x33x64xf32>, tensor<33x64xf32>) {
+  %h = %h0
+  for %x in %xs {
+    %h = tanh(%x * %h + %b) * 0.5 + %h * 0.25
+    collect %h into %hs
+  }
+  return %hs, %h
+}
+"""
+
+
+def test_the_calling_thread_takes_the_blocks_a_late_pool_thread_has_not_claimed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenBLAS's pool thread, held (as a busy core would) until the calling thread has claimed
+    every block of the loop: the calling thread runs them all, and the call ends. With the
+    halves fixed as before, the hook would wait for blocks nobody claims, and the call with it."""
+    import ctypes
+
+    from gir.backend.cpu import team
+
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((5, 33, 64), (33, 64), (64,))]
+    want = gir.jit(SPLIT, "f", device="interp")(*args)
+    monkeypatch.setenv("GIR_CPU_SPLIT", "1")
+    fn = gir.jit(SPLIT, "f")
+    assert_all_close(fn(*args), want, what="split")
+    if not isinstance(fn.stats.schedule.get("split"), list) or team.cpu_number() < 2:
+        pytest.skip(f"split schedule unavailable here: {fn.stats.schedule.get('split')}")
+    blocks = -(-33 // -(-33 // team.BLOCKS))
+    timed_out: list[bool] = []
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    def hold(claim: int) -> None:  # until the caller has claimed every block (bounded: no hang)
+        word = ctypes.c_int64.from_address(claim)
+        for _ in range(200_000):
+            if word.value >= blocks:
+                return
+            threading.Event().wait(0.0001)
+        timed_out.append(True)
+
+    team.set_pool_hook(hold)
+    try:
+        got = fn(*args)
+    finally:
+        team.set_pool_hook(None)
+    assert not timed_out, "the calling thread left blocks to the held pool thread"
+    assert_all_close(got, want, what="split, the pool thread held")
+    caller, pool = fn.stats.split_blocks
+    assert pool == 0 and caller == 5 * blocks  # every block of the 5 steps' loop on the calling thread
+    assert_all_close(fn(*args), want, what="split again")
+    assert sum(fn.stats.split_blocks) == 5 * blocks

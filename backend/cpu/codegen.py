@@ -1179,18 +1179,21 @@ class _Split:
         entry = team.level1_entry()
         assert entry is not None, "team.plan splits loops only where the probe found the entry"
         rows = int(op.results[0].tensor_type.shape[0])  # type: ignore[arg-type]
-        self.dispatch(self._outline(op, len(values), entry[2]), rows, values)
+        self.dispatch(self._outline(op, len(values), entry[2]), rows, values, claims=True)
 
-    def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value]) -> None:
+    def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value], claims: bool = False) -> None:
         """Runs `task` (OpenBLAS's level-1 routine signature) over `rows` rows, its `args` the
-        addresses `values`: through `blas_level1_thread` on both threads when OpenBLAS is set
-        to two or more now and the entry was found, else on this thread alone."""
+        addresses `values` (and, with claims, a word after them: the next block to claim, set to
+        0 here): through `blas_level1_thread` on both threads when OpenBLAS is set to two or
+        more now and the entry was found, else on this thread alone."""
         low, b = self.low, self.low.b
         with b.goto_block(low.entry):  # on gir_main's stack: the arena is memplan's (and per call anyway)
             b.position_at_start(low.entry)
-            words = b.alloca(I64, size=ir.Constant(I64, len(values)))
+            words = b.alloca(I64, size=ir.Constant(I64, len(values) + int(claims)))
         for i, p in enumerate(values):
             b.store(b.ptrtoint(p, I64), b.gep(words, [ir.Constant(I64, i)]))
+        if claims:
+            b.store_atomic(ir.Constant(I64, 0), b.gep(words, [ir.Constant(I64, len(values))]), "release", 8)
         args = b.bitcast(words, PTR)
         entry = team.level1_entry()
         null, zero, count = ir.Constant(PTR, None), ir.Constant(I64, 0), ir.Constant(I64, rows)
@@ -1219,7 +1222,13 @@ class _Split:
         return low.b.load(low.b.load(cell, typ=PTR), typ=I32)
 
     def _outline(self, op: Operation, n_values: int, unit: int) -> ir.Function:
-        """`gir_task<j>`: op's loop over rows [b / unit, b / unit + m). The pointers come from
+        """`gir_task<j>`: op's loop, in blocks of rows that the two threads claim (issue 28):
+        each call, whatever rows OpenBLAS gave it (`m` from `b / unit`), takes the next block by
+        an atomic add on the word after `args`' pointers until none is left. So when OpenBLAS's
+        pool thread starts late (its core busy) the calling thread runs the blocks it has not
+        claimed instead of leaving them to it; OpenBLAS still waits for the pool thread to
+        return (an empty call then), which no gir code can shorten. Blocks run by each side are
+        counted in counters[SPLIT_CALLER] and counters[SPLIT_POOL]. The pointers come from
         memory, so LLVM cannot tell the results from the operands and does not vectorize the
         loop (~4x slower than gir_main's); the task checks at run time that no result overlaps
         an operand and then runs a copy of the loop whose result pointers are `noalias`."""
@@ -1228,19 +1237,50 @@ class _Split:
                          name=f"gir_task{self.count}")
         self.count += 1
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        m, _, _, args, _, start = fn.args
+        _, rows, _, args, _, start = fn.args
         loaded = [b.inttoptr(b.load(b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8), typ=I64), PTR)
                   for i in range(n_values)]
-        lo = b.udiv(b.ptrtoint(start, I64), ir.Constant(I64, unit))
-        call = [lo, b.add(lo, m), *loaded]
+        claim = b.gep(args, [ir.Constant(I64, 8 * n_values)], source_etype=I8)
+        counters, fns = loaded[-2], loaded[-1]
+        caller = b.icmp_unsigned("==", b.ptrtoint(start, I64), ir.Constant(I64, 0))  # OpenBLAS's first share
+        with b.if_then(b.not_(caller)):
+            self._pool_hook(b, fns, claim)
+        block = max(1, -(-int(op.results[0].tensor_type.shape[0]) // team.BLOCKS))  # type: ignore[arg-type]
+        slot = b.select(caller, ir.Constant(I64, self.SPLIT_CALLER), ir.Constant(I64, self.SPLIT_POOL))
+        ran = b.gep(counters, [slot], source_etype=I64)
         fast, slow = self._body(op, fn.name, True), self._body(op, fn.name, False)
-        with b.if_else(self._overlap(b, op, loaded)) as (overlap, apart):
-            with overlap:
-                b.call(slow, call)
-            with apart:
+        apart = b.not_(self._overlap(b, op, loaded))
+        head, body, done = (fn.append_basic_block(label) for label in ("claim", "claim.run", "claim.done"))
+        b.branch(head)
+        b.position_at_end(head)
+        index = b.atomic_rmw("add", claim, ir.Constant(I64, 1), "acq_rel")
+        lo = b.mul(index, ir.Constant(I64, block))
+        b.cbranch(b.icmp_signed("<", lo, rows), body, done)
+        b.position_at_end(body)
+        hi = b.add(lo, ir.Constant(I64, block))
+        hi = b.select(b.icmp_signed("<", hi, rows), hi, rows)
+        call = [lo, hi, *loaded]
+        with b.if_else(apart) as (no_alias, aliased):
+            with no_alias:
                 b.call(fast, call)
+            with aliased:
+                b.call(slow, call)
+        b.atomic_rmw("add", ran, ir.Constant(I64, 1), "monotonic")
+        b.branch(head)
+        b.position_at_end(done)
         b.ret_void()
         return fn
+
+    SPLIT_CALLER, SPLIT_POOL = 10, 11
+    """counters[] slots: blocks of split loops run by the calling thread, by OpenBLAS's pool."""
+
+    @staticmethod
+    def _pool_hook(b: ir.IRBuilder, fns: ir.Value, claim: ir.Value) -> None:
+        """Tests (team.pool_hook): on the pool thread, before it claims, call the hook if set."""
+        cell = b.load(b.gep(fns, [ir.Constant(I64, externals.index("split_hook"))], source_etype=PTR), typ=PTR)
+        hook = b.load(cell, typ=ir.FunctionType(ir.VoidType(), [PTR]).as_pointer())
+        with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(hook, I64), ir.Constant(I64, 0))):
+            b.call(hook, [claim])
 
     @staticmethod
     def _overlap(b: ir.IRBuilder, op: Operation, ptrs: list[ir.Value]) -> ir.Value:

@@ -74,6 +74,8 @@ class Stats:
     background: list[str] = field(default_factory=list)
     """Background work of this process pending or running after the call (GEMM measurements,
     better code being compiled), as `gir run -v` says it."""
+    split_blocks: tuple[int, int] = (0, 0)
+    """Split schedule: blocks of split loops run by (the calling thread, OpenBLAS's pool thread)."""
     worker_chunks: int = 0
     """Two-core schedule: chunks of the deferred GEMMs the worker thread ran (the calling thread
     ran the others: those the worker had not claimed when it needed them, codegen._Worker)."""
@@ -371,7 +373,8 @@ class CPUFunction:
         for g in layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
         stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths, entry.code.info,
-                      layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0)
+                      layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0,
+                      split_blocks=(int(counters[10]), int(counters[11])))
         self._note_quiet_time(stats, switches)
         self._local.stats = self._last_stats = stats
         return outs
@@ -406,11 +409,12 @@ class Workspace:
         self.sizes = (layout.arena_bytes, layout.pinned_bytes)
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(10, np.int64)
+        self.counters = np.zeros(12, np.int64)
         """GEMM calls, pack calls, the error code (layout.errors[code - 1]), the value its message
         names (an index out of range), and the
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
-        worker's GEMM calls, chunks the calling thread ran, the next chunk to claim."""
+        worker's GEMM calls, chunks the calling thread ran, the next chunk to claim; and the
+        split loops' blocks run by the calling thread and by OpenBLAS's pool (codegen._Split)."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
@@ -492,7 +496,7 @@ def _cpuinfo() -> tuple[str, ...]:
     return tuple(sorted(f"{k.strip()}={v.strip()}" for k, v in pairs if k.strip().lower() not in _VOLATILE_CPUINFO))
 
 
-_CODEGEN_VERSION = "18"
+_CODEGEN_VERSION = "19"  # 19: chunks and split blocks claimed by either thread (issue 28)
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
