@@ -235,10 +235,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     times = []
     if args.repeat > 1:
         _wait_for_final_code()  # time the -O3 code, not the quick code of tiered compilation
+    slow: list[str] = []
     for _ in range(max(0, args.repeat - 1)):
         start = time.perf_counter()
         run(*inputs)
         times.append(time.perf_counter() - start)
+        note = _slow_note(run)
+        if note:
+            slow.append(note)
+    if args.verbose:
+        _print_steady_notes(run, slow, len(times))
     print(f"@{f.name} on {args.device}:")
     for name, a in zip(names, results):
         print(summarize(name, a))
@@ -265,6 +271,26 @@ def save_outputs(path: str, names: Sequence[str], results: Sequence[np.ndarray])
         np.savez(path, **arrays)
     except OSError as e:
         raise cannot_write(path, e) from None
+
+
+def _slow_note(run: Callable[..., Any]) -> str:
+    """The last call's note when it ran much slower than its quiet time (backend/cpu/runtime.py
+    `Stats.slow_note`), '' otherwise or off the CPU."""
+    note = getattr(getattr(run, "stats", None), "slow_note", None)
+    return note() if callable(note) else ""
+
+
+def _print_steady_notes(run: Callable[..., Any], slow: list[str], calls: int) -> None:
+    """`-v`: background work still pending (GEMM measurements, better code), and the calls
+    that ran slower than their quiet time with what competed (docs/performance.md, "Performance
+    on a shared machine")."""
+    stats = getattr(run, "stats", None)
+    pending = getattr(stats, "background", None)
+    if pending:
+        print("background work pending: " + "; ".join(pending), file=sys.stderr)
+    if slow:
+        print(f"{len(slow)} of {calls} repeated calls ran slower than their quiet time; first: {slow[0]}",
+              file=sys.stderr)
 
 
 def _print_compile_stats(run: Callable[..., Any]) -> None:
