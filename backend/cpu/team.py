@@ -5,9 +5,10 @@ A recurrent step is a few per-step GEMMs and elementwise loops over a small batc
 run on OpenBLAS's two threads; the elementwise loops ran on the calling thread alone while
 OpenBLAS's second thread spun, waiting for the next GEMM (about 5 ms of a 32 ms LSTM-S
 step, docs/performance-rnn.md). Here a split loop is handed to OpenBLAS's `blas_level1_thread`
-(the entry its own level-1 routines use to run on its pool): the calling thread runs the
-first half of the loop's rows, OpenBLAS's pool thread, already spinning between GEMMs, the
-rest. No third thread: a first design with a worker thread of gir's own ran slower (56 against
+(the entry its own level-1 routines use to run on its pool): the calling thread and
+OpenBLAS's pool thread, already spinning between GEMMs, each run the loop's rows in BLOCKS
+blocks claimed by an atomic add, so a pool thread that starts late (its core busy) leaves its
+blocks to the calling thread (issue 28; OpenBLAS still waits for its now empty call). No third thread: a first design with a worker thread of gir's own ran slower (56 against
 36 ms per LSTM-S step), because on a 2-core machine three spinning threads (the caller,
 gir's worker, OpenBLAS's pool thread) take turns on two cores (docs/performance-rnn.md,
 "Splitting the step across two threads").

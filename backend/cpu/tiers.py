@@ -14,19 +14,22 @@ stored at once (compile_cache.store_what_runs). The same queue makes the better 
 specialisation loaded from the cache as quick code, or with GEMM paths measured since
 (compile_cache.better_code_for): `FinalCompile.what` names what a job makes.
 
-llvmlite serialises every call into LLVM with one process-wide lock (llvmlite.binding.ffi), so
-the background compile overlaps the caller's Python and native code (calls of compiled
-functions, the passes, NumPy), not its LLVM calls: the quick code is loaded before its job is
-queued, and a compile started while a job runs waits for that job's current stage (LLVM's
-passes or code emission, up to about 0.6 s for the LSTM step) at its first LLVM call.
+llvmlite serialises every call into LLVM with one process-wide lock (llvmlite.binding.ffi), and
+-O3's pass pipeline is one call of seconds: run on this thread, it made a new shape's quick
+compile wait for it (issue 28: 7-9 s per new sequence length). So the thread lowers here (pure
+Python) and hands LLVM's part to a process of its own at nice 19 (`compile_in_child`,
+final_child.py): this process's LLVM lock stays free, and the job takes a core only when the
+step and other work leave one. It is bounded (FINAL_BUDGET) and runs under the options of the
+compile that made it (`FinalCompile.options`). `child_hook` lets a test hold a job mid-compile.
 
 `GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
 level also does. At process exit, jobs whose code a cache will store are finished first, for
 up to `exit_finish()` seconds in all (GIR_LLVM_EXIT_WAIT, default 3), so a short script's next
 run loads its -O3 code from the compile cache (a shared library: ~16 ms) rather than the quick
-code stored at once; then the queue is dropped and a job still running is given `EXIT_WAIT` seconds to stop
-at its next stage; past that, exit still waits for the LLVM call in progress (llvm_exit.py: a
-process exiting inside LLVM crashed), never for the rest of the job. `gir run` waits for every
+code stored at once; then the queue is dropped, the compiles' processes still running are killed, and a job still
+running is given `EXIT_WAIT` seconds to stop; past that, exit still waits for an LLVM call in
+progress on this process's threads (llvm_exit.py: a process exiting inside LLVM crashed; the
+measurer's gir-packed kernels still compile in-process), never for the rest of the job. `gir run` waits for every
 job (`wait_all`).
 """
 
