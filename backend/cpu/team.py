@@ -8,7 +8,8 @@ step, docs/performance-rnn.md). Here a split loop is handed to OpenBLAS's `blas_
 (the entry its own level-1 routines use to run on its pool): the calling thread and
 OpenBLAS's pool thread, already spinning between GEMMs, each run the loop's rows in BLOCKS
 blocks claimed by an atomic add, so a pool thread that starts late (its core busy) leaves its
-blocks to the calling thread (issue 28; OpenBLAS still waits for its now empty call). No third thread: a first design with a worker thread of gir's own ran slower (56 against
+blocks to the calling thread (issue 28; OpenBLAS still waits for its now empty call).
+No third thread: a first design with a worker thread of gir's own ran slower (56 against
 36 ms per LSTM-S step), because on a 2-core machine three spinning threads (the caller,
 gir's worker, OpenBLAS's pool thread) take turns on two cores (docs/performance-rnn.md,
 "Splitting the step across two threads").
