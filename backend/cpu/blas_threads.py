@@ -80,7 +80,7 @@ def _load() -> dict[str, float]:
     global _times, _times_path
     path = _cache_file()
     if _times is None or path != _times_path:
-        _times, _times_path = blas.read_times(path), path
+        _times, _times_path = blas.read_times(path, blas.is_seconds), path
     return _times
 
 
@@ -139,7 +139,7 @@ def _measure_into(path: str, key: str, params: tuple) -> None:
     except quiet_timing.Unmeasured:  # the program kept the process busy for the whole budget
         measured, model = (model_seconds(*params[1:]), True), True
     with _lock:
-        times = _load() if path == _cache_file() else blas.read_times(path)
+        times = _load() if path == _cache_file() else blas.read_times(path, blas.is_seconds)
         old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED, quiet_timing.MODEL)
                if f"{key} {part}" in times}
         entry = quiet_timing.merge(old or None, *measured, model)
@@ -148,7 +148,8 @@ def _measure_into(path: str, key: str, params: tuple) -> None:
             times.pop(mark, None)
         ours = {f"{key} {part}": value for part, value in entry.items()}
         times.update(ours)
-        blas.write_times(path, ours, drop=marks)  # a clean measurement ends the provisional count
+        # a clean measurement ends the provisional count
+        blas.write_times(path, ours, drop=marks, valid=blas.is_seconds)
 
 
 def model_seconds(m: int, n: int, k: int, ta: bool, tb: bool) -> dict[str, float]:
