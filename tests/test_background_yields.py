@@ -236,3 +236,19 @@ def test_the_calling_thread_takes_the_blocks_a_late_pool_thread_has_not_claimed(
     assert pool == 0 and caller == 5 * blocks  # every block of the 5 steps' loop on the calling thread
     assert_all_close(fn(*args), want, what="split again")
     assert sum(fn.stats.split_blocks) == 5 * blocks
+
+
+def test_without_a_process_the_final_code_is_compiled_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no process can be started (an embedded interpreter), the -O3 job compiles in
+    this process as before: the same final code."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("no interpreter to start")
+
+    monkeypatch.setenv("GIR_CACHE", "0")
+    with monkeypatch.context() as patched:
+        patched.setattr(tiers.subprocess, "Popen", refuse)
+        here = gir.jit(RNN.format(t=5), "loss")
+        assert here.compiled.wait_for_final_code(300), here.compiled.final_error
+    monkeypatch.setenv("GIR_LLVM_TIER", "0")
+    once = gir.jit(RNN.format(t=5), "loss")
+    assert here.compiled.code.obj == once.compiled.code.obj

@@ -189,13 +189,33 @@ def _final_code(llvm_ir: str, layout: Layout, key: str, root: str | None) -> Cod
     not stored), the one the compile looked up, wherever GIR_CACHE_DIR points when the job ends."""
     opt = opt_level()
     cpu, features = host()
-    optimized_ir, obj, seconds = tiers.compile_in_child(llvm_ir, cpu, features, opt)
+    try:
+        optimized_ir, obj, seconds = tiers.compile_in_child(llvm_ir, cpu, features, opt)
+    except tiers.NoChild:
+        optimized_ir, obj, seconds = _compile_here(llvm_ir, opt)
     seconds = {**seconds, "llvm_opt_cpu": seconds["llvm_opt"], "llvm_emit_cpu": seconds["llvm_emit"]}
     # CPU seconds of the child (its wall clock is shared, at nice 19)
     code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
     if root is not None:
         disk.store("objects", key, *code.to_entry(), root=root)
     return code
+
+
+def _compile_here(llvm_ir: str, opt: int) -> tuple[str, bytes, dict[str, float]]:
+    """-O<opt> of llvm_ir in this process, where no process could be started for it: a target
+    machine of its own, LLVM's global context (llvmlite's lock: other compiles wait meanwhile)."""
+    tm = new_target_machine(opt)
+    c0 = time.thread_time()
+    mod = llvm.parse_assembly(llvm_ir)
+    mod.verify()
+    c1 = time.thread_time()
+    optimize(mod, opt, tm)
+    optimized_ir = str(mod)
+    c2 = time.thread_time()
+    if tiers.stopping():
+        raise RuntimeError("process exiting")
+    obj = tm.emit_object(mod)
+    return optimized_ir, obj, {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": time.thread_time() - c2}
 
 
 def load_object(code: Code) -> tuple[Any, Any, Any]:

@@ -213,6 +213,10 @@ def _serve() -> None:
             _running = None
 
 
+class NoChild(RuntimeError):
+    """No process could be started for an -O3 compile (llvm_jit compiles it in-process)."""
+
+
 _children: set[subprocess.Popen] = set()
 """The -O3 compiles' processes now running (killed at exit)."""
 child_hook: Callable[[subprocess.Popen], None] | None = None
@@ -228,8 +232,11 @@ def compile_in_child(llvm_ir: str, cpu: str, features: str, opt: int) -> tuple[s
     if _stopping:
         raise RuntimeError("process exiting")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "final_child.py")
-    child = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+    try:
+        child = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+    except OSError as e:  # no interpreter to start (an embedded Python): the caller compiles here
+        raise NoChild(str(e)) from None
     _children.add(child)
     try:
         if child_hook is not None:
