@@ -252,3 +252,57 @@ def test_without_a_process_the_final_code_is_compiled_here(monkeypatch: pytest.M
     monkeypatch.setenv("GIR_LLVM_TIER", "0")
     once = gir.jit(RNN.format(t=5), "loss")
     assert here.compiled.code.obj == once.compiled.code.obj
+
+
+def test_the_governor_goes_to_one_thread_under_load_and_back_when_quiet() -> None:
+    from gir.backend.cpu.blas_threads import Governor
+
+    g = Governor()
+    for _ in range(5):  # quiet: 10 ms, no switches
+        assert not g.use_one_thread()
+        g.record(0.010, 0, False)
+    for seconds, switches in [(0.05, 3), (0.05, 4), (0.05, 0)]:  # two strikes, then a slow call that kept its core
+        g.record(seconds, switches, False)
+    assert not g.one_thread
+    for _ in range(Governor.STRIKES):  # three slow calls in a row, each losing its core
+        assert not g.use_one_thread()
+        g.record(0.2, 5, False)
+    assert g.one_thread and "one thread" in g.describe()
+    ran = [g.use_one_thread() for _ in range(Governor.PROBE)]
+    assert ran[:-1] == [True] * (Governor.PROBE - 1) and ran[-1] is False  # a probe on all threads
+    for _ in range(Governor.KEEP):
+        g.record(0.030, 1, True)
+    g.record(0.2, 5, False)  # the probe, still slow: stays on one thread
+    assert g.one_thread
+    for _ in range(Governor.PROBE - 1):
+        assert g.use_one_thread()
+    assert not g.use_one_thread()
+    g.record(0.012, 0, False)  # the probe, quiet again: faster than the one-thread median
+    assert not g.one_thread and not g.use_one_thread()
+
+
+def test_a_call_on_one_thread_runs_every_chunk_without_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gir.backend.cpu import blas_threads
+
+    src, args, want = training_step("lstm", 6, 3, 4, 5)
+    monkeypatch.setenv("GIR_CPU_OVERLAP", "1")
+    monkeypatch.setenv("GIR_CPU_SPLIT", "0")
+    fn = gir.jit(src, "lstm_grads")
+    assert_all_close(fn(*args), want, what="lstm")
+    if isinstance(fn.stats.schedule.get("overlap"), str) or fn.compiled.governor is None:
+        pytest.skip(f"two-core schedule unavailable here: {fn.stats.schedule.get('overlap')}")
+    setter = fn.compiled._setter(fn.compiled.layout)
+    if setter is None:
+        pytest.skip("no per-thread BLAS setter here")
+    threads = setter(0)  # 0 leaves the setting, returns it (both setters)
+    setter(threads)
+    started: list[bool] = []
+    monkeypatch.setattr(runtime, "worker_hook", lambda: started.append(True))
+    monkeypatch.setattr(fn.compiled.governor, "use_one_thread", lambda: True)
+    for _ in range(2):
+        assert_all_close(fn(*args), want, what="lstm on one thread")
+        assert fn.stats.worker_chunks == 0
+    assert not started, "the worker ran on a call set to one thread"
+    assert setter(0) == threads, "the BLAS thread setting was not restored"
+    setter(threads)
+    assert isinstance(blas_threads.Governor().describe(), str)

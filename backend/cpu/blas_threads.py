@@ -185,3 +185,88 @@ def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[d
         return run
 
     return quiet_timing.best_clean_rounds({"t1": timed(True), "t0": timed(False)})
+
+
+# ---------------------------------------------------------------------------------------------
+# At run time: one thread while the second core is taken (issue 28)
+
+
+class Governor:
+    """Whether a compiled function's calls run BLAS (and the two-core schedules) on all threads
+    or on one, decided from the calls themselves. On a 2-core machine whose other core is busy,
+    a 2-thread GEMM waits for that core at every synchronisation: a step measured 10-20x slower
+    than on one thread (docs/performance.md, "Performance on a shared machine").
+
+    All threads (the compiled schedule) until STRIKES calls in a row each took more than
+    SLOW_FACTOR times the fastest all-thread call and lost their core (involuntary switches);
+    then one thread (the worker of the two-core schedule is not started: the calling thread
+    claims every chunk; split loops run alone, OpenBLAS being set to one), and every PROBE calls
+    one call on all threads again: back to all threads when it is no slower than the median of
+    the recent one-thread calls. The decision uses counts and the call's own times only, so a
+    test drives it with made-up ones."""
+
+    STRIKES = 3
+    SLOW_FACTOR = 2.0
+    PROBE = 32
+    KEEP = 15
+    """One-thread calls whose median a probe is compared with."""
+
+    def __init__(self) -> None:
+        self.one_thread = False
+        self.probing = False
+        self.quiet_all = 0.0
+        self.strikes = 0
+        self.since_probe = 0
+        self.recent_one: list[float] = []
+        self.switches_to_one = 0
+        """How many times the calls went to one thread (fn.stats)."""
+
+    def use_one_thread(self) -> bool:
+        """Whether the next call runs on one thread (a probe every PROBE calls does not)."""
+        if not self.one_thread:
+            return False
+        self.since_probe += 1
+        self.probing = self.since_probe >= self.PROBE
+        if self.probing:
+            self.since_probe = 0
+        return not self.probing
+
+    def record(self, seconds: float, switches: int, one_thread: bool) -> None:
+        """A call's seconds, the involuntary switches it suffered, and how it ran."""
+        if one_thread:
+            self.recent_one = (self.recent_one + [seconds])[-self.KEEP:]
+            return
+        if self.one_thread:  # a probe on all threads
+            ones = sorted(self.recent_one)
+            if not ones or seconds <= ones[len(ones) // 2]:
+                self.one_thread, self.strikes = False, 0
+                self.quiet_all = min(self.quiet_all, seconds) if self.quiet_all else seconds
+            return
+        if not self.quiet_all or seconds < self.quiet_all:
+            self.quiet_all = seconds
+        slow = seconds > self.SLOW_FACTOR * self.quiet_all and switches > 0
+        self.strikes = self.strikes + 1 if slow else 0
+        if self.strikes >= self.STRIKES:
+            self.one_thread, self.strikes, self.since_probe = True, 0, 0
+            self.recent_one = []
+            self.switches_to_one += 1
+
+    def describe(self) -> str:
+        if not self.switches_to_one:
+            return "all threads"
+        now = "one thread" if self.one_thread else "all threads"
+        return (f"{now} (went to one thread {self.switches_to_one} time(s): calls over "
+                f"{self.SLOW_FACTOR:g}x their quiet time while they lost their core; a probe every {self.PROBE} calls)")
+
+
+def one_thread_setter(family: str | None) -> Callable[[int], int] | None:
+    """A callable setting this thread's BLAS threads (returning the previous setting) for the
+    function's GEMM family; None where there is none or BLAS runs on one thread anyway.
+    OpenBLAS's is process-wide (module docstring): other threads' SciPy calls run on one thread
+    too while a call runs on one."""
+    if blas.threads() < 2:
+        return None
+    address = local_setter(family or "openblas")
+    if not address:
+        return None
+    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(address)

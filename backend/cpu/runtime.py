@@ -36,7 +36,7 @@ from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...support import timing
 from ...support.cache import build_fingerprint, digest
-from . import blas, externals, native, quiet_timing, team, tiers
+from . import blas, blas_threads, externals, native, quiet_timing, team, tiers
 from .layout import Layout
 
 
@@ -74,6 +74,9 @@ class Stats:
     background: list[str] = field(default_factory=list)
     """Background work of this process pending or running after the call (GEMM measurements,
     better code being compiled), as `gir run -v` says it."""
+    blas_threads: str = ""
+    """How calls run BLAS now: 'all threads', or 'one thread (...)' while the second core is
+    busy (blas_threads.Governor, GIR_CPU_ADAPT)."""
     split_blocks: tuple[int, int] = (0, 0)
     """Split schedule: blocks of split loops run by (the calling thread, OpenBLAS's pool thread)."""
     worker_chunks: int = 0
@@ -228,6 +231,10 @@ class CPUFunction:
         self._fns_ptr = ctypes.cast(externals.table(), ctypes.c_void_p)
         self._local = threading.local()
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
+        self.governor = blas_threads.Governor() if current().cpu_adapt_threads else None
+        """One BLAS thread while the second core is busy (GIR_CPU_ADAPT; blas_threads.Governor)."""
+        self._one_thread: Any = None
+        """(family, setter) of `blas_threads.one_thread_setter`, made on first need."""
         self._quiet: dict[int, float] = {}
         """Fastest call seconds per code (id of its CompileInfo: the quick and the final code differ)."""
         self._last_stats: Stats | None = None
@@ -355,13 +362,18 @@ class CPUFunction:
         ws.join_worker()  # a late worker of this thread's last call (it claims nothing more)
         counters = ws.counters
         counters[:] = 0
+        one = self._setter(layout) if self.governor is not None and self.governor.use_one_thread() else None
         switches = quiet_timing.thread_switches()
         with quiet_timing.running_call():
+            before = one(1) if one is not None else None
             start = time.perf_counter()
-            if entry.worker is not None:  # ctypes releases the GIL: the two run at once
+            if entry.worker is not None and one is None:  # ctypes releases the GIL: the two run at once
                 ws.start_worker(entry, buffers, self._fns_ptr)
+            # on one thread, no worker: gir_main claims and runs every chunk itself
             entry.native(buffers, ws.counters_ptr, self._fns_ptr)
             seconds = time.perf_counter() - start
+            if one is not None:
+                one(before)
         # gir_main returns once every chunk is done, by whichever thread: a worker that has not
         # run yet finds them all claimed, and is joined before the workspace is used again
         switches = quiet_timing.thread_switches() - switches
@@ -376,8 +388,19 @@ class CPUFunction:
                       layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0,
                       split_blocks=(int(counters[10]), int(counters[11])))
         self._note_quiet_time(stats, switches)
+        if self.governor is not None:
+            self.governor.record(seconds, switches, one is not None)
+            stats.blas_threads = self.governor.describe()
         self._local.stats = self._last_stats = stats
         return outs
+
+    def _setter(self, layout: Layout) -> Any:
+        """The callable setting this thread's BLAS threads for the code's GEMM family (None: none
+        here, or BLAS on one thread anyway: the call runs as compiled)."""
+        family = "mkl" if any(g.path in blas.FAMILIES["mkl"] for g in layout.gemms) else "openblas"
+        if self._one_thread is None or self._one_thread[0] != family:
+            self._one_thread = (family, blas_threads.one_thread_setter(family))
+        return self._one_thread[1]
 
     def _note_quiet_time(self, stats: Stats, switches: int) -> None:
         """Keeps the fastest call as the quiet time; a call much slower says what competed."""
