@@ -291,11 +291,11 @@ def test_a_call_on_one_thread_runs_every_chunk_without_the_worker(monkeypatch: p
     assert_all_close(fn(*args), want, what="lstm")
     if isinstance(fn.stats.schedule.get("overlap"), str) or fn.compiled.governor is None:
         pytest.skip(f"two-core schedule unavailable here: {fn.stats.schedule.get('overlap')}")
-    setter = fn.compiled._setter(fn.compiled.layout)
-    if setter is None:
+    one = fn.compiled._setter(fn.compiled.layout)
+    if one is None:
         pytest.skip("no per-thread BLAS setter here")
-    threads = setter(0)  # 0 leaves the setting, returns it (both setters)
-    setter(threads)
+    threads = one.enter()  # the setting before, as the call sees it
+    one.leave(threads)
     started: list[bool] = []
     monkeypatch.setattr(runtime, "worker_hook", lambda: started.append(True))
     monkeypatch.setattr(fn.compiled.governor, "use_one_thread", lambda: True)
@@ -303,6 +303,33 @@ def test_a_call_on_one_thread_runs_every_chunk_without_the_worker(monkeypatch: p
         assert_all_close(fn(*args), want, what="lstm on one thread")
         assert fn.stats.worker_chunks == 0
     assert not started, "the worker ran on a call set to one thread"
-    assert setter(0) == threads, "the BLAS thread setting was not restored"
-    setter(threads)
+    after = one.enter()
+    one.leave(after)
+    assert after == threads, "the BLAS thread setting was not restored"
     assert isinstance(blas_threads.Governor().describe(), str)
+
+
+def test_one_thread_from_two_threads_restores_a_process_wide_setting() -> None:
+    """OpenBLAS's setter is process-wide: calls overlapping from two threads, ending in either
+    order, leave the setting as it was (the first saves and sets, the last restores)."""
+    from gir.backend.cpu.blas_threads import OneThread
+
+    setting = [2]
+
+    def set_threads(n: int) -> int:
+        before, setting[0] = setting[0], n
+        return before
+
+    one = OneThread(set_threads, process_wide=True)
+    a = one.enter()
+    b = one.enter()
+    assert setting == [1]
+    one.leave(a)
+    assert setting == [1], "restored while another call still runs on one thread"
+    one.leave(b)
+    assert setting == [2]
+    local = OneThread(set_threads, process_wide=False)
+    token = local.enter()
+    assert setting == [1] and token == 2
+    local.leave(token)
+    assert setting == [2]

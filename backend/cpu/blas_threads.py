@@ -259,14 +259,46 @@ class Governor:
                 f"{self.SLOW_FACTOR:g}x their quiet time while they lost their core; a probe every {self.PROBE} calls)")
 
 
-def one_thread_setter(family: str | None) -> Callable[[int], int] | None:
-    """A callable setting this thread's BLAS threads (returning the previous setting) for the
-    function's GEMM family; None where there is none or BLAS runs on one thread anyway.
-    OpenBLAS's is process-wide (module docstring): other threads' SciPy calls run on one thread
-    too while a call runs on one."""
-    if blas.threads() < 2:
-        return None
-    address = local_setter(family or "openblas")
-    if not address:
-        return None
-    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(address)
+class OneThread:
+    """Sets BLAS to one thread for a call and back after. MKL's setter is per thread: each call
+    saves and restores its own. OpenBLAS's is process-wide (module docstring): the first of the
+    calls in flight saves and sets, the last restores, so calls from several threads never
+    leave the process on one thread (other threads' OpenBLAS calls run on one meanwhile)."""
+
+    def __init__(self, setter: Callable[[int], int], process_wide: bool):
+        self._set = setter
+        self._process_wide = process_wide
+        self._lock = threading.Lock()
+        self._count = 0
+        self._saved = 0
+
+    def enter(self) -> int:
+        if not self._process_wide:
+            return self._set(1)
+        with self._lock:
+            self._count += 1
+            if self._count == 1:
+                self._saved = self._set(1)
+            return self._saved
+
+    def leave(self, token: int) -> None:
+        if not self._process_wide:
+            self._set(token)
+            return
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                self._set(self._saved)
+
+
+_one_thread: dict[str, OneThread | None] = {}
+
+
+def one_thread(family: str) -> OneThread | None:
+    """The OneThread of the function's GEMM family ('mkl' or 'openblas'; one per process); None
+    where there is no setter or BLAS runs on one thread anyway."""
+    if family not in _one_thread:
+        address = local_setter(family) if blas.threads() >= 2 else 0
+        setter = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(address) if address else None
+        _one_thread[family] = OneThread(setter, family != "mkl") if setter is not None else None
+    return _one_thread[family]

@@ -233,8 +233,6 @@ class CPUFunction:
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
         self.governor = blas_threads.Governor() if current().cpu_adapt_threads else None
         """One BLAS thread while the second core is busy (GIR_CPU_ADAPT; blas_threads.Governor)."""
-        self._one_thread: Any = None
-        """(family, setter) of `blas_threads.one_thread_setter`, made on first need."""
         self._quiet: dict[int, float] = {}
         """Fastest call seconds per code (id of its CompileInfo: the quick and the final code differ)."""
         self._last_stats: Stats | None = None
@@ -365,7 +363,7 @@ class CPUFunction:
         one = self._setter(layout) if self.governor is not None and self.governor.use_one_thread() else None
         switches = quiet_timing.thread_switches()
         with quiet_timing.running_call():
-            before = one(1) if one is not None else None
+            before = one.enter() if one is not None else 0
             start = time.perf_counter()
             if entry.worker is not None and one is None:  # ctypes releases the GIL: the two run at once
                 ws.start_worker(entry, buffers, self._fns_ptr)
@@ -373,7 +371,7 @@ class CPUFunction:
             entry.native(buffers, ws.counters_ptr, self._fns_ptr)
             seconds = time.perf_counter() - start
             if one is not None:
-                one(before)
+                one.leave(before)
         # gir_main returns once every chunk is done, by whichever thread: a worker that has not
         # run yet finds them all claimed, and is joined before the workspace is used again
         switches = quiet_timing.thread_switches() - switches
@@ -394,13 +392,11 @@ class CPUFunction:
         self._local.stats = self._last_stats = stats
         return outs
 
-    def _setter(self, layout: Layout) -> Any:
-        """The callable setting this thread's BLAS threads for the code's GEMM family (None: none
-        here, or BLAS on one thread anyway: the call runs as compiled)."""
+    def _setter(self, layout: Layout) -> blas_threads.OneThread | None:
+        """What sets BLAS to one thread for the code's GEMM family (None: nothing here, or BLAS
+        on one thread anyway: the call runs as compiled)."""
         family = "mkl" if any(g.path in blas.FAMILIES["mkl"] for g in layout.gemms) else "openblas"
-        if self._one_thread is None or self._one_thread[0] != family:
-            self._one_thread = (family, blas_threads.one_thread_setter(family))
-        return self._one_thread[1]
+        return blas_threads.one_thread(family)
 
     def _note_quiet_time(self, stats: Stats, switches: int) -> None:
         """Keeps the fastest call as the quiet time; a call much slower says what competed."""
