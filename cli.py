@@ -301,6 +301,9 @@ def _print_steady_notes(run: Callable[..., Any], slow: list[str], calls: int) ->
     if slow:
         print(f"{len(slow)} of {calls} repeated calls ran slower than their quiet time; first: {slow[0]}",
               file=sys.stderr)
+    threads = getattr(stats, "blas_threads", "")
+    if threads and threads != "all threads":
+        print(f"BLAS threads now: {threads}", file=sys.stderr)
 
 
 def _print_compile_stats(run: Callable[..., Any]) -> None:
