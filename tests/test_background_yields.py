@@ -73,6 +73,9 @@ def test_a_quick_compile_never_waits_behind_another_shapes_final_compile(monkeyp
     assert first.compiled.wait_for_final_code(300) and first.compiled.tier == "final"
 
 
+_real_wait = quiet_timing.wait_until_no_calls
+
+
 class FakeClock:
     """A clock that moves only when rounds run (each round costs `step` seconds)."""
 
@@ -88,12 +91,12 @@ def test_a_measurement_waits_while_a_call_runs_then_decides_by_the_model(monkeyp
     ran: list[str] = []
     monkeypatch.setattr(quiet_timing, "SLICE", 0.001)
 
-    def wait(timeout: float | None = None) -> bool:  # the condition's wait: time passes, the call goes on
+    def sleep(seconds: float) -> None:  # a slice: time passes, the call goes on
         clock.now += 0.5
-        return False
 
+    monkeypatch.setattr(quiet_timing, "wait_until_no_calls",
+                        lambda deadline, clock: _real_wait(deadline, clock, sleep))
     with quiet_timing.running_call():
-        monkeypatch.setattr(quiet_timing._calls, "wait", wait)
         with pytest.raises(quiet_timing.Unmeasured):
             quiet_timing.best_clean_rounds({"a": lambda: ran.append("a") or 1.0}, budget=2.0, clock=clock)
     assert not ran, "a round ran while a compiled call was in flight"

@@ -71,26 +71,35 @@ SLICE = 0.005
 # ---------------------------------------------------------------------------------------------
 # Calls of compiled functions in flight (the runtime counts them; background work yields)
 
-_calls = threading.Condition()
+_calls = threading.Lock()
 _in_flight = 0
 _started = 0
 """Calls started since the process began: a round during which it moved saw a call."""
 
 
-@contextlib.contextmanager
-def running_call() -> Iterator[None]:
-    """Around each call of compiled code (runtime.py): background work waits while any runs."""
+def call_began() -> None:
+    """Before each call of compiled code (runtime.py; with `call_ended` in a finally): background
+    work waits while any runs. A plain lock, no notification: a call costs ~0.3 us for it."""
     global _in_flight, _started
     with _calls:
         _in_flight += 1
         _started += 1
+
+
+def call_ended() -> None:
+    global _in_flight
+    with _calls:
+        _in_flight -= 1
+
+
+@contextlib.contextmanager
+def running_call() -> Iterator[None]:
+    """`call_began` and `call_ended` around a block (tests)."""
+    call_began()
     try:
         yield
     finally:
-        with _calls:
-            _in_flight -= 1
-            if not _in_flight:
-                _calls.notify_all()
+        call_ended()
 
 
 def calls_in_flight() -> int:
@@ -101,14 +110,13 @@ def calls_started() -> int:
     return _started
 
 
-def wait_until_no_calls(deadline: float, clock: Callable[[], float] = time.monotonic) -> bool:
-    """Waits (in SLICE-second slices) until no compiled call is in flight; False at deadline."""
-    with _calls:
-        while _in_flight:
-            left = deadline - clock()
-            if left <= 0 or STOP.is_set():
-                return False
-            _calls.wait(min(SLICE, left))
+def wait_until_no_calls(deadline: float, clock: Callable[[], float] = time.monotonic,
+                        sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Waits (looking every SLICE seconds) until no compiled call is in flight; False at deadline."""
+    while _in_flight:
+        if deadline - clock() <= 0 or STOP.is_set():
+            return False
+        sleep(SLICE)
     return True
 
 

@@ -71,17 +71,28 @@ class Stats:
     """When this call took more than SLOW_FACTOR times the quiet time: what competed with it
     (quiet_timing.competitors: background work of this process, other processes, the switches
     the call suffered); empty otherwise."""
-    background: list[str] = field(default_factory=list)
-    """Background work of this process pending or running after the call (GEMM measurements,
-    better code being compiled), as `gir run -v` says it."""
-    blas_threads: str = ""
-    """How calls run BLAS now: 'all threads', or 'one thread (...)' while the second core is
-    busy (blas_threads.Governor, GIR_CPU_ADAPT)."""
+    source: Any = field(default=None, repr=False, compare=False)
+    """The CPUFunction that made the call: `background` and `blas_threads` are read from it
+    when asked (computing them at every call cost microseconds a call)."""
     split_blocks: tuple[int, int] = (0, 0)
     """Split schedule: blocks of split loops run by (the calling thread, OpenBLAS's pool thread)."""
     worker_chunks: int = 0
     """Two-core schedule: chunks of the deferred GEMMs the worker thread ran (the calling thread
     ran the others: those the worker had not claimed when it needed them, codegen._Worker)."""
+
+    @property
+    def background(self) -> list[str]:
+        """Background work of this process pending or running now (GEMM measurements, better
+        code being compiled), as `gir run -v` says it."""
+        preparing = getattr(self.source, "preparing", "")
+        return quiet_timing.background_work() + ([f"preparing {preparing}"] if preparing else [])
+
+    @property
+    def blas_threads(self) -> str:
+        """How calls run BLAS now: 'all threads', or 'one thread (...)' while the second core
+        is busy (blas_threads.Governor, GIR_CPU_ADAPT); '' without the governor."""
+        governor = getattr(self.source, "governor", None)
+        return governor.describe() if governor is not None else ""
 
     def slow_note(self) -> str:
         """One line on a slow call ('' when it was not slow)."""
@@ -342,6 +353,7 @@ class CPUFunction:
         ws = getattr(self._local, "workspace", None)
         if ws is None or not ws.fits(layout):
             ws = self._local.workspace = Workspace(layout)
+            self._local.switches = quiet_timing.thread_switches()  # the mark a slow call counts from
         return ws
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
@@ -361,8 +373,8 @@ class CPUFunction:
         counters = ws.counters
         counters[:] = 0
         one = self._setter(layout) if self.governor is not None and self.governor.use_one_thread() else None
-        switches = quiet_timing.thread_switches()
-        with quiet_timing.running_call():
+        quiet_timing.call_began()
+        try:
             before = one.enter() if one is not None else 0
             start = time.perf_counter()
             if entry.worker is not None and one is None:  # ctypes releases the GIL: the two run at once
@@ -372,9 +384,10 @@ class CPUFunction:
             seconds = time.perf_counter() - start
             if one is not None:
                 one.leave(before)
+        finally:
+            quiet_timing.call_ended()
         # gir_main returns once every chunk is done, by whichever thread: a worker that has not
         # run yet finds them all claimed, and is joined before the workspace is used again
-        switches = quiet_timing.thread_switches() - switches
         if counters[2]:
             message, loc = layout.errors[int(counters[2]) - 1]
             message = message.replace("{value}", str(int(counters[3])))  # the offending index (flag_error)
@@ -384,11 +397,10 @@ class CPUFunction:
             paths[g.path] = paths.get(g.path, 0) + 1
         stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths, entry.code.info,
                       layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0,
-                      split_blocks=(int(counters[10]), int(counters[11])))
-        self._note_quiet_time(stats, switches)
+                      split_blocks=(int(counters[10]), int(counters[11])), source=self)
+        switches = self._note_quiet_time(stats)
         if self.governor is not None:
             self.governor.record(seconds, switches, one is not None)
-            stats.blas_threads = self.governor.describe()
         self._local.stats = self._last_stats = stats
         return outs
 
@@ -398,15 +410,22 @@ class CPUFunction:
         family = "mkl" if any(g.path in blas.FAMILIES["mkl"] for g in layout.gemms) else "openblas"
         return blas_threads.one_thread(family)
 
-    def _note_quiet_time(self, stats: Stats, switches: int) -> None:
-        """Keeps the fastest call as the quiet time; a call much slower says what competed."""
-        quiet = self._quiet.get(id(stats.compile), 0.0)
+    def _note_quiet_time(self, stats: Stats) -> int:
+        """Keeps the fastest call as the quiet time; a call much slower says what competed.
+        Returns the involuntary switches this thread suffered since it last looked, read only
+        for a slow call (a look costs ~1 us: the fast path does not pay it), 0 otherwise."""
+        key = id(stats.compile)
+        quiet = self._quiet.get(key, 0.0)
         if not quiet or stats.seconds < quiet:
-            self._quiet[id(stats.compile)] = quiet = stats.seconds
+            self._quiet[key] = quiet = stats.seconds
         stats.quiet_seconds = quiet
-        stats.background = quiet_timing.background_work() + ([f"preparing {self.preparing}"] if self.preparing else [])
-        if stats.seconds > SLOW_FACTOR * quiet and stats.seconds > SLOW_FLOOR:
-            stats.slower_because = quiet_timing.competitors(switches) or ["nothing seen (a page fault, a timer?)"]
+        if stats.seconds <= SLOW_FACTOR * quiet or stats.seconds <= SLOW_FLOOR:
+            return 0
+        now = quiet_timing.thread_switches()
+        switches = now - getattr(self._local, "switches", now)
+        self._local.switches = now
+        stats.slower_because = quiet_timing.competitors(switches) or ["nothing seen (a page fault, a timer?)"]
+        return switches
 
 
 worker_hook: Any = None
