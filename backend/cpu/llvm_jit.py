@@ -129,6 +129,10 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         module, layout = lower_function(function, plan, quick=tiered)
         llvm_ir = str(module)
     lower = time.perf_counter() - t0
+    if best:  # a background job (better code for a cache hit): LLVM in a process of its own, as -O3's tier
+        code = _final_code(llvm_ir, layout, key, disk.cache_root() if disk.enabled() else None)
+        code.info.seconds["lower"] = lower
+        return code
     if not tiered:
         code = _llvm_compile(llvm_ir, layout, opt_level(), lower)
         if disk.enabled():
