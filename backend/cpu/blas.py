@@ -378,20 +378,30 @@ def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable:
             return {c: found[c] for c in candidates}
     elif measure_mode() != "now":
         return None
-    entry = _store(_cache_file(), key, *_measure_all(candidates, dtype, m, n, k, ta, tb))
+    entry = _store(_cache_file(), key, *_measure_or_model((dtype, m, n, k, ta, tb, packable)))
     return {c: entry[c] for c in candidates}
 
 
 _retried: set[str] = set()
 
 
-def _store(path: str, key: str, times: dict[str, float], disturbed: bool) -> dict[str, float]:
+def _measure_or_model(params: tuple) -> tuple[dict[str, float], bool, bool]:
+    """(times, disturbed, model) of a shape (path_times' arguments): measured within
+    quiet_timing.BUDGET, else (the program kept the process busy all along) the model's."""
+    dtype, m, n, k, ta, tb, packable = params
+    try:
+        return (*_measure_all(_candidates(packable), dtype, m, n, k, ta, tb), False)
+    except quiet_timing.Unmeasured:
+        return model_times(*params), True, True
+
+
+def _store(path: str, key: str, times: dict[str, float], disturbed: bool, model: bool = False) -> dict[str, float]:
     """Stores a measurement into the times file `path` (the one in use when it was asked for:
     a background measurement finishing after GIR_CACHE_DIR changed still goes to the folder it
     was measured for), merged with a provisional entry there; returns the entry."""
     with _choices_lock:
         choices = _load_choices() if path == _cache_file() else read_times(path)
-        entry = choices[key] = quiet_timing.merge(choices.get(key), times, disturbed)
+        entry = choices[key] = quiet_timing.merge(choices.get(key), times, disturbed, model)
         write_times(path, {key: entry})
         return entry
 
@@ -434,8 +444,7 @@ def measure_later(params: tuple) -> None:
     path, key = _cache_file(), _key(*params)  # where and under what it is stored: known now
 
     def task() -> None:
-        dtype, m, n, k, ta, tb, packable = params
-        measured = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
+        measured = _measure_or_model(params)
         if not _stop.is_set():
             _store(path, key, *measured)
     measure_in_background(("paths", path) + tuple(params), task)
@@ -475,9 +484,10 @@ def _measure_queue() -> None:
             if _stop.is_set() or not _queue:
                 _worker_takes_more = False
                 return
-            _, task = _queue.pop(0)
+            key, task = _queue.pop(0)
         try:
-            task()
+            with quiet_timing.background(f"GEMM measurement ({' '.join(str(p) for p in key[2:])})"):
+                task()
         except quiet_timing.Stopped:
             return  # the process is exiting
         except Exception:  # noqa: BLE001 - a measurement that fails leaves its shape unmeasured (the

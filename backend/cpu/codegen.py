@@ -40,7 +40,7 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
-from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm
+from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
 from .layout import GemmSite, Layout
 from .llvm_types import ALIGN, I1, I8, I32, I64, LLVM_TYPES, MEM_TYPES, PTR, _static, _strides
 from .schedule import CpuSchedule, op_ids
@@ -935,9 +935,20 @@ class _Worker:
     wake the worker), the steps done after every step, the waits at the deferred GEMMs; and the
     `gir_worker` function, which runs the chunks. counters[4] (its low 32 bits) is the futex
     word that wakes the worker, counters[5] the steps done, counters[6] the chunks done,
-    counters[7] the worker's GEMM calls."""
+    counters[7] the chunks' GEMM calls, counters[8] the chunks the calling thread ran,
+    counters[9] the next chunk to claim.
 
-    FUTEX, PROGRESS, DONE, GEMMS = 4, 5, 6, 7
+    Degrading gracefully (issue 28): a chunk runs on whichever thread claims it first, by a
+    compare-and-swap of counters[9] from its index to the next, in index order, and each chunk
+    starts once the one before it is done (`gir_chunk`: chunks of one GEMM accumulate into one
+    C in order). At a deferred GEMM the calling thread claims every chunk up to that GEMM's last
+    that the worker has not, runs them itself, and then waits only for the chunk the worker is
+    running, if any: when the second core is busy and the worker has not even started, the step
+    costs about what the one-thread step does, instead of waiting for a time slice of that core.
+    A worker that starts after `gir_main` returned finds every chunk claimed and touches nothing
+    but the counters (the runtime joins it before the next call sets them to zero)."""
+
+    FUTEX, PROGRESS, DONE, GEMMS, MAIN, NEXT = 4, 5, 6, 7, 8, 9
 
     def __init__(self, low: Lowering, windows: list[overlap.Window]):
         self.low = low
@@ -957,6 +968,11 @@ class _Worker:
         self.whole = bool(self.tasks) and low.schedule.main_one_thread
         """This thread's BLAS on one thread for the whole call, not only during the windows, when
         the schedule measured that faster (or GIR_CPU_OVERLAP=whole)."""
+        self.chunk: ir.Function | None = None
+        """`void gir_chunk(buffers, counters, fns, i64 index)`: runs one claimed chunk (emit)."""
+        if self.tasks:
+            self.chunk = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, I64]), name="gir_chunk")
+            self.chunk.linkage = "internal"
 
     def _one_thread(self) -> None:
         b = self.low.b
@@ -1023,8 +1039,30 @@ class _Worker:
             done = self.low.b.add(i, ir.Constant(I64, self.base[scan] + 1))
             self.low.b.atomic_rmw("xchg", self._word(self.PROGRESS), done, "release")
 
+    def _claim_and_run(self, limit: int, counted: int | None) -> None:
+        """Claims the next chunks (compare-and-swap of counters[NEXT]) while their index is
+        below limit, running each here; counts them in counters[counted] (None: not counted)."""
+        b, fn = self.low.b, self.low.fn
+        labels = ("claim", "claim.try", "claim.run", "claim.done")
+        head, claim, run, done = (fn.append_basic_block(label) for label in labels)
+        b.branch(head)
+        b.position_at_end(head)
+        index = b.load_atomic(self._word(self.NEXT), "acquire", 8, typ=I64)
+        b.cbranch(b.icmp_signed("<", index, ir.Constant(I64, limit)), claim, done)
+        b.position_at_end(claim)
+        swapped = b.cmpxchg(self._word(self.NEXT), index, b.add(index, ir.Constant(I64, 1)), "acq_rel", "acquire")
+        b.cbranch(b.extract_value(swapped, 1), run, head)
+        b.position_at_end(run)
+        if counted is not None:
+            b.atomic_rmw("add", self._word(counted), ir.Constant(I64, 1), "monotonic")
+        b.call(self.chunk, [self.low.buffers, self.low.counters, self.low.fns, index])
+        b.branch(head)
+        b.position_at_end(done)
+
     def wait_for(self, op: Operation) -> None:
-        """At a deferred GEMM: wait for all its chunks; after a window's last one, restore BLAS threads."""
+        """At a deferred GEMM: run here the chunks up to its last that the worker has not
+        claimed, then wait for the one it runs; after a window's last one, restore BLAS threads."""
+        self._claim_and_run(self.last[op] + 1, self.MAIN)
         self._spin_until(self.DONE, self.last[op] + 1)
         window = next(w for w in self.windows.values() if any(d.op is op for d in w.deferred))
         if window.deferred[-1].op is op and not self.whole:
@@ -1041,16 +1079,16 @@ class _Worker:
         return low.b.gep(base, [ir.Constant(I64, a.offset + extra)], source_etype=I8)
 
     def emit(self) -> None:
-        """`void gir_worker(ptr buffers, ptr counters, ptr fns)`: wait to be woken, then each chunk in order."""
+        """`gir_chunk` (one chunk by index) and `void gir_worker(ptr buffers, ptr counters, ptr
+        fns)`: wait to be woken, then claim and run chunks until none is left."""
         if not self.tasks:
             return
+        self._emit_chunk()
         low = self.low
-        fn = ir.Function(low.module, low.fn.function_type, name="gir_worker")
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR]), name="gir_worker")
         low.fn, low.entry = fn, fn.append_basic_block("entry")
         low.b = ir.IRBuilder(low.entry)
         low.buffers, low.counters, low.fns = fn.args
-        n = len(low.function.args) + len(low.function.result_types)
-        low.arena = low._load_ptr(low.buffers, n)
         b = low.b
         head, sleep, awake = (fn.append_basic_block(label) for label in ("woken", "sleep", "awake"))
         b.branch(head)
@@ -1061,9 +1099,34 @@ class _Worker:
         self._futex(0 | 128, 0)  # FUTEX_WAIT_PRIVATE while the word is 0
         b.branch(head)
         b.position_at_end(awake)
-        self._set_threads(ir.Constant(I32, 1))
-        for index, (trigger, d, c) in enumerate(self.tasks):
+        # BLAS to one thread only once a chunk is claimed: a late worker that claims none must
+        # not change the setting (OpenBLAS's "local" setter is process-wide, blas_threads.py)
+        first = b.load_atomic(self._word(self.NEXT), "acquire", 8, typ=I64)
+        with b.if_then(b.icmp_signed("<", first, ir.Constant(I64, len(self.tasks)))):
+            self._set_threads(ir.Constant(I32, 1))
+        self._claim_and_run(len(self.tasks), None)
+        b.ret_void()
+
+    def _emit_chunk(self) -> None:
+        """`gir_chunk(buffers, counters, fns, index)`: waits until the chunk's steps are done and
+        the chunk before it is done, runs its GEMM, and publishes it done."""
+        low = self.low
+        fn = self.chunk
+        assert fn is not None
+        low.fn, low.entry = fn, fn.append_basic_block("entry")
+        low.b = ir.IRBuilder(low.entry)
+        low.buffers, low.counters, low.fns, index = fn.args
+        n = len(low.function.args) + len(low.function.result_types)
+        low.arena = low._load_ptr(low.buffers, n)
+        b = low.b
+        end = fn.append_basic_block("end")
+        switch = b.switch(index, end)
+        for i, (trigger, d, c) in enumerate(self.tasks):
+            block = fn.append_basic_block(f"chunk{i}")
+            switch.add_case(ir.Constant(I64, i), block)
+            b.position_at_end(block)
             self._spin_until(self.PROGRESS, trigger)
+            self._spin_until(self.DONE, i)
             item = d.op.result.tensor_type.numpy_dtype.itemsize
             pa = self._pointer(d.a, c.k0 * d.m * item)
             pb = self._pointer(d.b, c.k0 * d.n * item)
@@ -1071,7 +1134,9 @@ class _Worker:
             _emit_gemm(low, d.op, "f32", d.m, d.n, c.k1 - c.k0, True, False, pa, pb, pc, False, c.beta, self.GEMMS,
                        f"{low.ids[d.op]}#{d.chunks.index(c)}")
             # lda/ldb of a chunk are the whole operands' (m, n): the chunk is a block of rows
-            b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, index + 1), "release")
+            b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, i + 1), "release")
+            b.branch(end)
+        b.position_at_end(end)
         b.ret_void()
 
 
@@ -1100,18 +1165,21 @@ class _Split:
         entry = low.schedule.level1
         assert entry is not None, "the schedule splits loops only where the probe found the entry"
         rows = int(op.results[0].tensor_type.shape[0])  # type: ignore[arg-type]
-        self.dispatch(self._outline(op, len(values), entry[1]), rows, values)
+        self.dispatch(self._outline(op, len(values), entry[1]), rows, values, claims=True)
 
-    def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value]) -> None:
+    def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value], claims: bool = False) -> None:
         """Runs `task` (OpenBLAS's level-1 routine signature) over `rows` rows, its `args` the
-        addresses `values`: through `blas_level1_thread` on both threads when OpenBLAS is set
-        to two or more now and the entry was found, else on this thread alone."""
+        addresses `values` (and, with claims, a word after them: the next block to claim, set to
+        0 here): through `blas_level1_thread` on both threads when OpenBLAS is set to two or
+        more now and the entry was found, else on this thread alone."""
         low, b = self.low, self.low.b
         with b.goto_block(low.entry):  # on gir_main's stack: the arena is memplan's (and per call anyway)
             b.position_at_start(low.entry)
-            words = b.alloca(I64, size=ir.Constant(I64, len(values)))
+            words = b.alloca(I64, size=ir.Constant(I64, len(values) + int(claims)))
         for i, p in enumerate(values):
             b.store(b.ptrtoint(p, I64), b.gep(words, [ir.Constant(I64, i)]))
+        if claims:
+            b.store_atomic(ir.Constant(I64, 0), b.gep(words, [ir.Constant(I64, len(values))]), "release", 8)
         args = b.bitcast(words, PTR)
         entry = low.schedule.level1
         null, zero, count = ir.Constant(PTR, None), ir.Constant(I64, 0), ir.Constant(I64, rows)
@@ -1140,7 +1208,13 @@ class _Split:
         return low.b.load(low.b.load(cell, typ=PTR), typ=I32)
 
     def _outline(self, op: Operation, n_values: int, unit: int) -> ir.Function:
-        """`gir_task<j>`: op's loop over rows [b / unit, b / unit + m). The pointers come from
+        """`gir_task<j>`: op's loop, in blocks of rows that the two threads claim (issue 28):
+        each call, whatever rows OpenBLAS gave it (`m` from `b / unit`), takes the next block by
+        an atomic add on the word after `args`' pointers until none is left. So when OpenBLAS's
+        pool thread starts late (its core busy) the calling thread runs the blocks it has not
+        claimed instead of leaving them to it; OpenBLAS still waits for the pool thread to
+        return (an empty call then), which no gir code can shorten. Blocks run by each side are
+        counted in counters[SPLIT_CALLER] and counters[SPLIT_POOL]. The pointers come from
         memory, so LLVM cannot tell the results from the operands and does not vectorize the
         loop (~4x slower than gir_main's); the task checks at run time that no result overlaps
         an operand and then runs a copy of the loop whose result pointers are `noalias`."""
@@ -1149,19 +1223,50 @@ class _Split:
                          name=f"gir_task{self.count}")
         self.count += 1
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        m, _, _, args, _, start = fn.args
+        _, rows, _, args, _, start = fn.args
         loaded = [b.inttoptr(b.load(b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8), typ=I64), PTR)
                   for i in range(n_values)]
-        lo = b.udiv(b.ptrtoint(start, I64), ir.Constant(I64, unit))
-        call = [lo, b.add(lo, m), *loaded]
+        claim = b.gep(args, [ir.Constant(I64, 8 * n_values)], source_etype=I8)
+        counters, fns = loaded[-2], loaded[-1]
+        caller = b.icmp_unsigned("==", b.ptrtoint(start, I64), ir.Constant(I64, 0))  # OpenBLAS's first share
+        with b.if_then(b.not_(caller)):
+            self._pool_hook(b, fns, claim)
+        block = max(1, -(-int(op.results[0].tensor_type.shape[0]) // team.BLOCKS))  # type: ignore[arg-type]
+        slot = b.select(caller, ir.Constant(I64, self.SPLIT_CALLER), ir.Constant(I64, self.SPLIT_POOL))
+        ran = b.gep(counters, [slot], source_etype=I64)
         fast, slow = self._body(op, fn.name, True), self._body(op, fn.name, False)
-        with b.if_else(self._overlap(b, op, loaded)) as (overlap, apart):
-            with overlap:
-                b.call(slow, call)
-            with apart:
+        apart = b.not_(self._overlap(b, op, loaded))
+        head, body, done = (fn.append_basic_block(label) for label in ("claim", "claim.run", "claim.done"))
+        b.branch(head)
+        b.position_at_end(head)
+        index = b.atomic_rmw("add", claim, ir.Constant(I64, 1), "acq_rel")
+        lo = b.mul(index, ir.Constant(I64, block))
+        b.cbranch(b.icmp_signed("<", lo, rows), body, done)
+        b.position_at_end(body)
+        hi = b.add(lo, ir.Constant(I64, block))
+        hi = b.select(b.icmp_signed("<", hi, rows), hi, rows)
+        call = [lo, hi, *loaded]
+        with b.if_else(apart) as (no_alias, aliased):
+            with no_alias:
                 b.call(fast, call)
+            with aliased:
+                b.call(slow, call)
+        b.atomic_rmw("add", ran, ir.Constant(I64, 1), "monotonic")
+        b.branch(head)
+        b.position_at_end(done)
         b.ret_void()
         return fn
+
+    SPLIT_CALLER, SPLIT_POOL = 10, 11
+    """counters[] slots: blocks of split loops run by the calling thread, by OpenBLAS's pool."""
+
+    @staticmethod
+    def _pool_hook(b: ir.IRBuilder, fns: ir.Value, claim: ir.Value) -> None:
+        """Tests (team.pool_hook): on the pool thread, before it claims, call the hook if set."""
+        cell = b.load(b.gep(fns, [ir.Constant(I64, externals.index("split_hook"))], source_etype=PTR), typ=PTR)
+        hook = b.load(cell, typ=ir.FunctionType(ir.VoidType(), [PTR]).as_pointer())
+        with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(hook, I64), ir.Constant(I64, 0))):
+            b.call(hook, [claim])
 
     @staticmethod
     def _overlap(b: ir.IRBuilder, op: Operation, ptrs: list[ir.Value]) -> ir.Value:

@@ -126,6 +126,10 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         module, layout = lower_function(function, plan, schedule, quick=tiered)
         llvm_ir = str(module)
     lower = time.perf_counter() - t0
+    if best:  # a background job (better code for a cache hit): LLVM in a process of its own, as -O3's tier
+        code = _final_code(llvm_ir, layout, key, disk.cache_root() if disk.enabled() else None)
+        code.info.seconds["lower"] = lower
+        return code
     if not tiered:
         code = _llvm_compile(llvm_ir, layout, opt_level(), lower)
         if disk.enabled():
@@ -184,32 +188,39 @@ def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
 
 
 def _final_code(llvm_ir: str, layout: Layout, key: str, root: str | None) -> Code:
-    """The -O3 code of llvm_ir, on the background thread: a target machine of its own; stored in
-    the object cache of folder root (None: not stored), the one the compile looked up, wherever
-    GIR_CACHE_DIR points when the job ends. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
-    with one lock, so a context of its own would buy no concurrency, and Python may free such a
-    context before the module parsed into it (a use after free)."""
+    """The -O3 code of llvm_ir, on the background thread, compiled by a process of its own
+    (tiers.compile_in_child: no LLVM lock of this process is held meanwhile, so a quick compile
+    of another shape never waits behind it); stored in the object cache of folder root (None:
+    not stored), the one the compile looked up, wherever GIR_CACHE_DIR points when the job ends."""
     opt = opt_level()
+    cpu, features = host()
+    try:
+        optimized_ir, obj, seconds = tiers.compile_in_child(llvm_ir, cpu, features, opt)
+    except tiers.NoChild:
+        optimized_ir, obj, seconds = _compile_here(llvm_ir, opt)
+    seconds = {**seconds, "llvm_opt_cpu": seconds["llvm_opt"], "llvm_emit_cpu": seconds["llvm_emit"]}
+    # CPU seconds of the child (its wall clock is shared, at nice 19)
+    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
+    if root is not None:
+        disk.store("objects", key, *code.to_entry(), root=root)
+    return code
+
+
+def _compile_here(llvm_ir: str, opt: int) -> tuple[str, bytes, dict[str, float]]:
+    """-O<opt> of llvm_ir in this process, where no process could be started for it: a target
+    machine of its own, LLVM's global context (llvmlite's lock: other compiles wait meanwhile)."""
     tm = new_target_machine(opt)
     c0 = time.thread_time()
     mod = llvm.parse_assembly(llvm_ir)
     mod.verify()
     c1 = time.thread_time()
-    if tiers.stopping():
-        raise RuntimeError("process exiting")
     optimize(mod, opt, tm)
     optimized_ir = str(mod)
     c2 = time.thread_time()
     if tiers.stopping():
         raise RuntimeError("process exiting")
     obj = tm.emit_object(mod)
-    c3 = time.thread_time()
-    seconds = {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": c3 - c2, "llvm_opt_cpu": c2 - c1,
-               "llvm_emit_cpu": c3 - c2}  # CPU seconds of the background thread (its wall clock is shared)
-    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
-    if root is not None:
-        disk.store("objects", key, *code.to_entry(), root=root)
-    return code
+    return optimized_ir, obj, {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": time.thread_time() - c2}
 
 
 def load_object(code: Code) -> tuple[Any, Any, Any]:

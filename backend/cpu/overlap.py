@@ -12,9 +12,11 @@ while the scan's own recurrence goes on. The compiled code then has a second ent
   per-thread setting of OpenBLAS and MKL), wakes the worker (a futex), and after every step
   publishes how many steps are done; at each deferred GEMM it waits until the worker has done
   all that GEMM's chunks, and after the scan it restores its BLAS threads.
-- `gir_worker` waits to be woken, sets its BLAS calls to one thread, then runs its static list
-  of chunks in order: each waits until its steps are done, runs one GEMM, and publishes that
-  it is done.
+- `gir_worker` waits to be woken, then claims chunks in order (a compare-and-swap of the next
+  chunk's index, codegen._Worker), setting its BLAS calls to one thread once it has one: each
+  waits until its steps and the chunk before it are done, runs one GEMM, and publishes that
+  it is done. At a deferred GEMM `gir_main` claims and runs the chunks the worker has not
+  claimed yet, so a worker whose core is busy costs a one-thread step, not a wait (issue 28).
 
 When the calling thread's other GEMMs (the forward pass's) measured faster on one thread
 than on all, its BLAS stays on one thread for the whole call (`main_blas_threads`): on a

@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 
 from ...analysis.memory.plan import MemoryPlan
+from ...config import current
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...support import timing
-from . import externals, native, tiers
+from . import blas, blas_threads, externals, native, quiet_timing, tiers
 from .code import (  # noqa: F401 - what runtime.py has always offered
     _CODEGEN_VERSION,
     DEFAULT_OPT,
@@ -62,6 +63,47 @@ class Stats:
     schedule: dict[str, object] = field(default_factory=dict)
     """How the compiled code lays out its work (Layout.schedule): stacked values written in
     place or copied, and the two-core schedule with the reasons for it."""
+    quiet_seconds: float = 0.0
+    """The fastest call of this code in this process so far: its quiet time."""
+    slower_because: list[str] = field(default_factory=list)
+    """When this call took more than SLOW_FACTOR times the quiet time: what competed with it
+    (quiet_timing.competitors: background work of this process, other processes, the switches
+    the call suffered); empty otherwise."""
+    source: Any = field(default=None, repr=False, compare=False)
+    """The CPUFunction that made the call: `background` and `blas_threads` are read from it
+    when asked (computing them at every call cost microseconds a call)."""
+    split_blocks: tuple[int, int] = (0, 0)
+    """Split schedule: blocks of split loops run by (the calling thread, OpenBLAS's pool thread)."""
+    worker_chunks: int = 0
+    """Two-core schedule: chunks of the deferred GEMMs the worker thread ran (the calling thread
+    ran the others: those the worker had not claimed when it needed them, codegen._Worker)."""
+
+    @property
+    def background(self) -> list[str]:
+        """Background work of this process pending or running now (GEMM measurements, better
+        code being compiled), as `gir run -v` says it."""
+        preparing = getattr(self.source, "preparing", "")
+        return quiet_timing.background_work() + ([f"preparing {preparing}"] if preparing else [])
+
+    @property
+    def blas_threads(self) -> str:
+        """How calls run BLAS now: 'all threads', or 'one thread (...)' while the second core
+        is busy (blas_threads.Governor, GIR_CPU_ADAPT); '' without the governor."""
+        governor = getattr(self.source, "governor", None)
+        return governor.describe() if governor is not None else ""
+
+    def slow_note(self) -> str:
+        """One line on a slow call ('' when it was not slow)."""
+        if not self.slower_because:
+            return ""
+        return (f"this call took {self.seconds * 1e3:.2f} ms against {self.quiet_seconds * 1e3:.2f} ms quiet; "
+                "competing: " + "; ".join(self.slower_because))
+
+
+SLOW_FACTOR = 2.0
+"""A call slower than this many times its code's quiet time gets `Stats.slower_because`."""
+SLOW_FLOOR = 1e-4
+"""Seconds below which a call is never called slow (jitter of microseconds is no news)."""
 
 
 @dataclass
@@ -129,6 +171,10 @@ class CPUFunction:
         self._fns_ptr = ctypes.cast(externals.table(), ctypes.c_void_p)
         self._local = threading.local()
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
+        self.governor = blas_threads.Governor() if current().cpu_adapt_threads else None
+        """One BLAS thread while the second core is busy (GIR_CPU_ADAPT; blas_threads.Governor)."""
+        self._quiet: dict[int, float] = {}
+        """Fastest call seconds per code (id of its CompileInfo: the quick and the final code differ)."""
         self._last_stats: Stats | None = None
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self.compile_seconds["load"] = time.perf_counter() - clock
@@ -252,6 +298,7 @@ class CPUFunction:
         ws = getattr(self._local, "workspace", None)
         if ws is None or not ws.fits(layout):
             ws = self._local.workspace = Workspace(layout)
+            self._local.switches = quiet_timing.thread_switches()  # the mark a slow call counts from
         return ws
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
@@ -270,17 +317,25 @@ class CPUFunction:
         outs = [np.empty(shape, dtype) for shape, dtype in self._results]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        ws.join_worker()  # a late worker of this thread's last call (it claims nothing more)
         counters = ws.counters
         counters[:] = 0
-        start = time.perf_counter()
-        worker = None
-        if entry.worker is not None:  # ctypes releases the GIL: the two run at once
-            worker = threading.Thread(target=entry.worker, args=(buffers, ws.counters_ptr, self._fns_ptr))
-            worker.start()
-        entry.native(buffers, ws.counters_ptr, self._fns_ptr)
-        if worker is not None:
-            worker.join()
-        seconds = time.perf_counter() - start
+        one = self._setter(layout) if self.governor is not None and self.governor.use_one_thread() else None
+        quiet_timing.call_began()
+        try:
+            before = one.enter() if one is not None else 0
+            start = time.perf_counter()
+            if entry.worker is not None and one is None:  # ctypes releases the GIL: the two run at once
+                ws.start_worker(entry, buffers, self._fns_ptr)
+            # on one thread, no worker: gir_main claims and runs every chunk itself
+            entry.native(buffers, ws.counters_ptr, self._fns_ptr)
+            seconds = time.perf_counter() - start
+            if one is not None:
+                one.leave(before)
+        finally:
+            quiet_timing.call_ended()
+        # gir_main returns once every chunk is done, by whichever thread: a worker that has not
+        # run yet finds them all claimed, and is joined before the workspace is used again
         if counters[2]:
             message, loc = layout.errors[int(counters[2]) - 1]
             message = message.replace("{value}", str(int(counters[3])))  # the offending index (flag_error)
@@ -288,9 +343,48 @@ class CPUFunction:
         paths: dict[str, int] = {}
         for g in layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self._local.stats = self._last_stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths,
-                                                     entry.code.info, layout.schedule)
+        stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths, entry.code.info,
+                      layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0,
+                      split_blocks=(int(counters[10]), int(counters[11])), source=self)
+        switches = self._note_quiet_time(stats)
+        if self.governor is not None:
+            self.governor.record(seconds, switches, one is not None)
+        self._local.stats = self._last_stats = stats
         return outs
+
+    def _setter(self, layout: Layout) -> blas_threads.OneThread | None:
+        """What sets BLAS to one thread for the code's GEMM family (None: nothing here, or BLAS
+        on one thread anyway: the call runs as compiled)."""
+        family = "mkl" if any(g.path in blas.FAMILIES["mkl"] for g in layout.gemms) else "openblas"
+        return blas_threads.one_thread(family)
+
+    def _note_quiet_time(self, stats: Stats) -> int:
+        """Keeps the fastest call as the quiet time; a call much slower says what competed.
+        Returns the involuntary switches this thread suffered since it last looked, read only
+        for a slow call (a look costs ~1 us: the fast path does not pay it), 0 otherwise."""
+        key = id(stats.compile)
+        quiet = self._quiet.get(key, 0.0)
+        if not quiet or stats.seconds < quiet:
+            self._quiet[key] = quiet = stats.seconds
+        stats.quiet_seconds = quiet
+        if stats.seconds <= SLOW_FACTOR * quiet or stats.seconds <= SLOW_FLOOR:
+            return 0
+        now = quiet_timing.thread_switches()
+        switches = now - getattr(self._local, "switches", now)
+        self._local.switches = now
+        stats.slower_because = quiet_timing.competitors(switches) or ["nothing seen (a page fault, a timer?)"]
+        return switches
+
+
+worker_hook: Any = None
+"""Tests: called on the worker's thread before `gir_worker` runs (a test delays the worker,
+as a busy second core would, and counts who ran the chunks)."""
+
+
+def _run_worker(entry: _Entry, buffers: Any, ws: Workspace, fns: Any) -> None:
+    if worker_hook is not None:
+        worker_hook()
+    entry.worker(buffers, ws.counters_ptr, fns)
 
 
 class Workspace:
@@ -301,14 +395,30 @@ class Workspace:
         self.sizes = (layout.arena_bytes, layout.pinned_bytes)
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(8, np.int64)
+        self.counters = np.zeros(12, np.int64)
         """GEMM calls, pack calls, the error code (layout.errors[code - 1]), the value its message
         names (an index out of range), and the
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
-        worker's GEMM calls."""
+        worker's GEMM calls, chunks the calling thread ran, the next chunk to claim; and the
+        split loops' blocks run by the calling thread and by OpenBLAS's pool (codegen._Split)."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
+        self._worker: threading.Thread | None = None
+
+    def start_worker(self, entry: _Entry, buffers: Any, fns: Any) -> None:
+        """Starts `gir_worker` on a thread of its own for this call. It holds the entry (its code:
+        a swap to the final code may drop the old one before a late worker runs), the buffers
+        and this workspace alive until it has run, however late."""
+        self._worker = threading.Thread(target=_run_worker, args=(entry, buffers, self, fns), daemon=True)
+        self._worker.start()
+
+    def join_worker(self) -> None:
+        """Waits for the last call's worker: it has claimed nothing left (gir_main returned),
+        but it reads the counters, which the next call sets to zero."""
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
 
     def fits(self, layout: Layout) -> bool:
         return layout.arena_bytes <= self.sizes[0] and layout.pinned_bytes <= self.sizes[1]
