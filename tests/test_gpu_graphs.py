@@ -1,0 +1,198 @@
+"""CUDA graphs on the GPU backend (backend/gpu/graphs.py): a compiled function captured once and
+replayed per call, in Numba's CUDA simulator through simcupy's capture contracts (the same code
+path as CuPy's stream capture on a GPU), against the interpreter.
+
+On a machine with a GPU, `NUMBA_ENABLE_CUDASIM=0 python -m pytest -m gpu` runs them there.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
+
+import gir  # noqa: E402
+from gir.backend.gpu import graphs  # noqa: E402
+from gir.backend.gpu.device import get_device  # noqa: E402
+
+try:
+    DEV = get_device()
+except gir.GirError as e:  # numba.cuda imported without the simulator, and no GPU
+    pytest.skip(str(e), allow_module_level=True)
+
+pytestmark = pytest.mark.gpu
+
+COUNTS = ("kernel_launches", "gemm_calls", "xp_launches", "copies")
+
+
+def _new_inputs(args: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(a + 0.1 * rng.standard_normal(a.shape)).astype(a.dtype) for a in args]
+
+
+def _close(got: list[np.ndarray], want: list[np.ndarray], what: str) -> None:
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * max(1.0, float(np.abs(w).max())), err_msg=what)
+
+
+@pytest.mark.parametrize("model", ["rnn", "gru", "lstm"])
+def test_training_step_replays_one_graph_per_call(model: str) -> None:
+    """Call 1 eager (the warm-up), then one graph launch per call, with new inputs each call,
+    every result as the interpreter's; the graph does the eager call's device work, no more."""
+    from rnn_cases import training_step
+
+    src, args, _ = training_step(model, 3, 2, 3, 4)
+    interp = gir.jit(src, f"{model}_grads", device="interp")
+    with gir.config.override(gpu_graphs=True):
+        fn = gir.jit(src, f"{model}_grads", device="gpu")
+    _close(fn(*args), interp(*args), f"{model} call 1")
+    first = fn.stats
+    assert first.graph_replays == 0 and first.graph.startswith("eager: the first call"), first.graph
+    eager = {k: getattr(first, k) for k in COUNTS}
+    assert eager["kernel_launches"] and eager["gemm_calls"]
+    for call in range(2, 5):
+        new = _new_inputs(args, call)
+        _close(fn(*new), interp(*new), f"{model} call {call}")
+        s = fn.stats
+        assert (s.graph, s.graph_replays, s.host_launches) == ("replayed", 1, 1), (s.graph, s.graph_replays)
+        assert {k: getattr(s, k) for k in COUNTS} == eager  # the graph's work, not Python calls
+        assert s.per_step == first.per_step
+        assert s.h2d == len(args) and s.d2h == len(interp(*new))
+
+
+@pytest.mark.parametrize("model", ["rnn", "lstm"])
+def test_capture_off_keeps_the_eager_path(model: str) -> None:
+    """GIR_GPU_GRAPHS=0: every call eager, the counts per call as pinned in test_gpu_backend."""
+    from rnn_cases import training_step
+    from test_gpu_backend import STEP_COUNTS, _per_step
+
+    src, args, _ = training_step(model, 3, 2, 3, 4)
+    interp = gir.jit(src, f"{model}_grads", device="interp")
+    with gir.config.override(gpu_graphs=False):
+        fn = gir.jit(src, f"{model}_grads", device="gpu")
+    for call in range(3):
+        new = _new_inputs(args, call)
+        _close(fn(*new), interp(*new), f"{model} call {call}")
+        s = fn.stats
+        assert (s.graph, s.graph_replays) == ("off", 0)
+        assert s.host_launches == s.launches == s.kernel_launches + s.gemm_calls + s.xp_launches + s.copies
+        got = {d: tuple(c[k] for k in COUNTS) for d, c in _per_step(fn).items()}
+        assert got == {d: tuple(float(x) for x in v) for d, v in STEP_COUNTS[model].items()}
+
+
+COMPUTED_INDEX = """\
+func @f(%x: tensor<4x3xf32>, %i: tensor<i32>) -> (tensor<3xf32>) {
+  %r = index(%x, %i)
+  %y = tanh(%r)
+  return %y
+}
+"""
+
+
+def test_a_host_read_back_keeps_the_function_eager() -> None:
+    """`index` by a computed index reads the index back to the host, which a capture refuses:
+    the capture is dropped, the function stays eager (the reason in stats), results right."""
+    with gir.config.override(gpu_graphs=True):
+        fn = gir.jit(COMPUTED_INDEX, "f", device="gpu")
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    for call, i in enumerate([1, 3, 0, 2]):
+        (got,) = fn(x, np.array(i, np.int32))
+        np.testing.assert_allclose(got, np.tanh(x[i]), rtol=1e-6)
+        if call:
+            assert fn.stats.graph_replays == 0 and fn.stats.graph.startswith("eager: capture refused"), fn.stats.graph
+            assert "capturing" in fn.stats.graph or "capture" in fn.stats.graph
+
+
+def test_a_run_time_error_is_raised_from_the_graph() -> None:
+    """The error flag is reset inside the graph and read after each launch."""
+    src = """\
+func @f(%a: tensor<4xi32>, %b: tensor<4xi32>) -> (tensor<4xi32>) {
+  %q = div(%a, %b)
+  return %q
+}
+"""
+    with gir.config.override(gpu_graphs=True):
+        fn = gir.jit(src, "f", device="gpu")
+    a = np.array([4, 6, 8, 9], np.int32)
+    fn(a, np.array([1, 2, 4, 3], np.int32))
+    (q,) = fn(a, np.array([2, 3, 2, 3], np.int32))
+    assert fn.stats.graph == "replayed"
+    np.testing.assert_array_equal(q, [2, 2, 4, 3])
+    with pytest.raises(gir.GirError, match="division by zero"):
+        fn(a, np.array([2, 0, 2, 3], np.int32))
+    (q,) = fn(a, np.array([1, 1, 1, 1], np.int32))  # the flag reset by the next replay
+    np.testing.assert_array_equal(q, a)
+
+
+# -- the stand-in's capture contracts (CuPy's) ----------------------------------------------
+
+
+@pytest.mark.skipif(not DEV.simulated, reason="the stand-in's own contracts")
+def test_simcupy_capture_records_and_replays() -> None:
+    from gir.backend.gpu import simcupy as xp
+
+    a = xp.asarray(np.ones(3, np.float32))
+    out = xp.zeros(3, np.float32)
+    stream = xp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        xp.add(a, a, out=out)
+        a[...] = out  # recorded, not run: a stays ones until the graph runs
+        with pytest.raises(NotImplementedError, match="cuBLAS API during stream capture"):
+            xp.matmul(a.reshape(1, 3), a.reshape(3, 1))
+        with pytest.raises(xp.CaptureError, match="StreamCaptureUnsupported"):
+            a.get()
+        with pytest.raises(xp.CaptureError):
+            out.set(np.zeros(3, np.float32))
+        with pytest.raises(xp.CaptureError, match="Implicit"), xp.NULL_STREAM:
+            xp.add(a, a, out=out)
+        graph = stream.end_capture()
+    np.testing.assert_array_equal(a.get(), 1)
+    graph.launch(stream)
+    np.testing.assert_array_equal(a.get(), 2)
+    graph.launch(stream)
+    np.testing.assert_array_equal(a.get(), 4)
+
+
+LAYOUTS = ["plain", "a_transposed", "b_transposed", "both_transposed", "column_slices", "row_of_one"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_c_api_gemm_translation(layout: str, dtype: type) -> None:
+    """graphs.gemm_call's row-major -> column-major translation, run through cuBLAS's C API
+    call (the simulator's stand-in for it on host memory; cuBLAS itself on a GPU), against
+    NumPy, for the strided views the backend hands a GEMM."""
+    rng = np.random.default_rng(7)
+    m, k, n = (1, 4, 3) if layout == "row_of_one" else (5, 4, 3)
+    host_a = rng.standard_normal((k, m) if layout in ("a_transposed", "both_transposed") else (m, k)).astype(dtype)
+    host_b = rng.standard_normal((n, k) if layout in ("b_transposed", "both_transposed") else (k, 2 * n)).astype(dtype)
+    xp = DEV.xp
+    a, b = xp.asarray(host_a), xp.asarray(host_b)
+    if layout in ("a_transposed", "both_transposed"):
+        a, host_a = a.T, host_a.T
+    if layout in ("b_transposed", "both_transposed"):
+        b, host_b = b.T, host_b.T
+    else:
+        b, host_b = b[:, n:], host_b[:, n:]  # column slices: rows strided, columns contiguous
+    out = xp.zeros((m, n), dtype)
+    stream = xp.cuda.Stream(non_blocking=True)
+    blas = graphs.c_api_blas(DEV, int(stream.ptr))
+    with stream:
+        blas.gemm(np.dtype(dtype), graphs.gemm_call(a, b, out, DEV.address))
+    np.testing.assert_allclose(out.get(), host_a @ host_b, rtol=1e-5)
+
+
+def test_gemm_call_refuses_what_cublas_cannot_take() -> None:
+    xp = DEV.xp
+    a = xp.zeros((2, 3, 4), np.float32)
+    with pytest.raises(graphs.CaptureRefused, match="batched"):
+        graphs.gemm_call(a, xp.zeros((2, 4, 5), np.float32), xp.zeros((2, 3, 5), np.float32), DEV.address)
+    strided = xp.zeros((6, 8), np.float32)[::2, ::2]
+    with pytest.raises(graphs.CaptureRefused, match="strides"):
+        graphs.gemm_call(strided, xp.zeros((4, 2), np.float32), xp.zeros((3, 2), np.float32), DEV.address)
