@@ -196,3 +196,26 @@ def test_gemm_call_refuses_what_cublas_cannot_take() -> None:
     strided = xp.zeros((6, 8), np.float32)[::2, ::2]
     with pytest.raises(graphs.CaptureRefused, match="strides"):
         graphs.gemm_call(strided, xp.zeros((4, 2), np.float32), xp.zeros((3, 2), np.float32), DEV.address)
+
+
+# -- bench/rnn.py --device gpu: argument handling (the run itself needs a GPU) -----------------
+
+
+def test_bench_rnn_gpu_arguments_and_a_clear_failure_without_a_gpu() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench" / "rnn.py"
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    shown = subprocess.run([sys.executable, str(bench), "--device", "gpu", "--help"], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert shown.returncode == 0 and "{cpu,gpu,auto}" in shown.stdout and "L (T=100 B=256 1024)" in shown.stdout
+    if not DEV.simulated:
+        pytest.skip("a GPU is here: bench/gpu_check.sh runs the benchmark itself")
+    run = subprocess.run([sys.executable, str(bench), "--device", "gpu", "--quick"], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert run.returncode == 2 and "--device gpu: no GPU for gir's GPU backend here" in run.stderr, run.stderr
+    auto = subprocess.run([sys.executable, str(bench), "--device", "auto", "--sizes", "L"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert auto.returncode == 2 and "device: cpu" in auto.stdout and "--sizes: unknown L" in auto.stderr
