@@ -95,7 +95,12 @@ GPU_PEERS = ("gir", "pytorch", "jax")
 JAX (lax.scan + jit); PyTensor and NumPy have no GPU path here."""
 DEVICE = "cpu"
 """The worker's device (`cpu` or `gpu`), from the job."""
-MODELS = ("rnn", "gru", "lstm")
+MODELS = ("rnn", "gru", "lstm", "peephole")
+"""peephole: an LSTM whose gates also read the cell (c * p_i, c * p_f, c_t * p_o), a cell cuDNN
+does not offer (issue 26): PyTorch runs it as a Python loop of tensor ops (`setup_pytorch_loop`),
+JAX and gir compile it; NumPy and PyTensor have no peephole form here."""
+CUSTOM = ("peephole",)
+"""Models cuDNN has no kernel for."""
 PEERS = ("gir", "pytorch", "jax", "pytensor", "numpy")
 PEER_TITLES = {"gir": "gir", "pytorch": "PyTorch", "jax": "JAX", "pytensor": "PyTensor", "numpy": "NumPy"}
 PEER_MODULES = {"pytorch": "torch", "jax": "jax", "numpy": "numpy"}
@@ -105,7 +110,9 @@ PEAK_N, PEAK_N_QUICK = 2048, 512
 # ---------------------------------------------------------------------------------------------
 # Models: parameter names (gir's layout), initial values, the fused layout, GEMM FLOPs
 
-GATES = {"rnn": ("h",), "gru": ("z", "r", "n"), "lstm": ("i", "f", "g", "o")}
+GATES = {"rnn": ("h",), "gru": ("z", "r", "n"), "lstm": ("i", "f", "g", "o"), "peephole": ("i", "f", "g", "o")}
+PEEPHOLES = ("p_i", "p_f", "p_o")
+"""The peephole LSTM's extra parameters (each of shape (H,))."""
 """Gate order of the fused layout used by NumPy, JAX and PyTensor (W = [w_z w_r w_n], ...)."""
 
 
@@ -122,7 +129,7 @@ def b_name(model: str, gate: str) -> str:
 
 
 def states(model: str) -> list[str]:
-    return ["h0", "c0"] if model == "lstm" else ["h0"]
+    return ["h0", "c0"] if model in ("lstm", "peephole") else ["h0"]
 
 
 def param_names(model: str) -> list[str]:
@@ -130,13 +137,13 @@ def param_names(model: str) -> list[str]:
     gates = GATES[model]
     names = states(model) + [w_name(model, g) for g in gates] + [u_name(model, g) for g in gates]
     names += [b_name(model, g) for g in gates]
-    return names + (["b_hn"] if model == "gru" else [])
+    return names + (["b_hn"] if model == "gru" else []) + (list(PEEPHOLES) if model == "peephole" else [])
 
 
 def param_shape(name: str, B: int, I: int, H: int) -> tuple[int, ...]:
     if name in ("h0", "c0"):
         return (B, H)
-    if name.startswith("b"):
+    if name.startswith("b") or name in PEEPHOLES:
         return (H,)
     return (I, H) if name in ("wx",) or name.startswith("w_") else (H, H)
 
@@ -162,11 +169,14 @@ def fuse(model: str, p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
              "b": np.concatenate([p[b_name(model, g)] for g in gates])}
     if model == "gru":
         fused["b_hn"] = p["b_hn"]
+    for name in PEEPHOLES if model == "peephole" else ():
+        fused[name] = p[name]
     return {n: np.ascontiguousarray(a) for n, a in fused.items()}
 
 
 def fused_names(model: str) -> list[str]:
-    return states(model) + ["Wx", "U", "b"] + (["b_hn"] if model == "gru" else [])
+    return states(model) + ["Wx", "U", "b"] + (["b_hn"] if model == "gru" else []) \
+        + (list(PEEPHOLES) if model == "peephole" else [])
 
 
 def unfuse_grads(model: str, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -178,6 +188,8 @@ def unfuse_grads(model: str, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[name(model, gate)] = part
     if model == "gru":
         out["b_hn"] = g["b_hn"]
+    for name in PEEPHOLES if model == "peephole" else ():
+        out[name] = g[name]
     return out
 
 
@@ -268,6 +280,12 @@ GIR_BODY = {
              "%o = sigmoid(%x @ %w_o + %h @ %u_o + %b_o)",
              "%c = %f * %c + %i * %g",
              "%h = %o * tanh(%c)"],
+    "peephole": ["%i = sigmoid(%x @ %w_i + %h @ %u_i + %c * %p_i + %b_i)",
+                 "%f = sigmoid(%x @ %w_f + %h @ %u_f + %c * %p_f + %b_f)",
+                 "%g = tanh(%x @ %w_g + %h @ %u_g + %b_g)",
+                 "%c = %f * %c + %i * %g",
+                 "%o = sigmoid(%x @ %w_o + %h @ %u_o + %c * %p_o + %b_o)",
+                 "%h = %o * tanh(%c)"],
 }
 
 
@@ -367,8 +385,50 @@ def setup_gir_gpu(model: str, p: dict[str, np.ndarray]):
     return step, (lambda out: (float(cupy.asnumpy(out[0])), {n: cupy.asnumpy(g) for n, g in zip(names, out[1:])}))
 
 
+def setup_pytorch_loop(model: str, p: dict[str, np.ndarray]):
+    """A cell cuDNN does not offer, as a PyTorch user writes it: a Python loop over the steps of
+    tensor ops in the fused layout (one GEMM for every step's input projection first), autograd
+    for the gradients."""
+    from types import SimpleNamespace
+
+    import torch
+
+    if DEVICE == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("PyTorch sees no CUDA GPU (a CPU-only torch build?)")
+    dev = torch.device("cuda" if DEVICE == "gpu" else "cpu")
+    f = fuse(model, p)
+    names = fused_names(model)
+    leaves = {n: torch.from_numpy(f[n]).to(dev).requires_grad_() for n in names}
+    xs = torch.from_numpy(f["xs"]).to(dev)
+    T, B, I = f["xs"].shape
+    H = f["h0"].shape[1]
+    m = SimpleNamespace(tanh=torch.tanh, sigmoid=torch.sigmoid, dot=torch.matmul)
+    peep = tuple(leaves[n] for n in PEEPHOLES) if model == "peephole" else None
+
+    def step():
+        for t in leaves.values():
+            t.grad = None
+        A = (xs.reshape(T * B, I) @ leaves["Wx"] + leaves["b"]).reshape(T, B, -1)
+        h, c, loss = leaves["h0"], leaves.get("c0"), 0.0
+        for t in range(T):
+            h, c = cell(m, model, H, A[t], h, c, leaves["U"], leaves.get("b_hn"), peep)
+            loss = loss + (h * h).sum()
+        loss.backward()
+        if DEVICE == "gpu":
+            torch.cuda.synchronize()
+        return loss
+
+    def to_gir(loss):
+        return float(loss.detach().cpu()), unfuse_grads(model, {n: t.grad.cpu().numpy() for n, t in leaves.items()})
+
+    return step, to_gir
+
+
 def setup_pytorch(model: str, p: dict[str, np.ndarray]):
     import torch
+
+    if model in CUSTOM:
+        return setup_pytorch_loop(model, p)
 
     T, B, I = p["xs"].shape
     H = p["h0"].shape[1]
@@ -414,7 +474,7 @@ def setup_pytorch(model: str, p: dict[str, np.ndarray]):
     return step, to_gir
 
 
-def cell(m, model: str, H: int, a, h, c, U, b_hn):
+def cell(m, model: str, H: int, a, h, c, U, b_hn, peep=None):
     """One step in the fused layout, shared by JAX and PyTensor: `a` is this step's input
     projection x W + b, `m` gives tanh, sigmoid and dot. Returns the new (h, c)."""
     hu = m.dot(h, U)
@@ -426,6 +486,11 @@ def cell(m, model: str, H: int, a, h, c, U, b_hn):
         n = m.tanh(a[:, 2 * H:] + r * (hu[:, 2 * H:] + b_hn))
         return (1.0 - z) * n + z * h, c
     s = a + hu
+    if model == "peephole":
+        p_i, p_f, p_o = peep
+        i, f = m.sigmoid(s[:, :H] + c * p_i), m.sigmoid(s[:, H:2 * H] + c * p_f)
+        c = f * c + i * m.tanh(s[:, 2 * H:3 * H])
+        return m.sigmoid(s[:, 3 * H:] + c * p_o) * m.tanh(c), c
     i, f, o = m.sigmoid(s[:, :H]), m.sigmoid(s[:, H:2 * H]), m.sigmoid(s[:, 3 * H:])
     c = f * c + i * m.tanh(s[:, 2 * H:3 * H])
     return o * m.tanh(c), c
@@ -451,7 +516,8 @@ def setup_jax(model: str, p: dict[str, np.ndarray]):
 
         def body(carry, a):
             h, c, loss = carry
-            h, c = cell(m, model, H, a, h, c, q["U"], q.get("b_hn"))
+            peep = tuple(q[n] for n in PEEPHOLES) if model == "peephole" else None
+            h, c = cell(m, model, H, a, h, c, q["U"], q.get("b_hn"), peep)
             return (h, c, loss + jnp.sum(h * h)), None
 
         (_, _, loss), _ = jax.lax.scan(body, (q["h0"], q.get("c0"), jnp.float32(0)), A)
@@ -663,6 +729,9 @@ def worker(peer: str, job_dir: Path, threads: int) -> None:
         r: dict = {}
         result["cases"][name] = r
         try:
+            if model in CUSTOM and peer in ("numpy", "pytensor"):
+                r["status"], r["message"] = "skipped", f"no {model} form for {PEER_TITLES[peer]}"
+                continue
             inputs = dict(np.load(job_dir / f"inputs-{name}.npz"))
             started = time.perf_counter()
             setup = setup_gir_gpu if (peer, DEVICE) == ("gir", "gpu") else SETUP[peer]
@@ -802,7 +871,7 @@ def cell_text(row: dict, peer: str) -> str:
     if r is None:
         return "—"
     if r["status"] == "skipped":
-        return "not installed"
+        return r.get("message", "not installed")
     if r["status"] == "mismatch":
         return f"grads differ ({r['error']:.1e}, {r['worst']})"
     if r["status"] != "ok":
@@ -998,7 +1067,8 @@ def write_plot(path: Path, rows: list[dict], peers: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="rnn,gru,lstm", help="comma-separated: rnn,gru,lstm")
+    ap.add_argument("--models", default=None, help="comma-separated: rnn,gru,lstm,peephole (default rnn,gru,lstm "
+                    "on the CPU, rnn,gru,lstm,peephole on the GPU)")
     ap.add_argument("--sizes", default=None, help="comma-separated: S (T=50 B=32 256), M (T=100 B=64 512) and, on "
                     "the GPU, L (T=100 B=256 1024) (default S,M on the CPU, S,M,L on the GPU)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each in fresh processes")
@@ -1033,7 +1103,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"device: {gpu_name or 'cpu (' + why + ')'}", flush=True)
     on_gpu = device == "gpu"
     all_sizes, all_peers = (GPU_SIZES, GPU_PEERS) if on_gpu else (SIZES, PEERS)
-    models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
+    models = [m.strip().lower() for m in (args.models or ("rnn,gru,lstm,peephole" if on_gpu else "rnn,gru,lstm"))
+              .split(",") if m.strip()]
     sizes = [s.strip().upper() for s in (args.sizes or ("S,M,L" if on_gpu else "S,M")).split(",") if s.strip()]
     others = [p.strip().lower() for p in (args.peers or ("pytorch,jax" if on_gpu else "pytorch,jax,pytensor,numpy"))
               .split(",") if p.strip() and p.strip().lower() != "gir"]

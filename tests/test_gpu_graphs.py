@@ -219,3 +219,74 @@ def test_bench_rnn_gpu_arguments_and_a_clear_failure_without_a_gpu() -> None:
     auto = subprocess.run([sys.executable, str(bench), "--device", "auto", "--sizes", "L"], capture_output=True,
                           text=True, env=env, timeout=120)
     assert auto.returncode == 2 and "device: cpu" in auto.stdout and "--sizes: unknown L" in auto.stderr
+
+
+# -- a cell cuDNN does not offer: the peephole LSTM (examples/peephole_lstm.gir) --------------
+
+
+def _peephole(T: int, B: int, I: int, H: int, dtype: str = "f32") -> tuple[str, list[np.ndarray], object]:
+    from rnn_cases import bench_module
+
+    rnn = bench_module("rnn")
+    src = rnn.gir_source("peephole", T, B, I, H).replace("f32>", f"{dtype}>")
+    p = rnn.make_inputs("peephole", T, B, I, H, 3)
+    np_dtype = np.float32 if dtype == "f32" else np.float64
+    return src, [p["xs"].astype(np_dtype)] + [p[n].astype(np_dtype) for n in rnn.param_names("peephole")], rnn
+
+
+def test_peephole_example_on_the_cpu_and_the_gpu_against_the_interpreter() -> None:
+    """examples/peephole_lstm.gir on the CPU backend, and shrunk on the GPU (graph path, new
+    inputs per call), equal the interpreter's loss and gradients."""
+    from pathlib import Path
+
+    from rnn_cases import bench_module
+
+    rnn = bench_module("rnn")
+    text = (Path(__file__).resolve().parent.parent / "examples" / "peephole_lstm.gir").read_text()
+    p = rnn.make_inputs("peephole", 20, 8, 16, 32, 1)
+    args = [p["xs"]] + [p[n] for n in rnn.param_names("peephole")]
+    want = gir.jit(text, "peephole_grads", device="interp")(*args)
+    assert len(want) == 1 + len(rnn.param_names("peephole"))
+    _close(gir.jit(text, "peephole_grads", device="cpu")(*args), want, "peephole on the cpu")
+    src, small, _ = _peephole(3, 2, 3, 4)
+    interp = gir.jit(src, "peephole_grads", device="interp")
+    fn = gir.jit(src, "peephole_grads", device="gpu")
+    for call in range(3):
+        new = _new_inputs(small, call)
+        _close(fn(*new), interp(*new), f"peephole on the gpu, call {call + 1}")
+    assert fn.stats.graph == "replayed" and fn.stats.graph_replays == 1
+
+
+def test_peephole_gradients_against_finite_differences_and_the_benchmarks_cell() -> None:
+    """float64: gir's peephole gradients against central differences of its loss; and the
+    benchmark's peer form of the cell (bench/rnn.py `cell`, which JAX and PyTorch run) gives
+    gir's loss."""
+    from types import SimpleNamespace
+
+    src, args, rnn = _peephole(4, 2, 3, 5, "f64")
+    names = rnn.param_names("peephole")
+    loss_fn = gir.jit(src, "peephole_loss", device="interp")
+    grads = gir.jit(src, "peephole_grads", device="cpu")(*args)
+    rng = np.random.default_rng(0)
+    for name in ("p_i", "p_f", "p_o", "c0", "u_f"):
+        k = names.index(name)
+        flat = rng.integers(args[1 + k].size)
+        eps = 1e-6
+
+        def at(delta: float) -> float:
+            moved = [a.copy() for a in args]
+            moved[1 + k].reshape(-1)[flat] += delta
+            return float(loss_fn(*moved)[0])
+
+        fd = (at(eps) - at(-eps)) / (2 * eps)
+        assert abs(grads[1 + k].reshape(-1)[flat] - fd) < 1e-6 * max(1.0, abs(fd)), (name, fd)
+    f = rnn.fuse("peephole", dict(zip(["xs", *names], args)))
+    T, B, I = f["xs"].shape
+    H = f["h0"].shape[1]
+    m = SimpleNamespace(tanh=np.tanh, sigmoid=lambda v: 1 / (1 + np.exp(-v)), dot=np.dot)
+    A = (f["xs"].reshape(T * B, I) @ f["Wx"] + f["b"]).reshape(T, B, -1)
+    h, c, loss = f["h0"], f["c0"], 0.0
+    for t in range(T):
+        h, c = rnn.cell(m, "peephole", H, A[t], h, c, f["U"], None, tuple(f[n] for n in rnn.PEEPHOLES))
+        loss += float((h * h).sum())
+    assert abs(loss - float(grads[0])) < 1e-10 * max(1.0, abs(loss))
