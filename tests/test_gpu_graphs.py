@@ -5,6 +5,7 @@ path as CuPy's stream capture on a GPU), against the interpreter.
 On a machine with a GPU, `NUMBA_ENABLE_CUDASIM=0 python -m pytest -m gpu` runs them there.
 """
 
+# ruff: noqa: E741  (I is the input size, as in T, B, I, H)
 from __future__ import annotations
 
 import os
@@ -273,7 +274,7 @@ def test_peephole_gradients_against_finite_differences_and_the_benchmarks_cell()
         flat = rng.integers(args[1 + k].size)
         eps = 1e-6
 
-        def at(delta: float) -> float:
+        def at(delta: float, k: int = k, flat: int = flat) -> float:
             moved = [a.copy() for a in args]
             moved[1 + k].reshape(-1)[flat] += delta
             return float(loss_fn(*moved)[0])
