@@ -207,7 +207,9 @@ class CallGraph:
         if not self.enabled or self.reason is not None:
             return contextlib.nullcontext()
         if self.stream is None:
-            self.stream = self.fn.dev.xp.cuda.Stream(non_blocking=True)
+            # Blocking: ordered after the user's work on the legacy default stream (arguments
+            # made there), and that stream's later work after ours (device results read there).
+            self.stream = self.fn.dev.xp.cuda.Stream(non_blocking=False)
         return self.stream
 
     def run(self) -> list[Any]:
