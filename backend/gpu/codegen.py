@@ -216,9 +216,13 @@ class Lowering:
 
     def xp_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs), an xp function launching device work (a reduction, a gather):
-        every such launch goes through here (logsumexp, a few in one step, counts each)."""
+        every such launch goes through here (logsumexp, a few in one step, counts each). While
+        capturing, what it returns is kept alive with the graph (its address is in the graph)."""
         self.counters.xp_launches += 1
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        if self.blas is not None and result is not None:  # a new array the graph writes: keep it
+            self.captured_arrays.append(result)
+        return result
 
     def error_codes(self, sites: list[tuple[str, Operation]]) -> int:
         """The first of len(sites) new run-time error codes."""
