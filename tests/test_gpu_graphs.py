@@ -317,3 +317,15 @@ def test_cupy_reductions_and_transposed_gemms_replay() -> None:
         _close(fn(*args), interp(*args), f"call {call + 1}")
         if call:
             assert fn.stats.graph == "replayed" and fn.stats.xp_launches > 0 and fn.stats.gemm_calls == 1
+
+
+def test_libcublas_lookup_says_what_is_missing() -> None:
+    """Without a libcublas, the C-API path refuses with the install hint (and the function
+    stays eager); with one, it exports the entry points the capture path calls."""
+    try:
+        lib = graphs._find_libcublas()
+    except graphs.CaptureRefused as e:
+        assert "no libcublas" in str(e) and "pip install" in str(e)
+        return
+    for name in ("cublasCreate_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2", "cublasSgemm_v2", "cublasDgemm_v2"):
+        assert hasattr(lib, name), name

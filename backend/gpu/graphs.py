@@ -105,8 +105,15 @@ def _rows_collapse(x: Any) -> bool:
 
 
 def _find_libcublas() -> ctypes.CDLL:
-    """The libcublas the CUDA wheels ship (nvidia-cublas-cu12 / cu13), else the system's."""
+    """The libcublas the CUDA wheels ship (cuda-pathfinder finds it as CuPy and numba-cuda find
+    theirs: `nvidia/cu13/lib`, `nvidia/cublas/lib`), else the system's."""
     candidates: list[str] = []
+    try:
+        from cuda import pathfinder  # type: ignore[import-not-found]
+
+        candidates.append(pathfinder.load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception:  # noqa: BLE001 (no pathfinder, or no cuBLAS where it looks: the fallbacks)
+        pass
     try:
         import nvidia.cublas  # type: ignore[import-not-found]
 
