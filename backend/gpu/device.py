@@ -88,7 +88,7 @@ class Device:
         stream = self._numba_streams.get(ptr)
         if stream is None:
             stream = self._numba_streams[ptr] = self.cuda.external_stream(ptr)
-        kernel[(*shape, stream)](*args)
+        kernel[tuple(shape) + (stream,)](*args)
 
     def address(self, a: Any) -> int:
         """The device address of a's first element."""

@@ -28,6 +28,7 @@ import copy
 import ctypes
 import ctypes.util
 import glob
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -109,15 +110,15 @@ def _find_libcublas() -> ctypes.CDLL:
     theirs: `nvidia/cu13/lib`, `nvidia/cublas/lib`), else the system's."""
     candidates: list[str] = []
     try:
-        from cuda import pathfinder  # type: ignore[import-not-found]
+        pathfinder = importlib.import_module("cuda.pathfinder")  # not everywhere (mypy included)
 
         candidates.append(pathfinder.load_nvidia_dynamic_lib("cublas").abs_path)
     except Exception:  # noqa: BLE001 (no pathfinder, or no cuBLAS where it looks: the fallbacks)
         pass
     try:
-        import nvidia.cublas  # type: ignore[import-not-found]
+        nvidia_cublas = importlib.import_module("nvidia.cublas")
 
-        for root in list(getattr(nvidia.cublas, "__path__", [])):
+        for root in list(getattr(nvidia_cublas, "__path__", [])):
             candidates += sorted(glob.glob(os.path.join(root, "lib", "libcublas.so*")))
     except ImportError:
         pass

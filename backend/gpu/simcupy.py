@@ -38,7 +38,7 @@ import numbers
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -548,11 +548,15 @@ def cublas_gemm(dtype: np.dtype, transa: int, transb: int, m: int, n: int, k: in
         item = dtype.itemsize
         extent = ((cols - 1) * ld + rows) * item if rows and cols else 0
         buffer = (ctypes.c_char * builtins.max(extent, 1)).from_address(ptr)
-        return np.ndarray((rows, cols), dtype, buffer=buffer, strides=(item, ld * item))
+        return np.ndarray((rows, cols), dtype, buffer=cast(Any, buffer), strides=(item, ld * item))
 
     a = col_major(a_ptr, *((m, k) if transa == CUBLAS_OP_N else (k, m)), lda)
     b = col_major(b_ptr, *((k, n) if transb == CUBLAS_OP_N else (n, k)), ldb)
     c = col_major(c_ptr, m, n, ldc)
     op_a = a if transa == CUBLAS_OP_N else a.T
     op_b = b if transb == CUBLAS_OP_N else b.T
-    issue(lambda: np.matmul(op_a, op_b, out=c))
+
+    def gemm() -> None:
+        np.matmul(op_a, op_b, out=c)
+
+    issue(gemm)
