@@ -11,6 +11,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
+from ...analysis.lengths import LengthDims
 from ...analysis.memory.plan import MemoryPlan
 from ...ir.core import Function
 from ...support import cache as disk
@@ -75,14 +76,14 @@ def optimize_quick(mod: llvm.ModuleRef) -> None:
 
 
 def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None,
-                 best: bool = False) -> Code:
+                 best: bool = False, lengths: LengthDims | None = None) -> Code:
     """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
     function (printed after the passes) from the object cache. tiered (default: tiers.enabled())
     and a miss: quick code now, and the -O3 compile as `code.final` (tiers.py; CPUFunction
     queues it). An object whose GEMM paths came from the model, measured since, is used all the
     same, its better code made in the background as its `final`; best: compiled again instead
-    (what that background job does)."""
-    key = cache_key(function, plan)
+    (what that background job does). lengths: code for every length (analysis/lengths.py)."""
+    key = cache_key(function, plan, lengths)
     tiers.wait_for_key(key)
     with timing.phase("cache: object lookup"):
         found = disk.load("objects", key) if disk.enabled() else None
@@ -96,13 +97,13 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         if code is not None and not best:
             root = disk.cache_root()
             switches = target_key()
-            make = lambda: _final_code(*_lowered(function, plan, switches), key, root)  # noqa: E731
+            make = lambda: _final_code(*_lowered(function, plan, switches, lengths), key, root)  # noqa: E731
             code.final = tiers.FinalCompile(make, key, what="code with the measured GEMM paths")
             return code
     t0 = time.perf_counter()
     tiered = tiers.enabled() if tiered is None else tiered
     with timing.phase("backend: lower to LLVM IR"):
-        module, layout = lower_function(function, plan, quick=tiered)
+        module, layout = lower_function(function, plan, quick=tiered, lengths=lengths)
         llvm_ir = str(module)
     lower = time.perf_counter() - t0
     if not tiered:
@@ -117,14 +118,15 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
     if "quick_tier" in layout.schedule:  # the -O3 code takes gir-packed where the quick code did not
         switches = target_key()  # the environment `key` was made in: the job lowers under it or not at all
-        job = lambda: _final_code(*_lowered(function, plan, switches), key, root)  # noqa: E731
+        job = lambda: _final_code(*_lowered(function, plan, switches, lengths), key, root)  # noqa: E731
     else:
         job = lambda: _final_code(llvm_ir, layout, key, root)  # noqa: E731
     code.final = tiers.FinalCompile(job, key if root else None)
     return code
 
 
-def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple) -> tuple[str, Layout]:
+def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple,
+             lengths: LengthDims | None = None) -> tuple[str, Layout]:
     """function lowered for the -O3 tier (on the background thread: the IR is not changed once
     compiled, and what lowering reads of BLAS measurements is under their locks). Lowering
     reads the GIR_* switches of target_key (GIR_PACKED_GEMM, GIR_CPU_OVERLAP, ...) when the job
@@ -134,7 +136,7 @@ def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple) -> tu
     if target_key() != switches:
         raise RuntimeError("a switch of the cache key (GIR_*, BLAS threads) changed between the quick compile and "
                            "its -O3 job: the final code is not lowered under another environment")
-    module, layout = lower_function(function, plan)
+    module, layout = lower_function(function, plan, lengths=lengths)
     return str(module), layout
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.lengths import LengthDims
 from ...analysis.memory.plan import MemoryPlan
 from ...config import code_key, current
 from ...errors import GirArgumentError, GirError
@@ -37,7 +38,7 @@ from ...ir.types import TensorType
 from ...support import timing
 from ...support.cache import build_fingerprint, digest
 from . import blas, externals, native, team, tiers
-from .layout import Layout
+from .layout import Layout, LengthLayout
 
 
 def opt_level() -> int:
@@ -174,14 +175,15 @@ class CPUFunction:
     """A function compiled for this CPU; cached on disk by content (see `cache_key`)."""
 
     def __init__(self, function: Function, plan: MemoryPlan | None = None, code: Code | None = None,
-                 tiered: bool | None = None):
+                 tiered: bool | None = None, lengths: LengthDims | None = None):
         """Compiles function (or takes `code` compiled before: then function may be a signature
-        without a body, as the compile cache rebuilds it). tiered: see compile_code."""
+        without a body, as the compile cache rebuilds it). tiered: see compile_code; lengths:
+        code for every length of the dims that follow it (`length_of`)."""
         self.function = function
         if code is None:
             from .llvm_jit import compile_code
 
-            code = compile_code(function, plan, tiered)
+            code = compile_code(function, plan, tiered, lengths=lengths)
         self.from_cache = bool(code.info.from_cache)
         s = {} if self.from_cache else code.info.seconds
         self.compile_seconds: dict[str, float] = {} if not s else {
@@ -288,10 +290,43 @@ class CPUFunction:
         return entry.asm
 
     @classmethod
-    def compile(cls, function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> CPUFunction:
+    def compile(cls, function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None,
+                lengths: LengthDims | None = None) -> CPUFunction:
         """Compiles function, laying its arena out by plan (the pipeline's `memplan` result;
-        memplan's default plan when None); tiered=False: the final code only (tiers.py)."""
-        return cls(function, plan, tiered=tiered)
+        memplan's default plan when None); tiered=False: the final code only (tiers.py);
+        lengths: the code serves every length (analysis/lengths.py)."""
+        return cls(function, plan, tiered=tiered, lengths=lengths)
+
+    def length_of(self, shapes: list[tuple[int, ...]]) -> int | None:
+        """The length T these argument shapes have, where the code serves every length and
+        they fit it (every other dim as compiled, one T for all, T >= min_length); else None."""
+        lengths = self.layout.lengths
+        if lengths is None or len(shapes) != len(self.function.args):
+            return None
+        free = {(i, axis): (a, b) for i, axis, a, b in lengths.arguments}
+        found: set[int] = set()
+        for i, (shape, t) in enumerate(zip(shapes, self.function.arg_types)):
+            if len(shape) != t.rank:
+                return None
+            for axis, (d, compiled) in enumerate(zip(shape, t.shape)):
+                if (i, axis) not in free:
+                    if d != compiled:
+                        return None
+                    continue
+                a, b = free[(i, axis)]
+                if (d - b) % a:
+                    return None
+                found.add((d - b) // a)
+        if len(found) != 1 or min(found) < lengths.min_length:
+            return None
+        return found.pop()
+
+    def _result_shapes(self, lengths: LengthLayout | None, t: int | None) -> list[tuple[int, ...]]:
+        shapes = [list(r.shape) for r in self.function.result_types]
+        if lengths is not None and t is not None:
+            for i, axis, a, b in lengths.results:
+                shapes[i][axis] = a * t + b
+        return [tuple(s) for s in shapes]  # type: ignore[misc]
 
     @property
     def stats(self) -> Stats:
@@ -312,7 +347,15 @@ class CPUFunction:
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
         f = self.function
-        arrays = check_arguments(f, args)
+        length = None
+        if self.layout.lengths is not None:  # code for every length: T from the shapes
+            arrays = [np.asarray(a) for a in args]
+            length = self.length_of([a.shape for a in arrays])
+            if length is None or any(a.dtype != t.numpy_dtype for a, t in zip(arrays, f.arg_types)):
+                raise GirArgumentError(f"@{f.name}: arguments of shapes {[a.shape for a in arrays]} do not fit the "
+                                       f"code compiled for every length ({self.layout.lengths.describe})", f.loc)
+        else:
+            arrays = check_arguments(f, args)
         for i, a in enumerate(arrays):
             if not a.flags.c_contiguous:
                 raise GirArgumentError(f"argument %{f.args[i].name_hint} of @{f.name} must be C-contiguous "
@@ -320,8 +363,11 @@ class CPUFunction:
         entry = self._entry  # once: both entry points and the layout of this call come from the same code
         layout = entry.code.layout
         ws = self.workspace(layout)
-        outs = [np.empty(t.shape, t.numpy_dtype) for t in f.result_types]  # type: ignore[arg-type]
+        outs = [np.empty(shape, t.numpy_dtype) for shape, t in zip(self._result_shapes(layout.lengths, length),
+                                                                   f.result_types)]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
+        if layout.lengths is not None:
+            ptrs += ws.for_length(length, layout.lengths)  # type: ignore[arg-type]
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
         counters = ws.counters
         counters[:] = 0
@@ -360,8 +406,20 @@ class Workspace:
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
         worker's GEMM calls."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
-        """The last two entries of the native function's `buffers`."""
+        """The last two entries of the native function's `buffers` (four for code for every
+        length: `for_length`)."""
         self.counters_ptr = self.counters.ctypes.data
+        self.length = np.zeros(1, np.int64)
+        self.length_area = _aligned(0)
+
+    def for_length(self, t: int, lengths: LengthLayout) -> list[int]:
+        """The two more `buffers` entries of code for every length at length t: the length and
+        the length area, grown when t needs more than an earlier call did."""
+        self.length[0] = t
+        need = lengths.area_bytes(t)
+        if need > self.length_area.size:
+            self.length_area = _aligned(max(need, 2 * self.length_area.size))
+        return [self.length.ctypes.data, self.length_area.ctypes.data]
 
     def fits(self, layout: Layout) -> bool:
         return layout.arena_bytes <= self.sizes[0] and layout.pinned_bytes <= self.sizes[1]
@@ -371,13 +429,13 @@ class Workspace:
 # The disk cache of compiled code
 
 
-def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
+def cache_key(function: Function, plan: MemoryPlan | None = None, lengths: LengthDims | None = None) -> str:
     """Content key of the object cache: the printed function (after every pass), the memory
-    plan's strategy, the target (`target_key`) and gir's code."""
+    plan's strategy, the dims that follow a run-time length, the target (`target_key`) and gir's code."""
     from ...ir.printer import print_function
 
     return digest(print_function(function, print_locations=True), plan.strategy if plan is not None else "default",
-                  target_key(), build_fingerprint())
+                  lengths.describe() if lengths is not None else "", target_key(), build_fingerprint())
 
 
 def target_key() -> tuple:
@@ -425,7 +483,7 @@ def _cpuinfo() -> tuple[str, ...]:
     return tuple(sorted(f"{k.strip()}={v.strip()}" for k, v in pairs if k.strip().lower() not in _VOLATILE_CPUINFO))
 
 
-_CODEGEN_VERSION = "18"
+_CODEGEN_VERSION = "19"
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 

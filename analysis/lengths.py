@@ -1,0 +1,169 @@
+"""Length dims: the `?` dims a compiled function may take at run time (issue 28).
+
+A *length* is a `?` dim that only sets scan trip counts and the leading dim of the arrays
+scanned over or stacked (and of what is computed from those). Code for one length serves
+every length: the trip count is read at run time, every array whose leading dim follows the
+length is sized per call, and its strides do not change (row-major: the leading dim is in no
+stride).
+
+How it is found (no symbolic shape algebra in the op specs): the driver makes the function
+at two representative lengths t1 < t2 and runs the whole pipeline on both; `compare` walks
+the two results side by side. They must be the same program: the same ops in the same order,
+reading the same operands, with the same attributes, except those that only restate a result
+shape (`OpSpec.shape_attrs`: reshape's `shape`, slice's `limits`). Every dim that differs must
+be `per_step * t + offset` (an `Extent`, integral in both), on axis 0, except the second axis
+of a transpose that is a view read by GEMMs (its transpose flag; nothing is laid out by it).
+Whatever the pipeline decided from the length (a constant 1/T, a folded loop, a slice that
+starts at T-1) shows up as a difference that is not an `Extent`, and the function is then
+specialised per length as before; `LengthDims.reason` says why.
+
+What the two runs cannot show is a decision that holds for both representatives but not for
+every length. The passes rely on one such fact: a loop with a known trip count of at least
+one runs (canonicalize hoists an op that may fail out of it). So the code serves lengths of
+at least `min_length` (>= 1, and large enough that no extent is negative); a shorter length
+(0 included) is specialised on its own.
+
+Known gaps: one length per function (a second `?` leading dim is specialised); the memory
+plan places values that follow the length nowhere (the CPU backend gives each a block of
+its own, sized per call: no reuse among them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..ir.core import Function, Operation, Value
+from ..ir.spec import view_source
+from ..ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class Extent:
+    """A dim that follows the length t: `per_step * t + offset`."""
+
+    per_step: int
+    offset: int
+
+    def at(self, t: int) -> int:
+        return self.per_step * t + self.offset
+
+    def __str__(self) -> str:
+        a = "T" if self.per_step == 1 else f"{self.per_step}*T"
+        return a if not self.offset else f"{a}{self.offset:+d}"
+
+
+@dataclass(frozen=True, eq=False)
+class LengthDims:
+    """The dims of one function (specialised at `representative`) that follow its length."""
+
+    function: Function
+    """The function at the representative length, after the pipeline: what is compiled."""
+    representative: int
+    extents: dict[Value, dict[int, Extent]] = field(default_factory=dict)
+    """A value of `function` -> its axes that follow the length."""
+    min_length: int = 1
+    """The shortest length the code serves (module docstring)."""
+
+    def dims(self, v: Value) -> dict[int, Extent]:
+        return self.extents.get(v, {})
+
+    def arguments(self) -> list[tuple[int, int, Extent]]:
+        """(argument, axis, extent) of every argument dim that follows the length."""
+        return [(i, axis, e) for i, a in enumerate(self.function.args) for axis, e in self.dims(a).items()]
+
+    def describe(self) -> str:
+        """`%xs dim 0 = T, ...; N values follow the length`: sorted, stable."""
+        args = [f"%{self.function.args[i].name_hint or i} dim {axis} = {e}" for i, axis, e in self.arguments()]
+        return f"{', '.join(args)}; {len(self.extents)} values follow the length; lengths >= {self.min_length}"
+
+
+class NotALength(Exception):
+    """The dims compared do not make a length (the message says why)."""
+
+
+def compare(a: Function, b: Function, ta: int, tb: int) -> LengthDims:
+    """The dims of a (at length ta) that follow the length, from b (the same function at tb);
+    raises NotALength where the two are not one program."""
+    if ta == tb:
+        raise NotALength("the two representative lengths are equal")
+    walk = _Walk(ta, tb)
+    walk.values(list(a.args), list(b.args), f"@{a.name}")
+    for arg in a.args:
+        if any(axis != 0 for axis in walk.extents.get(arg, {})):
+            raise NotALength(f"@{a.name}: the length is not the leading dim of %{arg.name_hint}")
+    ops_a, ops_b = list(a.walk()), list(b.walk())
+    if len(ops_a) != len(ops_b):
+        raise NotALength(f"the pipeline made {len(ops_a)} ops at length {ta} and {len(ops_b)} at length {tb}")
+    for x, y in zip(ops_a, ops_b):
+        walk.op(x, y)
+    if not walk.extents:
+        raise NotALength("no dim follows the length")
+    return LengthDims(a, ta, walk.extents, walk.min_length())
+
+
+class _Walk:
+    def __init__(self, ta: int, tb: int):
+        self.ta, self.tb = ta, tb
+        self.same: dict[Value, Value] = {}
+        self.extents: dict[Value, dict[int, Extent]] = {}
+
+    def op(self, x: Operation, y: Operation) -> None:
+        where = f"'{x.name}' at {x.loc}"
+        if x.name != y.name or x.segments != y.segments or len(x.regions) != len(y.regions):
+            raise NotALength(f"{where}: the pipeline made other ops at the two lengths")
+        if len(x.operands) != len(y.operands) or any(self.same.get(p) is not q for p, q in zip(x.operands, y.operands)):
+            raise NotALength(f"{where} reads other values at the two lengths")
+        restated = set(x.spec.shape_attrs)
+        for key in set(x.attrs) | set(y.attrs):
+            if key not in restated and x.attrs.get(key) != y.attrs.get(key):
+                raise NotALength(f"{where}: attribute {key} depends on the length ({x.attrs.get(key)} at {self.ta}, "
+                                 f"{y.attrs.get(key)} at {self.tb})")
+        for rx, ry in zip(x.regions, y.regions):
+            self.values(list(rx.block.args), list(ry.block.args), where)
+        self.values(list(x.results), list(y.results), where)
+        for v, axes in ((r, self.extents.get(r, {})) for r in x.results):
+            if any(axis != 0 for axis in axes) and not _transposed_view(x):
+                raise NotALength(f"{where}: the length is in dim {sorted(axes)} of {v.type}, not the leading one")
+
+    def values(self, xs: list[Value], ys: list[Value], where: str) -> None:
+        if len(xs) != len(ys):
+            raise NotALength(f"{where}: other values at the two lengths")
+        for x, y in zip(xs, ys):
+            self.same[x] = y
+            axes = self.dims(x.type, y.type, where)
+            if axes:
+                self.extents[x] = axes
+
+    def dims(self, tx: object, ty: object, where: str) -> dict[int, Extent]:
+        if not isinstance(tx, TensorType) or not isinstance(ty, TensorType):
+            if tx != ty:
+                raise NotALength(f"{where}: {tx} against {ty}")
+            return {}
+        if tx.dtype != ty.dtype or tx.rank != ty.rank or not (tx.is_static and ty.is_static):
+            raise NotALength(f"{where}: {tx} against {ty}")
+        axes = {}
+        for axis, (dx, dy) in enumerate(zip(tx.shape, ty.shape)):
+            if dx == dy:
+                continue
+            per_step, rem = divmod(dy - dx, self.tb - self.ta)  # type: ignore[operator]
+            if rem or per_step <= 0 or min(dx, dy) < 2:  # type: ignore[type-var]
+                # a dim of 0 or 1 at a representative would make broadcasting differ from other lengths
+                raise NotALength(f"{where}: dim {axis} is {dx} at length {self.ta} and {dy} at {self.tb}")
+            axes[axis] = Extent(per_step, dx - per_step * self.ta)  # type: ignore[operator]
+        if len(axes) > 1:
+            raise NotALength(f"{where}: more than one dim of {tx} follows the length")
+        return axes
+
+    def min_length(self) -> int:
+        """The shortest length at which no extent is negative, and at least 1."""
+        low = 1
+        for axes in self.extents.values():
+            for e in axes.values():
+                low = max(low, math.ceil(-e.offset / e.per_step))
+        return low
+
+
+def _transposed_view(op: Operation) -> bool:
+    """A 2-D transpose that GEMMs read through their transpose flag (no copy, no layout)."""
+    return op.name == "transpose" and view_source(op) is not None
