@@ -128,6 +128,9 @@ class Options:
                               doc="second-thread overlap windows: auto, 1, 0 or whole")
     cpu_split: str = _field("GIR_CPU_SPLIT", _choice("auto", ("auto", "0", "1")), "auto", code=True,
                             doc="split loops across two threads: auto, 1 or 0")
+    lengths: bool = _field("GIR_LENGTHS", _flag(True), True, code=True,
+                           doc="one compile for every sequence length: a `?` dim that only sets loop trip "
+                               "counts is read at run time (0: specialised per length)")
     cpu_shared: bool = _field("GIR_CPU_SHARED", _flag(True), True, code=False,
                               doc="load compiled code as a shared object (0: in-memory only)")
     openblas: str = _field("GIR_OPENBLAS", _choice("numpy", ("numpy", "scipy")), "numpy", code=True,

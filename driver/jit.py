@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.lengths import LengthDims, NotALength
 from ..analysis.memory.plan import MemoryPlan
+from ..config import current
 from ..errors import GirArgumentError, Location, did_you_mean
 from ..frontend.parser import parse, read_source
 from ..ir.core import Function, Module
@@ -34,6 +36,7 @@ from ..support import timing
 from . import compile_cache
 from .calling import bind_arguments
 from .jitstats import CompileStats, CompileTimer
+from .lengths import ForEveryLength, LengthGroup, candidate_groups, find_length, leading_free_dims
 from .results import result_names, results_class
 
 DEVICES = ("cpu", "gpu", "auto", "interp")
@@ -60,6 +63,10 @@ class JitFunction:
         """The results' names (driver/results.py), as `fn(...)._fields` gives them."""
         self._results = results_class(entry, self.result_names)
         self._compiled: dict[tuple, Any] = {}
+        """Argument shapes -> the specialisation for them; for code that serves every length, the
+        shapes with the length's dims as None (`LengthGroup.generic`)."""
+        self._length_groups: list[LengthGroup] = []
+        """The groups of `?` dims some compiled code reads at run time (driver/lengths.py)."""
         self._compiling = threading.Lock()
         """Held while a specialisation compiles: threads that call with a new shape at once
         compile it once (the compiled function itself is safe to call from several threads)."""
@@ -70,14 +77,37 @@ class JitFunction:
             self._last = self._specialise(tuple(tuple(t.shape) for t in self.signature.arg_types))
 
     def _specialise(self, shapes: tuple) -> Any:
-        found = self._compiled.get(shapes)
+        found = self._compiled.get(shapes) or self._for_every_length(shapes)
         if found is not None:
             return found
         with self._compiling:
-            found = self._compiled.get(shapes)
+            found = self._compiled.get(shapes) or self._for_every_length(shapes)
             if found is None:
-                found = self._compiled[shapes] = self._compile(shapes)
+                found = self._compile(shapes)
+                group = getattr(found, "length_group", None)
+                self._compiled[group.generic(shapes) if group is not None else shapes] = found
+                if group is not None and group not in self._length_groups:
+                    self._length_groups.append(group)
         return found
+
+    def _for_every_length(self, shapes: tuple) -> Any:
+        """Compiled code for every length that these shapes fit, or None."""
+        for group in self._length_groups:
+            found = self._compiled.get(group.generic(shapes))
+            if found is not None and found.length_of(shapes) is not None:
+                return found
+        return None
+
+    @property
+    def specialisations(self) -> int:
+        """How many specialisations were compiled or loaded (code for every length counts once)."""
+        return len(self._compiled)
+
+    def _length_candidates(self, shapes: tuple) -> list[LengthGroup]:
+        """The groups of `?` leading dims that may be a length (none off the CPU, or with GIR_LENGTHS=0)."""
+        if self.device != "cpu" or not current().lengths:
+            return []
+        return candidate_groups(shapes, leading_free_dims(self.signature.arg_types))
 
     @property
     def source(self) -> Module:
@@ -89,48 +119,104 @@ class JitFunction:
         return self._source
 
     def _compile(self, shapes: tuple) -> Any:
-        """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
-        key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
-        if key is not None:  # never waits for a better version: loads the best entry there is
-            timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
-            with timer.stage("cache-load"):
-                found = compile_cache.load_compiled(key)
-            if found is not None:
-                found.compile_seconds = {}  # nothing was compiled: the time is the load's
-                if compile_cache.needs_better_code(found):
-                    compile_cache.better_code_for(key, found, lambda: self._better_code(shapes))
-                # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
-                # which a hit's code does only at its first call
-                found.compile_stats = timer.finish(found)
+        """The specialisation for shapes: from the compile cache (CPU), else compiled and stored.
+        Code for every length (driver/lengths.py) is looked up and stored under the shapes with
+        the length's dims as None."""
+        groups = self._length_candidates(shapes)
+        for group in groups:
+            found = self._load(("every length", group.generic(shapes)), shapes, group)
+            if found is not None and found.length_of(shapes) is not None:
+                found.length_group = group
                 return found
-            timer.cancel()
-        compiled = self._compile_now(shapes)
+        found = self._load(shapes, shapes, None)
+        if found is not None:
+            return found
+        compiled = self._compile_now(shapes, groups)
+        group = getattr(compiled, "length_group", None)
+        cached = shapes if group is None else ("every length", group.generic(shapes))
+        key = compile_cache.specialisation_key(self._cache_key, cached) if self._cache_key else None
         if key is not None:  # what runs now (quick code too), then the final code once swapped
             compile_cache.store_what_runs(key, compiled)
         return compiled
 
-    def _better_code(self, shapes: tuple) -> Any:
+    def _load(self, cached: tuple, shapes: tuple, group: LengthGroup | None) -> Any:
+        """The specialisation stored in the compile cache under `cached` (shapes, or the key of
+        code for every length), or None. Never waits for a better version: loads the best entry
+        there is, and makes the better code in the background."""
+        if not self._cache_key:
+            return None
+        key = compile_cache.specialisation_key(self._cache_key, cached)
+        timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
+        with timer.stage("cache-load"):
+            found = compile_cache.load_compiled(key)
+        if found is None or (group is not None and found.length_of(shapes) is None):
+            timer.cancel()
+            return None
+        found.compile_seconds = {}  # nothing was compiled: the time is the load's
+        if compile_cache.needs_better_code(found):
+            compile_cache.better_code_for(key, found, lambda: self._better_code(shapes, group))
+        # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
+        # which a hit's code does only at its first call
+        found.compile_stats = timer.finish(found)
+        return found
+
+    def _better_code(self, shapes: tuple, group: LengthGroup | None = None) -> Any:
         """The best code for shapes (-O3, the GEMM paths measured now), for a specialisation
         loaded from the cache as quick code or with the model's paths: on the background
-        thread (tiers.py), so the passes run there too; the object cache may skip LLVM."""
+        thread (tiers.py), so the passes run there too; the object cache may skip LLVM.
+        group: the code serves every length of it (the length dims are found again)."""
         from ..backend.cpu.llvm_jit import compile_code
 
-        module = self._specialised_module(shapes)
-        report = PassManager(self.pipeline).run(module)
+        lengths = None
+        if group is not None:
+            found = find_length(self._specialised_module, self.entry, self.pipeline, shapes, [group])
+            if not isinstance(found, ForEveryLength):
+                raise RuntimeError(f"the length dims are not found again: {found}")
+            module, report, lengths = found.module, found.report, found.lengths
+        else:
+            module = self._specialised_module(shapes)
+            report = PassManager(self.pipeline).run(module)
         f = module.functions[self.entry]
-        code = compile_code(f, report.analyses.get(MemoryPlan, f), tiered=False, best=True)
+        code = compile_code(f, report.analyses.get(MemoryPlan, f), tiered=False, best=True, lengths=lengths)
         code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
         return code
 
-    def _compile_now(self, shapes: tuple) -> Any:
+    def _every_length(self, shapes: tuple, groups: list[LengthGroup], timer: CompileTimer) -> tuple[Any, Any] | None:
+        """(compiled code for every length, the pipeline's report), or None with the reason in
+        timer.stats.lengths: no group is a length, or the backend cannot serve it."""
+        groups = [g for g in groups if (g.length(shapes) or 0) >= 1]  # a length of 0 is specialised on its own
+        if not groups:
+            return None
+        with timer.stage("lengths"), timing.phase("lengths: two representative lengths"):
+            found = find_length(self._specialised_module, self.entry, self.pipeline, shapes, groups)
+        if isinstance(found, str):
+            timer.stats.lengths = f"specialised: {found}"
+            return None
+        try:
+            with timer.stage("backend"):
+                compiled = self._backend(found.module, found.report.analyses, found.lengths)
+        except NotALength as e:
+            timer.stats.lengths = f"specialised: {e}"
+            return None
+        if compiled.length_of(shapes) is None:  # shorter than the code serves (min_length)
+            timer.stats.lengths = f"specialised: shorter than the code for every length serves ({found.lengths.min_length})"
+            return None
+        compiled.length_group = found.group
+        return compiled, found.report
+
+    def _compile_now(self, shapes: tuple, groups: list[LengthGroup] | None = None) -> Any:
         timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
         try:
-            with timer.stage("specialize"):
-                module = self._specialised_module(shapes)
-            with timer.stage("passes"), timing.phase("passes"):
-                report = PassManager(self.pipeline).run(module)
-            with timer.stage("backend"):
-                compiled = self._backend(module, report.analyses)
+            every = self._every_length(shapes, groups or [], timer)
+            if every is not None:
+                compiled, report = every
+            else:
+                with timer.stage("specialize"):
+                    module = self._specialised_module(shapes)
+                with timer.stage("passes"), timing.phase("passes"):
+                    report = PassManager(self.pipeline).run(module)
+                with timer.stage("backend"):
+                    compiled = self._backend(module, report.analyses)
         finally:
             timer.cancel()
         for r in report.records:  # a pass that runs twice (canonicalize) counts its total
@@ -146,7 +232,7 @@ class JitFunction:
             return specialize(self.source, self.entry, types)
         return self.source.clone()
 
-    def _backend(self, module: Module, analyses: Any) -> Any:
+    def _backend(self, module: Module, analyses: Any, lengths: LengthDims | None = None) -> Any:
         f = module.functions[self.entry]
         plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
         if self.device == "interp":
@@ -166,7 +252,7 @@ class JitFunction:
         else:
             from ..backend.cpu.runtime import CPUFunction
 
-            compiled = CPUFunction.compile(f, plan)
+            compiled = CPUFunction.compile(f, plan, lengths=lengths)
             with timing.phase("print IR (fn.ir)"):
                 compiled.ir = print_module(module)
         return compiled

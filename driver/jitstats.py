@@ -79,6 +79,10 @@ class CompileStats:
     threads: int | None = None
     """The BLAS threads the code runs GEMMs with (CPU)."""
     gemms: list[GemmChoice] = field(default_factory=list)
+    lengths: str = ""
+    """Which `?` dims are read at run time (driver/lengths.py): 'every length: %xs dim 0 = T; ...'
+    when the code serves every sequence length, 'specialised: <why not>' when a signature's `?`
+    leading dims were tried and are not a length, '' otherwise (no `?` leading dim, not the CPU)."""
 
     def for_code(self, info: Any, layout: Any = None) -> CompileStats:
         """These stats with the tier and LLVM level of the code that ran (a backend CompileInfo)
@@ -105,6 +109,8 @@ class CompileStats:
         if self.passes:
             top = sorted(self.passes.items(), key=lambda kv: -kv[1])[:5]
             lines.append("  slowest passes: " + ", ".join(f"{k} {v:.3f} s" for k, v in top))
+        if self.lengths:
+            lines.append(f"  lengths: {self.lengths}")
         for g in self.gemms:
             t = f" transposed {g.transposed}" if g.transposed else ""
             lines.append(f"  GEMM {g.where}: {g.dtype} {g.m}x{g.k} @ {g.k}x{g.n}{t} -> {g.path}")
@@ -163,6 +169,9 @@ class CompileTimer:
             s.cache = {"compiled": "hit", "objects": "hit (object code)"}.get(info.from_cache, "miss")
             s.opt_level, s.gemm_measured, s.tier = info.opt_level, info.gemm_measured, info.tier
         s.preparing = getattr(compiled, "preparing", "") or ""
+        lengths = getattr(getattr(compiled, "layout", None), "lengths", None)
+        if lengths is not None:
+            s.lengths = f"every length: {lengths.describe}"
         s.gemms += gemm_choices(getattr(compiled, "layout", None))
         if self.announced:
             _say(f"gir: compiled @{s.entry} in {s.seconds:.1f} s (code cache: {s.cache})")
