@@ -8,6 +8,12 @@ shapes or dtypes traces fn (frontend/python) and compiles the module with `gir.j
 calls with the same key reuse that compiled specialisation. Results are rebuilt into the
 structure fn returned.
 
+On the CPU the key leaves out the leading dim of every array argument: one `TracedJit` (a
+`JitFunction` whose specialisations trace fn again at their shapes) serves them all, and
+where one of those dims is a sequence length (driver/lengths.py, found by tracing at two
+lengths), one compile serves every length; any other leading dim (a batch) is traced and
+compiled per value, as before.
+
 Like driver/jit.py and cli.py, this module wires stages together (frontend -> jit), which no stage may.
 """
 
@@ -20,12 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from ..config import current
 from ..errors import GirArgumentError
 from ..frontend.python import numpy_api
 from ..frontend.python.pytree import TreeDef, flatten, unflatten
 from ..frontend.python.tracer import current_frame, default_dtype, is_weak, register_internal_file
 from ..frontend.python.transforms import Spec, Traced, trace_entry
-from ..ir.types import DTYPES
+from ..ir.core import Function, Module
+from ..ir.types import DTYPES, TensorType
+from .jit import JitFunction
+from .results import result_names
 
 register_internal_file(__file__)
 
@@ -54,7 +64,8 @@ class PythonJit:
         # A Python scalar is traced weakly typed (as in JAX: a float `lr` meets f64 params as f64),
         # so the key tells it from a 0-d array of the same dtype.
         weak = tuple(_is_python_scalar(leaf) for leaf in leaves)
-        key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays), weak)
+        relax = self.device == "cpu" and current().lengths  # one TracedJit for every leading dim
+        key = (tree, tuple((_key_shape(a, w, relax), str(a.dtype)) for a, w in zip(arrays, weak)), weak)
         found = self._compiled.get(key)
         if found is None:
             with self._lock:
@@ -70,6 +81,8 @@ class PythonJit:
         from .jit import jit
 
         traced = trace_entry(self.fn, args)
+        if self.device == "cpu" and current().lengths:
+            return traced, TracedJit(self.fn, args, traced, self.pipeline, self.options.get("mode"))
         return traced, jit(traced.module, traced.entry, device=self.device, pipeline=self.pipeline, **self.options)
 
     def trace(self, *args: Any) -> Traced:
@@ -78,7 +91,8 @@ class PythonJit:
 
     @property
     def specialisations(self) -> int:
-        return len(self._compiled)
+        """Specialisations compiled (code for every length counts once)."""
+        return sum(getattr(c, "specialisations", 1) for _, c in self._compiled.values())
 
     def _current(self) -> Any:
         if self._last is None:
@@ -103,6 +117,44 @@ class PythonJit:
     @property
     def compiled(self) -> Any:
         return self._current().compiled
+
+
+def _key_shape(a: Any, weak: bool, relax: bool) -> tuple:
+    """a's shape in PythonJit's key: without its leading dim where relax (TracedJit specialises it)."""
+    shape = tuple(a.shape)
+    return (None, *shape[1:]) if relax and shape and not weak else shape
+
+
+class TracedJit(JitFunction):
+    """`gir.jit` of a Python function on the CPU, for one argument structure, dtypes and every
+    leading dim: its signature has `?` leading dims, and each specialisation traces fn again
+    at its shapes (so a Python value read from a shape, `xs.shape[0]`, is right in each), which
+    also makes the two representative lengths a length is found with (driver/lengths.py)."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], traced: Traced, pipeline: str | None,
+                 mode: str | None):
+        from ..passes.pipeline import DEFAULT_MODE, get_mode
+        from . import compile_cache
+
+        self._fn, self._args = fn, args
+        f = traced.module.functions[traced.entry]
+        leaves, _, self._tree = flatten(args)
+        self._weak = [_is_python_scalar(leaf) for leaf in leaves]
+        self._leaves = leaves
+        types = [t if w or not t.rank else TensorType((None, *t.shape[1:]), t.dtype)
+                 for t, w in zip(f.arg_types, self._weak)]
+        signature = Function(f.name, types, f.result_types, [a.name_hint for a in f.args], f.loc)
+        full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline("cpu")
+        key = compile_cache.module_key(traced.module, traced.entry, "cpu", full)
+        super().__init__(None, traced.entry, "cpu", full, cache_key=key, signature=signature,
+                         names=result_names(f))
+        self._source = traced.module
+
+    def _specialised_module(self, shapes: tuple) -> Module:
+        examples = [leaf if w else np.zeros(shape, leaf.dtype)
+                    for leaf, w, shape in zip(self._leaves, self._weak, shapes)]
+        traced = trace_entry(self._fn, unflatten(self._tree, examples))
+        return traced.module
 
 
 def _bind(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
