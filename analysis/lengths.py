@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..ir.core import Function, Operation, Value
+from ..ir.core import Function, Module, Operation, Value
 from ..ir.spec import view_source
 from ..ir.types import TensorType
 
@@ -102,9 +102,45 @@ def compare(a: Function, b: Function, ta: int, tb: int) -> LengthDims:
     return LengthDims(a, ta, walk.extents, walk.min_length())
 
 
+def module_extents(a: Module, b: Module, ta: int, tb: int) -> dict[Value, dict[int, Extent]]:
+    """The dims of every function of a (at length ta) that follow the length, from b (at tb);
+    raises NotALength where the two are not one program. With `conforms`: a Python function's
+    trace, which may read a length as a Python int (module docstring)."""
+    walk = _Walk(ta, tb)
+    _walk_modules(walk, a, b)
+    return walk.extents
+
+
+def conforms(a: Module, extents: dict[Value, dict[int, Extent]], c: Module, ta: int, tc: int) -> str | None:
+    """None when c (at length tc) is a (at ta) with every dim in extents at tc and every other
+    dim, op and attribute as in a; else what differs. Two representatives fit any dim with a
+    line and see one side of a Python `if` on the length: a trace checked this way at each
+    length is the program the code for every length runs."""
+    try:
+        _walk_modules(_Walk(ta, tc, extents), a, c)
+    except NotALength as e:
+        return str(e)
+    return None
+
+
+def _walk_modules(walk: _Walk, a: Module, b: Module) -> None:
+    if sorted(a.functions) != sorted(b.functions):
+        raise NotALength("other functions at the two lengths")
+    for name in sorted(a.functions):
+        fa, fb = a.functions[name], b.functions[name]
+        walk.values(list(fa.args), list(fb.args), f"@{name}")
+        ops_a, ops_b = list(fa.walk()), list(fb.walk())
+        if len(ops_a) != len(ops_b):
+            raise NotALength(f"@{name} has {len(ops_a)} ops at length {walk.ta} and {len(ops_b)} at {walk.tb}")
+        for x, y in zip(ops_a, ops_b):
+            walk.op(x, y)
+
+
 class _Walk:
-    def __init__(self, ta: int, tb: int):
+    def __init__(self, ta: int, tb: int, expected: dict[Value, dict[int, Extent]] | None = None):
         self.ta, self.tb = ta, tb
+        self.expected = expected
+        """Checking (`conforms`): the extents of a's values that b's dims must have at tb."""
         self.same: dict[Value, Value] = {}
         self.extents: dict[Value, dict[int, Extent]] = {}
 
@@ -131,6 +167,9 @@ class _Walk:
             raise NotALength(f"{where}: other values at the two lengths")
         for x, y in zip(xs, ys):
             self.same[x] = y
+            if self.expected is not None:
+                self.check(x, y.type, where)
+                continue
             axes = self.dims(x.type, y.type, where)
             if axes:
                 self.extents[x] = axes
@@ -154,6 +193,15 @@ class _Walk:
         if len(axes) > 1:
             raise NotALength(f"{where}: more than one dim of {tx} follows the length")
         return axes
+
+    def check(self, x: Value, ty: object, where: str) -> None:
+        """ty is x's type with x's expected extents at tb."""
+        tx = x.type
+        axes = self.expected.get(x, {})  # type: ignore[union-attr]
+        if axes and isinstance(tx, TensorType):
+            tx = tx.with_shape(tuple(axes[i].at(self.tb) if i in axes else d for i, d in enumerate(tx.shape)))
+        if tx != ty:
+            raise NotALength(f"{where}: {ty} where the code for every length has {tx}")
 
     def min_length(self) -> int:
         """The shortest length at which no extent is negative, and at least 1."""

@@ -94,9 +94,14 @@ class JitFunction:
         """Compiled code for every length that these shapes fit, or None."""
         for group in self._length_groups:
             found = self._compiled.get(group.generic(shapes))
-            if found is not None and found.length_of(shapes) is not None:
+            if found is not None and self._serves(found, shapes, group):
                 return found
         return None
+
+    def _serves(self, compiled: Any, shapes: tuple, group: LengthGroup) -> bool:
+        """Whether code for every length of group runs these shapes (TracedJit also checks that
+        the Python function traces to the same program at this length)."""
+        return compiled.length_of(shapes) is not None
 
     @property
     def specialisations(self) -> int:
@@ -122,10 +127,11 @@ class JitFunction:
         """The specialisation for shapes: from the compile cache (CPU), else compiled and stored.
         Code for every length (driver/lengths.py) is looked up and stored under the shapes with
         the length's dims as None."""
-        groups = self._length_candidates(shapes)
+        groups = [g for g in self._length_candidates(shapes)
+                  if g.generic(shapes) not in self._compiled]  # there, it does not serve these shapes
         for group in groups:
             found = self._load(("every length", group.generic(shapes)), shapes, group)
-            if found is not None and found.length_of(shapes) is not None:
+            if found is not None and self._serves(found, shapes, group):
                 found.length_group = group
                 return found
         found = self._load(shapes, shapes, None)
@@ -198,8 +204,8 @@ class JitFunction:
         except NotALength as e:
             timer.stats.lengths = f"specialised: {e}"
             return None
-        if compiled.length_of(shapes) is None:  # shorter than the code serves (min_length)
-            timer.stats.lengths = f"specialised: shorter than the code for every length serves ({found.lengths.min_length})"
+        if not self._serves(compiled, shapes, found.group):  # shorter than it serves (min_length), ...
+            timer.stats.lengths = f"specialised: the code for every length does not serve {shapes}"
             return None
         compiled.length_group = found.group
         return compiled, found.report

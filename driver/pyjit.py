@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.lengths import NotALength, conforms, module_extents
 from ..config import current
-from ..errors import GirArgumentError
+from ..errors import GirArgumentError, GirError
 from ..frontend.python import numpy_api
 from ..frontend.python.pytree import TreeDef, flatten, unflatten
 from ..frontend.python.tracer import current_frame, default_dtype, is_weak, register_internal_file
@@ -35,6 +36,7 @@ from ..frontend.python.transforms import Spec, Traced, trace_entry
 from ..ir.core import Function, Module
 from ..ir.types import DTYPES, TensorType
 from .jit import JitFunction
+from .lengths import REPRESENTATIVES, LengthGroup
 from .results import result_names
 
 register_internal_file(__file__)
@@ -146,6 +148,10 @@ class TracedJit(JitFunction):
         signature = Function(f.name, types, f.result_types, [a.name_hint for a in f.args], f.loc)
         full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline("cpu")
         key = compile_cache.module_key(traced.module, traced.entry, "cpu", full)
+        self._checked: dict[tuple, bool] = {}
+        """(shapes without the length, length) -> whether the code for every length serves it."""
+        self._references: dict[tuple, tuple[Module | None, Any]] = {}
+        """shapes without the length -> fn traced at the first representative and its extents."""
         super().__init__(None, traced.entry, "cpu", full, cache_key=key, signature=signature,
                          names=result_names(f))
         self._source = traced.module
@@ -155,6 +161,37 @@ class TracedJit(JitFunction):
                     for leaf, w, shape in zip(self._leaves, self._weak, shapes)]
         traced = trace_entry(self._fn, unflatten(self._tree, examples))
         return traced.module
+
+    def _serves(self, compiled: Any, shapes: tuple, group: LengthGroup) -> bool:
+        """As JitFunction's, and fn traces at this length to the program traced at the first
+        representative, with every dim where the two representatives put it (analysis/lengths.py
+        `conforms`: a Python `if` on `xs.shape[0]`, a size T*T): checked once per length."""
+        t = compiled.length_of(shapes)
+        if t is None:
+            return False
+        key = (group.generic(shapes), t)
+        if key not in self._checked:
+            self._checked[key] = self._conforms(shapes, group, t)
+        return self._checked[key]
+
+    def _conforms(self, shapes: tuple, group: LengthGroup, t: int) -> bool:
+        ta, tb = REPRESENTATIVES
+        reference = self._references.get(group.generic(shapes))
+        if reference is None:
+            a: Module | None = None
+            try:
+                a = self._specialised_module(group.at(shapes, ta))
+                extents = module_extents(a, self._specialised_module(group.at(shapes, tb)), ta, tb)
+            except (GirError, NotALength):
+                extents = None
+            reference = self._references[group.generic(shapes)] = (a, extents)
+        a, extents = reference
+        if a is None or extents is None:
+            return False
+        try:
+            return conforms(a, extents, self._specialised_module(shapes), ta, t) is None
+        except GirError:
+            return False
 
 
 def _bind(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

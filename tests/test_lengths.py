@@ -1,0 +1,179 @@
+"""One compile for every sequence length (issue 28): a `?` dim that only sets scan trip counts
+is read at run time (analysis/lengths.py, driver/lengths.py, the CPU backend's length area).
+
+Oracle: the interpreter on the same program at each length (float64). Counted: the
+specialisations a `gir.jit` function compiled (`fn.specialisations`), which must be one for
+ten lengths, and `fn.stats.compile.lengths`, which says which dims are read at run time.
+"""
+
+from __future__ import annotations
+
+import gir
+import numpy as np
+import pytest
+from gir import config
+from gir.analysis.lengths import NotALength, compare
+from gir.testing import assert_all_close
+from rnn_cases import bench_module
+
+LENGTHS = [1, 2, 6, 7, 9, 12, 17, 26, 40, 97]
+"""Ten lengths, 1 and a long one included; none equals a batch or hidden size below (3, 4, 5),
+so no length dim is mistaken for another `?` dim of the same value."""
+B, IN, H = 3, 4, 5
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache of its own: what a test counts was compiled here, not loaded."""
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _training_step(model: str) -> tuple[str, str]:
+    """bench/rnn.py's training step of model in float64, its sequence `%xs: tensor<?x3x4xf64>`."""
+    rnn = bench_module("rnn")
+    src = rnn.gir_source(model, 17, B, IN, H).replace("f32", "f64")
+    return src.replace("%xs: tensor<17x", "%xs: tensor<?x"), f"{model}_grads"
+
+
+def _arguments(model: str, t: int) -> list[np.ndarray]:
+    rnn = bench_module("rnn")
+    p = rnn.make_inputs(model, t, B, IN, H, t)
+    return [p["xs"].astype(np.float64)] + [p[n].astype(np.float64) for n in rnn.param_names(model)]
+
+
+@pytest.mark.parametrize("model", ["rnn", "gru", "lstm"])
+def test_a_text_training_step_compiles_once_for_ten_lengths(model: str) -> None:
+    src, entry = _training_step(model)
+    fn = gir.jit(src, entry)
+    reference = gir.jit(src, entry, device="interp")
+    for t in LENGTHS:
+        args = _arguments(model, t)
+        assert_all_close(fn(*args), reference(*args), rtol=1e-9)
+        assert fn.specialisations == 1, f"length {t} compiled again"
+    assert fn.stats.compile.cache == "miss"
+    assert fn.stats.compile.lengths.startswith("every length: %xs dim 0 = T"), fn.stats.compile.lengths
+
+
+def test_length_zero_is_specialised_on_its_own_and_equals_the_interpreter() -> None:
+    """The interpreter defines T = 0 (no step: zero gradients); the code for every length serves
+    lengths >= 1 (passes may rely on a loop with a known trip count running), so 0 is compiled
+    apart, and the lengths after it use the code for every length again."""
+    src, entry = _training_step("gru")
+    fn = gir.jit(src, entry)
+    reference = gir.jit(src, entry, device="interp")
+    for t in (0, 5, 8):
+        args = _arguments("gru", t)
+        assert_all_close(fn(*args), reference(*args), rtol=1e-9)
+    assert fn.specialisations == 2
+
+
+def _gru_loss(p: dict, xs: object, h0: object) -> object:
+    def step(carry: tuple, x: object) -> tuple:
+        h, loss = carry
+        z = gir.sigmoid(x @ p["w_z"] + h @ p["u_z"] + p["b_z"])
+        n = gir.tanh(x @ p["w_n"] + h @ p["u_n"])
+        h = (1.0 - z) * n + z * h
+        return (h, loss + gir.sum(h * h)), h
+
+    (_, loss), hs = gir.scan(step, (h0, gir.sum(h0) * 0.0), xs)
+    return loss + gir.sum(hs[1:] * hs[:-1]) if xs.shape[0] > 1 else loss
+
+
+def _bidirectional_loss(p: dict, xs: object, h0: object) -> object:
+    """An RNN each way over xs, their stacked states combined step by step."""
+    def cell(w: str, u: str) -> object:
+        return lambda h, x: (gir.tanh(x @ p[w] + h @ p[u]),) * 2
+
+    _, forward = gir.scan(cell("w_z", "u_z"), h0, xs)
+    _, backward = gir.scan(cell("w_n", "u_n"), h0, xs, reverse=True)
+    return gir.sum(forward * backward) + gir.sum(gir.tanh(forward + p["b_z"]))
+
+
+def _params(rng: np.random.Generator) -> dict:
+    return {"w_z": rng.standard_normal((IN, H)) * 0.3, "w_n": rng.standard_normal((IN, H)) * 0.3,
+            "u_z": rng.standard_normal((H, H)) * 0.3, "u_n": rng.standard_normal((H, H)) * 0.3,
+            "b_z": rng.standard_normal(H) * 0.1}
+
+
+@pytest.mark.parametrize("loss", [_gru_loss, _bidirectional_loss])
+def test_a_python_value_and_grad_compiles_once_for_ten_lengths(loss: object) -> None:
+    """gir.jit(gir.value_and_grad(...)) with xs of ten lengths: traced at two lengths to find
+    the length, compiled once. `_gru_loss` reads xs.shape[0] as a Python int (its two branches
+    trace the same program from length 2 on: length 1 takes the other, and is its own)."""
+    rng = np.random.default_rng(0)
+    p = _params(rng)
+    step = gir.jit(gir.value_and_grad(loss))  # type: ignore[arg-type]
+    reference = gir.jit(gir.value_and_grad(loss), device="interp")  # type: ignore[arg-type]
+    for t in LENGTHS:
+        xs, h0 = rng.standard_normal((t, B, IN)), rng.standard_normal((B, H))
+        value, grads = step(p, xs, h0)
+        want_value, want_grads = reference(p, xs, h0)
+        assert_all_close([np.asarray(value), *grads.values()], [np.asarray(want_value), *want_grads.values()],
+                         rtol=1e-9)
+    assert step.specialisations == (2 if loss is _gru_loss else 1)
+    assert step.stats.compile.lengths.startswith("every length"), step.stats.compile.lengths
+
+
+def test_a_dim_the_pipeline_folds_into_a_constant_is_specialised_and_says_why() -> None:
+    """The gradient of a mean over the length holds 1/(T*B*H) as a constant: the two
+    representative lengths differ in it, so each length is specialised (and correct)."""
+    def loss(p: dict, xs: object, h0: object) -> object:
+        _, hs = gir.scan(lambda h, x: (gir.tanh(x @ p["w_z"] + h @ p["u_z"]),) * 2, h0, xs)
+        return gir.mean(hs)
+
+    rng = np.random.default_rng(1)
+    p = _params(rng)
+    step = gir.jit(gir.value_and_grad(loss))
+    reference = gir.jit(gir.value_and_grad(loss), device="interp")
+    for t in (2, 6):
+        xs, h0 = rng.standard_normal((t, B, IN)), rng.standard_normal((B, H))
+        value, grads = step(p, xs, h0)
+        want_value, want_grads = reference(p, xs, h0)
+        assert_all_close([np.asarray(value), *grads.values()], [np.asarray(want_value), *want_grads.values()],
+                         rtol=1e-9)
+    assert step.specialisations == 2
+    assert "attribute value depends on the length" in step.stats.compile.lengths
+
+
+def test_gir_lengths_off_specialises_every_length() -> None:
+    src, entry = _training_step("rnn")
+    with config.override(lengths=False):
+        fn = gir.jit(src, entry)
+        for t in (2, 6):
+            fn(*_arguments("rnn", t))
+    assert fn.specialisations == 2
+    assert fn.stats.compile.lengths == ""
+
+
+def test_a_new_length_in_a_new_process_loads_the_code_for_every_length() -> None:
+    """The compile cache keys code for every length by the shapes with the length left out:
+    another JitFunction (as a new process makes) loads it for a length never seen."""
+    src, entry = _training_step("rnn")
+    gir.jit(src, entry)(*_arguments("rnn", 6))
+    again = gir.jit(src, entry)
+    args = _arguments("rnn", 23)
+    assert_all_close(again(*args), gir.jit(src, entry, device="interp")(*args), rtol=1e-9)
+    assert again.stats.compile.cache == "hit"
+    assert again.stats.compile.lengths.startswith("every length")
+
+
+def test_compare_finds_the_length_and_refuses_a_constant_that_depends_on_it() -> None:
+    """sum(%xs) / T, as a pipeline might fold it: the constant differs at the two lengths."""
+    from gir.ir.specialize import specialize
+    from gir.ir.types import TensorType
+
+    text = """
+func @f(%xs: tensor<?x3xf64>) -> tensor<f64> {
+  %s = sum(%xs) * K
+  return %s
+}
+"""
+
+    def at(t: int, k: str) -> object:
+        module = gir.parse(text.replace("K", k))
+        return specialize(module, "f", [TensorType((t, 3), "f64")]).functions["f"]
+
+    lengths = compare(at(11, "0.5"), at(13, "0.5"), 11, 13)
+    assert lengths.describe().startswith("%xs dim 0 = T;")
+    with pytest.raises(NotALength, match="attribute value depends on the length"):
+        compare(at(11, str(1 / 11)), at(13, str(1 / 13)), 11, 13)
