@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from .ir.gcpause import gc_paused, skip_final_collection
 from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
 from .passes.pass_manager import PassManager, Report
-from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode
+from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode, parse_bytes, with_memory_budget
 from .support import timing
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -143,12 +144,19 @@ def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str, input_
 
 
 def opt_pipeline(args: argparse.Namespace) -> str:
-    """-p, else --mode's whole pipeline as device="auto" compiles it (placed), else the default."""
+    """-p, else --mode's whole pipeline as device="auto" compiles it (placed), else the default;
+    with --memory-budget, made to fit it (passes/pipeline.py with_memory_budget)."""
     if args.mode is not None:
         if args.pipeline is not None:
             raise GirArgumentError("give -p or --mode, not both")
-        return get_mode(args.mode).pipeline("auto")
-    return args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE
+        return budgeted(args, get_mode(args.mode).pipeline("auto"))
+    return budgeted(args, args.pipeline if args.pipeline is not None else DEFAULT_PIPELINE)
+
+
+def budgeted(args: argparse.Namespace, pipeline: str) -> str:
+    """pipeline with --memory-budget's checkpointing, when the flag is given."""
+    budget = parse_bytes(getattr(args, "memory_budget", None))
+    return with_memory_budget(pipeline, budget) if budget is not None else pipeline
 
 
 def cmd_opt(args: argparse.Namespace) -> int:
@@ -166,16 +174,18 @@ def _opt(args: argparse.Namespace) -> int:
         sys.stderr.write(placement_reports(report.analyses))
     if args.memplan_report or args.memplan_plot:
         from .analysis.memory.plan import MemoryPlan
-        from .driver.reporting import memplan_reports, plot_plans
+        from .driver.reporting import checkpoint_report, memplan_reports, peaks_before_checkpointing, plot_plans
+        from .transforms.checkpoint import checkpoint_decisions
         from .transforms.memplan import plan_module
 
         # The pipeline's plans when it ended with `memplan{...}` (its options), else default plans.
         plans = report.analyses.all(MemoryPlan) or plan_module(module)
         if args.memplan_report:
+            sys.stderr.write(checkpoint_report(checkpoint_decisions(report.records)))
             sys.stderr.write(memplan_reports(plans))
         if args.memplan_plot:
             try:
-                plot_plans(plans, args.memplan_plot)
+                plot_plans(plans, args.memplan_plot, peaks_before_checkpointing(checkpoint_decisions(report.records)))
             except OSError as e:
                 raise cannot_write(args.memplan_plot, e) from None
     with timing.phase("print IR (output)"):
@@ -214,7 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
         module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
-        run_pipeline(args, module, args.pipeline if args.pipeline is not None else mode.front)
+        run_pipeline(args, module, budgeted(args, args.pipeline if args.pipeline is not None else mode.front))
     if inputs is None:
         inputs = random_inputs(f, args.random if args.random is not None else 0)
     if args.verbose and args.device == "cpu":
@@ -282,8 +292,8 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
         return None
     from .driver.jit import jit
 
-    front = args.pipeline if args.pipeline is not None else mode.front
-    fn = jit(args.file, args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
+    front = budgeted(args, args.pipeline if args.pipeline is not None else mode.front)
+    fn = jit(Path(args.file), args.entry, "cpu", ",".join(p for p in (front, mode.backend_pipeline("cpu")) if p))
     if args.inputs is None and not all(t.is_static for t in fn.signature.arg_types):
         return None  # --random needs --shape: the pass manager's path says which
     return fn
@@ -352,11 +362,18 @@ def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump-dir", metavar="DIR", help="write 00-input.gir, 01-<pass>.gir, ... into DIR")
     p.add_argument("--timing", action="store_true", help="print time per pass and per rewrite pattern")
     p.add_argument("--stats-json", metavar="OUT.json", help="write timing, pattern counts and op counts as JSON")
-    p.add_argument("--check-numerics", nargs="?", const=0, type=int, metavar="SEED",
-                   help="run the interpreter before and after every pass on seeded inputs; stop at the first "
-                        "pass that changes a result")
+    p.add_argument(_SEED_FLAG, nargs="?", const=0, type=int, metavar="SEED",
+                   help="run the interpreter before and after every pass on seeded inputs (--check-numerics=SEED; "
+                        "seed 0 when not given); stop at the first pass that changes a result")
     p.add_argument("--reproducer-dir", metavar="DIR",
                    help="where a failing pass writes its reproducer (default: the dump dir or the temp dir)")
+
+
+def add_budget_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-budget", metavar="BYTES",
+                   help="bytes the planned peak should fit (e.g. 256MB, 1GB, or an integer): backward scans whose "
+                        "residuals do not fit are checkpointed, recomputing the forward steps segment by segment "
+                        "(the checkpoint pass; docs/memplan.md)")
 
 
 def add_shape_flag(p: argparse.ArgumentParser) -> None:
@@ -388,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="after the passes, print where the place pass put each op and why, and the transfers, "
                           "to stderr")
     add_pipeline_flags(opt)
+    add_budget_flag(opt)
     add_mode_flag(opt, "run the mode's whole pipeline, placed as --device auto compiles it, instead of the "
                        "default pipeline; not with -p")
     opt.set_defaults(func=cmd_opt)
@@ -414,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mode_flag(run, "the passes before the backend's and the backend's own (with --device auto, the place "
                        "policy)")
     run.add_argument("--timing", action="store_true", help="print the pass timing report to stderr")
+    add_budget_flag(run)
     run.set_defaults(func=cmd_run)
     comp = sub.add_parser("compile", help="compile a function for the CPU and write LLVM IR, assembly or an object")
     comp.add_argument("file", help="a .gir file, or - for standard input")
@@ -429,9 +448,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_SEED_FLAG = "--check-numerics"
+
+
+def seed_only_after_equals(argv: Sequence[str]) -> list[str]:
+    """`--check-numerics[=SEED]` takes its seed only after `=`: a bare flag becomes
+    `--check-numerics=0`, so the word after it is never read as its seed (`gir opt
+    --check-numerics model.gir` took model.gir for the seed: argparse's optional value, nargs='?',
+    consumes the next word). The flag's abbreviations (`--check`) are rewritten too."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + list(argv[i:])
+        bare = len(arg) >= len("--ch") and "=" not in arg and _SEED_FLAG.startswith(arg)
+        out.append(f"{_SEED_FLAG}=0" if bare else arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(seed_only_after_equals(sys.argv[1:] if argv is None else argv))
     try:
         if getattr(args, "timing", False):  # one tree: parse, passes, verify, print, backend, LLVM, cache
             with timing.collect(f"gir {args.command}") as root:

@@ -31,7 +31,7 @@ from ..ir.printer import print_module
 from ..ir.specialize import specialize
 from ..ir.verifier import verify
 from ..passes.pass_manager import PassManager
-from ..passes.pipeline import DEFAULT_MODE, get_mode
+from ..passes.pipeline import DEFAULT_MODE, get_mode, parse_bytes, with_memory_budget
 from ..support import timing
 from . import compile_cache
 from .calling import bind_arguments
@@ -187,8 +187,8 @@ class JitFunction:
         code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
         return code
 
-    def _every_length(self, shapes: tuple, groups: list[LengthGroup], timer: CompileTimer) -> tuple[Any, Any] | None:
-        """(compiled code for every length, the pipeline's report), or None with the reason in
+    def _every_length(self, shapes: tuple, groups: list[LengthGroup], timer: CompileTimer) -> tuple | None:
+        """(compiled code for every length, its module, the pipeline's report), or None with the reason in
         timer.stats.lengths: no group is a length, or the backend cannot serve it."""
         groups = [g for g in groups if (g.length(shapes) or 0) >= 1]  # a length of 0 is specialised on its own
         if not groups:
@@ -208,14 +208,14 @@ class JitFunction:
             timer.stats.lengths = f"specialised: the code for every length does not serve {shapes}"
             return None
         compiled.length_group = found.group
-        return compiled, found.report
+        return compiled, found.module, found.report
 
     def _compile_now(self, shapes: tuple, groups: list[LengthGroup] | None = None) -> Any:
         timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
         try:
             every = self._every_length(shapes, groups or [], timer)
             if every is not None:
-                compiled, report = every
+                compiled, module, report = every
             else:
                 with timer.stage("specialize"):
                     module = self._specialised_module(shapes)
@@ -227,6 +227,11 @@ class JitFunction:
             timer.cancel()
         for r in report.records:  # a pass that runs twice (canonicalize) counts its total
             timer.stats.passes[r.spec] = timer.stats.passes.get(r.spec, 0.0) + r.seconds
+            timer.stats.checkpoints += [d.describe() for d in r.stats.decisions]
+        plan = report.analyses.get(MemoryPlan, module.functions[self.entry])
+        timer.stats.planned_peak = plan.arena_bytes if plan is not None and plan.supported else None
+        layout = getattr(compiled, "layout", None)
+        timer.stats.arena_bytes = layout.arena_bytes + layout.pinned_bytes if layout is not None else None
         timer.stats.threads = _blas_threads(compiled) if self.device == "cpu" else None
         compiled.compile_stats = timer.finish(compiled)
         return compiled
@@ -348,7 +353,8 @@ class _Interpreted:
 
 
 def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
-        pipeline: str | None = None, mode: str | None = None, **jax_options: Any) -> JitFunction:
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> JitFunction:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -370,6 +376,10 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
             BACKEND_PIPELINE (inline, canonicalize, fuse, memplan); docs/passes.md describes each.
         mode: "fast-run" (the default: the whole pipeline, `lift` placement) or "fast-compile"
             (fewer passes, `aggressive` placement): passes/pipeline.py MODES, docs/passes.md.
+        memory_budget: bytes (an int, or "256MB", "1GB", "512MiB") the planned peak of the
+            compiled function should fit: when it does not, the `checkpoint` pass recomputes
+            the forward steps of backward scans segment by segment instead of keeping every
+            step's residuals (transforms/checkpoint.py, docs/memplan.md). None: no budget.
 
     Returns a `JitFunction`. Calling it:
 
@@ -416,8 +426,15 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     """
     if jax_options:  # jax.jit's static_argnums, donate_argnums, ...: say so, not a bare TypeError
         raise GirArgumentError("gir.jit has no option " + ", ".join(sorted(jax_options)) + " (it takes entry, device, "
-                               "pipeline, mode); a value that must stay a Python value can be bound with "
-                               "functools.partial or a closure")
+                               "pipeline, mode, memory_budget); a value that must stay a Python value can be bound "
+                               "with functools.partial or a closure")
+    budget = parse_bytes(memory_budget)
+    if budget is not None:
+        if pipeline is not None and mode is not None:
+            raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
+        if pipeline is None:
+            pipeline = get_mode(mode or DEFAULT_MODE).pipeline(usable_device(device) if device in DEVICES else "cpu")
+        pipeline, mode = with_memory_budget(pipeline, budget), None
     if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
         from .pyjit import jit_python
 
@@ -433,13 +450,13 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
         verify(module)  # built or edited in Python: its errors are its own, not the first pass's
         entry = _entry(module, entry)
         return JitFunction(module, entry, device, full, cache_key=compile_cache.module_key(module, entry, device, full))
-    if isinstance(source_or_module, os.PathLike):  # a pathlib.Path is a path, as gir.load takes it
-        source_or_module = os.fspath(source_or_module)
-    if not isinstance(source_or_module, str):
+    if isinstance(source_or_module, os.PathLike):  # a pathlib.Path is a path, whatever its characters
+        path = os.fspath(source_or_module)
+        text, filename = read_source(path), path
+    elif not isinstance(source_or_module, str):
         kind = type(source_or_module).__name__
         raise GirArgumentError(f"gir.jit takes a Module, gir source, a .gir path or a Python function, not {kind}")
-    if "\n" not in source_or_module and "{" not in source_or_module \
-            and (source_or_module.endswith(".gir") or os.path.exists(source_or_module)):
+    elif names_a_file(source_or_module):
         text, filename = read_source(source_or_module), source_or_module
     else:
         text, filename = source_or_module, "<jit>"
@@ -455,6 +472,13 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if key:
         compile_cache.store_signature(key, module.functions[entry])
     return JitFunction(module, entry, device, full, cache_key=key)
+
+
+def names_a_file(text: str) -> bool:
+    """A str given as a program is a path when it is one line that ends with `.gir` (no program
+    text ends so: its last token is `}`) or names an existing file; `{` or a blank in a path
+    does not make it source text. A caller that knows passes a pathlib.Path (the CLI does)."""
+    return "\n" not in text and (text.endswith(".gir") or os.path.isfile(text))
 
 
 def usable_device(device: str) -> str:

@@ -83,6 +83,13 @@ class CompileStats:
     """Which `?` dims are read at run time (driver/lengths.py): 'every length: %xs dim 0 = T; ...'
     when the code serves every sequence length, 'specialised: <why not>' when a signature's `?`
     leading dims were tried and are not a length, '' otherwise (no `?` leading dim, not the CPU)."""
+    planned_peak: int | None = None
+    """The memory plan's peak arena bytes of the entry after the pipeline (None on a compile-cache
+    hit, where no pass ran, or when the plan is not supported)."""
+    arena_bytes: int | None = None
+    """The workspace the compiled code allocates per thread (CPU: arena + pinned area)."""
+    checkpoints: list[str] = field(default_factory=list)
+    """The `checkpoint` pass's decisions (a memory budget), one line each."""
 
     def for_code(self, info: Any, layout: Any = None) -> CompileStats:
         """These stats with the tier and LLVM level of the code that ran (a backend CompileInfo)

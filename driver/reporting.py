@@ -57,9 +57,11 @@ _COLORS = {NEW: "#4878d0", REUSED: "#6acc64", IN_PLACE: "#ee854a", CARRY: "#d65f
 """Slot kind -> box colour in the plot."""
 
 
-def plot_plans(plans: list[MemoryPlan], path: str) -> None:
+def plot_plans(plans: list[MemoryPlan], path: str, peaks_before: dict[str, int] | None = None) -> None:
     """Draws each plan's buffers as boxes into the PNG file path: program points across, arena
-    offsets up; colour by how the buffer's first value got it."""
+    offsets up; colour by how the buffer's first value got it. `peaks_before`: function name ->
+    its planned peak before the `checkpoint` pass rewrote it (a memory budget), drawn as a
+    dotted red line above the plan it became."""
     try:
         import matplotlib
 
@@ -74,7 +76,7 @@ def plot_plans(plans: list[MemoryPlan], path: str) -> None:
         raise GirError("no function has a memory plan to draw (dynamic shapes or no values)")
     fig, axes = plt.subplots(len(plans), 1, figsize=(11, 3.8 * len(plans)), squeeze=False)
     for ax, plan in zip(axes[:, 0], plans):
-        _draw_plan(ax, plan)
+        _draw_plan(ax, plan, (peaks_before or {}).get(plan.function.name))
     handles = [Patch(color=c, label=k) for k, c in _COLORS.items()]
     axes[0, 0].legend(handles=handles, loc="lower right", fontsize=7, framealpha=0.9)
     fig.tight_layout()
@@ -82,7 +84,7 @@ def plot_plans(plans: list[MemoryPlan], path: str) -> None:
     plt.close(fig)
 
 
-def _draw_plan(ax: Any, plan: MemoryPlan) -> None:
+def _draw_plan(ax: Any, plan: MemoryPlan, peak_before: int | None = None) -> None:
     """One plan on one matplotlib Axes; big buffers are labelled with their first value."""
     from matplotlib.patches import Rectangle
 
@@ -104,9 +106,30 @@ def _draw_plan(ax: Any, plan: MemoryPlan) -> None:
             ax.text(first - 0.3, (slot.offset + slot.buffer.size / 2) / scale, names[v], fontsize=7, va="center")
     ax.axhline(plan.lower_bound / scale, color="gray", linestyle="--", linewidth=0.8)
     ax.set_xlim(-1, live.num_points)
-    ax.set_ylim(0, max(plan.arena_bytes, 1) / scale * 1.08)
+    top = max(plan.arena_bytes, peak_before or 0, 1)
+    if peak_before is not None:
+        ax.axhline(peak_before / scale, color="#c03030", linestyle=":", linewidth=1.2)
+        ax.text(0, peak_before / scale, f" peak before checkpointing: {peak_before / scale:.2f} {unit}",
+                color="#c03030", fontsize=7, va="bottom")
+    ax.set_ylim(0, top / scale * 1.08)
     ax.set_xlabel("program point (shaded: scan bodies)")
     ax.set_ylabel(f"arena offset ({unit})")
     ax.set_title(f"@{plan.function.name}: arena {plan.arena_bytes / scale:.2f} {unit}, lower bound "
                  f"{plan.lower_bound / scale:.2f} {unit} (dashed), naive {plan.naive_bytes / scale:.2f} {unit}",
                  fontsize=10)
+
+
+def peaks_before_checkpointing(decisions: list[Any]) -> dict[str, int]:
+    """Function name -> the planned peak before its first checkpoint decision."""
+    out: dict[str, int] = {}
+    for d in decisions:
+        if d.segment and d.peak_before is not None:
+            out.setdefault(d.function, d.peak_before)
+    return out
+
+
+def checkpoint_report(decisions: list[Any]) -> str:
+    """One line per decision of the `checkpoint` pass (transforms/checkpoint.py CheckpointDecision):
+    the scan's length, the segment, checkpoints kept, the remainder, the recompute factor and
+    the planned peak before and after."""
+    return "".join(f"checkpoint {d.describe()}\n" for d in decisions)

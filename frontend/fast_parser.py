@@ -100,12 +100,16 @@ class FastParser:
         text, kinds, toks = self.text, self.kinds, self.toks
         keywords = lexer.keywords
         line, line_start, end = 1, 0, 0
-        for m in lexer.skipping_regex.finditer(text):
+        match = lexer.skipping_regex.match
+        # `match` at the end of the last token, not `finditer`: after a character no terminal
+        # matches, finditer would search on from every later position (quadratic in a run of
+        # blanks before it); here that character ends the loop (Lark reports it).
+        while (m := match(text, end)) is not None:
             kind = m.lastgroup
             start, stop = m.span(kind)
+            if start == stop and kind != "END":  # no terminal matches empty; were one to, it would loop
+                raise Fallback
             if start != end:  # whitespace or comments skipped (only whitespace holds newlines)
-                if m.start() != end:  # or characters no terminal matches: Lark reports them
-                    raise Fallback
                 newlines = text.count("\n", end, start)
                 if newlines:
                     line += newlines
@@ -125,6 +129,8 @@ class FastParser:
                 continue
             kinds.append(kind)
             toks.append((value, start, line, start - line_start + 1))
+            if kind == "END":
+                break
         if not kinds or kinds[-1] != "END":
             raise Fallback
 

@@ -18,6 +18,12 @@
 `%w.T` lexes as one value name (names may contain `.`), so the emitter gives that hint when
 `%w` exists and `%w.T` does not (`_FunctionEmitter.undefined`). The rules look at the text
 around the error only; each gives up (None) unless the habit is plain there.
+
+Linear time: a rule that searches for a pattern ending at the error (`...\\s*$` over the text
+before it) lets the pattern start only at a token boundary (a lookbehind such as `(?<!\\w)`), so
+the regex engine tries each character as a start at most once. Without it, a search for
+`\\d+...$` starts again at every digit of a long name and scans to its end: quadratic (a 32 KB
+name took 53 s to report).
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ def functions_note() -> str:
     return "gir's functions: " + ", ".join(function_names())
 
 
-_ATOM_BEFORE = re.compile(r"(%[A-Za-z0-9_.$]+|\d+(?:\.\d*)?)\s*$")
+_ATOM_BEFORE = re.compile(r"(%[A-Za-z0-9_.$]+|(?<![\w$])\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*$")
 _ATOM_AFTER = re.compile(r"\s*(%[A-Za-z0-9_.$]+|-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
 
 
@@ -186,7 +192,7 @@ def _parenthesized(before: str) -> str:
         depth += c == ")"
         depth -= c == "("
         if depth == 0:
-            m = re.search(r"[%@]?[A-Za-z_][\w.$]*$", before[:i])
+            m = re.search(r"(?<![\w.$%@])[%@]?[A-Za-z_][\w.$]*$", before[:i])
             return before[m.start() if m else i:]
     return "(...)"
 
@@ -259,7 +265,7 @@ def _starts_any(text: str, pos: int, prefixes: tuple[str, ...]) -> bool:
 
 def _tuple_keyword(text: str, pos: int, expected: set[str]) -> Found:
     """`sum(%x, axes=(0, 1))`: an attribute written as a tuple."""
-    m = re.search(r"([A-Za-z_]\w*)\s*=\s*$", text[:pos])
+    m = re.search(r"(?<!\w)([A-Za-z_]\w*)\s*=\s*$", text[:pos])
     if not text.startswith("(", pos) or m is None:
         return None
     close = text.find(")", pos)
@@ -271,7 +277,7 @@ def _tuple_argument(text: str, pos: int, expected: set[str]) -> Found:
     """`reshape(%x, (2, 12))`, `zeros((2, 3))`: a shape passed as a tuple, by position."""
     if not text.startswith(",", pos):
         return None
-    m = re.search(r"([A-Za-z_]\w*)\s*\((?:[^()]*,)?\s*(\()\s*-?\d+\s*$", text[:pos])
+    m = re.search(r"(?<!\w)([A-Za-z_]\w*)\s*\((?:[^()]*,)?\s*(\()\s*-?\d+\s*$", text[:pos])
     if m is None:
         return None
     start = m.start(2)
@@ -317,7 +323,7 @@ def _mlir_spelling(text: str, pos: int, expected: set[str]) -> Found:
         return f"gir has no type {written}; its dtypes are " + ", ".join(DTYPES) + " (tensor<4xf32>)", pos
     start = pos
     if text.startswith(".", pos):  # `func.func`, `arith.addf`: the lexer stopped at the dot
-        back = re.search(r"[A-Za-z_]\w*$", text[:pos])
+        back = re.search(r"(?<!\w)[A-Za-z_]\w*$", text[:pos])
         start = back.start() if back else pos
     d = _MLIR_DIALECT.match(text, start)
     if d is not None and (start == 0 or not _is_name_char(text[start - 1])):

@@ -7,6 +7,7 @@ in braces: `ssa,canonicalize,scan-grad{max-extra-bytes=1000000}`.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ PASSES: MutableMapping[str, type[Pass]] = _PassTable({
     "canonicalize": "canonicalize:Canonicalize",
     "autodiff": "autodiff:Autodiff",
     "scan-grad": "scan_grad:ScanGrad",
+    "checkpoint": "checkpoint:Checkpoint",
     "inline": "inline:Inline",
     "fuse": "fuse:Fuse",
     "place": "placement:Place",
@@ -173,3 +175,55 @@ def parse_pipeline(text: str) -> list[Pass]:
                 options[key] = value.strip()
         passes.append(cls.from_options(options))
     return passes
+
+
+def with_memory_budget(pipeline: str, budget: int) -> str:
+    """pipeline, made to fit `budget` bytes (docs/memplan.md, "Memory budget"):
+    `checkpoint{budget=N}` right after the first `autodiff` (and the canonicalize that follows
+    it), before the second `scan-grad`; the `scan-grad` runs before autodiff neither hoist input
+    projections nor merge sums of products, so that the one after `checkpoint` hoists them
+    per segment (a projection hoisted before autodiff would stay T steps long). Without an
+    autodiff, `checkpoint` goes last. A pipeline that has a `checkpoint` already is kept."""
+    items = split_pipeline(pipeline)
+    if any(item.partition("{")[0].strip() == "checkpoint" for item in items):
+        return pipeline
+    names = [item.partition("{")[0].strip() for item in items]
+    where = len(items)
+    if "autodiff" in names:
+        at = names.index("autodiff")
+        where = at + 2 if at + 1 < len(names) and names[at + 1] == "canonicalize" else at + 1
+        for i in range(at):
+            if names[i] == "scan-grad":
+                items[i] = _with_options(items[i], "hoist=false,merge-sums=false")
+    items.insert(where, f"checkpoint{{budget={budget}}}")
+    return ",".join(items)
+
+
+def _with_options(item: str, options: str) -> str:
+    name, brace, rest = item.partition("{")
+    return f"{name}{{{options}}}" if not brace else f"{name}{{{rest[:-1]},{options}}}"
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(value: int | str | None) -> int | None:
+    """A memory budget in bytes: an int, or a string like "256MB", "1GB", "512MiB", "1e9";
+    None or "" for no budget. A GirArgumentError says what is accepted otherwise."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise GirArgumentError(f"memory budget must be a number of bytes or a string like '1GB', not {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+        unit = m.group(2).upper() if m else None
+        if m is None or unit not in _UNITS:
+            raise GirArgumentError(f"memory budget {value!r}: write bytes as an integer or with a unit "
+                                   f"(B, KB, MB, GB, KiB, MiB, GiB), e.g. '256MB'")
+        n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise GirArgumentError(f"memory budget must be positive, got {value!r}")
+    return n

@@ -42,6 +42,10 @@ class PassStatistics:
     """Named events: applications and rejected candidates (`rejected: too much memory`)."""
     notes: list[str] = field(default_factory=list)
     """Human-readable reasons, one per rejected candidate."""
+    decisions: list[Any] = field(default_factory=list)
+    """What the pass decided, as frozen dataclasses (the `checkpoint` pass's segment choices),
+    for reports that outlive the analyses a later pass invalidates (`gir opt --memplan-report`,
+    `fn.stats.compile`)."""
 
     def pattern(self, name: str) -> PatternStats:
         stats = self.patterns.get(name)

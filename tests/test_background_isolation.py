@@ -89,9 +89,9 @@ def test_a_clean_thread_time_measurement_ends_the_provisional_count_on_disk(monk
     key = blas_threads._key(*params)
     blas_threads.seconds(*params, threads=0)
     path = blas_threads._cache_file()
-    assert blas.read_times(path)[f"{key} disturbed"] == 1.0
+    assert blas.read_times(path, blas.is_seconds)[f"{key} disturbed"] == 1.0
     blas_threads._measure_into(path, key, params)
-    on_disk = blas.read_times(path)
+    on_disk = blas.read_times(path, blas.is_seconds)
     assert f"{key} disturbed" not in on_disk and on_disk[f"{key} t0"] == 1.0 and on_disk[f"{key} t1"] == 2.0
 
 

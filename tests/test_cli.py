@@ -375,3 +375,36 @@ def test_console_script_error_has_no_traceback(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"{path}:2:10: error: use of undefined value %nope")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("folder", ["a{b}", "with {braces} and blanks"])
+def test_run_of_a_path_with_braces_reads_the_file(tmp_path: Path, capsys, folder: str) -> None:
+    """A path argument is a path: `gir run` passes it to gir.jit as a pathlib.Path (a `{` made the
+    str look like program text: "<jit>:1:1: error: unexpected '/'")."""
+    path = tmp_path / folder / "prog.gir"
+    path.parent.mkdir()
+    path.write_text(PROGRAM)
+    code, out, err = gir_main(capsys, "run", path, "-e", "first", "--random", "1")
+    assert code == 0, err
+    assert out.startswith("@first on cpu:"), out
+    ones = np.ones(3, np.float32)
+    np.testing.assert_array_equal(gir.jit(str(path), "first")(ones)[0], np.tanh(ones))
+    np.testing.assert_array_equal(gir.jit(path, "first")(ones)[0], np.tanh(ones))
+
+
+def test_jit_of_a_missing_gir_path_with_braces_says_it_cannot_read_it(tmp_path: Path) -> None:
+    with pytest.raises(gir.GirError, match="cannot read .*no\\{such\\}"):
+        gir.jit(str(tmp_path / "no{such}" / "prog.gir"))
+
+
+@pytest.mark.parametrize("flag", ["--check-numerics", "--check"])
+def test_check_numerics_without_a_seed_leaves_the_file_argument_alone(program: Path, capsys, flag: str) -> None:
+    """`gir opt --check-numerics FILE`: FILE is the file, the seed 0 (argparse's optional value
+    took FILE as the seed: "invalid int value")."""
+    code, out, err = gir_main(capsys, "opt", flag, program, "-p", "ssa,canonicalize")
+    assert code == 0, err
+    assert "func @second" in out
+    assert gir.cli.build_parser().parse_args(gir.cli.seed_only_after_equals(["opt", flag, "f.gir"])).check_numerics == 0
+    assert gir.cli.build_parser().parse_args(gir.cli.seed_only_after_equals(["opt", "--check-numerics=7", "f.gir"])
+                                             ).check_numerics == 7
+    assert gir.cli.seed_only_after_equals(["opt", "--", "--check"]) == ["opt", "--", "--check"]

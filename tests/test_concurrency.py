@@ -219,3 +219,43 @@ def test_a_new_shape_called_from_several_threads_compiles_once(monkeypatch: pyte
     assert compiles == [((3, 4),)] and len(results) == 6
     for r in results:
         np.testing.assert_allclose(r, np.tanh(x) * 2.0, rtol=1e-12)
+
+
+@pytest.mark.gpu
+def test_two_specialisations_of_one_gpu_function_called_from_two_threads() -> None:
+    """Each specialisation (a compiled `GPUFunction`) has its own lock, but the CUDA simulator's
+    launches share process state (a kernel's `cuda` global is swapped for the launch): launches of
+    two specialisations at once failed with "'Thread' object has no attribute 'blockIdx'". One
+    process-wide lock (backend/gpu/device.py, SIMULATOR_LAUNCHES) serialises simulated launches."""
+    pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
+    from gir.backend.gpu.device import get_device
+
+    try:
+        dev = get_device()
+    except gir.GirError as e:
+        pytest.skip(f"no GPU backend here: {e.message}")
+    source = ("func @f(%x: tensor<?x3xf32>, %y: tensor<?x3xf32>) -> tensor<?x3xf32> {\n"
+              "  return tanh(%x * %y + %x) - %y / (abs(%x) + 1.0)\n}\n")
+    fn = gir.jit(source, "f", device="gpu")
+    rng = np.random.default_rng(5)
+    inputs = {rows: [rng.standard_normal((rows, 3)).astype(np.float32) for _ in range(2)] for rows in (5, 7)}
+    want = {rows: gir.interpret(gir.parse(source), "f", *xs)[0] for rows, xs in inputs.items()}
+    for xs in inputs.values():
+        fn(*xs)  # both specialisations compiled before the threads start
+    barrier, errors = threading.Barrier(2), []
+
+    def calls(rows: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(4 if dev.simulated else 50):
+                assert_all_close(fn(*inputs[rows])[0], want[rows])
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=calls, args=(rows,)) for rows in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, repr(errors[0])

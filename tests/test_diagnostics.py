@@ -583,6 +583,33 @@ def test_hints_leave_valid_lookalikes_alone():
     assert "transpose" in str(gir.parse(text, filename=FILE))
 
 
+LONG_TOKENS = [
+    # (id, the text before the bad character, its length): each took seconds before the hints and the
+    # tokenizer were linear (the 8,000-character name: 1.2 s; quadratic in its length), milliseconds after
+    ("a-long-name-before-an-error", "%a" + "1" * 24_000 + " = ?", 24_000),
+    ("a-long-word-before-an-error", "%x = " + "a" * 40_000 + " + ?", 40_000),
+    ("a-long-name-and-number-mix", "%x = " + "a1" * 12_000 + " ?", 24_000),
+    ("a-long-blank-run-before-an-unknown-character", "%a" + " " * 120_000 + "?", 120_000),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c[0]) for c in LONG_TOKENS])
+def test_a_syntax_error_after_a_long_token_is_reported_in_linear_time(case):
+    """Every hint that looks at the text ending at the error matches from token boundaries only (a
+    lookbehind), and the tokenizer stops at the first character no terminal matches: before, a regex
+    search tried every position inside a long name, number or blank run (quadratic, 53 s for 32 KB)."""
+    import time
+
+    _, line, size = case
+    text = "func @f() -> tensor<f32> {\n  " + line + "\n}\n"
+    start = time.process_time()
+    with pytest.raises(gir.GirSyntaxError) as info:
+        gir.parse(text, filename=FILE)
+    spent = time.process_time() - start
+    assert str(info.value).startswith(f"{FILE}:2:"), str(info.value)[:200]
+    assert spent < 1.0, f"{spent:.2f} s of CPU for a {size}-character token (linear: about 10 ms)"
+
+
 def test_misspelled_pass_option_and_print_flag_say_did_you_mean():
     from gir.passes.pass_manager import PassManager
     from gir.passes.pipeline import parse_pipeline
@@ -590,12 +617,12 @@ def test_misspelled_pass_option_and_print_flag_say_did_you_mean():
     with pytest.raises(gir.GirPassError) as info:
         parse_pipeline("ssa,canonicalise")
     assert info.value.message == ("unknown pass 'canonicalise'; passes: ssa, canonicalize, autodiff, scan-grad, "
-                                  "inline, fuse, place, liveness, print-liveness, memplan; did you mean "
+                                  "checkpoint, inline, fuse, place, liveness, print-liveness, memplan; did you mean "
                                   "'canonicalize'?")
     with pytest.raises(gir.GirPassError) as info:
         parse_pipeline("scan-grad{max-extra-byte=10}")
     assert info.value.message == ("pass 'scan-grad' has no option 'max-extra-byte' (options: max-extra-bytes, hoist, "
-                                  "merge, push-out); did you mean 'max-extra-bytes'?")
+                                  "merge, merge-sums, push-out); did you mean 'max-extra-bytes'?")
     with pytest.raises(gir.GirPassError) as info:
         PassManager("ssa,autodiff", print_ir_after=frozenset({"autodif"}))
     assert info.value.message == ("--print-ir-after=autodif: no pass 'autodif' in the pipeline; its passes: ssa, "

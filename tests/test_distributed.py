@@ -9,9 +9,11 @@ rounding (float64). Skipped where mpi4py or mpiexec is missing (`pip install 'gi
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +100,77 @@ def test_digits_example_trains_data_parallel() -> None:
     losses = [float(x) for x in re.findall(r"\bloss (\d+\.\d+)", proc.stdout)]
     assert len(losses) == 10, proc.stdout  # printed by rank 0 only
     assert losses[-1] < losses[0] - 0.2, losses
+
+
+def run_job(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`mpiexec -n n python distributed_worker.py args`, in a session of its own: a job still
+    running after `timeout` is killed whole (its ranks too, not only mpiexec) and the test fails
+    with what it printed, instead of leaving ranks waiting in a collective."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(HERE / "distributed_worker.py"), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the job hung (killed after {timeout} s):\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+DISAGREEMENTS = {
+    "shape": "data_parallel: outputs[1] has shape (3,) on rank 0 and (4,) on rank 1",
+    "dtype": "data_parallel: outputs[0] is float64 on rank 0 and float32 on rank 1",
+    "structure": "allreduce: the outputs' structure differs: tree['w'] on rank 0 where rank 1 has tree['v']",
+    "count": "data_parallel: rank 0 has 2 arrays and rank 1 has 3: outputs[2] is only on rank 1",
+    "order": "data_parallel: the outputs' structure differs: outputs.loss on rank 0 where rank 1 has outputs.db",
+    "reduction": "data_parallel: the ranks reduce differently: reduce='mean' on rank 0, reduce='sum' on rank 1",
+    "step-fails": "data_parallel: rank 1 raised GirArgumentError: the step failed on rank 1 on purpose",
+    "broadcast": "broadcast: tree[0] has shape (2, 3) on rank 0 and (2, 4) on rank 1",
+    "integer-mean": "allreduce: tree[0] is int64: a mean over the ranks of integers is not an integer",
+}
+
+
+@needs_mpi
+def test_ranks_that_disagree_get_the_same_gir_error_naming_what_differs(tmp_path: Path) -> None:
+    """Shapes, dtypes, structure, count, order of equal-sized named results, reductions, a step
+    that raises on one rank, a broadcast of another shape, an integer mean: before, MPICH
+    aborted the job (no word of what differed), mixed the numbers silently (order), raised a raw
+    mpi4py exception (broadcast), hung (a step raising on one rank) or floor-divided."""
+    out = tmp_path / "disagree"
+    proc = run_job(2, str(out), "disagree")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
+    assert got[0] == got[1], "every rank raises the same error"
+    for case, message in DISAGREEMENTS.items():
+        assert got[0][case] is not None and got[0][case].startswith(message), (case, got[0][case])
+    assert got[0]["after"] == [3.0, 3.0]  # the ranks are still in step after every error
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["crash", "crash-in-step"])
+def test_an_uncaught_exception_on_one_rank_ends_the_job(mode: str) -> None:
+    """Rank 1 raises, rank 0 is (or will be) in an Allreduce: the job ends, with the error,
+    instead of rank 0 waiting forever (the first gir.distributed call installs an excepthook
+    that aborts the job after printing the exception)."""
+    proc = run_job(2, "-", mode)
+    assert proc.returncode != 0
+    assert "rank 1 failed on purpose" in proc.stderr, proc.stderr
+
+
+def test_a_single_process_reduces_and_refuses_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one process (no mpiexec) nothing is exchanged, and the same checks hold."""
+    pytest.importorskip("mpi4py")
+    import gir
+    from gir import distributed
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the hook gir.distributed installs: not in pytest's
+    monkeypatch.setattr(distributed, "_hook_installed", False)
+
+    assert distributed.allreduce({"a": np.ones(2), "n": np.arange(2)}, "sum")["n"].tolist() == [0, 1]
+    with pytest.raises(gir.GirError, match=r"tree\[1\] is int64: a mean over the ranks"):
+        distributed.allreduce((np.ones(2), np.arange(2)), "mean")
+    with pytest.raises(gir.GirError, match=r"outputs\[0\] is boolean"):
+        distributed.data_parallel(lambda: [np.ones(2, bool)], reduce="sum")()
+    step = distributed.data_parallel(lambda: (np.ones(2), "a note"), reduce=["mean", None])
+    assert step()[1] == "a note"  # a local output is left as it is

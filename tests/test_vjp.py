@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import gir
+import gir.cli
 import numpy as np
 import pytest
 from gir.ir.ops import REGISTRY
@@ -818,3 +819,47 @@ def test_vjp_reshape_keeps_a_minus_one_dim_when_the_size_is_unknown() -> None:
     c.reshape(Value(TensorType((None, 4, 3), "f32")), (-1, 3))
     c.reshape(Value(TensorType((5, 4, 3), "f32")), (-1, 3))
     assert made == [{"name": "reshape", "shape": [-1, 3]}, {"name": "reshape", "shape": [20, 3]}]
+
+
+LOSS_IS_A_CALL = """
+func @sq(%a: tensor<3xf64>, %w: tensor<3xf64>) -> tensor<f64> {
+  return sum(%a * %a * %w)
+}
+
+func @mid(%x: tensor<3xf64>, %w: tensor<3xf64>) -> tensor<f64> {
+  %r = @sq(tanh(%x), %w)
+  return %r
+}
+
+func @loss(%x: tensor<3xf64>, %w: tensor<3xf64>) -> tensor<f64> {
+  %l = @mid(%x * %w, %w)
+  return %l
+}
+
+func @g(%x: tensor<3xf64>, %w: tensor<3xf64>) -> (tensor<f64>, tensor<3xf64>, tensor<3xf64>) {
+  %l, %dx, %dw = grad @loss(%x, %w) wrt (%x, %w)
+  return %l, %dx, %dw
+}
+"""
+"""The loss is a call's result, whose callee returns a call's result in turn: inlining those
+calls erased the value autodiff held as the loss ("operand #0 of 'return' (%l) does not
+dominate this use")."""
+
+
+def test_gradient_of_a_function_returning_a_call_s_result(tmp_path, capsys) -> None:
+    rng = np.random.default_rng(31)
+    x, w = rng.standard_normal(3), rng.standard_normal(3)
+    reference = gir.parse(LOSS_IS_A_CALL, filename="call.gir")
+    want = [numeric_gradient(reference, "loss", [x, w], p) for p in (0, 1)]
+    loss = float(gir.interpret(reference, "loss", x, w)[0])
+    path = tmp_path / "call.gir"
+    path.write_text(LOSS_IS_A_CALL)
+    assert gir.cli.main(["opt", str(path)]) == 0, capsys.readouterr().err
+    optimized = gir.parse(capsys.readouterr().out, filename="opt.gir")
+    for name, run in [("gir opt", lambda: gir.interpret(optimized, "g", x, w)),
+                      ("interpret", lambda: gir.interpret(gir.parse(LOSS_IS_A_CALL, filename="call.gir"), "g", x, w)),
+                      ("jit", lambda: gir.jit(LOSS_IS_A_CALL, "g")(x, w))]:
+        got, dx, dw = run()
+        assert abs(float(got) - loss) < 1e-12, name
+        assert relative_error(dx, want[0]) < TOLERANCE, name
+        assert relative_error(dw, want[1]) < TOLERANCE, name

@@ -40,7 +40,7 @@ from ..ir.ops import REGISTRY, reduction_axes, splat_value
 from ..ir.types import TensorType
 from ..passes.base import Pass
 from ..passes.rewriter import PassStatistics, Rewriter
-from .inline import inline_call, inline_calls
+from .inline import current, inline_call, inline_calls
 from .loops import ScanParts, Sequence, append_stack, scan_parts
 
 
@@ -523,8 +523,12 @@ def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:
         if args.count(args[p]) > 1:
             args[p] = rw.value("broadcast", [args[p]], before=grad, attrs={"shape": list(args[p].tensor_type.shape)})
     new_ops, returned = inline_call(rw, callee, args, grad)
-    new_ops = inline_calls(rw, module, new_ops)
+    # The loss may be a call's result (`%l = @sq(%x)  return %l`): inlining that call erases it,
+    # and the loss is what stands for it now.
+    replaced: dict[Value, Value] = {}
+    new_ops = inline_calls(rw, module, new_ops, replaced=replaced)
     (loss,) = returned
+    loss = current(loss, replaced)
     emitter = Emitter(rw, anchor=grad)
     bp = Backprop(rw, emitter, fwd=lambda v: v)
     rw.current = "reverse-mode"

@@ -38,13 +38,15 @@ def inline_call(rw: Rewriter, callee: Function, args: list[Value], anchor: Opera
 
 
 def inline_calls(rw: Rewriter, module: Module, ops: list[Operation],
-                  inside: tuple[str, ...] = ()) -> list[Operation]:
+                  inside: tuple[str, ...] = (), replaced: dict[Value, Value] | None = None) -> list[Operation]:
     """Replaces every `call` among ops (and in their regions) by the callee's body; `inside`
-    names the functions whose bodies ops were copied from, outermost first."""
+    names the functions whose bodies ops were copied from, outermost first. `replaced`, if
+    given, gets each erased call result -> the value now standing for it (a caller holding a
+    call result outside the IR, as autodiff holds the loss, reads it back with `current`)."""
     out: list[Operation] = []
     for op in ops:
         for region in op.regions:
-            inline_calls(rw, module, region.block.ops, inside)
+            inline_calls(rw, module, region.block.ops, inside, replaced)
         if op.name != "call":
             out.append(op)
             continue
@@ -52,9 +54,18 @@ def inline_calls(rw: Rewriter, module: Module, ops: list[Operation],
         if name in inside:
             raise call_cycle_error(inside[inside.index(name):], op)
         new_ops, returned = inline_call(rw, module.functions[name], list(op.operands), op)
-        out.extend(inline_calls(rw, module, new_ops, (*inside, name)))
+        out.extend(inline_calls(rw, module, new_ops, (*inside, name), replaced))
+        if replaced is not None:
+            replaced.update(zip(op.results, returned))
         rw.replace_op(op, returned)
     return out
+
+
+def current(v: Value, replaced: dict[Value, Value]) -> Value:
+    """What stands for v after `inline_calls` (a chain where a callee returns a call's result)."""
+    while v in replaced:
+        v = replaced[v]
+    return v
 
 
 class Inline(Pass):

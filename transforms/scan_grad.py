@@ -39,6 +39,11 @@ class ScanGradOptions:
     """Largest amount of new stacked memory one push-out may add."""
     hoist: bool = True
     merge: bool = True
+    merge_sums: bool = True
+    """Also `a @ U + b @ V -> concat(a, b) @ concat(U, V)` (part of `merge`). Off in the first
+    run of a memory-budgeted pipeline: that run does not hoist input projections (the second
+    one hoists them per checkpointed segment), and `x @ W + h @ U` would otherwise be merged
+    into a product that stacks `concat(x, h)` per step (transforms/checkpoint.py)."""
     push_out: bool = True
 
     def validate(self, pass_name: str) -> None:
@@ -467,7 +472,8 @@ class ScanGrad(Pass):
                 merge_shared_operand(rw, f.body, None, stats)
             for scan in _scans(module):
                 merge_shared_operand(rw, scan.body, scan, stats)
-                merge_sums(rw, scan, stats)
+                if o.merge_sums:
+                    merge_sums(rw, scan, stats)
         return rw.changed
 
 

@@ -19,6 +19,7 @@ import atexit
 import ctypes
 import glob
 import json
+import math
 import os
 import platform
 import sys
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -253,25 +255,43 @@ _choices_path: str | None = None
 _choices_lock = threading.Lock()
 
 
-def read_times(path: str) -> dict:
-    """A JSON file of measured times (this module's and blas_threads.py's), {} if absent, damaged
-    or untrusted (cache.read_file: a private regular file, so a FIFO there never blocks)."""
+def is_seconds(value: Any) -> bool:
+    """A measured time (or a count of disturbed rounds): a finite number >= 0, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def is_path_entry(value: Any) -> bool:
+    """An entry of the GEMM times file: {path or 'disturbed': seconds}."""
+    return isinstance(value, dict) and all(isinstance(k, str) and is_seconds(v) for k, v in value.items())
+
+
+def read_times(path: str, valid: Callable[[Any], bool] = is_path_entry) -> dict:
+    """A JSON file of measured times (this module's, entries `is_path_entry`, and
+    blas_threads.py's, entries `is_seconds`): {} if absent, damaged or untrusted
+    (cache.read_file: a private regular file, so a FIFO there never blocks), or not a JSON
+    object; an entry `valid` refuses is left out (not measured: measured again and
+    overwritten). Valid JSON of another shape (`[1, 2]`, `null`, `{"k": "fast"}`) raised
+    TypeError out of every compile with a matmul."""
     from ...support.cache import read_file
 
     data = read_file(path, limit=64 << 20)
     try:
-        return dict(json.loads(data)) if data is not None else {}
-    except (ValueError, TypeError):
+        parsed = json.loads(data) if data is not None else {}
+    except (ValueError, RecursionError):  # RecursionError: `[[[[...` nested past the parser's limit
         return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {k: v for k, v in parsed.items() if valid(v)}
 
 
-def write_times(path: str, ours: dict, drop: tuple[str, ...] = ()) -> None:
+def write_times(path: str, ours: dict, drop: tuple[str, ...] = (), valid: Callable[[Any], bool] = is_path_entry
+                ) -> None:
     """Writes ours, merged into what the file holds now less the keys `drop`: another process
     may have measured other shapes meanwhile, and keeps them (atomic: a reader never sees half
-    a file)."""
+    a file). Entries `valid` refuses are dropped."""
     from ...support.cache import atomic_write
 
-    merged = {k: v for k, v in read_times(path).items() if k not in drop} | ours
+    merged = {k: v for k, v in read_times(path, valid).items() if k not in drop} | ours
     atomic_write(path, json.dumps(merged, indent=1, sort_keys=True).encode())
 
 

@@ -80,7 +80,7 @@ def _load() -> dict[str, float]:
     global _times, _times_path
     path = _cache_file()
     if _times is None or path != _times_path:
-        _times, _times_path = blas.read_times(path), path
+        _times, _times_path = blas.read_times(path, blas.is_seconds), path
     return _times
 
 
@@ -136,7 +136,7 @@ def _measure_into(path: str, key: str, params: tuple) -> None:
     use when the measurement was asked for), merged with a provisional one."""
     measured = _measure(*params)
     with _lock:
-        times = _load() if path == _cache_file() else blas.read_times(path)
+        times = _load() if path == _cache_file() else blas.read_times(path, blas.is_seconds)
         old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED)
                if f"{key} {part}" in times}
         entry = quiet_timing.merge(old or None, *measured)
@@ -144,7 +144,8 @@ def _measure_into(path: str, key: str, params: tuple) -> None:
         times.pop(disturbed, None)
         ours = {f"{key} {part}": value for part, value in entry.items()}
         times.update(ours)
-        blas.write_times(path, ours, drop=(disturbed,))  # a clean measurement ends the provisional count
+        # a clean measurement ends the provisional count
+        blas.write_times(path, ours, drop=(disturbed,), valid=blas.is_seconds)
 
 
 def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[dict[str, float], bool]:

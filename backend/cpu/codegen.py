@@ -135,6 +135,10 @@ class Lowering:
         self.layout = Layout()
         self.pack_slots: dict[Operation, ir.Value] = {}
         self.loop_paths: dict[Operation, str] = {}
+        self.shared_packs: dict[tuple, ir.Value] = {}
+        """(path, weight, dtype, m, n, k, ta, tb) -> the pinned pack made for it: GEMMs on the
+        same weight share it (the pack is made before the outermost loop it is invariant in,
+        which comes before every later use in program order)."""
         """A GEMM with a loop-invariant weight -> the path chosen when its scan packed (or
         copied) the weight: a background measurement finishing in between must not change it."""
         sites = _gemm_sites(function)
@@ -932,9 +936,12 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
 
 def _pack_weights(low: Lowering, scan: Operation) -> None:
     """Before a scan's loop: pack (mkl-packed) or copy to the other orientation (openblas-copy)
-    the loop-invariant weight of every GEMM in its body that takes one of those paths."""
-    for op in scan.body:
-        if not _is_gemm(op) or not _packable(op):
+    the loop-invariant weight of every GEMM in its body that takes one of those paths, and of
+    every GEMM in a nested loop whose weight is invariant in this scan too (a checkpointed
+    scan's segments run inner scans over the same weight: packed once per call, not once per
+    segment). GEMMs with the same weight, shape and path share one pack."""
+    for op in _loop_gemms(scan):
+        if op in low.loop_paths:  # an enclosing scan packed it already
             continue
         a_src, ta = _gemm_operand(op.operands[0])
         b_src, tb = _gemm_operand(op.operands[1])
@@ -946,12 +953,41 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
             path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family, exclude=(path,))  # type: ignore[arg-type]
             low.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
         low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)
+        if path not in ("mkl-packed", "gir-packed", "openblas-copy"):
+            continue
+        key = (path, b_src, dtype, m, n, k, ta, tb)
+        shared = low.shared_packs.get(key)
+        if shared is not None:
+            low.pack_slots[op] = shared
+            continue
         if path == "mkl-packed":
             low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
         elif path == "gir-packed":
             low.pack_slots[op] = _gir_pack(low, packed_gemm.Shape(dtype, m, n, k, ta, tb), low.ptr[b_src])  # type: ignore[arg-type]
-        elif path == "openblas-copy":
+        else:
             low.pack_slots[op] = _transpose_copy(low, dtype, *((n, k) if tb else (k, n)), low.ptr[b_src])  # type: ignore[arg-type]
+        low.shared_packs[key] = low.pack_slots[op]
+
+
+def _loop_gemms(scan: Operation) -> list[Operation]:
+    """The GEMMs whose weight _pack_weights packs before scan's loop: those of its body with a
+    weight invariant in it, and those of nested loops whose weight is invariant in scan too."""
+    found = []
+    for op in scan.walk():
+        if op is scan or not _is_gemm(op) or not _packable(op):
+            continue
+        weight = op.operands[1]
+        if op.parent_op is scan or all(_defined_outside(v, scan) for v in (weight, _gemm_operand(weight)[0])):
+            found.append(op)
+    return found
+
+
+def _defined_outside(v: Value, scan: Operation) -> bool:
+    owner = v.defining_op
+    if owner is not None:
+        return not scan.is_ancestor_of(owner)
+    block_owner = v.defining_block.parent_op if v.defining_block is not None else None
+    return block_owner is None or not scan.is_ancestor_of(block_owner)
 
 
 def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: ir.Value) -> ir.Value:

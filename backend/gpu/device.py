@@ -19,6 +19,7 @@ arrays (no DLPack / CuPy outputs yet).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,13 @@ from ...config import cuda_simulator_requested
 from ...errors import GirError
 
 NO_GPU = "no CUDA GPU; set NUMBA_ENABLE_CUDASIM=1 to run the kernels in the simulator"
+
+SIMULATOR_LAUNCHES = threading.Lock()
+"""Held around every kernel launch in the simulator, process-wide. A launch there swaps the
+kernel's `cuda` global for a fake module and runs each CUDA thread as a Python thread that reads
+`blockIdx` from it: two launches at once (two specialisations of one function, each with its own
+call lock, or two functions, from two threads) swapped each other's module back, and a thread
+found "'Thread' object has no attribute 'blockIdx'". On a GPU, launches need no lock."""
 
 
 @dataclass(eq=False)

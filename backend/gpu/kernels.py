@@ -42,7 +42,7 @@ from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Operation, Value
 from ...ir.types import FLOAT_DTYPES, TensorType
-from .device import Device
+from .device import SIMULATOR_LAUNCHES, Device
 
 INDENT = " " * 8
 """Statements of the body sit inside `def` and the grid-stride `for`."""
@@ -71,7 +71,12 @@ class ElementwiseKernel:
         return self.source.error_sites
 
     def launch(self, dev: Device, n: int, args: Sequence[Any]) -> None:
-        if n:
+        if not n:
+            return
+        if dev.simulated:
+            with SIMULATOR_LAUNCHES:  # the simulator's launches share process state (device.py)
+                self.kernel[dev.launch_shape(n)](n, *args)
+        else:
             self.kernel[dev.launch_shape(n)](n, *args)
 
 

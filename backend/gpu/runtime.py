@@ -11,8 +11,9 @@ Threads: calls are serialised. A call uses the function's one set of device buff
 (arguments, arena, error flag) and its launch counters, so two overlapping calls would
 overwrite each other's values; a lock makes a call from a second thread wait until the first
 has copied its results back. This costs little on a GPU, where calls issued on the default
-stream run one after another anyway, and is needed in the CUDA simulator, whose kernel launches
-are not thread-safe. (Overlapping calls would need a set of buffers per thread and a stream each.)
+stream run one after another anyway. (Overlapping calls would need a set of buffers per thread
+and a stream each.) The CUDA simulator's kernel launches are not thread-safe across functions
+either: there every launch also holds one process-wide lock (device.SIMULATOR_LAUNCHES).
 `stats` is per thread, as on the CPU.
 """
 
