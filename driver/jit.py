@@ -67,6 +67,8 @@ class JitFunction:
         shapes with the length's dims as None (`LengthGroup.generic`)."""
         self._length_groups: list[LengthGroup] = []
         """The groups of `?` dims some compiled code reads at run time (driver/lengths.py)."""
+        self._served: dict[tuple, Any] = {}
+        """Argument shapes -> the code for every length that serves them (checked once)."""
         self._compiling = threading.Lock()
         """Held while a specialisation compiles: threads that call with a new shape at once
         compile it once (the compiled function itself is safe to call from several threads)."""
@@ -77,7 +79,7 @@ class JitFunction:
             self._last = self._specialise(tuple(tuple(t.shape) for t in self.signature.arg_types))
 
     def _specialise(self, shapes: tuple) -> Any:
-        found = self._compiled.get(shapes) or self._for_every_length(shapes)
+        found = self._compiled.get(shapes) or self._served.get(shapes) or self._for_every_length(shapes)
         if found is not None:
             return found
         with self._compiling:
@@ -95,6 +97,7 @@ class JitFunction:
         for group in self._length_groups:
             found = self._compiled.get(group.generic(shapes))
             if found is not None and self._serves(found, shapes, group):
+                self._served[shapes] = found
                 return found
         return None
 
@@ -190,7 +193,9 @@ class JitFunction:
     def _every_length(self, shapes: tuple, groups: list[LengthGroup], timer: CompileTimer) -> tuple | None:
         """(compiled code for every length, its module, the pipeline's report), or None with the reason in
         timer.stats.lengths: no group is a length, or the backend cannot serve it."""
-        groups = [g for g in groups if (g.length(shapes) or 0) >= 1]  # a length of 0 is specialised on its own
+        if any(g.length(shapes) == 0 for g in groups):
+            timer.stats.lengths = "specialised: a length of 0 (the code for every length serves lengths >= 1)"
+        groups = [g for g in groups if (g.length(shapes) or 0) >= 1]
         if not groups:
             return None
         with timer.stage("lengths"), timing.phase("lengths: two representative lengths"):
