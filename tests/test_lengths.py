@@ -179,3 +179,32 @@ func @f(%xs: tensor<?x3xf64>) -> tensor<f64> {
     assert lengths.describe().startswith("%xs dim 0 = T;")
     with pytest.raises(NotALength, match="attribute value depends on the length"):
         compare(at(11, str(1 / 11)), at(13, str(1 / 13)), 11, 13)
+
+
+TWO_SEQUENCES = """
+func @f(%xs: tensor<?x3xf64>, %ys: tensor<?x3xf64>, %h0: tensor<3xf64>) -> (tensor<3xf64>, tensor<?x3xf64>) {
+  %h = %h0
+  for %x in %xs, %y in %ys {
+    %h = tanh(%x * %h + %y)
+    collect %h into %hs
+  }
+  return %h, %hs
+}
+"""
+
+
+def test_two_sequences_of_one_length_and_a_result_that_follows_it() -> None:
+    """%xs and %ys are one length; the stacked %hs is returned at each call's length; two
+    sequences of different lengths are the interpreter's located error, not a crash."""
+    fn = gir.jit(TWO_SEQUENCES, "f")
+    reference = gir.jit(TWO_SEQUENCES, "f", device="interp")
+    rng = np.random.default_rng(2)
+    for t in (4, 8, 1):
+        args = [rng.standard_normal((t, 3)), rng.standard_normal((t, 3)), rng.standard_normal(3)]
+        got = fn(*args)
+        assert got[1].shape == (t, 3)
+        assert_all_close(got, reference(*args), rtol=1e-9)
+    assert fn.specialisations == 1
+    assert fn.stats.compile.lengths.startswith("every length: %xs dim 0 = T, %ys dim 0 = T")
+    with pytest.raises(gir.GirError, match="sequence lengths .* disagree"):
+        fn(rng.standard_normal((4, 3)), rng.standard_normal((5, 3)), rng.standard_normal(3))
