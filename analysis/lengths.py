@@ -13,6 +13,9 @@ reading the same operands, with the same attributes, except those that only rest
 shape (`OpSpec.shape_attrs`: reshape's `shape`, slice's `limits`). Every dim that differs must
 be `per_step * t + offset` (an `Extent`, integral in both), on axis 0, except the second axis
 of a transpose that is a view read by GEMMs (its transpose flag; nothing is laid out by it).
+A splat constant that differs must be an extent or its reciprocal (the count a `mean`'s
+gradient divides by, N or 1/N): the code computes it from T. As two points fit any line, such
+constants are checked at a third length (`verify`, which the driver runs when there are some).
 Whatever the pipeline decided from the length (a constant 1/T, a folded loop, a slice that
 starts at T-1) shows up as a difference that is not an `Extent`, and the function is then
 specialised per length as before; `LengthDims.reason` says why.
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..ir.core import Function, Module, Operation, Value
 from ..ir.spec import view_source
@@ -64,6 +69,8 @@ class LengthDims:
     """A value of `function` -> its axes that follow the length."""
     min_length: int = 1
     """The shortest length the code serves (module docstring)."""
+    constants: dict[Value, tuple[Extent, bool]] = field(default_factory=dict)
+    """A splat constant of `function` -> the extent it is, or (True) whose reciprocal it is."""
 
     def dims(self, v: Value) -> dict[int, Extent]:
         return self.extents.get(v, {})
@@ -75,7 +82,9 @@ class LengthDims:
     def describe(self) -> str:
         """`%xs dim 0 = T, ...; N values follow the length`: sorted, stable."""
         args = [f"%{self.function.args[i].name_hint or i} dim {axis} = {e}" for i, axis, e in self.arguments()]
-        return f"{', '.join(args)}; {len(self.extents)} values follow the length; lengths >= {self.min_length}"
+        consts = f"; {len(self.constants)} constants follow the length" if self.constants else ""
+        return (f"{', '.join(args)}; {len(self.extents)} values follow the length{consts}; "
+                f"lengths >= {self.min_length}")
 
 
 class NotALength(Exception):
@@ -99,7 +108,21 @@ def compare(a: Function, b: Function, ta: int, tb: int) -> LengthDims:
         walk.op(x, y)
     if not walk.extents:
         raise NotALength("no dim follows the length")
-    return LengthDims(a, ta, walk.extents, walk.min_length())
+    return LengthDims(a, ta, walk.extents, walk.min_length(), walk.constants)
+
+
+def verify(lengths: LengthDims, c: Function, tc: int) -> None:
+    """Raises NotALength unless c (the function at a third length tc) is lengths.function with
+    every dim and constant that follows the length at tc."""
+    a = lengths.function
+    walk = _Walk(lengths.representative, tc, lengths.extents, lengths.constants)
+    walk.values(list(a.args), list(c.args), f"@{a.name}")
+    ops_a, ops_c = list(a.walk()), list(c.walk())
+    if len(ops_a) != len(ops_c):
+        raise NotALength(f"the pipeline made {len(ops_a)} ops at length {lengths.representative} and {len(ops_c)} "
+                         f"at length {tc}")
+    for x, y in zip(ops_a, ops_c):
+        walk.op(x, y)
 
 
 def module_extents(a: Module, b: Module, ta: int, tb: int) -> dict[Value, dict[int, Extent]]:
@@ -137,12 +160,15 @@ def _walk_modules(walk: _Walk, a: Module, b: Module) -> None:
 
 
 class _Walk:
-    def __init__(self, ta: int, tb: int, expected: dict[Value, dict[int, Extent]] | None = None):
+    def __init__(self, ta: int, tb: int, expected: dict[Value, dict[int, Extent]] | None = None,
+                 expected_constants: dict[Value, tuple[Extent, bool]] | None = None):
         self.ta, self.tb = ta, tb
         self.expected = expected
-        """Checking (`conforms`): the extents of a's values that b's dims must have at tb."""
+        """Checking (`conforms`, `verify`): the extents of a's values that b's dims must have at tb."""
+        self.expected_constants = expected_constants or {}
         self.same: dict[Value, Value] = {}
         self.extents: dict[Value, dict[int, Extent]] = {}
+        self.constants: dict[Value, tuple[Extent, bool]] = {}
 
     def op(self, x: Operation, y: Operation) -> None:
         where = f"'{x.name}' at {x.loc}"
@@ -151,6 +177,8 @@ class _Walk:
         if len(x.operands) != len(y.operands) or any(self.same.get(p) is not q for p, q in zip(x.operands, y.operands)):
             raise NotALength(f"{where} reads other values at the two lengths")
         restated = set(x.spec.shape_attrs)
+        if x.spec.splat is not None and x.results and self.splat_follows(x, y, where):
+            restated |= set(x.attrs)  # its value follows the length (checked there)
         for key in set(x.attrs) | set(y.attrs):
             if key not in restated and x.attrs.get(key) != y.attrs.get(key):
                 raise NotALength(f"{where}: attribute {key} depends on the length ({x.attrs.get(key)} at {self.ta}, "
@@ -161,6 +189,32 @@ class _Walk:
         for v, axes in ((r, self.extents.get(r, {})) for r in x.results):
             if any(axis != 0 for axis in axes) and not _transposed_view(x):
                 raise NotALength(f"{where}: the length is in dim {sorted(axes)} of {v.type}, not the leading one")
+
+    def splat_follows(self, x: Operation, y: Operation, where: str) -> bool:
+        """Whether x and y are splat constants whose value follows the length (recorded)."""
+        vx, vy = x.spec.splat(x), y.spec.splat(y)  # type: ignore[misc]
+        if isinstance(vx, bool) or not isinstance(vx, (int, float)) or not isinstance(vy, (int, float)):
+            return False
+        dtype = x.result.tensor_type.numpy_dtype
+        expected = self.expected_constants.get(x.result) if self.expected is not None else None
+        if expected is not None:  # checking: y's value is the extent's at tb
+            if _same(_constant_at(*expected, self.tb), vy, dtype):
+                return True
+            want = _constant_at(*expected, self.tb)
+            raise NotALength(f"{where}: the constant {vy} is not {want} at length {self.tb}")
+        if vx == vy or self.expected is not None:
+            return False
+        for reciprocal in (False, True):
+            if reciprocal and (vx == 0 or vy == 0):
+                continue
+            nx, ny = (round(1 / vx), round(1 / vy)) if reciprocal else (round(vx), round(vy))
+            per_step, rem = divmod(ny - nx, self.tb - self.ta)
+            e = Extent(per_step, nx - per_step * self.ta)
+            if not rem and per_step > 0 and _same(_constant_at(e, reciprocal, self.ta), vx, dtype) \
+                    and _same(_constant_at(e, reciprocal, self.tb), vy, dtype):
+                self.constants[x.result] = (e, reciprocal)
+                return True
+        return False
 
     def values(self, xs: list[Value], ys: list[Value], where: str) -> None:
         if len(xs) != len(ys):
@@ -210,6 +264,15 @@ class _Walk:
             for e in axes.values():
                 low = max(low, math.ceil(-e.offset / e.per_step))
         return low
+
+
+def _constant_at(e: Extent, reciprocal: bool, t: int) -> float:
+    return 1.0 / e.at(t) if reciprocal else float(e.at(t))
+
+
+def _same(value: float, literal: float, dtype: object) -> bool:
+    """value, rounded to dtype, is literal (as the constant holds it in dtype)."""
+    return bool(np.asarray(value).astype(dtype) == np.asarray(literal).astype(dtype))
 
 
 def _transposed_view(op: Operation) -> bool:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..analysis.lengths import LengthDims, NotALength, compare
+from ..analysis.lengths import LengthDims, NotALength, compare, verify
 from ..errors import GirError
 from ..ir.core import Module
 from ..ir.loops import as_loop
@@ -30,6 +30,8 @@ from ..passes.pass_manager import PassManager
 REPRESENTATIVES = (11, 13)
 """The two lengths a module is made at to find its length dims: distinct, above 1 (no dim of 0
 or 1, where broadcasting differs), and unlikely to equal a batch or hidden size."""
+THIRD = 17
+"""Where constants follow the length (a `mean`'s count), the length they are checked at."""
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -106,7 +108,12 @@ def _try(make: Callable[[Shapes], Module], entry: str, pipeline: str, shapes: Sh
         return "sets no loop's trip count"
     report = PassManager(pipeline).run(a)
     PassManager(pipeline).run(b)
-    return ForEveryLength(group, a, report, compare(a.functions[entry], b.functions[entry], ta, tb))
+    lengths = compare(a.functions[entry], b.functions[entry], ta, tb)
+    if lengths.constants:  # two points fit any line: a third says whether the constants do
+        c = make(group.at(shapes, THIRD))
+        PassManager(pipeline).run(c)
+        verify(lengths, c.functions[entry], THIRD)
+    return ForEveryLength(group, a, report, lengths)
 
 
 def _trip_counts(module: Module) -> list[Any]:

@@ -116,25 +116,52 @@ def test_a_python_value_and_grad_compiles_once_for_ten_lengths(loss: object) -> 
     assert step.stats.compile.lengths.startswith("every length"), step.stats.compile.lengths
 
 
-def test_a_dim_the_pipeline_folds_into_a_constant_is_specialised_and_says_why() -> None:
-    """The gradient of a mean over the length holds 1/(T*B*H) as a constant: the two
-    representative lengths differ in it, so each length is specialised (and correct)."""
+def test_the_gradient_of_a_mean_over_the_length_computes_its_count_at_run_time() -> None:
+    """The gradient of a mean over the length divides by T*B*H, a constant that differs at the
+    two representative lengths: it is checked at a third and computed from T (float64, as the
+    pipeline's literal)."""
     def loss(p: dict, xs: object, h0: object) -> object:
         _, hs = gir.scan(lambda h, x: (gir.tanh(x @ p["w_z"] + h @ p["u_z"]),) * 2, h0, xs)
-        return gir.mean(hs)
+        return gir.mean(hs) + gir.mean(hs * hs, axis=0).sum()
 
     rng = np.random.default_rng(1)
     p = _params(rng)
     step = gir.jit(gir.value_and_grad(loss))
     reference = gir.jit(gir.value_and_grad(loss), device="interp")
-    for t in (2, 6):
+    for t in (2, 6, 1, 33):
         xs, h0 = rng.standard_normal((t, B, IN)), rng.standard_normal((B, H))
         value, grads = step(p, xs, h0)
         want_value, want_grads = reference(p, xs, h0)
         assert_all_close([np.asarray(value), *grads.values()], [np.asarray(want_value), *want_grads.values()],
                          rtol=1e-9)
-    assert step.specialisations == 2
-    assert "attribute value depends on the length" in step.stats.compile.lengths
+    assert step.specialisations == 1
+    assert "constants follow the length" in step.stats.compile.lengths, step.stats.compile.lengths
+
+
+TRANSPOSED = """
+func @f(%xs: tensor<?x3xf64>, %h0: tensor<3xf64>, %w: tensor<3x1xf64>) -> tensor<f64> {
+  %h = %h0
+  for %x in %xs {
+    %h = tanh(%x * %h)
+    collect %h into %hs
+  }
+  %t = transpose(%hs)
+  return sum(exp(%t) * %w)
+}
+"""
+
+
+def test_a_length_moved_off_the_leading_dim_is_specialised_and_says_why() -> None:
+    """A transpose that is copied puts the length in dim 1, where it is in the strides: each
+    length is specialised (and correct), and the stats say why."""
+    fn = gir.jit(TRANSPOSED, "f")
+    reference = gir.jit(TRANSPOSED, "f", device="interp")
+    rng = np.random.default_rng(3)
+    for t in (4, 8):
+        args = [rng.standard_normal((t, 3)), rng.standard_normal(3), rng.standard_normal((3, 1))]
+        assert_all_close(fn(*args), reference(*args), rtol=1e-9)
+    assert fn.specialisations == 2
+    assert "the length is in dim [1]" in fn.stats.compile.lengths, fn.stats.compile.lengths
 
 
 def test_gir_lengths_off_specialises_every_length() -> None:
@@ -159,8 +186,11 @@ def test_a_new_length_in_a_new_process_loads_the_code_for_every_length() -> None
     assert again.stats.compile.lengths.startswith("every length")
 
 
-def test_compare_finds_the_length_and_refuses_a_constant_that_depends_on_it() -> None:
-    """sum(%xs) / T, as a pipeline might fold it: the constant differs at the two lengths."""
+def test_compare_and_verify_take_a_constant_that_follows_the_length_and_refuse_one_that_does_not() -> None:
+    """sum(%xs) * K with K = 1/T (a mean's count, as a pipeline folds it) follows the length; with
+    K = 1/T**2 the two representatives fit a line too (24*T - 143), and the third length refutes it;
+    a constant that is no extent at all (0.5 against 0.7) is refused at once."""
+    from gir.analysis.lengths import verify
     from gir.ir.specialize import specialize
     from gir.ir.types import TensorType
 
@@ -171,14 +201,18 @@ func @f(%xs: tensor<?x3xf64>) -> tensor<f64> {
 }
 """
 
-    def at(t: int, k: str) -> object:
-        module = gir.parse(text.replace("K", k))
+    def at(t: int, k: float) -> object:
+        module = gir.parse(text.replace("K", repr(k)))
         return specialize(module, "f", [TensorType((t, 3), "f64")]).functions["f"]
 
-    lengths = compare(at(11, "0.5"), at(13, "0.5"), 11, 13)
-    assert lengths.describe().startswith("%xs dim 0 = T;")
+    lengths = compare(at(11, 1 / 11), at(13, 1 / 13), 11, 13)
+    assert lengths.describe().startswith("%xs dim 0 = T;") and "1 constants follow" in lengths.describe()
+    verify(lengths, at(17, 1 / 17), 17)
+    squared = compare(at(11, 1 / 121), at(13, 1 / 169), 11, 13)
+    with pytest.raises(NotALength, match="is not"):
+        verify(squared, at(17, 1 / 289), 17)
     with pytest.raises(NotALength, match="attribute value depends on the length"):
-        compare(at(11, str(1 / 11)), at(13, str(1 / 13)), 11, 13)
+        compare(at(11, 0.5), at(13, 0.7), 11, 13)
 
 
 TWO_SEQUENCES = """

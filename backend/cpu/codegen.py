@@ -458,6 +458,9 @@ class Scalar:
 def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
     """One element of op from its operands' elements (ir/scalar.py describes every op)."""
     if op.spec.splat is not None:  # a constant: every element is one scalar
+        follows = low.lengths.constants.get(op.result) if low.lengths is not None else None
+        if follows is not None:
+            return _length_constant(low, op, *follows)
         value = op.spec.splat(op)
         if value is None:
             raise GirError(f"the CPU backend has no scalar for '{op.name}' (not one value for every element)", op.loc)
@@ -468,6 +471,23 @@ def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
     if expr is None:
         raise GirError(f"the CPU backend has no scalar code for '{op.name}' on {dtype}", op.loc)
     return Scalar(low, op, dtype).build(expr, args)
+
+
+def _length_constant(low: Lowering, op: Operation, e: Extent, reciprocal: bool) -> ir.Value:
+    """A splat constant that follows the length (analysis/lengths.py): e at T, or 1/e, computed
+    in double and rounded to the constant's dtype, as its literal was."""
+    dtype = op.result.tensor_type.dtype
+    if low.fn.name != "gir_main":  # T is read in gir_main only (not in a split loop's task)
+        raise NotALength(f"the constant at {op.loc} follows the length in a loop split across two cores")
+    n = low.extent(e)
+    if dtype in INT_DTYPES and not reciprocal:
+        return low.b.trunc(n, LLVM_TYPES[dtype]) if dtype != "i64" else n
+    if dtype not in FLOAT_DTYPES:
+        raise NotALength(f"a {dtype} constant at {op.loc} follows the length")
+    f = low.b.sitofp(n, ir.DoubleType())
+    if reciprocal:
+        f = low.b.fdiv(ir.Constant(ir.DoubleType(), 1.0), f)
+    return low.b.fptrunc(f, LLVM_TYPES[dtype]) if dtype == "f32" else f
 
 
 def _compare(kind: str) -> Callable[[Scalar, list[ir.Value]], ir.Value]:
