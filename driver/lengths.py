@@ -11,8 +11,8 @@ any pass runs (a batch dim), as is one whose module does not specialise (a dim s
 another `?`). The rest of the call's dims stay as they are: they are specialised as before.
 
 Costs: the first compile of a signature with `?` leading dims specialises twice per group
-tried and runs the pipeline twice for the group that is a length (docs/backend.md, "One
-compile for every length").
+tried, runs the pipeline twice for the group that is a length, three times where constants
+follow it (docs/backend.md, "One compile for every length").
 """
 
 from __future__ import annotations
