@@ -94,6 +94,8 @@ def find_length(make: Callable[[Shapes], Module], entry: str, pipeline: str, sha
             found = _try(make, entry, pipeline, shapes, group)
         except (GirError, NotALength) as e:
             found = str(e).splitlines()[0]
+        except Exception as e:  # noqa: BLE001 - a Python function traced at a length it was not called
+            found = f"tracing at a representative length raised {type(e).__name__}: {e}"  # with may raise anything
         if isinstance(found, ForEveryLength):
             return found
         reasons.append(f"{_name(group)}: {found}")

@@ -184,6 +184,8 @@ class TracedJit(JitFunction):
                 extents = module_extents(a, self._specialised_module(group.at(shapes, tb)), ta, tb)
             except (GirError, NotALength):
                 extents = None
+            except Exception:  # noqa: BLE001 - fn traced at a length it was not called with may raise anything
+                extents = None
             reference = self._references[group.generic(shapes)] = (a, extents)
         a, extents = reference
         if a is None or extents is None:

@@ -242,3 +242,20 @@ def test_two_sequences_of_one_length_and_a_result_that_follows_it() -> None:
     assert fn.stats.compile.lengths.startswith("every length: %xs dim 0 = T, %ys dim 0 = T")
     with pytest.raises(gir.GirError, match="sequence lengths .* disagree"):
         fn(rng.standard_normal((4, 3)), rng.standard_normal((5, 3)), rng.standard_normal(3))
+
+
+def test_a_python_function_that_fails_at_the_representative_lengths_is_specialised() -> None:
+    """Traced at 11 and 13, fn raises (a Python assert on the length): the call specialises on
+    its own shapes as before, with the reason in the stats, instead of failing."""
+    def loss(p: dict, xs: object, h0: object) -> object:
+        assert xs.shape[0] < 10, "short sequences only"
+        _, hs = gir.scan(lambda h, x: (gir.tanh(x @ p["w_z"] + h @ p["u_z"]),) * 2, h0, xs)
+        return gir.sum(hs)
+
+    rng = np.random.default_rng(4)
+    p = _params(rng)
+    step = gir.jit(gir.value_and_grad(loss))
+    xs, h0 = rng.standard_normal((4, B, IN)), rng.standard_normal((B, H))
+    value, _ = step(p, xs, h0)
+    assert np.isclose(value, gir.jit(gir.value_and_grad(loss), device="interp")(p, xs, h0)[0])
+    assert "raised AssertionError" in step.stats.compile.lengths, step.stats.compile.lengths
