@@ -259,3 +259,26 @@ def test_a_python_function_that_fails_at_the_representative_lengths_is_specialis
     value, _ = step(p, xs, h0)
     assert np.isclose(value, gir.jit(gir.value_and_grad(loss), device="interp")(p, xs, h0)[0])
     assert "raised AssertionError" in step.stats.compile.lengths, step.stats.compile.lengths
+
+
+def test_a_gather_over_the_steps_and_its_gradient_serve_every_length() -> None:
+    """Rows of the stacked states picked by index (`index` by a tensor) and, in the gradient,
+    scattered back (`scatter_add` into the length's rows): both read their rows from T."""
+    def loss(p: dict, xs: object, h0: object, ids: object) -> object:
+        _, hs = gir.scan(lambda h, x: (gir.tanh(x @ p["w_z"] + h @ p["u_z"]),) * 2, h0, xs)
+        return gir.sum(hs[ids] * hs[ids])
+
+    rng = np.random.default_rng(5)
+    p = _params(rng)
+    step = gir.jit(gir.value_and_grad(loss))
+    reference = gir.jit(gir.value_and_grad(loss), device="interp")
+    for t in (2, 9, 1, 30):
+        xs, h0 = rng.standard_normal((t, B, IN)), rng.standard_normal((B, H))
+        ids = np.array([0, t - 1, t // 2], np.int64)
+        value, grads = step(p, xs, h0, ids)
+        want_value, want_grads = reference(p, xs, h0, ids)
+        assert_all_close([np.asarray(value), *grads.values()], [np.asarray(want_value), *want_grads.values()],
+                         rtol=1e-9)
+    assert step.specialisations == 1, step.stats.compile.lengths
+    with pytest.raises(gir.GirError, match="out of range"):
+        step(p, rng.standard_normal((4, B, IN)), rng.standard_normal((B, H)), np.array([0, 4, 1], np.int64))

@@ -704,7 +704,6 @@ def lower_index(low: Lowering, op: Operation) -> None:
     x, i = op.operands
     if i.tensor_type.rank:
         from .gather import lower_gather
-        _refuse_length(low, op, "a gather")
         lower_gather(low, op)
         return
     t = x.tensor_type
@@ -1466,7 +1465,8 @@ LOWER = _lowerings()
 """Op kind -> lowering function."""
 
 LENGTH_AWARE = {lower_fused, lower_elementwise, lower_constant, lower_view, lower_transpose, lower_broadcast,
-                lower_slice, lower_concat, lower_stack, lower_index, lower_reduce, lower_matmul, lower_scan}
+                lower_slice, lower_concat, lower_stack, lower_index, lower_reduce, lower_matmul, lower_scan,
+                LOWER["scatter_add"]}
 """The lowerings that compute sizes that follow the run-time length from it (`Lowering.shape`);
 any other op reading or making such a value refuses (`_refuse_length`)."""
 
