@@ -20,6 +20,8 @@ import numpy as np
 
 from .config import current
 from .driver.calling import bind_arguments
+from .driver.compile import CompileOptions, compile_entry, run_passes
+from .driver.jitstats import CompileStats
 from .driver.results import result_names
 from .errors import GirArgumentError, GirError, Location, did_you_mean, source_text
 from .frontend.parser import decode_source, parse
@@ -28,7 +30,8 @@ from .ir.core import Function, Module
 from .ir.gcpause import gc_paused, skip_final_collection
 from .ir.interpreter import check_arguments, random_inputs
 from .ir.printer import print_module
-from .passes.pass_manager import PassManager, Report
+from .ir.types import TensorType
+from .passes.pass_manager import DebugOptions, Report
 from .passes.pipeline import DEFAULT_MODE, DEFAULT_PIPELINE, MODES, get_mode, parse_bytes, with_memory_budget
 from .support import timing
 
@@ -104,11 +107,13 @@ def entry_of(module: Module, name: str | None) -> Function:
     return module.functions[name]
 
 
-def pass_manager(args: argparse.Namespace, pipeline: str, input_verified: bool = False) -> PassManager:
+def debug_options(args: argparse.Namespace, input_text: str | None = None,
+                  input_verified: bool = False) -> DebugOptions:
+    """The pass manager's options from the debugging flags. input_text: the text the module was
+    parsed from, unchanged since (its reproducers replay from it)."""
     seed = getattr(args, "check_numerics", None)
     check_seed("--check-numerics", seed)
-    return PassManager(
-        pipeline,
+    return DebugOptions(
         verify_each=not getattr(args, "no_verify_each", False),
         print_ir_before=frozenset(getattr(args, "print_ir_before", None) or ()),
         print_ir_after=frozenset(getattr(args, "print_ir_after", None) or ()),
@@ -119,18 +124,15 @@ def pass_manager(args: argparse.Namespace, pipeline: str, input_verified: bool =
         dump_dir=getattr(args, "dump_dir", None),
         check_numerics=seed,
         input_verified=input_verified,
+        input_text=input_text,
         reproducer=True,
         reproducer_dir=getattr(args, "reproducer_dir", None),
         reparse=parse,
     )
 
 
-def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str, input_verified: bool = False) -> Report:
-    """Runs pipeline with the debugging flags on a module just loaded; the report carries the
-    analyses it left. `input_verified`: the module is the parser's, unchanged (it verified it)."""
-    pm = pass_manager(args, pipeline, input_verified)
-    pm.debug.input_text = source_text(module.filename)  # its reproducers replay from the file's text
-    report = pm.run(module)
+def report_pipeline(args: argparse.Namespace, report: Report) -> None:
+    """--timing (the table of passes) and --stats-json, after a pipeline has run."""
     if getattr(args, "timing", False):
         sys.stderr.write(report.timing_table())
     if getattr(args, "stats_json", None):
@@ -140,7 +142,15 @@ def run_pipeline(args: argparse.Namespace, module: Module, pipeline: str, input_
                 f.write("\n")
         except OSError as e:
             raise cannot_write(args.stats_json, e) from None
-    return report
+
+
+def compile_options(args: argparse.Namespace, module: Module, f: Function, types: Sequence[TensorType],
+                    tiered: bool | None = None) -> CompileOptions:
+    """`compile_entry`'s options for `gir run` and `gir compile`: the debugging flags, and
+    --timing's table once the pipeline has run."""
+    unchanged = list(types) == list(f.arg_types)  # else the passes see a specialised copy, not the text
+    debug = debug_options(args, source_text(module.filename) if unchanged else None)
+    return CompileOptions(tiered=tiered, debug=debug, on_report=lambda report: report_pipeline(args, report))
 
 
 def opt_pipeline(args: argparse.Namespace) -> str:
@@ -167,7 +177,9 @@ def cmd_opt(args: argparse.Namespace) -> int:
 
 def _opt(args: argparse.Namespace) -> int:
     module = load(args.file)
-    report = run_pipeline(args, module, opt_pipeline(args), input_verified=True)
+    debug = debug_options(args, source_text(module.filename), input_verified=True)  # the parser's, unchanged
+    report = run_passes(module, opt_pipeline(args), debug)
+    report_pipeline(args, report)
     if args.placement_report:
         from .analysis.placement import placement_reports
 
@@ -202,46 +214,51 @@ def _opt(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .driver.shapes import specialise_entry
+    from .driver.jit import usable_device
+    from .driver.shapes import entry_types
 
     check_seed("--random", args.random)
     if args.repeat < 1:
         raise GirArgumentError(f"--repeat: run at least once, got {args.repeat}")
     mode = get_mode(args.mode or DEFAULT_MODE)
-    from .driver.jit import usable_device
-
     args.device = usable_device(args.device)  # auto without a GPU: the CPU
     cached = _cached_runner(args, mode)
+    run: Callable[..., Sequence[np.ndarray]]
     if cached is not None:  # the compile cache may skip parsing, the passes and LLVM
         f: Function = cached.signature
         names = list(cached.result_names)
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
+        run = cached
+        compile_stats: Callable[[], CompileStats | None] = lambda: cached.stats.compile  # read after the call
+        if inputs is None:
+            inputs = random_inputs(f, args.random if args.random is not None else 0)
     else:
         module = load(args.file)
         f = entry_of(module, args.entry)
-        names = result_names(f)  # as written: passes rename values
+        names = list(result_names(f))  # as written: passes rename values
         # The arrays follow gir.jit's calling convention (driver/calling.py): exact widening only.
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         # `?` dims are fixed before any pass (autodiff needs static shapes): by the inputs, or by --shape.
-        module, f = specialise_entry(module, f, args.shape, inputs, None if inputs else "random inputs (--random)")
-        run_pipeline(args, module, budgeted(args, args.pipeline if args.pipeline is not None else mode.front))
-    if inputs is None:
-        inputs = random_inputs(f, args.random if args.random is not None else 0)
+        types = entry_types(f, args.shape, inputs, None if inputs else "random inputs (--random)")
+        front = budgeted(args, args.pipeline if args.pipeline is not None else mode.front)
+        backend = mode.backend_pipeline(args.device) if args.device != "interp" else ""  # interp: the front only
+        executable = compile_entry(module, f.name, types, args.device, ",".join(p for p in (front, backend) if p),
+                                   compile_options(args, module, f, types))
+        run = executable
+        compile_stats = lambda: executable.compile_stats  # noqa: E731
+        if inputs is None:
+            inputs = random_inputs(executable.function, args.random if args.random is not None else 0)
     if args.verbose and args.device == "cpu":
         from .backend.cpu.blas import providers
 
         prov = providers()
         print(prov.notice or "BLAS: MKL (cblas, packed GEMM) and OpenBLAS (SciPy)", file=sys.stderr)
-    run = cached if cached is not None else _runner(args, module, f.name, mode.backend_pipeline(args.device))
     results = run(*inputs)
-    if args.verbose:
-        _print_compile_stats(run)
+    compiled = compile_stats() if args.verbose else None
+    if compiled is not None:
+        print(compiled.describe(), file=sys.stderr)
     if args.verbose and args.device == "auto":
-        compiled = run.compiled  # type: ignore[attr-defined]
-        stats = compiled.stats
-        sys.stderr.write(compiled.describe())
-        print(f"transfers executed: {stats.h2d} h2d ({stats.h2d_bytes} bytes), {stats.d2h} d2h "
-              f"({stats.d2h_bytes} bytes)", file=sys.stderr)
+        _describe_split(run)
     times = []
     if args.repeat > 1:
         _wait_for_final_code()  # time the -O3 code, not the quick code of tiered compilation
@@ -260,6 +277,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_split(run: Any) -> None:
+    """`gir run -v --device auto`: the split's segments and the transfers the call executed."""
+    from .backend.split import SplitFunction
+
+    if isinstance(run, SplitFunction):
+        sys.stderr.write(run.describe())
+        stats = run.stats
+        print(f"transfers executed: {stats.h2d} h2d ({stats.h2d_bytes} bytes), {stats.d2h} d2h "
+              f"({stats.d2h_bytes} bytes)", file=sys.stderr)
+
+
 def _wait_for_final_code() -> None:
     """Tiered compilation (backend/cpu/tiers.py): waits for the background -O3 compiles."""
     tiers = sys.modules.get(f"{__package__}.backend.cpu.tiers")  # not imported: nothing compiled for the CPU
@@ -269,19 +297,12 @@ def _wait_for_final_code() -> None:
 
 def save_outputs(path: str, names: Sequence[str], results: Sequence[np.ndarray]) -> None:
     """An .npz with out0, out1, ... and, beside them, each result under its name where it has one."""
-    arrays = {f"out{i}": a for i, a in enumerate(results)}
+    arrays: dict[str, Any] = {f"out{i}": a for i, a in enumerate(results)}  # numpy's stub: a kwarg may be allow_pickle
     arrays.update({name: a for name, a in zip(names, results) if name not in arrays})
     try:
         np.savez(path, **arrays)
     except OSError as e:
         raise cannot_write(path, e) from None
-
-
-def _print_compile_stats(run: Callable[..., Any]) -> None:
-    stats = getattr(run, "stats", None)
-    compiled = getattr(stats, "compile", None)
-    if compiled is not None:
-        print(compiled.describe(), file=sys.stderr)
 
 
 def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
@@ -299,31 +320,18 @@ def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
     return fn
 
 
-def _runner(args: argparse.Namespace, module: Module, entry: str, backend: str) -> Callable[..., list[np.ndarray]]:
-    """The interpreter, or the entry compiled for the CPU, the GPU or both (after the backend
-    pipeline: the mode's, with `place` for --device auto)."""
-    from .driver.jit import JitFunction
-
-    if args.device == "interp":
-        # The interpreter through gir.jit's `interp` device: the same run, with `-v` stats.
-        return JitFunction(module, entry, "interp", "")
-
-    # The default pipeline has run (with the debugging flags); what is left is the backend's.
-    # JitFunction specialises `?` dims on the actual inputs.
-    return JitFunction(module, entry, args.device, backend)
-
-
 def cmd_compile(args: argparse.Namespace) -> int:
-    from .analysis.memory.plan import MemoryPlan
     from .backend.cpu.llvm_jit import target_machine
     from .backend.cpu.runtime import CPUFunction
-    from .driver.shapes import specialise_entry
+    from .driver.shapes import entry_types
 
     module = load(args.file)
-    module, f = specialise_entry(module, entry_of(module, args.entry), args.shape, None, "gir compile")
-    report = run_pipeline(args, module, get_mode(args.mode or DEFAULT_MODE).pipeline("cpu"))
-    f = module.functions[f.name]
-    compiled = CPUFunction.compile(f, report.analyses.get(MemoryPlan, f), tiered=False)  # files get -O3 code
+    f = entry_of(module, args.entry)
+    types = entry_types(f, args.shape, None, "gir compile")
+    pipeline = get_mode(args.mode or DEFAULT_MODE).pipeline("cpu")
+    compiled = compile_entry(module, f.name, types, "cpu", pipeline,
+                             compile_options(args, module, f, types, tiered=False))  # files get -O3 code
+    assert isinstance(compiled, CPUFunction)  # the cpu target's Executable: its optimised IR and object
     if args.emit == "llvm":
         data: str | bytes = compiled.optimized_ir
     elif args.emit == "asm":

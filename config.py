@@ -107,6 +107,8 @@ class Options:
                          doc="`lark`: parse every text with Lark, not the fast parser")
     traceback: bool = _field("GIR_TRACEBACK", _flag(False), False, code=False,
                              doc="show gir's own frames and the cause of errors")
+    promotion: str = _field("GIR_PROMOTION", _choice("standard", ("standard", "strict")), "standard", code=False,
+                            doc="`strict`: tensors of different dtypes are an error in traced Python (no promotion)")
     progress: str = _field("GIR_PROGRESS", _choice("auto", ("0", "1")), "auto", code=False,
                            doc="progress lines: 1 always, 0 never, unset when stderr is a terminal")
     llvm_opt: int | None = _field("GIR_LLVM_OPT", _opt_level, None, code=True,

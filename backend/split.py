@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,6 +278,8 @@ class Stats:
     gemm_calls: int = 0
     """GEMMs on both devices."""
     seconds: float = 0.0
+    compile: Any = None
+    """How the function was compiled (gir.jit sets it: a `jitstats.CompileStats`)."""
 
     @property
     def transfers(self) -> dict[str, int]:
@@ -316,6 +319,14 @@ class SplitFunction:
         self._last_stats = Stats()
         self.ir = ""
         """The placed IR (set by gir.jit)."""
+        self.placement: Any = None
+        """The `place` pass's PlacementReport of the function (set by gir.jit; None without one)."""
+        self.compile_stats: Any = None
+        """How the driver compiled it (a driver/jitstats.CompileStats, set by the driver)."""
+        self.compile_seconds: dict[str, float] = {}
+        self.code_info: Any = None
+        self.gemms: list[Any] = []
+        self.workspace_bytes: int | None = None
 
     @classmethod
     def compile(cls, function: Function, plan: MemoryPlan | None = None) -> SplitFunction:
@@ -327,6 +338,12 @@ class SplitFunction:
     @property
     def stats(self) -> Stats:
         return getattr(self._local, "stats", self._last_stats)
+
+    @property
+    def preparing(self) -> str:
+        """Better code a CPU segment is making in the background ('' none): its `preparing`."""
+        return next((s.compiled.preparing for s in self.segments if s.compiled is not None and s.compiled.preparing),
+                    "")
 
     def describe(self) -> str:
         """The schedule, one line per crossing or segment, in the order a call runs them."""
@@ -368,7 +385,11 @@ class SplitFunction:
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args: Any) -> list[np.ndarray]:
         # A view is as good as an array (as on the GPU): copied where the CPU needs contiguity.
-        arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in check_arguments(self.function, args)]
+        return self.run(check_arguments(self.function, args))
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """A call on arguments checked already (count, dtype, shape: `check_arguments`)."""
+        arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
         with self._lock:
             return self._run(arrays)
 
@@ -420,7 +441,7 @@ class SplitFunction:
     def _segment(self, seg: Segment, env: dict[Value, Any], stats: Stats) -> None:
         compiled = seg.compiled
         if seg.device == CPU:
-            outs = compiled(*(env[v] for v in seg.inputs))
+            outs = compiled.run([env[v] for v in seg.inputs])  # the split's own values: checked by their making
             stats.gemm_calls += compiled.stats.gemm_calls
         else:
             for buffer, v in zip(compiled.arg_buffers, seg.inputs):

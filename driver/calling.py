@@ -29,7 +29,7 @@ sizes against the signature (`?` matches any size).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,8 +46,11 @@ def parameter_names(f: Function) -> list[str]:
     return [p.name_hint or str(i) for i, p in enumerate(f.args)]
 
 
-def bind_arguments(f: Function, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
-    """args and kwargs bound to f's parameters and converted to arrays of their dtypes."""
+def bind_arguments(f: Function, args: Sequence[Any], kwargs: Mapping[str, Any],
+                   device_view: Callable[[Any], Any] | None = None) -> list[np.ndarray]:
+    """args and kwargs bound to f's parameters and converted to arrays of their dtypes; a
+    value that device_view (the GPU backend's: backend/gpu/device.device_view) turns into a
+    device array, without a copy, is taken as that array, if its dtype is the parameter's."""
     if not kwargs and len(args) == len(f.args) and all(
             type(a) is np.ndarray and a.dtype == p.tensor_type.numpy_dtype and a.flags.c_contiguous
             for a, p in zip(args, f.args)):
@@ -72,7 +75,20 @@ def bind_arguments(f: Function, args: Sequence[Any], kwargs: Mapping[str, Any]) 
     if missing:
         raise GirArgumentError(f"@{f.name} is missing argument(s) " + ", ".join("%" + n for n in missing)
                                + f"; it takes {listed}", f.loc)
-    return [convert_argument(f, names[i], p.tensor_type, v) for i, (p, v) in enumerate(zip(f.args, bound))]
+    out = []
+    for i, (p, v) in enumerate(zip(f.args, bound)):
+        view = device_view(v) if device_view is not None else None
+        out.append(view if view is not None and _device_dtype(f, names[i], p.tensor_type, view)
+                   else convert_argument(f, names[i], p.tensor_type, v))
+    return out
+
+
+def _device_dtype(f: Function, name: str, t: TensorType, value: Any) -> bool:
+    """True when a device array has t's dtype; else an error (no conversion on the device)."""
+    if np.dtype(value.dtype) != t.numpy_dtype:
+        raise GirArgumentError(f"argument %{name} of @{f.name} must be {t}, got a device array of dtype "
+                               f"{np.dtype(value.dtype)}: convert it on the device first (.astype)", f.loc)
+    return True
 
 
 def convert_argument(f: Function, name: str, t: TensorType, value: Any) -> np.ndarray:

@@ -21,7 +21,8 @@ in its own path. Each entry records its state (`Code.state`; `gir cache info` li
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..config import code_key, current
 from ..errors import Location
@@ -29,7 +30,12 @@ from ..ir.core import Function, Module
 from ..ir.types import parse_type
 from ..support import cache as disk
 from ..support import timing
+from .backends import backend_named
 from .results import result_names
+
+if TYPE_CHECKING:
+    from ..backend.cpu.runtime import Code, CPUFunction
+    from .compile import Executable
 
 CACHED_DEVICES = ("cpu",)
 
@@ -38,11 +44,9 @@ def source_key(source: str, filename: str, entry: str | None, device: str, pipel
     """The key of a source's compilation (None when the cache is off or the device has none)."""
     if device not in CACHED_DEVICES or not disk.enabled():
         return None
-    from ..backend.cpu.runtime import target_key
-
-    with timing.phase("cache: key"):
-        return disk.digest("gir-source", source, filename, entry, device, pipeline, _environment(), target_key(),
-                           disk.build_fingerprint())
+    with timing.phase("cache: key"):  # the target's key: its machine and the options that change its code
+        return disk.digest("gir-source", source, filename, entry, device, pipeline, _environment(),
+                           backend_named(device).target_key(), disk.build_fingerprint())
 
 
 def module_key(module: Module, entry: str, device: str, pipeline: str) -> str | None:
@@ -106,7 +110,7 @@ def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
 # Compiled specialisations
 
 
-def store_compiled(key: str, compiled: Any, root: str | None = None, code: Any = None) -> None:
+def store_compiled(key: str, compiled: CPUFunction, root: str | None = None, code: Code | None = None) -> None:
     """Stores a CPUFunction (with its `ir` text) under a specialisation key (in the cache folder
     root; default: the current one): code, default the code its calls run now."""
     code = compiled.code if code is None else code
@@ -146,22 +150,24 @@ def _rank(state: dict[str, Any] | None) -> int:
     return 2 * (state.get("tier") != "quick") + bool(state.get("measured", True))
 
 
-def store_what_runs(key: str, compiled: Any) -> None:
+def store_what_runs(key: str, executable: Executable) -> None:
     """Stores the code compiled's calls run now (quick code is correct code: the next process
     loads it whatever happens to this one's background compile), and its final code when
-    that replaces it (`store_when_final`)."""
-    code = compiled.code  # read once: the swap may come between two reads
-    store_compiled(key, compiled, code=code)
-    if getattr(code, "final", None) is not None:
-        store_when_final(key, compiled)
+    that replaces it (`store_when_final`). Only CPU code has a key (CACHED_DEVICES)."""
+    from ..backend.cpu.runtime import CPUFunction
+
+    assert isinstance(executable, CPUFunction), "only CPU code is cached"
+    code = executable.code  # read once: the swap may come between two reads
+    store_compiled(key, executable, code=code)
+    if code.final is not None:
+        store_when_final(key, executable)
 
 
-def store_when_final(key: str, compiled: Any) -> None:
+def store_when_final(key: str, compiled: CPUFunction) -> None:
     """Stores compiled under key once it runs its final code (tiered compilation: after the
     background -O3 compile, on that thread; at once otherwise): in the cache folder of the
     lookup, even if GIR_CACHE_DIR changed meanwhile."""
-    when_final = getattr(compiled, "when_final", None)
-    final = compiled.code.final if when_final is not None else None  # read once: the swap may come between two reads
+    final = compiled.code.final  # read once: the swap may come between two reads
     if final is None:
         store_compiled(key, compiled)
         return
@@ -169,17 +175,17 @@ def store_when_final(key: str, compiled: Any) -> None:
 
     tiers.add_key(final, key)
     root = disk.cache_root()
-    when_final(lambda: store_compiled(key, compiled, root))
+    compiled.when_final(lambda: store_compiled(key, compiled, root))
 
 
-def needs_better_code(compiled: Any) -> bool:
+def needs_better_code(compiled: CPUFunction) -> bool:
     """Code loaded from the cache that is not the best this process can make: quick code, or
     GEMM paths from the model that are measured now."""
-    code = getattr(compiled, "code", None)
-    return code is not None and (code.info.tier == "quick" or code.stale())
+    code = compiled.code
+    return code.info.tier == "quick" or code.stale()
 
 
-def better_code_for(key: str, compiled: Any, make: Any) -> None:
+def better_code_for(key: str, compiled: CPUFunction, make: Callable[[], Code]) -> None:
     """compiled (loaded from the cache) runs now; its better code is made in the background by
     make() -> Code, swapped in between calls and stored under key. A job of this process that
     will store key already is followed rather than started again."""
@@ -196,7 +202,7 @@ def better_code_for(key: str, compiled: Any, make: Any) -> None:
     compiled.when_final(lambda: store_compiled(key, compiled, root))
 
 
-def load_compiled(key: str) -> Any | None:
+def load_compiled(key: str) -> CPUFunction | None:
     """The CPUFunction stored under key, loaded (no parsing, passes or LLVM), or None."""
     from ..backend.cpu.runtime import Code, CPUFunction
 

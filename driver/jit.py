@@ -14,33 +14,47 @@ See `help(gir.jit)`.
 from __future__ import annotations
 
 import os
-import threading
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ..analysis.lengths import LengthDims, NotALength
-from ..analysis.memory.plan import MemoryPlan
+from ..analysis.lengths import conforms, module_extents
 from ..config import current
-from ..errors import GirArgumentError, Location, did_you_mean
+from ..errors import GirArgumentError, GirError, Location, did_you_mean
 from ..frontend.parser import parse, read_source
 from ..ir.core import Function, Module
 from ..ir.interpreter import check_arguments
-from ..ir.printer import print_module
-from ..ir.specialize import specialize
+from ..ir.types import TensorType
 from ..ir.verifier import verify
-from ..passes.pass_manager import PassManager
 from ..passes.pipeline import DEFAULT_MODE, get_mode, parse_bytes, with_memory_budget
 from ..support import timing
 from . import compile_cache
+from .backends import BACKENDS, backend_named
 from .calling import bind_arguments
+from .compile import CompileOptions, Executable, blas_threads, compile_entry, specialised
 from .jitstats import CompileStats, CompileTimer
-from .lengths import ForEveryLength, LengthGroup, candidate_groups, find_length, leading_free_dims
+from .lengths import (
+    REPRESENTATIVES,
+    LengthGroup,
+    candidate_groups,
+    compile_every_length,
+    find_length,
+    leading_free_dims,
+)
 from .results import result_names, results_class
+from .specialisations import Specialisations
 
-DEVICES = ("cpu", "gpu", "auto", "interp")
-"""auto: the `place` pass decides, per op, CPU or GPU, and the function runs split (backend/split.py)."""
+if TYPE_CHECKING:
+    from .pyjit import PythonJit
+
+DEVICES = tuple(BACKENDS)
+"""cpu, gpu, auto, interp (driver/backends.py). auto: the `place` pass decides, per op, CPU or
+GPU, and the function runs split (backend/split.py)."""
+
+Shapes = tuple[tuple[int, ...], ...]
+"""What tells one specialisation of a JitFunction from another: the argument shapes."""
 
 
 class JitFunction:
@@ -56,66 +70,69 @@ class JitFunction:
         self._cache_key = cache_key
         self.entry = entry
         self.device = device
+        self.backend = backend_named(device)
         self.pipeline = pipeline
-        self.signature = module.functions[entry] if module is not None else signature
-        assert self.signature is not None
+        found = module.functions[entry] if module is not None else signature
+        assert found is not None
+        self.signature: Function = found
         self.result_names = names if names is not None else result_names(self.signature)
         """The results' names (driver/results.py), as `fn(...)._fields` gives them."""
         self._results = results_class(entry, self.result_names)
-        self._compiled: dict[tuple, Any] = {}
-        """Argument shapes -> the specialisation for them; for code that serves every length, the
-        shapes with the length's dims as None (`LengthGroup.generic`)."""
+        self._compiled: Specialisations[tuple, Executable] = Specialisations()
+        """Each specialisation compiled once (the compiled function itself is safe to call
+        from several threads); `last()` is what the inspection properties show. Keyed by the
+        argument shapes; code for every length (driver/lengths.py) also by the shapes with the
+        length's dims as None (`LengthGroup.generic`), which later lengths use."""
+        self._every_length: dict[tuple, Any] = {}
+        """Code for every length, by its key (the shapes with the length's dims as None)."""
         self._length_groups: list[LengthGroup] = []
-        """The groups of `?` dims some compiled code reads at run time (driver/lengths.py)."""
-        self._served: dict[tuple, Any] = {}
-        """Argument shapes -> the code for every length that serves them (checked once)."""
-        self._compiling = threading.Lock()
-        """Held while a specialisation compiles: threads that call with a new shape at once
-        compile it once (the compiled function itself is safe to call from several threads)."""
-        self._last: Any = None
-        self._thread = threading.local()
-        """`last`: the specialisation this thread called last, which the inspection properties show."""
+        """The groups of `?` dims that code for every length reads at run time."""
+        self._served: dict[Shapes, tuple] = {}
+        """Argument shapes -> the key of the code for every length that serves them (checked once)."""
+        self._made = 0
+        """Specialisations compiled or loaded (code for every length once)."""
         if all(t.is_static for t in self.signature.arg_types):
-            self._last = self._specialise(tuple(tuple(t.shape) for t in self.signature.arg_types))
+            self._compiled.get(tuple(t.static_shape for t in self.signature.arg_types), self._compile)
 
-    def _specialise(self, shapes: tuple) -> Any:
-        found = self._compiled.get(shapes) or self._served.get(shapes) or self._for_every_length(shapes)
-        if found is not None:
-            return found
-        with self._compiling:
-            found = self._compiled.get(shapes) or self._for_every_length(shapes)
-            if found is None:
-                found = self._compile(shapes)
-                group = getattr(found, "length_group", None)
-                self._compiled[group.generic(shapes) if group is not None else shapes] = found
-                if group is not None and group not in self._length_groups:
-                    self._length_groups.append(group)
-        return found
+    @staticmethod
+    def specialisation_key(arrays: Sequence[np.ndarray]) -> Shapes:
+        """The key of the specialisation that runs these (checked) arguments: their shapes."""
+        return tuple(a.shape for a in arrays)
 
-    def _for_every_length(self, shapes: tuple) -> Any:
-        """Compiled code for every length that these shapes fit, or None."""
-        for group in self._length_groups:
-            found = self._compiled.get(group.generic(shapes))
-            if found is not None and self._serves(found, shapes, group):
-                self._served[shapes] = found
-                return found
-        return None
-
-    def _serves(self, compiled: Any, shapes: tuple, group: LengthGroup) -> bool:
-        """Whether code for every length of group runs these shapes (TracedJit also checks that
-        the Python function traces to the same program at this length)."""
-        return compiled.length_of(shapes) is not None
+    def _arg_types(self, shapes: Shapes) -> list[TensorType]:
+        return [t.with_shape(tuple(shape)) for t, shape in zip(self.signature.arg_types, shapes)]
 
     @property
     def specialisations(self) -> int:
         """How many specialisations were compiled or loaded (code for every length counts once)."""
-        return len(self._compiled)
+        return self._made
 
-    def _length_candidates(self, shapes: tuple) -> list[LengthGroup]:
-        """The groups of `?` leading dims that may be a length (none off the CPU, or with GIR_LENGTHS=0)."""
+    def _key(self, shapes: Shapes) -> tuple:
+        """The key of the specialisation that runs these shapes: code for every length that
+        serves them (its key), else the shapes."""
+        found = self._served.get(shapes)
+        if found is not None:
+            return found
+        for group in self._length_groups:
+            generic = group.generic(shapes)
+            compiled = self._every_length.get(generic)
+            if compiled is not None and self._serves(compiled, shapes, group):
+                self._served[shapes] = generic
+                return generic
+        return shapes
+
+    def _serves(self, compiled: Any, shapes: Shapes, group: LengthGroup) -> bool:
+        """Whether code for every length of group runs these shapes (TracedJit also checks that
+        the Python function traces to the same program at this length)."""
+        return compiled.length_of(shapes) is not None
+
+    def _length_candidates(self, shapes: Shapes) -> list[LengthGroup]:
+        """The groups of `?` leading dims that may be a length (none off the CPU, with GIR_LENGTHS=0,
+        or where code for every length of the group exists and does not serve these shapes)."""
         if self.device != "cpu" or not current().lengths:
             return []
-        return candidate_groups(shapes, leading_free_dims(self.signature.arg_types))
+        groups = candidate_groups(shapes, leading_free_dims(self.signature.arg_types))
+        return [g for g in groups if g.generic(shapes) not in self._every_length]
 
     @property
     def source(self) -> Module:
@@ -126,39 +143,68 @@ class JitFunction:
             self._source = parse(*self._text)
         return self._source
 
-    def _compile(self, shapes: tuple) -> Any:
-        """The specialisation for shapes: from the compile cache (CPU), else compiled and stored.
-        Code for every length (driver/lengths.py) is looked up and stored under the shapes with
-        the length's dims as None."""
-        groups = [g for g in self._length_candidates(shapes)
-                  if g.generic(shapes) not in self._compiled]  # there, it does not serve these shapes
+    def _compile(self, key: tuple) -> Executable:
+        """The specialisation for key: code for every length made already (key is its key),
+        else for the shapes key: from the compile cache (CPU; code for every length first,
+        stored under the shapes with the length's dims as None), else compiled and stored."""
+        if key in self._every_length:
+            return self._every_length[key]
+        shapes: Shapes = key
+        groups = self._length_candidates(shapes)
         for group in groups:
             found = self._load(("every length", group.generic(shapes)), shapes, group)
-            if found is not None and self._serves(found, shapes, group):
-                found.length_group = group
-                return found
+            if found is not None:
+                return self._made_for_every_length(found, shapes, group)
         found = self._load(shapes, shapes, None)
         if found is not None:
+            self._made += 1
             return found
-        compiled = self._compile_now(shapes, groups)
-        group = getattr(compiled, "length_group", None)
+        compiled, group = self._compile_now(shapes, groups)
         cached = shapes if group is None else ("every length", group.generic(shapes))
-        key = compile_cache.specialisation_key(self._cache_key, cached) if self._cache_key else None
-        if key is not None:  # what runs now (quick code too), then the final code once swapped
-            compile_cache.store_what_runs(key, compiled)
+        cache_key = compile_cache.specialisation_key(self._cache_key, cached) if self._cache_key else None
+        if cache_key is not None:  # what runs now (quick code too), then the final code once swapped
+            compile_cache.store_what_runs(cache_key, compiled)
+        if group is not None:
+            return self._made_for_every_length(compiled, shapes, group)
+        self._made += 1
         return compiled
 
-    def _load(self, cached: tuple, shapes: tuple, group: LengthGroup | None) -> Any:
+    def _made_for_every_length(self, compiled: Any, shapes: Shapes, group: LengthGroup) -> Any:
+        self._every_length[group.generic(shapes)] = compiled
+        if group not in self._length_groups:
+            self._length_groups.append(group)
+        self._made += 1
+        lengths = compiled.layout.lengths
+        compiled.compile_stats.lengths = f"every length: {lengths.describe}"
+        return compiled
+
+    def _compile_now(self, shapes: Shapes, groups: list[LengthGroup]) -> tuple[Executable, LengthGroup | None]:
+        """Compiled for every length of one of groups, else for shapes (with the reason why not
+        in its stats)."""
+        every = compile_every_length(self._specialised_module, self.entry, self.backend, self.pipeline, shapes,
+                                     groups, self._serves)
+        if not isinstance(every, str):
+            return every
+        compiled = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline)
+        if every and compiled.compile_stats is not None:
+            compiled.compile_stats.lengths = f"specialised: {every}"
+        return compiled, None
+
+    def _specialised_module(self, shapes: Shapes) -> Module:
+        """The source specialised on shapes (a Python function's TracedJit traces it again)."""
+        return specialised(self.source, self.entry, self._arg_types(shapes))
+
+    def _load(self, cached: tuple, shapes: Shapes, group: LengthGroup | None) -> Any:
         """The specialisation stored in the compile cache under `cached` (shapes, or the key of
-        code for every length), or None. Never waits for a better version: loads the best entry
-        there is, and makes the better code in the background."""
+        code for every length, which must serve shapes), or None. Never waits for a better
+        version: loads the best entry there is, and makes the better code in the background."""
         if not self._cache_key:
             return None
         key = compile_cache.specialisation_key(self._cache_key, cached)
         timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
         with timer.stage("cache-load"):
             found = compile_cache.load_compiled(key)
-        if found is None or (group is not None and found.length_of(shapes) is None):
+        if found is None or (group is not None and not self._serves(found, shapes, group)):
             timer.cancel()
             return None
         found.compile_seconds = {}  # nothing was compiled: the time is the load's
@@ -169,128 +215,46 @@ class JitFunction:
         found.compile_stats = timer.finish(found)
         return found
 
-    def _better_code(self, shapes: tuple, group: LengthGroup | None = None) -> Any:
+    def _better_code(self, shapes: Shapes, group: LengthGroup | None = None) -> Any:
         """The best code for shapes (-O3, the GEMM paths measured now), for a specialisation
         loaded from the cache as quick code or with the model's paths: on the background
         thread (tiers.py), so the passes run there too; the object cache may skip LLVM.
         group: the code serves every length of it (the length dims are found again)."""
-        from ..backend.cpu.llvm_jit import compile_code
+        from ..backend.cpu.runtime import CPUFunction
 
-        lengths = None
+        options = CompileOptions(tiered=False, best=True, progress=False)
         if group is not None:
             found = find_length(self._specialised_module, self.entry, self.pipeline, shapes, [group])
-            if not isinstance(found, ForEveryLength):
+            if isinstance(found, str):
                 raise RuntimeError(f"the length dims are not found again: {found}")
-            module, report, lengths = found.module, found.report, found.lengths
+            better = self.backend.compile(found.module, self.entry, found.report.analyses,
+                                          replace(options, lengths=found.lengths))
         else:
-            module = self._specialised_module(shapes)
-            report = PassManager(self.pipeline).run(module)
-        f = module.functions[self.entry]
-        code = compile_code(f, report.analyses.get(MemoryPlan, f), tiered=False, best=True, lengths=lengths)
+            better = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline,
+                                   options)
+        assert isinstance(better, CPUFunction)  # the compile cache holds CPU code only
+        code = better.code
         code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
         return code
-
-    def _every_length(self, shapes: tuple, groups: list[LengthGroup], timer: CompileTimer) -> tuple | None:
-        """(compiled code for every length, its module, the pipeline's report), or None with the reason in
-        timer.stats.lengths: no group is a length, or the backend cannot serve it."""
-        if any(g.length(shapes) == 0 for g in groups):
-            timer.stats.lengths = "specialised: a length of 0 (the code for every length serves lengths >= 1)"
-        groups = [g for g in groups if (g.length(shapes) or 0) >= 1]
-        if not groups:
-            return None
-        with timer.stage("lengths"), timing.phase("lengths: two representative lengths"):
-            found = find_length(self._specialised_module, self.entry, self.pipeline, shapes, groups)
-        if isinstance(found, str):
-            timer.stats.lengths = f"specialised: {found}"
-            return None
-        try:
-            with timer.stage("backend"):
-                compiled = self._backend(found.module, found.report.analyses, found.lengths)
-        except NotALength as e:
-            timer.stats.lengths = f"specialised: {e}"
-            return None
-        if not self._serves(compiled, shapes, found.group):  # shorter than it serves (min_length), ...
-            timer.stats.lengths = f"specialised: the code for every length does not serve {shapes}"
-            return None
-        compiled.length_group = found.group
-        return compiled, found.module, found.report
-
-    def _compile_now(self, shapes: tuple, groups: list[LengthGroup] | None = None) -> Any:
-        timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
-        try:
-            every = self._every_length(shapes, groups or [], timer)
-            if every is not None:
-                compiled, module, report = every
-            else:
-                with timer.stage("specialize"):
-                    module = self._specialised_module(shapes)
-                with timer.stage("passes"), timing.phase("passes"):
-                    report = PassManager(self.pipeline).run(module)
-                with timer.stage("backend"):
-                    compiled = self._backend(module, report.analyses)
-        finally:
-            timer.cancel()
-        for r in report.records:  # a pass that runs twice (canonicalize) counts its total
-            timer.stats.passes[r.spec] = timer.stats.passes.get(r.spec, 0.0) + r.seconds
-            timer.stats.checkpoints += [d.describe() for d in r.stats.decisions]
-        plan = report.analyses.get(MemoryPlan, module.functions[self.entry])
-        timer.stats.planned_peak = plan.arena_bytes if plan is not None and plan.supported else None
-        layout = getattr(compiled, "layout", None)
-        timer.stats.arena_bytes = layout.arena_bytes + layout.pinned_bytes if layout is not None else None
-        timer.stats.threads = _blas_threads(compiled) if self.device == "cpu" else None
-        compiled.compile_stats = timer.finish(compiled)
-        return compiled
-
-    def _specialised_module(self, shapes: tuple) -> Module:
-        f = self.source.functions[self.entry]
-        if shapes != tuple(tuple(t.shape) for t in f.arg_types):
-            types = [t.with_shape(tuple(shape)) for t, shape in zip(f.arg_types, shapes)]
-            return specialize(self.source, self.entry, types)
-        return self.source.clone()
-
-    def _backend(self, module: Module, analyses: Any, lengths: LengthDims | None = None) -> Any:
-        f = module.functions[self.entry]
-        plan = analyses.get(MemoryPlan, f)  # the pipeline's plan, with its pass options
-        if self.device == "interp":
-            compiled: Any = _Interpreted(module, self.entry)
-        elif self.device == "auto":
-            from ..analysis.placement import PlacementReport
-            from ..backend.split import SplitFunction
-
-            compiled = SplitFunction.compile(f, plan)
-            compiled.ir = print_module(module)
-            compiled.placement = analyses.get(PlacementReport, f)  # None without a `place` pass
-        elif self.device == "gpu":
-            from ..backend.gpu.runtime import GPUFunction
-
-            compiled = GPUFunction.compile(f, plan)
-            compiled.ir = print_module(module)
-        else:
-            from ..backend.cpu.runtime import CPUFunction
-
-            compiled = CPUFunction.compile(f, plan, lengths=lengths)
-            with timing.phase("print IR (fn.ir)"):
-                compiled.ir = print_module(module)
-        return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple:
         """Runs @entry: arguments by position or by parameter name (driver/calling.py); returns its
         results as a named tuple (driver/results.py)."""
-        arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs))
-        compiled = self._specialise(tuple(a.shape for a in arrays))
-        self._last = self._thread.last = compiled
-        return self._results(*compiled(*arrays))
+        device = _gpu_device_arrays() if self.device == "gpu" else (None, None)  # taken as they are
+        arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs, device[0]), device[1])
+        compiled = self._compiled.get(self._key(self.specialisation_key(arrays)), self._compile)
+        return self._results(*compiled.run(arrays))  # checked: the backend does not check again
 
     # -- inspection (of the specialisation this thread called last; else the last one any
     #    thread used or compiled) -------------------------------------------------------------
-    def _current(self) -> Any:
-        current = getattr(self._thread, "last", None) or self._last
+    def _current(self) -> Executable:
+        current = self._compiled.last()
         if current is None:
             raise GirArgumentError(f"@{self.entry} has `?` dims: call it once so it is specialised")
         return current
 
     @property
-    def compiled(self) -> Any:
+    def compiled(self) -> Executable:
         """The backend's compiled function (CPUFunction, GPUFunction) of the last specialisation:
         its `layout` / `memory` say how the arena was laid out."""
         return self._current()
@@ -301,16 +265,16 @@ class JitFunction:
         its specialisation was compiled (jitstats.CompileStats: stages, cache, GEMM paths)."""
         current = self._current()
         stats = current.stats
-        ran = getattr(stats, "compile", None)  # the CPU's CompileInfo of the code that ran (its tier)
-        stats.compile = getattr(current, "compile_stats", None)
-        if stats.compile is not None:
-            if stats.compile.threads is None and stats.compile.device == "cpu":
-                stats.compile.threads = _blas_threads(current)
-            # `ran` is final only once current runs the final code (the swap is one way): its layout
-            stats.compile = stats.compile.for_code(ran, getattr(current, "layout", None))
-            preparing = getattr(current, "preparing", "")
-            if preparing != stats.compile.preparing:  # better code being made now, or made since
-                stats.compile = replace(stats.compile, preparing=preparing)
+        compiled = current.compile_stats
+        if compiled is not None:
+            if compiled.threads is None and compiled.device == "cpu":
+                compiled.threads = blas_threads(current)
+            # the code calls run now: final once the swap came (it is one way), with its layout
+            compiled = compiled.for_code(current.code_info, current.gemms)
+            preparing = current.preparing
+            if preparing != compiled.preparing:  # better code being made now, or made since
+                compiled = replace(compiled, preparing=preparing)
+        stats.compile = compiled
         return stats
 
     @property
@@ -326,40 +290,74 @@ class JitFunction:
         return self._current().asm
 
 
-@dataclass
-class InterpretedStats:
-    """`fn.stats` on the `interp` device: no backend counters, only how it was prepared."""
+class TracedJit(JitFunction):
+    """`gir.jit` of a Python function on the CPU (driver/pyjit.py), for one argument structure
+    and dtypes and every leading dim: its signature has `?` leading dims, and each
+    specialisation traces fn again at its shapes (`retrace`), so a Python value read from a
+    shape (`xs.shape[0]`) is right in each, and the two representative lengths a length is
+    found with are traces (driver/lengths.py)."""
 
-    compile: Any = None
+    def __init__(self, retrace: Callable[[Shapes], Module], traced: Module, entry: str, pipeline: str,
+                 weak: Sequence[bool]):
+        f = traced.functions[entry]
+        types = [t if w or not t.rank else TensorType((None, *t.shape[1:]), t.dtype)
+                 for t, w in zip(f.arg_types, weak)]
+        signature = Function(f.name, types, f.result_types, [a.name_hint for a in f.args], f.loc)
+        self._retrace = retrace
+        self._checked: dict[tuple, bool] = {}
+        """(shapes without the length, length) -> whether the code for every length serves it."""
+        self._references: dict[tuple, tuple[Module | None, Any]] = {}
+        """shapes without the length -> fn traced at the first representative and its extents."""
+        key = compile_cache.module_key(traced, entry, "cpu", pipeline)
+        super().__init__(None, entry, "cpu", pipeline, cache_key=key, signature=signature, names=result_names(f))
+        self._source = traced
+
+    def _specialised_module(self, shapes: Shapes) -> Module:
+        return self._retrace(shapes)
+
+    def _serves(self, compiled: Any, shapes: Shapes, group: LengthGroup) -> bool:
+        """As JitFunction's, and fn traces at this length to the program traced at the first
+        representative, with every dim where the two representatives put it (analysis/lengths.py
+        `conforms`: a Python `if` on `xs.shape[0]`, a size T*T): checked once per length."""
+        t = compiled.length_of(shapes)
+        if t is None:
+            return False
+        key = (group.generic(shapes), t)
+        if key not in self._checked:
+            self._checked[key] = self._conforms(shapes, group, t)
+        return self._checked[key]
+
+    def _conforms(self, shapes: Shapes, group: LengthGroup, t: int) -> bool:
+        ta, tb = REPRESENTATIVES
+        reference = self._references.get(group.generic(shapes))
+        if reference is None:
+            a: Module | None = None
+            try:
+                a = self._retrace(group.at(shapes, ta))
+                extents = module_extents(a, self._retrace(group.at(shapes, tb)), ta, tb)
+            except Exception:  # noqa: BLE001 - fn traced at a length it was not called with may raise anything
+                extents = None
+            reference = self._references[group.generic(shapes)] = (a, extents)
+        a, extents = reference
+        if a is None or extents is None:
+            return False
+        try:
+            return conforms(a, extents, self._retrace(shapes), ta, t) is None
+        except GirError:
+            return False
 
 
-def _blas_threads(compiled: Any) -> int | None:
-    """The threads compiled's GEMMs run on (None: not known)."""
-    from ..backend.cpu.blas import threads_of
-
-    try:
-        return threads_of([g.path for g in compiled.layout.gemms])
-    except Exception:  # noqa: BLE001 - a report must not fail a compile
-        return None
-
-
-class _Interpreted:
-    def __init__(self, module: Module, entry: str):
-        from ..ir.interpreter import Interpreter
-
-        self.interp = Interpreter(module)
-        self.entry = entry
-        self.ir = print_module(module)
-        self.stats = InterpretedStats()
-        self.llvm_ir = self.asm = ""
-
-    def __call__(self, *args: Any) -> list[np.ndarray]:
-        return self.interp.call(self.entry, args)
-
-
-def jit(source_or_module: Module | str, entry: str | None = None, device: str = "cpu",
+@overload
+def jit(source_or_module: Module | str | os.PathLike[str], entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
-        **jax_options: Any) -> JitFunction:
+        **jax_options: Any) -> JitFunction: ...
+@overload
+def jit(source_or_module: Callable[..., Any], entry: str | None = None, device: str = "cpu",
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> PythonJit: ...
+def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
+        pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        **jax_options: Any) -> JitFunction | PythonJit:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -443,9 +441,9 @@ def jit(source_or_module: Module | str, entry: str | None = None, device: str = 
     if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
         from .pyjit import jit_python
 
-        return jit_python(source_or_module, entry, device=device, pipeline=pipeline, mode=mode)  # type: ignore[return-value]
-    if device not in DEVICES:
-        raise GirArgumentError(f"unknown device {device!r}; devices: " + ", ".join(DEVICES))
+        return jit_python(source_or_module, jit, entry, device=device, pipeline=pipeline, mode=mode,
+                          traced_jit=TracedJit)
+    backend_named(device)  # an unknown device: a GirArgumentError naming the known ones
     if pipeline is not None and mode is not None:
         raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
     device = usable_device(device)
@@ -507,3 +505,11 @@ def _entry(module: Module, entry: str | None) -> str:
                                + ", ".join("@" + n for n in module.functions)
                                + did_you_mean(entry, module.functions, prefix="@"), Location(module.filename, 1, 1))
     return entry
+
+
+def _gpu_device_arrays() -> tuple[Any, Any]:
+    """backend/gpu/device's device_view and is_device_array (imported when a gpu function is
+    called: the GPU backend stays unimported for CPU users)."""
+    from ..backend.gpu.device import device_view, is_device_array
+
+    return device_view, is_device_array

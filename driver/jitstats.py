@@ -23,12 +23,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import current
+
+if TYPE_CHECKING:
+    from .compile import CodeInfo, Executable
 
 PROGRESS_AFTER = 1.0
 """Seconds a compile may take before it prints a progress line."""
@@ -51,11 +54,33 @@ class GemmChoice:
     """Which operands the GEMM reads transposed: '', 'a', 'b' or 'ab'."""
 
 
+class GemmLike(Protocol):
+    """One GEMM of a backend's code and the path chosen for it (the CPU's layout.GemmSite)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def m(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def ta(self) -> bool: ...
+    @property
+    def tb(self) -> bool: ...
+
+
 @dataclass
 class CompileStats:
     entry: str
     device: str
-    shapes: tuple[tuple[int, ...], ...]
+    shapes: tuple[tuple[int | None, ...], ...]
+    """The argument shapes compiled for (None: a `?` dim the interpreter runs as it is)."""
     seconds: float = 0.0
     """The whole compile, wall clock."""
     stages: dict[str, float] = field(default_factory=dict)
@@ -72,6 +97,10 @@ class CompileStats:
     (tiering off, an explicit GIR_LLVM_OPT, a cache hit: -O3)."""
     gemm_measured: bool | None = None
     """False when a GEMM path came from the model, not yet measured here (a later compile refines it)."""
+    lengths: str = ""
+    """Which `?` dims are read at run time (driver/lengths.py): 'every length: %xs dim 0 = T; ...'
+    when the code serves every sequence length, 'specialised: <why not>' when a signature's `?`
+    leading dims were tried and are not a length, '' otherwise (no `?` leading dim, not the CPU)."""
     preparing: str = ""
     """Better code being made in the background, to replace the code that runs ('' none): '-O3
     code' (quick code, compiled here or loaded from the cache) or 'code with the measured GEMM
@@ -79,10 +108,6 @@ class CompileStats:
     threads: int | None = None
     """The BLAS threads the code runs GEMMs with (CPU)."""
     gemms: list[GemmChoice] = field(default_factory=list)
-    lengths: str = ""
-    """Which `?` dims are read at run time (driver/lengths.py): 'every length: %xs dim 0 = T; ...'
-    when the code serves every sequence length, 'specialised: <why not>' when a signature's `?`
-    leading dims were tried and are not a length, '' otherwise (no `?` leading dim, not the CPU)."""
     planned_peak: int | None = None
     """The memory plan's peak arena bytes of the entry after the pipeline (None on a compile-cache
     hit, where no pass ran, or when the plan is not supported)."""
@@ -91,17 +116,14 @@ class CompileStats:
     checkpoints: list[str] = field(default_factory=list)
     """The `checkpoint` pass's decisions (a memory budget), one line each."""
 
-    def for_code(self, info: Any, layout: Any = None) -> CompileStats:
-        """These stats with the tier and LLVM level of the code that ran (a backend CompileInfo)
-        and, given its layout, its GEMM paths: the final code of a tiered compile is lowered
-        again where the quick code left gir-packed out (backend/cpu/llvm_jit.compile_code)."""
-        tier, level = getattr(info, "tier", None), getattr(info, "opt_level", None)
-        if tier is None or (tier == self.tier and level == self.opt_level):
+    def for_code(self, info: CodeInfo | None, gemms: Sequence[GemmLike] = ()) -> CompileStats:
+        """These stats with the tier and LLVM level of the code that runs (`Executable.code_info`)
+        and its GEMM paths: the final code of a tiered compile is lowered again where the quick
+        code left gir-packed out (backend/cpu/llvm_jit.compile_code)."""
+        if info is None or (info.tier == self.tier and info.opt_level == self.opt_level):
             return self
-        if layout is None:
-            return replace(self, tier=tier, opt_level=level)
-        return replace(self, tier=tier, opt_level=level, gemm_measured=getattr(info, "gemm_measured", None),
-                       gemms=gemm_choices(layout))
+        return replace(self, tier=info.tier, opt_level=info.opt_level, gemm_measured=info.gemm_measured,
+                       gemms=gemm_choices(gemms))
 
     def describe(self) -> str:
         """Several lines for `gir run -v` (stderr)."""
@@ -113,11 +135,11 @@ class CompileStats:
                  + ("; GEMM paths from the model" if self.gemm_measured is False else "")
                  + (f"; preparing {self.preparing} in the background" if self.preparing else "")]
         lines.append("  stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in self.stages.items()))
+        if self.lengths:
+            lines.append(f"  lengths: {self.lengths}")
         if self.passes:
             top = sorted(self.passes.items(), key=lambda kv: -kv[1])[:5]
             lines.append("  slowest passes: " + ", ".join(f"{k} {v:.3f} s" for k, v in top))
-        if self.lengths:
-            lines.append(f"  lengths: {self.lengths}")
         for g in self.gemms:
             t = f" transposed {g.transposed}" if g.transposed else ""
             lines.append(f"  GEMM {g.where}: {g.dtype} {g.m}x{g.k} @ {g.k}x{g.n}{t} -> {g.path}")
@@ -155,31 +177,25 @@ class CompileTimer:
         finally:
             self.stats.stages[name] = self.stats.stages.get(name, 0.0) + time.perf_counter() - start
 
-    def finish(self, compiled: Any = None) -> CompileStats:
+    def finish(self, compiled: Executable) -> CompileStats:
         """Stops the clock, takes what the backend recorded from `compiled`, ends the progress line."""
         if self._timer is not None:
             self._timer.cancel()
         s = self.stats
         s.seconds = time.perf_counter() - self.start
-        backend_stages = getattr(compiled, "compile_seconds", None) or {}
+        backend_stages = compiled.compile_seconds
         if backend_stages:  # the backend's own split of the `backend` stage
             total = s.stages.pop("backend", 0.0)
             s.stages.update(backend_stages)
             rest = total - sum(backend_stages.values())
             if rest > 0.0005:  # printing the IR for fn.ir, binding BLAS: what the backend did not time
                 s.stages["other"] = rest
-        from_cache = getattr(compiled, "from_cache", None)
-        if from_cache is not None:
-            s.cache = "hit" if from_cache else "miss"
-        info = getattr(getattr(compiled, "code", None), "info", None)
-        if info is not None:  # the CPU backend's CompileInfo
+        info = compiled.code_info
+        if info is not None:  # a backend with a code cache and tiers (the CPU's CompileInfo)
             s.cache = {"compiled": "hit", "objects": "hit (object code)"}.get(info.from_cache, "miss")
             s.opt_level, s.gemm_measured, s.tier = info.opt_level, info.gemm_measured, info.tier
-        s.preparing = getattr(compiled, "preparing", "") or ""
-        lengths = getattr(getattr(compiled, "layout", None), "lengths", None)
-        if lengths is not None:
-            s.lengths = f"every length: {lengths.describe}"
-        s.gemms += gemm_choices(getattr(compiled, "layout", None))
+        s.preparing = compiled.preparing
+        s.gemms += gemm_choices(compiled.gemms)
         if self.announced:
             _say(f"gir: compiled @{s.entry} in {s.seconds:.1f} s (code cache: {s.cache})")
         return s
@@ -189,10 +205,10 @@ class CompileTimer:
             self._timer.cancel()
 
 
-def gemm_choices(layout: Any) -> list[GemmChoice]:
-    """The GEMMs of a backend layout (CPU) and their paths; [] without one."""
+def gemm_choices(gemms: Sequence[GemmLike]) -> list[GemmChoice]:
+    """A backend's GEMMs (`Executable.gemms`) and their paths."""
     out = []
-    for g in getattr(layout, "gemms", None) or []:
+    for g in gemms:
         transposed = ("a" if g.ta else "") + ("b" if g.tb else "")
         out.append(GemmChoice(g.key, g.path, g.dtype, g.m, g.n, g.k, transposed))
     return out

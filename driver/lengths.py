@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..analysis.lengths import LengthDims, NotALength, compare, verify
+from ..analysis.memory.plan import MemoryPlan
 from ..errors import GirError
 from ..ir.core import Module
 from ..ir.loops import as_loop
-from ..passes.pass_manager import PassManager
+from ..support import timing
+from .compile import Backend, CompileOptions, Executable, blas_threads, run_passes
+from .jitstats import CompileStats, CompileTimer
 
 REPRESENTATIVES = (11, 13)
 """The two lengths a module is made at to find its length dims: distinct, above 1 (no dim of 0
@@ -108,12 +111,12 @@ def _try(make: Callable[[Shapes], Module], entry: str, pipeline: str, shapes: Sh
     a, b = make(group.at(shapes, ta)), make(group.at(shapes, tb))
     if _trip_counts(a) == _trip_counts(b):
         return "sets no loop's trip count"
-    report = PassManager(pipeline).run(a)
-    PassManager(pipeline).run(b)
+    report = run_passes(a, pipeline)
+    run_passes(b, pipeline)
     lengths = compare(a.functions[entry], b.functions[entry], ta, tb)
     if lengths.constants:  # two points fit any line: a third says whether the constants do
         c = make(group.at(shapes, THIRD))
-        PassManager(pipeline).run(c)
+        run_passes(c, pipeline)
         verify(lengths, c.functions[entry], THIRD)
     return ForEveryLength(group, a, report, lengths)
 
@@ -125,3 +128,38 @@ def _trip_counts(module: Module) -> list[Any]:
 
 def _name(group: LengthGroup) -> str:
     return ", ".join(f"argument {i} dim {axis}" for i, axis in group.positions)
+
+
+def compile_every_length(make: Callable[[Shapes], Module], entry: str, backend: Backend, pipeline: str,
+                         shapes: Shapes, groups: Sequence[LengthGroup],
+                         serves: Callable[[Any, Shapes, LengthGroup], bool]) -> tuple[Executable, LengthGroup] | str:
+    """Code for every length of the first of groups that is one, which serves shapes (`serves`),
+    with its stats (as compile_entry's); else why not ('' when no group was tried: a length
+    of 0 is specialised on its own, the passes may rely on a loop running)."""
+    tried = [g for g in groups if (g.length(shapes) or 0) >= 1]
+    if not tried:
+        return "a length of 0 (the code for every length serves lengths >= 1)" if groups else ""
+    timer = CompileTimer(CompileStats(entry, backend.name, shapes))
+    try:
+        with timer.stage("lengths"), timing.phase("lengths: two representative lengths"):
+            found = find_length(make, entry, pipeline, shapes, tried)
+        if isinstance(found, str):
+            return found
+        with timer.stage("backend"):
+            options = CompileOptions(lengths=found.lengths)
+            executable = backend.compile(found.module, entry, found.report.analyses, options)
+    except NotALength as e:
+        return str(e)
+    finally:
+        timer.cancel()
+    if not serves(executable, shapes, found.group):
+        return f"the code for every length does not serve {shapes}"
+    stats = timer.stats
+    for r in found.report.records:
+        stats.passes[r.spec] = stats.passes.get(r.spec, 0.0) + r.seconds
+    plan = found.report.analyses.get(MemoryPlan, found.module.functions[entry])
+    stats.planned_peak = plan.arena_bytes if plan is not None and plan.supported else None
+    stats.arena_bytes = executable.workspace_bytes
+    stats.threads = blas_threads(executable)
+    executable.compile_stats = timer.finish(executable)
+    return executable, found.group

@@ -6,7 +6,8 @@ The interpreter (ir/interpreter.py) runs every op but `grad`, which only the `au
 gives a meaning. So when the entry reaches a `grad`, this runs `ssa,autodiff` (nothing else:
 no rewrite that the reference should not depend on) on a copy of the module, specialised on
 the arguments' shapes first where the signature has `?` dims (autodiff makes zero
-cotangents, which need static shapes). The module given is never changed. Arguments follow
+cotangents, which need static shapes): `compile_entry` on the `interp` target
+(driver/compile.py). The module given is never changed. Arguments follow
 the JIT's calling convention (driver/calling.py); results are named as the JIT's (driver/results.py).
 """
 
@@ -17,10 +18,9 @@ from typing import Any
 from ..errors import GirArgumentError, did_you_mean
 from ..ir.core import Module
 from ..ir.interpreter import check_arguments
-from ..ir.interpreter import interpret as run_interpreter
-from ..ir.specialize import specialize
-from ..passes.pass_manager import PassManager
+from ..passes.pass_manager import DebugOptions
 from .calling import bind_arguments
+from .compile import CompileOptions, compile_entry
 from .results import name_results
 
 AUTODIFF_PIPELINE = "ssa,autodiff"
@@ -29,19 +29,6 @@ AUTODIFF_PIPELINE = "ssa,autodiff"
 
 def needs_autodiff(module: Module) -> bool:
     return any(op.name == "grad" for op in module.walk())
-
-
-def prepare(module: Module, entry: str, shapes: list[tuple[int, ...]]) -> Module:
-    """module itself when the interpreter can run it; else a specialised copy after autodiff."""
-    if not needs_autodiff(module):
-        return module
-    f = module.functions[entry]
-    if any(tuple(t.shape) != shape for t, shape in zip(f.arg_types, shapes)):
-        copy = specialize(module, entry, [t.with_shape(shape) for t, shape in zip(f.arg_types, shapes)])
-    else:
-        copy = module.clone()
-    PassManager(AUTODIFF_PIPELINE).run(copy)
-    return copy
 
 
 def interpret(module: Module, entry: str, *args: Any, **kwargs: Any) -> tuple:
@@ -56,5 +43,15 @@ def interpret(module: Module, entry: str, *args: Any, **kwargs: Any) -> tuple:
         raise GirArgumentError(f"no function @{name}; the module has " + ", ".join("@" + n for n in module.functions)
                                + did_you_mean(name, module.functions, prefix="@"))
     arrays = check_arguments(f, bind_arguments(f, args, kwargs))
-    runnable = prepare(module, name, [a.shape for a in arrays])
-    return name_results(f, run_interpreter(runnable, name, *arrays))
+    if needs_autodiff(module):  # on the arguments' shapes: autodiff's zero cotangents need them
+        types = [t.with_shape(a.shape) for t, a in zip(f.arg_types, arrays)]
+        executable = compile_entry(module, name, types, "interp", AUTODIFF_PIPELINE, QUIET)
+    else:  # the module as written, `?` dims and all (the interpreter specialises calls itself)
+        executable = compile_entry(module, name, f.arg_types, "interp", "", AS_GIVEN)
+    return name_results(f, executable.run(arrays))
+
+
+QUIET = CompileOptions(progress=False)
+"""The reference prints no progress line: it compiles nothing but the autodiff pass."""
+AS_GIVEN = CompileOptions(progress=False, debug=DebugOptions(input_verified=True))
+"""No pass: the module runs as given, not verified again (the interpreter checks what it runs)."""

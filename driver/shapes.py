@@ -1,12 +1,13 @@
-"""`?` dims on the command line: `--shape NAME=DIMS` and specialising the entry before the passes.
+"""`?` dims on the command line: `--shape NAME=DIMS`, the entry's types before the passes.
 
     gir run model.gir --shape xs=50x32x256,h0=32x256 --random 0
     gir compile model.gir --shape xs=50x?x256 ...          # a `?` written here stays unknown
 
 `gir run` and `gir compile` fix the entry's `?` dims before any pass runs (the `autodiff`
 pass makes zero cotangents, which need static shapes): from the arrays of `--inputs`, or from
-`--shape`. The module is then specialised (ir/specialize.py: every type re-inferred through
-calls, `grad` and loops) and the passes see static shapes, as in `gir.jit`.
+`--shape` (`entry_types`). `compile_entry` (driver/compile.py) then specialises the module on
+them (ir/specialize.py: every type re-inferred through calls, `grad` and loops) and the passes
+see static shapes, as in `gir.jit`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import GirArgumentError
-from ..ir.core import Function, Module
-from ..ir.specialize import specialize
+from ..ir.core import Function
 from ..ir.types import TensorType
 
 
@@ -72,11 +72,11 @@ def refine(f: Function, index: int, t: TensorType, dims: tuple[int | None, ...])
     return t.with_shape(tuple(merged))
 
 
-def specialise_entry(module: Module, f: Function, flags: Sequence[str] | None,
-                     inputs: Sequence[np.ndarray] | None, static_for: str | None = None) -> tuple[Module, Function]:
-    """module with @f's `?` dims fixed by inputs (already checked against f) or by --shape;
-    the module itself when nothing changes. With static_for (what needs them), a `?` left
-    is an error naming the parameter, before anything is specialised."""
+def entry_types(f: Function, flags: Sequence[str] | None, inputs: Sequence[np.ndarray] | None,
+                static_for: str | None = None) -> list[TensorType]:
+    """@f's parameter types with their `?` dims fixed by inputs (already checked against f) or by
+    --shape: what `compile_entry` specialises the module on (driver/compile.py). With
+    static_for (what needs them), a `?` left is an error naming the parameter."""
     given = parse_shape_flags(f, flags)
     if inputs is not None and given:
         raise GirArgumentError("--shape is for --random: with --inputs the arrays give the shapes")
@@ -86,10 +86,7 @@ def specialise_entry(module: Module, f: Function, flags: Sequence[str] | None,
         types = [refine(f, i, t, given[i]) if i in given else t for i, t in enumerate(f.arg_types)]
     if static_for is not None:
         require_static(f, static_for, types)
-    if types == list(f.arg_types):
-        return module, f
-    specialised = specialize(module, f.name, types)
-    return specialised, specialised.functions[f.name]
+    return types
 
 
 def require_static(f: Function, what: str, types: Sequence[TensorType] | None = None) -> None:

@@ -12,7 +12,8 @@ every gradient are one compiled function. Adam runs in NumPy.
 
 Prints the loss as it goes (a tqdm bar when tqdm is installed, plain lines otherwise), the
 validation bits per character at the end, a few lines sampled from the model, and, when
-matplotlib is installed, writes the loss curve to --plot (default charlm_loss.png).
+matplotlib is installed and --plot PATH is given, writes the loss curve there (nothing is
+written into the current directory by default).
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu", "interp"], help="where gir runs the model")
-    ap.add_argument("--plot", default="charlm_loss.png", help="loss-curve PNG ('' for none)")
+    ap.add_argument("--plot", default="", help="write the loss curve to this PNG (default: none)")
     ap.add_argument("--sample", type=int, default=240, help="characters to sample at the end (0: none)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar: plain `loss` lines only")
     args = ap.parse_args(argv)

@@ -33,7 +33,7 @@ def emit_module(funcs: list[ast.Func], filename: str) -> Module:
     signatures: dict[str, Function] = {}
     for f in funcs:
         name = str(f.name)[1:]
-        floc = f.loc or Location(filename, f.name.line, f.name.column)
+        floc = f.loc or Location(filename, f.name.line or 1, f.name.column or 1)
         if name in signatures:
             raise GirTypeError(f"function @{name} is defined twice", floc)
         seen: set[str] = set()
@@ -247,7 +247,8 @@ class _FunctionEmitter:
             values = [self.expr(e) for e in s.values]
             types = [v.type for v in values]
             if types != self.function.result_types and declared_matches(types, self.function.result_types):
-                self.function.result_types = types  # a `?` result made precise (a specialised signature)
+                # a `?` result made precise (a specialised signature); they match: tensors
+                self.function.result_types = [v.tensor_type for v in values]
             if types != self.function.result_types:
                 want = ", ".join(map(str, self.function.result_types)) or "nothing"
                 got = ", ".join(map(str, types)) or "nothing"
@@ -298,7 +299,7 @@ class _FunctionEmitter:
         self.block = self.outer_blocks.pop()
 
     # -- right-hand sides -------------------------------------------------------------------
-    def rhs(self, rhs: ast.Rhs, n_targets: int) -> list[Value]:
+    def rhs(self, rhs: ast.Rhs, n_targets: int) -> Sequence[Value]:
         match rhs:
             case ast.Generic():
                 return self.generic(rhs)
@@ -314,7 +315,7 @@ class _FunctionEmitter:
                 return self.call(rhs.callee, rhs.callee, [self.expr(e) for e in rhs.args], None)
         return [self.expr(rhs)]
 
-    def generic(self, g: ast.Generic) -> list[Value]:
+    def generic(self, g: ast.Generic) -> Sequence[Value]:
         name = str(g.name)
         spec = REGISTRY.get(name)
         if spec is None:
@@ -329,7 +330,7 @@ class _FunctionEmitter:
         values = [self.lookup(v) for v in g.operands]
         return self.op(name, values, g.name, attrs=attrs, declared=g.types).results
 
-    def call(self, tok: Token, fname: Token, args: list[Value], types: ast.Types | None) -> list[Value]:
+    def call(self, tok: Token, fname: Token, args: list[Value], types: ast.Types | None) -> Sequence[Value]:
         callee = self.signatures.get(str(fname)[1:])
         if callee is None:
             raise GirTypeError(f"call of undefined function {fname}" + self.callee_hint(fname), self.loc(fname))
@@ -353,7 +354,7 @@ class _FunctionEmitter:
             raise GirTypeError(f"{fname} takes (" + ", ".join(map(str, callee.arg_types)) + f") but {passes} ("
                                + ", ".join(str(a.type) for a in args) + ")", self.loc(fname))
 
-    def grad(self, g: ast.Grad) -> list[Value]:
+    def grad(self, g: ast.Grad) -> Sequence[Value]:
         fname = g.callee
         callee = self.signatures.get(str(fname)[1:])
         if callee is None:
@@ -361,11 +362,12 @@ class _FunctionEmitter:
         args = [self.expr(e) for e in g.args]
         self.check_arguments(fname, callee, args, "grad passes")
         rt = callee.result_types
-        if len(rt) != 1 or rt[0].shape != () or rt[0].dtype not in FLOAT_DTYPES:
-            raise GirTypeError(f"grad needs {fname} to return one float scalar, it returns "
+        if not rt or rt[0].shape != () or rt[0].dtype not in FLOAT_DTYPES:
+            # results after the first are auxiliary values, passed through (has_aux)
+            raise GirTypeError(f"grad needs {fname} to return a float scalar first, it returns "
                                + (", ".join(map(str, rt)) or "nothing"), self.loc(fname))
         positions = [self.wrt_position(item, g.args, args) for item in g.wrt]
-        declared = [rt[0]] + [callee.arg_types[p] for p in positions]
+        declared = list(rt) + [callee.arg_types[p] for p in positions]
         if g.types is not None and list(g.types) != declared:
             raise GirTypeError("grad produces " + ", ".join(map(str, declared)) + " but the written type is "
                                + ", ".join(map(str, g.types)), self.loc(g.keyword))
@@ -392,7 +394,7 @@ class _FunctionEmitter:
             raise GirTypeError(f"{item} is passed more than once; name the position instead", self.loc(item))
         return matches[0]
 
-    def loop(self, loop: ast.Loop) -> list[Value]:
+    def loop(self, loop: ast.Loop) -> Sequence[Value]:
         kind = str(loop.keyword)
         if kind == "for" and loop.carries:
             raise GirTypeError("a 'for' op has no carries; use 'scan'", self.loc(loop.keyword))
@@ -410,7 +412,7 @@ class _FunctionEmitter:
         return self.op(kind, seqs + inits, loop.keyword, attrs=attrs, regions=[Region(block)], declared=loop.types,
                        segments=segments).results
 
-    def fused(self, fused: ast.Fused) -> list[Value]:
+    def fused(self, fused: ast.Fused) -> Sequence[Value]:
         inputs = [self.lookup(b.value) for b in fused.inputs]
         block = Block([v.type for v in inputs])
         self.enter(block)

@@ -105,7 +105,7 @@ class FastParser:
         # matches, finditer would search on from every later position (quadratic in a run of
         # blanks before it); here that character ends the loop (Lark reports it).
         while (m := match(text, end)) is not None:
-            kind = m.lastgroup
+            kind = m.lastgroup or ""  # never None: every alternative of the regex is a named group
             start, stop = m.span(kind)
             if start == stop and kind != "END":  # no terminal matches empty; were one to, it would loop
                 raise Fallback
@@ -244,20 +244,21 @@ class FastParser:
 
     def statements(self) -> list[ast.Stmt]:
         """stmt*, up to what ends the body (`return`, `yield` or `}`, which the caller takes)."""
-        kinds, body = self.kinds, []
+        kinds = self.kinds
+        body: list[ast.Stmt] = []
         while True:
             kind = kinds[self.i]
             if kind == "VALUE":
                 body.append(self.assign())
             elif kind in ("NAME", "stack"):
-                op = self.generic()
-                body.append(ast.BareOp(op, self.opt_loc()))
+                generic = self.generic()
+                body.append(ast.BareOp(generic, self.opt_loc()))
             elif kind == "scan" or (kind == "for" and kinds[self.i + 1] != "VALUE"):
-                op = self.loop_op()
-                body.append(ast.BareOp(op, self.opt_loc()))
+                loop = self.loop_op()
+                body.append(ast.BareOp(loop, self.opt_loc()))
             elif kind == "fused":
-                op = self.fused_op()
-                body.append(ast.BareOp(op, self.opt_loc()))
+                fused = self.fused_op()
+                body.append(ast.BareOp(fused, self.opt_loc()))
             elif kind == "for":
                 body.append(self.for_stmt())
             elif kind == "collect":

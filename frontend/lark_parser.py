@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any
+from typing import Any, cast
 
 from lark import Lark, Transformer
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -247,7 +247,7 @@ class _ToAst(Transformer):
     def false(self, c: list) -> bool:
         return False
 
-    def list(self, c: list) -> list:
+    def list_literal(self, c: list) -> list:  # not `list`: a method of that name shadows the builtin in annotations
         return c
 
     def number(self, c: list) -> int | float:
@@ -362,12 +362,12 @@ def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxErro
             what if what == f"'{tok}'" else f"{what} '{tok}'")
         return GirSyntaxError(_expected(f"unexpected {shown}", e.expected), loc)
     if isinstance(e, UnexpectedCharacters):
-        pos = e.pos_in_stream
+        pos, column = e.pos_in_stream or 0, e.column or 1  # Lark always sets both for this error
         rest = text[pos : pos + 40].lstrip(": \t\n")
         if rest.startswith("tensor<"):
-            return _malformed_type(Location(filename, e.line, e.column + text[pos:].index("tensor<")))
+            return _malformed_type(Location(filename, e.line, column + text[pos:].index("tensor<")))
         if text.startswith("<", pos) and text.endswith("tensor", 0, pos):  # `tensor` was taken as an op name
-            return _malformed_type(Location(filename, e.line, e.column - len("tensor")))
+            return _malformed_type(Location(filename, e.line, column - len("tensor")))
         char = text[pos] if pos < len(text) else "end of input"
         return GirSyntaxError(_expected(f"unexpected character {char!r}", set(e.allowed or ())), loc)
     if isinstance(e, UnexpectedEOF):
@@ -378,7 +378,7 @@ def _syntax_error(e: UnexpectedInput, filename: str, text: str) -> GirSyntaxErro
 def lark_parse(text: str, filename: str) -> list[ast.Func]:
     """The functions of gir text, parsed by Lark; a syntax error is a GirSyntaxError in `filename`."""
     try:
-        return _parser().parse(text)
+        return cast("list[ast.Func]", _parser().parse(text))  # the tree, transformed (_ToAst)
     except UnexpectedInput as e:
         raise _syntax_error(e, filename, text) from None
     except _TokenError as e:

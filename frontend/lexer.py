@@ -55,7 +55,8 @@ class GirLexer(Lexer):
                           + [p for p, n in zip(parts, names) if n not in first and n not in _IGNORED])
         self.skipping_regex = re.compile(f"(?:{skip})*+(?:{tokens}|(?P<END>\\Z))")
 
-    def lex(self, lexer_state: LexerState, parser_state: Any) -> Iterator[Token]:
+    # gir's Token has lark.Token's fields, not its class: an override mypy cannot see is one
+    def lex(self, lexer_state: LexerState, parser_state: Any) -> Iterator[Token]:  # type: ignore[override]
         text = lexer_state.text.text
         match = self.regex.match
         keywords, punct = self.keywords, self.punct
@@ -64,7 +65,7 @@ class GirLexer(Lexer):
             m = match(text, pos)
             if m is None:
                 raise UnexpectedCharacters(text, pos, line, pos - line_start + 1, allowed=_allowed(parser_state))
-            kind = m.lastgroup
+            kind = m.lastgroup or ""  # never None: every alternative of the regex is a named group
             value = m.group()
             new_pos = m.end()
             if kind not in _IGNORED:

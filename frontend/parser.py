@@ -42,8 +42,9 @@ def _parser() -> Any:
     return lark_parser()
 
 
-def parse(text: str | bytes, filename: str = "<string>") -> Module:
+def parse(text: str | bytes, filename: str | os.PathLike[str] = "<string>") -> Module:
     """Parses gir text (surface or SSA form) into a verified Module."""
+    filename = os.fspath(filename)
     from ..ir.verifier import verify
     from .emitter import emit_module
 
@@ -72,21 +73,22 @@ def parse(text: str | bytes, filename: str = "<string>") -> Module:
     return module
 
 
-def load(path: str) -> Module:
+def load(path: str | os.PathLike[str]) -> Module:
     if not isinstance(path, (str, os.PathLike)):  # open(0) would read standard input
         raise GirArgumentError(f"gir.load takes a path (a str or os.PathLike), not {type(path).__name__}")
     with timing.phase("parse"):
-        return parse(read_source(path), filename=path)
+        # locations hold the file name as a str (the printer quotes it, diagnostics compare it)
+        return parse(read_source(path), filename=os.fspath(path))
 
 
-def read_source(path: str) -> str:
+def read_source(path: str | os.PathLike[str]) -> str:
     """The text of a .gir file (a located GirSyntaxError when it cannot be read or decoded)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise GirSyntaxError(f"cannot read {path}: {e.strerror or e}") from None
-    return decode_source(data, path)
+    return decode_source(data, os.fspath(path))
 
 
 def decode_source(data: bytes, path: str) -> str:

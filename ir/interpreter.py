@@ -7,7 +7,7 @@ expanded by the autodiff pass first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,18 +23,23 @@ from .verifier import call_cycle_error
 Env = dict[Value, Any]
 
 
-def check_arguments(f: Function, args: Sequence[Any]) -> list[np.ndarray]:
-    """Checks count, dtype and shape of arguments against f's signature; returns arrays."""
+def check_arguments(f: Function, args: Sequence[Any], device_array: Callable[[Any], bool] | None = None
+                    ) -> list[np.ndarray]:
+    """Checks count, dtype and shape of arguments against f's signature; returns arrays (a
+    value device_array accepts, the GPU backend's device arrays, as it is)."""
     if len(args) != len(f.args):
         raise GirArgumentError(f"@{f.name} takes {len(f.args)} argument(s), got {len(args)}", f.loc)
     arrays = []
     for i, (a, param) in enumerate(zip(args, f.args)):
         t = param.tensor_type
         name = "%" + (param.name_hint or str(i))
-        if not isinstance(a, (np.ndarray, np.generic)):
+        if device_array is not None and device_array(a):
+            pass  # checked below by its shape and dtype, never copied to the host
+        elif not isinstance(a, (np.ndarray, np.generic)):
             raise GirArgumentError(f"argument {name} of @{f.name} must be a NumPy array of {t}, "
                                    f"got {type(a).__name__}", f.loc)
-        a = np.asarray(a)
+        else:
+            a = np.asarray(a)
         if not t.matches(a):
             raise GirArgumentError(f"argument {name} of @{f.name} must be {t}, got an array of shape "
                                    f"{a.shape} and dtype {a.dtype}", f.loc)
@@ -51,12 +56,13 @@ def random_inputs(f: Function, seed: int) -> list[np.ndarray]:
         if not t.is_static:
             raise GirArgumentError(f"random inputs cannot invent a size for {t} (argument %{arg.name_hint}); "
                                    "pass real inputs", f.loc)
+        shape = t.static_shape
         if t.is_float:
-            out.append((0.1 * rng.standard_normal(t.shape)).astype(t.numpy_dtype))
+            out.append((0.1 * rng.standard_normal(shape)).astype(t.numpy_dtype))
         elif t.dtype == "i1":
-            out.append(rng.integers(0, 2, t.shape).astype(bool))
+            out.append(rng.integers(0, 2, shape).astype(bool))
         else:
-            out.append(rng.integers(0, 3, t.shape).astype(t.numpy_dtype))
+            out.append(rng.integers(0, 3, shape).astype(t.numpy_dtype))
     return out
 
 
@@ -90,7 +96,11 @@ class Interpreter:
             raise GirArgumentError(f"no function @{name}; the module has "
                                    + ", ".join("@" + n for n in self.module.functions)
                                    + did_you_mean(name, self.module.functions, prefix="@"))
-        arrays = check_arguments(f, args)
+        return self.run_checked(f, check_arguments(f, args))
+
+    def run_checked(self, f: Function, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Runs f (a function of this module) on arguments `check_arguments` has checked."""
+        name = f.name
         if self._has_unknown_dims():
             return self._specialised(name, f, arrays)
         env: Env = dict(zip(f.args, arrays))
@@ -110,7 +120,7 @@ class Interpreter:
         if inner is None:
             types = [t.with_shape(a.shape) for t, a in zip(f.arg_types, arrays)]
             inner = self.specialisations[key] = Interpreter(specialize(self.module, name, types))
-        return inner.call(name, arrays)
+        return inner.run_checked(inner.module.functions[name], arrays)
 
     def run_block(self, block: Block, env: Env) -> list[Any]:
         for op in block:
@@ -136,6 +146,9 @@ class Interpreter:
             raise
         except (ArithmeticError, IndexError, ValueError) as e:
             raise GirError(f"'{op.name}' failed at run time: {e}", op.loc) from None
+        except MemoryError:  # NumPy could not allocate a result (the backends check sizes first)
+            sizes = ", ".join(str(r.type) for r in op.results)
+            raise GirError(f"'{op.name}' makes {sizes}: more than the memory NumPy could allocate", op.loc) from None
         for r, value in zip(op.results, outs):
             if isinstance(r.type, TensorType):
                 value = np.asarray(value, dtype=r.type.numpy_dtype)
@@ -205,8 +218,8 @@ class Interpreter:
 def _no_steps(op: Operation, stacked: TensorType) -> np.ndarray:
     """The stack of a loop that ran no step: no element, of the element type's shape (the
     leading dim is the trip count, 0, even where the type says `?`)."""
-    element = stacked.shape[1:]
-    if any(d is None for d in element):
+    element = tuple(d for d in stacked.shape[1:] if d is not None)
+    if len(element) != stacked.rank - 1:
         raise GirError(f"a loop of zero steps cannot tell the shape of its stacked {stacked}: the element "
                        "has `?` dims (gir.jit specialises them on the arguments first)", op.loc)
     return np.zeros((0, *element), stacked.numpy_dtype)

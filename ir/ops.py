@@ -339,13 +339,17 @@ def _bool_attr(attrs: dict[str, Any], name: str) -> bool:
 # Elementwise ops
 
 
-def _infer_binary(ctx: InferContext) -> list[Type]:
+def _binary_type(ctx: InferContext) -> TensorType:
     dtype = same_dtype(ctx, 0, 1)
-    return [TensorType(broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape), dtype)]
+    return TensorType(broadcast_shapes(ctx.tensor(0).shape, ctx.tensor(1).shape), dtype)
+
+
+def _infer_binary(ctx: InferContext) -> list[Type]:
+    return [_binary_type(ctx)]
 
 
 def _infer_float_binary(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_binary(ctx)
+    t = _binary_type(ctx)
     if t.dtype not in FLOAT_DTYPES:
         raise ShapeError(f"needs float operands, got {t.dtype}")
     return [t]
@@ -358,14 +362,14 @@ def _infer_compare(ctx: InferContext) -> list[Type]:
 
 
 def _infer_numeric_binary(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_binary(ctx)
+    t = _binary_type(ctx)
     if t.dtype == "i1":
         raise ShapeError("needs numeric operands, got i1; cast them first")
     return [t]
 
 
 def _infer_logical(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_binary(ctx)
+    t = _binary_type(ctx)
     if t.dtype != "i1":
         raise ShapeError(f"needs i1 operands, got {t.dtype}")
     return [t]
@@ -450,6 +454,11 @@ _elementwise("tanh", "hyperbolic tangent", 1, _infer_float_unary, np.tanh)
 _elementwise("sigmoid", "1 / (1 + exp(-x))", 1, _infer_float_unary, _sigmoid)
 _elementwise("relu", "max(x, 0)", 1, _infer_numeric_unary, lambda x: np.maximum(x, x.dtype.type(0)))
 _elementwise("sqrt", "square root", 1, _infer_float_unary, _quiet(np.sqrt))
+_elementwise("sin", "sine (radians)", 1, _infer_float_unary, _quiet(np.sin))
+_elementwise("cos", "cosine (radians)", 1, _infer_float_unary, _quiet(np.cos))
+# The identity whose gradient is zero (jax.lax.stop_gradient): an op of its own, as nothing
+# composed of the others blocks a cotangent; the backends compute it as a copy.
+_elementwise("stop_gradient", "x, with no gradient flowing back through it", 1, _infer_unary, lambda x: x.copy())
 for _name, _fn in [("lt", np.less), ("le", np.less_equal), ("gt", np.greater),
                    ("ge", np.greater_equal), ("eq", np.equal), ("ne", np.not_equal)]:
     _elementwise(_name, f"comparison ({_fn.__name__}), gives i1", 2, _infer_compare, _fn)
@@ -526,7 +535,7 @@ def _infer_constant(ctx: InferContext) -> list[Type]:
 
 def _constant_kernel(op: Operation) -> np.ndarray:
     t = op.result.tensor_type
-    return np.broadcast_to(np.array(op.attrs["value"], dtype=t.numpy_dtype), t.shape).copy()
+    return np.broadcast_to(np.array(op.attrs["value"], dtype=t.numpy_dtype), t.static_shape_at(op.loc)).copy()
 
 
 def _constant_splat(op: Operation) -> Any | None:
@@ -547,11 +556,15 @@ register(OpSpec("constant", "a literal; a scalar literal fills the whole type",
                 category="constant", literal=True, gpu=True, splat=_constant_splat, written_type=True))
 
 
-def _infer_declared(ctx: InferContext) -> list[Type]:
+def _declared_type(ctx: InferContext) -> TensorType:
     (t,) = ctx.need_declared()
     if not t.is_static:
         raise ShapeError(f"needs a static shape, got {t}")
-    return [t]
+    return t
+
+
+def _infer_declared(ctx: InferContext) -> list[Type]:
+    return [_declared_type(ctx)]
 
 
 register(OpSpec("zeros", "a tensor of zeros", (), _infer_declared, category="constant", gpu=True, written_type=True,
@@ -563,7 +576,7 @@ register(OpSpec("ones", "a tensor of ones", (), _infer_declared, category="const
 
 
 def _infer_fill(ctx: InferContext) -> list[Type]:
-    (t,) = _infer_declared(ctx)
+    t = _declared_type(ctx)
     if ctx.tensor(0).shape != () or ctx.tensor(0).dtype != t.dtype:
         raise ShapeError(f"fills with a scalar of the result's dtype, got {ctx.tensor(0)}")
     return [t]
@@ -908,8 +921,10 @@ register(OpSpec("return", "ends a function: `return %a, %b`", ("values*",), _no_
 register(OpSpec("yield", "ends a loop body: `yield (%carry, ...) stack (%v, ...)`", ("carries*", "stacks*"),
                 _no_results, pure=False, terminator=True, category="structural", own_syntax=True))
 def _grad_results(op: Operation, args: Sequence[Type], results: Sequence[Type]) -> list[Type]:
-    """The callee's scalar result, then one gradient per `wrt` position, typed as that argument."""
-    return list(results[:1]) + [args[p] for p in op.attrs["wrt"]]
+    """The callee's results (the first the scalar that is differentiated, the others auxiliary
+    values passed through, as `jax.grad(has_aux=True)`), then one gradient per `wrt` position,
+    typed as that argument."""
+    return list(results) + [args[p] for p in op.attrs["wrt"]]
 
 
 register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("args*",), _infer_declared_any,
@@ -918,7 +933,7 @@ register(OpSpec("call", "calls a function: `call @f(%a, %b) : tensor<f32>`", ("a
                 # The callee's body is not a region of the call: an op there may fail, so an
                 # unused call stays until inline exposes its ops, which then have their own facts.
                 may_fail=lambda op: True))
-register(OpSpec("grad", "f's scalar result and its gradients wrt the listed argument positions",
+register(OpSpec("grad", "f's results (the first a scalar) and the first's gradients wrt the listed argument positions",
                 ("args*",), _infer_declared_any, attrs={"callee": REQUIRED, "wrt": REQUIRED},
                 category="structural", callee_results=_grad_results, own_syntax=True,
                 may_fail=lambda op: True))  # runs the callee, as `call` does

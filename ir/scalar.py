@@ -26,7 +26,7 @@ Terms.
                           `ne` true; signed on integers; false < true on i1;
   `and or`                on i1;
   `select`                select(cond, a, b) is a where cond holds, else b;
-  `exp log tanh sqrt pow abs`
+  `exp log tanh sqrt pow abs sin cos`
                           float math with IEEE edge results: exp overflows to inf, log(0) is
                           -inf, log and sqrt of a negative are nan; `abs` clears the sign bit;
   `cast`                  to the op's result dtype (float -> int truncates, x -> i1 is x != 0).
@@ -86,13 +86,13 @@ PRIMITIVES: dict[str, int] = {
     "add": 2, "sub": 2, "mul": 2, "div": 2, "neg": 1, "floordiv": 2,
     "lt": 2, "le": 2, "gt": 2, "ge": 2, "eq": 2, "ne": 2,
     "and": 2, "or": 2, "select": 3,
-    "exp": 1, "log": 1, "tanh": 1, "sqrt": 1, "pow": 2, "abs": 1,
+    "exp": 1, "log": 1, "tanh": 1, "sqrt": 1, "pow": 2, "abs": 1, "sin": 1, "cos": 1,
     "cast": 1,
 }
 """Every primitive and its arity (the module docstring says what each computes)."""
 
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
-APPROXIMATE = frozenset(("exp", "log", "tanh", "sqrt", "pow"))
+APPROXIMATE = frozenset(("exp", "log", "tanh", "sqrt", "pow", "sin", "cos"))
 """Primitives a backend may compute within a few ulp of NumPy (the CPU's float32 polynomials);
 every other primitive is exact, signed zeros included."""
 
@@ -109,6 +109,7 @@ add, sub, mul, div, neg, floordiv = (_prim(n) for n in ("add", "sub", "mul", "di
 lt, le, gt, ge, eq, ne = (_prim(n) for n in COMPARISONS)
 and_, or_, select = _prim("and"), _prim("or"), _prim("select")
 exp, log, tanh, sqrt, pow_, abs_ = (_prim(n) for n in ("exp", "log", "tanh", "sqrt", "pow", "abs"))
+sin, cos = _prim("sin"), _prim("cos")
 cast = _prim("cast")
 
 x0, x1, x2 = Arg(0), Arg(1), Arg(2)
@@ -165,6 +166,9 @@ FLOAT: dict[str, Expr] = {
     "log": log(x0),
     "tanh": tanh(x0),
     "sqrt": sqrt(x0),
+    "sin": sin(x0),
+    "cos": cos(x0),
+    "stop_gradient": x0,
     # exp(-x) overflowing to inf gives 0, as it should. (The interpreter's 0.5 * (1 + tanh(x / 2))
     # is the same function; this form costs one exp where tanh costs an exp and a polynomial.)
     "sigmoid": div(1.0, add(1.0, exp(neg(x0)))),
@@ -177,6 +181,7 @@ INT: dict[str, Expr] = {
     "min": select(lt(x0, x1), x0, x1),
     "abs": select(lt(x0, 0), neg(x0), x0),
     "relu": select(gt(x0, 0), x0, 0),
+    "stop_gradient": x0,
 }
 BOOL: dict[str, Expr] = {
     **_EVERY_CLASS,
@@ -186,6 +191,7 @@ BOOL: dict[str, Expr] = {
     "min": and_(x0, x1),
     "and": and_(x0, x1),
     "or": or_(x0, x1),
+    "stop_gradient": x0,
 }
 BY_CLASS = {"float": FLOAT, "int": INT, "bool": BOOL}
 

@@ -236,9 +236,11 @@ class OpSpec:
         if None in sizes:  # the one unsized group takes what the others leave
             rest = [self._sized_like(op, like) if like else (0 if star else 1)
                     for like, star in zip(likes[i + 1:], variadic[i + 1:])]
-            known = sum(s for s in sizes if s is not None) + sum(rest)
-            sizes = [total - known if s is None else s for s in sizes]
-        return sum(sizes[:i]), sizes[i]  # type: ignore[arg-type]
+            fill = total - (sum(s for s in sizes if s is not None) + sum(rest))
+        else:
+            fill = 0  # no unsized group before this one
+        counts = [fill if s is None else s for s in sizes]
+        return sum(counts[:i]), counts[i]
 
     @cached_property
     def _variadic_index(self) -> dict[str, int]:

@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..errors import GirTypeError, Location
+
 DTYPES: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32),
     "f64": np.dtype(np.float64),
@@ -51,6 +53,19 @@ class TensorType:
     @property
     def is_static(self) -> bool:
         return all(d is not None for d in self.shape)
+
+    @property
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape, every dim known: what a backend lays memory out by. A `?` dim here is a
+        bug of the caller (the driver specialises before any backend runs): a GirTypeError."""
+        return self.static_shape_at(None)
+
+    def static_shape_at(self, loc: Location | None) -> tuple[int, ...]:
+        """`static_shape`, its error located at loc (the value's op or function)."""
+        dims = tuple(d for d in self.shape if d is not None)
+        if len(dims) != len(self.shape):
+            raise GirTypeError(f"{self} has a `?` dim where a static shape is needed", loc)
+        return dims
 
     def num_elements(self) -> int | None:
         n = 1

@@ -288,7 +288,7 @@ class PassManager:
             except OSError as e:
                 note = f"no reproducer: cannot write into {folder}: {e.strerror or e}"
             else:
-                err.reproducer = path  # type: ignore[attr-defined]
+                err.reproducer = path
                 note = f"reproducer written to {path}; run: gir opt {path} -p '{p.spec()}'{flags}"
             err.note = f"{err.note}\n{note}" if err.note else note
         return err

@@ -405,7 +405,7 @@ def describe_entry(path: str, meta: dict[str, Any] | None) -> str:
     if path.endswith(".sig"):
         return f"{name}: signature {what}".rstrip()
     state = meta.get("state") or {}
-    tier = {"quick": "quick code (-O3 pending)", "final": "final -O3 code"}.get(state.get("tier"), "")
+    tier = {"quick": "quick code (-O3 pending)", "final": "final -O3 code"}.get(str(state.get("tier")), "")
     tier = tier or f"-O{meta.get('opt_level', '?')} code"
     gemm = "GEMM paths measured" if state.get("measured", True) else "GEMM paths from the model"
     return f"{name}: {what + ': ' if what else ''}{tier}, {gemm}"

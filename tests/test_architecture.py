@@ -139,11 +139,10 @@ FLOORS = {
 }
 """DESIGN.md §1: what each folder may import, at module level and inside functions."""
 
-KNOWN_FLOOR_BREAKS = {
-    "frontend/python/numpy_api.py imports driver.pyjit",
-}
-"""Imports that break a floor today, all lazy (inside functions): the tracing frontend runs
-traced functions through the driver. The set may only shrink (the test fails on a new one)."""
+KNOWN_FLOOR_BREAKS: set[str] = set()
+"""Imports that break a floor: none today (the set may only stay empty). Gone: the tracing
+frontend's lazy import of driver.pyjit (its eager runner is now loaded through
+frontend/__init__.py EAGER_LOADERS, which gir/__init__.py fills)."""
 
 
 def floor_breaks() -> set[str]:
@@ -208,10 +207,12 @@ KNOWN_CYCLES = [
     ["backend.cpu.blas", "backend.cpu.blas_threads", "backend.cpu.codegen", "backend.cpu.externals",
      "backend.cpu.gather", "backend.cpu.llvm_jit", "backend.cpu.overlap", "backend.cpu.runtime",
      "backend.cpu.team"],
-    ["driver.jit", "driver.pyjit", "frontend.python.numpy_api", "frontend.python.transforms"],
 ]
 """The import cycles of today (issue 27 asks for none): each may only shrink or go. Most are lazy
-imports back into a module that imports the importer at module level."""
+imports back into a module that imports the importer at module level. Gone: `driver.jit ⇢
+driver.pyjit → driver.jit` (jit.py hands pyjit its `jit`; the eager runner compiles through
+driver/compile.py) and `frontend.python.numpy_api ⇢ driver.pyjit → numpy_api` (the runner's
+loader is registered by gir/__init__.py: frontend/__init__.py EAGER_LOADERS)."""
 
 
 def test_import_cycles_only_shrink() -> None:
@@ -219,6 +220,39 @@ def test_import_cycles_only_shrink() -> None:
     for cycle in found:
         assert any(set(cycle) <= set(known) for known in KNOWN_CYCLES), f"a new import cycle: {cycle}"
     assert found == KNOWN_CYCLES, f"cycles changed (update KNOWN_CYCLES to what is left): {found}"
+
+
+DRIVER = ["driver", "cli.py", "__init__.py"]
+GETATTR = re.compile(r"""\bgetattr\((?!\s*(?:fn|e|args|python|self\._thread)\s*,)""")
+"""A `getattr(x, "name", default)` on anything but a user's function (`fn`), an exception, the
+CLI's arguments, the frontend package (`__init__.py`) or a thread-local: a compiled object
+probed instead of typed by the `Executable` protocol (driver/compile.py)."""
+PASS_MANAGER = re.compile(r"\bPassManager\(")
+SPECIALIZE = re.compile(r"\bspecialize\(")
+BACKEND_CLASSES = re.compile(r"\b(?:CPUFunction|GPUFunction|SplitFunction)\.compile\(|\bcompile_code\(")
+ONE_COMPILE_PATH = {ROOT / "driver" / "compile.py", ROOT / "driver" / "backends.py"}
+"""Where the drivers specialise, make a pass manager and call a backend's compile: nowhere else."""
+
+
+def driver_copies() -> dict[str, list[str]]:
+    """What the one compile path (driver/compile.py) replaced, counted in the drivers."""
+    driver = [p for p in _files(DRIVER) if p not in ONE_COMPILE_PATH]
+    outside_passes = [p for p in _package_files() if p.relative_to(ROOT).parts[0] != "passes"
+                      and p not in ONE_COMPILE_PATH]
+    return {
+        "getattr probes of compiled objects (drivers)": _hits(GETATTR, driver),
+        "PassManager( outside passes/ and driver/compile.py": _hits(PASS_MANAGER, outside_passes),
+        "specialize( in the drivers outside driver/compile.py": _hits(SPECIALIZE, driver),
+        "a backend compiled outside driver/backends.py (drivers)": _hits(BACKEND_CLASSES, driver),
+    }
+
+
+def test_one_compile_path() -> None:
+    """Issue 27: specialising, running the pipeline and handing to a backend is written once
+    (driver/compile.py `compile_entry`, driver/backends.py); the drivers read compiled objects
+    through the `Executable` protocol, never by `getattr` probes."""
+    for name, hits in driver_copies().items():
+        assert not hits, f"{name}:\n" + "\n".join(hits)
 
 
 def test_no_environment_read_outside_config() -> None:
@@ -239,6 +273,10 @@ def test_pyproject_lists_every_package() -> None:
 
 if __name__ == "__main__":
     for name, hits in counts().items():
+        print(f"{len(hits):4d}  {name}")
+        if "-v" in sys.argv:
+            print("".join(f"        {h}\n" for h in hits), end="")
+    for name, hits in driver_copies().items():
         print(f"{len(hits):4d}  {name}")
         if "-v" in sys.argv:
             print("".join(f"        {h}\n" for h in hits), end="")

@@ -234,6 +234,7 @@ func @f(%a: tensor<3x4xDT>, %b: tensor<4xDT>, %c: tensor<3x1xDT>, %s: tensor<DT>
   %mx = max(%a, %c)
   %mn = min(%b, %c)
   %un = neg(abs(%a)) + exp(%a) + log(abs(%c) + 1.0) + tanh(%b) + sigmoid(%a) + relu(%c) + sqrt(abs(%a))
+  %un2 = %un + sin(%a) + cos(%c) + stop_gradient(%b)
   %lt = lt(%a, %b)
   %le = le(%a, %c)
   %gt = gt(%a, %s)
@@ -245,7 +246,7 @@ func @f(%a: tensor<3x4xDT>, %b: tensor<4xDT>, %c: tensor<3x1xDT>, %s: tensor<DT>
   %sel2 = select(%gt, %s, %c)
   %i = cast(%a * 10.0, dtype="i32")
   %back = cast(%i, dtype="DT") + cast(%lt, dtype="DT") + cast(cast(%a, dtype="i1"), dtype="DT")
-  return %add, %sub, %mul, %div, %pow, %mx, %mn, %un, %mask, %sel + %sel2, %back
+  return %add, %sub, %mul, %div, %pow, %mx, %mn, %un2, %mask, %sel + %sel2, %back
 }
 """
 

@@ -51,7 +51,7 @@ for _op in ("and", "or"):
     OP_CASES[_op] = [binary(_op, "tensor<2x1xi1>", "tensor<3xi1>", "tensor<2x3xi1>")]
 for _op in ("neg", "abs", "relu"):
     OP_CASES[_op] = [unary(_op, F32_2D), unary(_op, "tensor<5xi32>")]
-for _op in ("exp", "log", "tanh", "sigmoid", "sqrt"):
+for _op in ("exp", "log", "tanh", "sigmoid", "sqrt", "sin", "cos", "stop_gradient"):
     OP_CASES[_op] = [unary(_op, F32_2D), unary(_op, "tensor<f64>")]
 
 # Surface forms of the elementwise ops: infix, calls, literals that take the other operand's dtype.

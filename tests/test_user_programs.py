@@ -85,12 +85,13 @@ def test_python_float_learning_rate_meets_f64_params_as_f64() -> None:
     minus[k][idx] -= eps
     numeric = (_np_rnn_loss(plus, xs, h0) - _np_rnn_loss(minus, xs, h0)) / (2 * eps)
     np.testing.assert_allclose(new[k][idx], params[k][idx] - 0.5 * numeric, rtol=1e-8)
-    # the same float with f32 params stays f32; a 0-d array keeps its own dtype (no weak typing)
+    # the same float with f32 params stays f32; a 0-d array keeps its own dtype (no weak typing):
+    # f32 with f64 promotes to f64, as in JAX and NumPy
     p32 = {k: v.astype(np.float32) for k, v in params.items()}
     loss32, new32 = step(p32, xs.astype(np.float32), h0.astype(np.float32), 0.5)
     assert loss32.dtype == np.float32 and new32["wx"].dtype == np.float32
-    with pytest.raises(gir.GirError, match="dtypes differ"):
-        step(params, xs, h0, np.float32(0.5))
+    _, new_mixed = step(p32, xs.astype(np.float32), h0.astype(np.float32), np.float64(0.5))
+    assert new_mixed["wx"].dtype == np.float64
 
 
 # -- NumPy spellings on traced values -----------------------------------------------------------

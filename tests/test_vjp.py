@@ -172,6 +172,8 @@ UNARY: dict[str, tuple[str, Values]] = {
     "sigmoid": ("sigmoid(%a)", normal),
     "relu": ("relu(%a)", away_from_zero),
     "sqrt": ("sqrt(%a)", positive),
+    "sin": ("sin(%a)", normal),
+    "cos": ("cos(%a)", normal),
     "cast": ('cast(%a, dtype="f64")', normal),
     "transfer": ('transfer(%a, device="gpu")', normal),
 }
@@ -597,6 +599,25 @@ def test_constants(op: str, expr: str) -> None:
     check_vjp(op, [("a", (2, 3), "f64")], expr, ["a"], {"a": normal(rng, (2, 3))}, 13)
 
 
+def test_stop_gradient_passes_the_value_and_no_cotangent() -> None:
+    """d/da sum(stop_gradient(a) * a) = stop_gradient(a) = a (only the second factor counts),
+    where finite differences would give 2a."""
+    text = """
+    func @f(%a: tensor<3xf64>) -> tensor<f64> {
+      return sum(stop_gradient(%a) * %a)
+    }
+    func @g(%a: tensor<3xf64>) -> (tensor<f64>, tensor<3xf64>) {
+      %l, %d = grad @f(%a) wrt (%a)
+      return %l, %d
+    }
+    """
+    a = np.random.default_rng(23).standard_normal(3)
+    for pipeline in PIPELINES:
+        loss, da = gir.interpret(compile_grad(text, pipeline), "g", a)
+        np.testing.assert_allclose(loss, np.sum(a * a), rtol=1e-14)
+        np.testing.assert_array_equal(da, a)
+
+
 def test_cast_to_f32_and_back() -> None:
     """f64 -> f32 -> f64: finite differences in f32 would measure rounding, not the gradient.
     The exact gradient of sum(f64(f32(a)) * cot) is cot rounded to f32 (the rule casts the
@@ -660,7 +681,7 @@ NON_DIFFERENTIABLE: dict[str, str] = {
 
 TESTED: set[str] = (set(UNARY) | set(BINARY) | set(REDUCTIONS)
                     | {"select", "matmul", "transpose", "reshape", "broadcast", "concat", "slice", "stack",
-                       "index", "scatter_add", "logsumexp", "fill", "constant", "zeros", "ones"})
+                       "index", "scatter_add", "logsumexp", "fill", "constant", "zeros", "ones", "stop_gradient"})
 """Op kinds with a VJP test in this file (the keys of the case tables and the single-op tests)."""
 
 

@@ -31,10 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ..errors import GirTypeError, Location
-from ..ir.core import Block, Module, Operation, Region, Value
+from ..ir.core import Block, BlockArgument, Module, Operation, Region, Value
 from ..ir.loops import LoopView
 from ..ir.ops import REGISTRY, reduction_axes, splat_value
 from ..ir.types import TensorType
@@ -237,7 +238,7 @@ class VJPContext:
         if step == 1:
             return g
         shape = list(g.tensor_type.shape)
-        n = shape[axis]
+        n = g.tensor_type.static_shape_at(self.loc)[axis]  # autodiff runs on static shapes
         column = self.reshape(g, tuple(shape[:axis + 1] + [1] + shape[axis + 1:]))
         gap = self.emit.zeros(column.tensor_type.with_shape(tuple(shape[:axis + 1] + [step - 1] + shape[axis + 1:])),
                               self.loc)
@@ -307,10 +308,10 @@ class _BackwardScan:
     parts: ScanParts
     body: Block = field(default_factory=Block)
     """The backward scan's body."""
-    seq_args: list[tuple[Callable[[], Value], Value]] = field(default_factory=list)
+    seq_args: list[tuple[Callable[[], Value], BlockArgument]] = field(default_factory=list)
     """(outer value maker, block argument): sequences of the backward scan, in argument order.
     The outer values are made by `_build_forward_stacks`, once the backward body is complete."""
-    carry_args: list[tuple[Value, Value]] = field(default_factory=list)
+    carry_args: list[tuple[Value, BlockArgument]] = field(default_factory=list)
     """(initial value, block argument): carries of the backward scan."""
     residual_memo: dict[Value, Value] = field(default_factory=dict)
     """Forward body value -> the backward body value standing for it."""
@@ -348,9 +349,9 @@ class _BackwardScan:
             found = bp.fwd(v)
         elif v in self.seq_of_arg:
             outer = self.seq_of_arg[v].outer
-            found = self.new_seq(v.tensor_type, lambda outer=outer: bp.fwd(outer), v.name_hint)
+            found = self.new_seq(v.tensor_type, partial(bp.fwd, outer), v.name_hint)
         else:
-            found = self.new_seq(v.tensor_type, lambda v=v: bp.fwd(append_stack(op, v)), v.name_hint)
+            found = self.new_seq(v.tensor_type, partial(_forward_stack, bp, op, v), v.name_hint)
         self.residual_memo[v] = found
         return found
 
@@ -394,7 +395,7 @@ def _seed_cotangents(back: _BackwardScan, gs: list[Value | None]) -> None:
         g = cotangent[stacked]
         if g is not None:
             elem = g.tensor_type.with_shape(g.tensor_type.shape[1:])
-            back.inner.add(s.yielded, back.new_seq(elem, lambda g=g: g, "d" + (s.yielded.name_hint or "")))
+            back.inner.add(s.yielded, back.new_seq(elem, partial(_itself, g), "d" + (s.yielded.name_hint or "")))
 
 
 def _carry_cotangents(back: _BackwardScan) -> tuple[list[Value], list[Value]]:
@@ -440,6 +441,15 @@ def _build_forward_stacks(back: _BackwardScan) -> list[Value]:
     every residual the backward body still reads."""
     return [make() for make, _ in back.seq_args]
 
+
+
+def _forward_stack(bp: Backprop, scan: Operation, v: Value) -> Value:
+    """The stack of forward body value v over the forward scan's steps, as the reverse pass sees it."""
+    return bp.fwd(append_stack(scan, v))
+
+
+def _itself(v: Value) -> Value:
+    return v
 
 def _build_reverse_scan(back: _BackwardScan, outers: list[Value]) -> Operation:
     """Puts the backward body's arguments in order (sequences, then carries) and emits the
@@ -493,11 +503,11 @@ def _reuse_forward_values(rw: Rewriter, fwd_scan: Operation, bwd: Block, residua
 
     for b_op in list(bwd):
         k = key(b_op, bwd_operand)
-        f_op = forward.get(k) if k is not None else None
-        if f_op is None:
+        match = forward.get(k) if k is not None else None
+        if match is None:
             continue
-        value = residual(f_op.result)
-        back_to_fwd[value] = f_op.result
+        value = residual(match.result)
+        back_to_fwd[value] = match.result
         rw.replace_op(b_op, [value])
 
 
@@ -527,8 +537,9 @@ def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:
     # and the loss is what stands for it now.
     replaced: dict[Value, Value] = {}
     new_ops = inline_calls(rw, module, new_ops, replaced=replaced)
-    (loss,) = returned
+    loss, *aux = returned  # aux: the callee's other results (has_aux), passed through
     loss = current(loss, replaced)
+    aux = [current(v, replaced) for v in aux]
     emitter = Emitter(rw, anchor=grad)
     bp = Backprop(rw, emitter, fwd=lambda v: v)
     rw.current = "reverse-mode"
@@ -539,7 +550,7 @@ def expand_grad(rw: Rewriter, module: Module, grad: Operation) -> None:
         g = bp.adj.get(args[p])
         grads.append(g if g is not None else emitter.zeros(args[p].tensor_type, grad.loc))
     rw.current = "expand-grad"
-    rw.replace_op(grad, [loss] + grads)
+    rw.replace_op(grad, [loss, *aux] + grads)
 
 
 class Autodiff(Pass):

@@ -487,7 +487,7 @@ class ConcatOfStacks(Pattern):
         if scan is None or scan.name != "scan":
             return False
         parts = scan_parts(scan)
-        by_result = {st.result: st.yielded for st in parts.stacks}
+        by_result: dict[Value, Value] = {st.result: st.yielded for st in parts.stacks if st.result is not None}
         if not all(v in by_result for v in op.operands):
             return False
         yielded = [by_result[v] for v in op.operands]

@@ -55,6 +55,7 @@ first `scan-grad` stay T long (gir.jit's budgeted pipeline runs that `scan-grad`
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as dataclasses_replace
 from typing import Any
@@ -226,7 +227,7 @@ class _Builder:
             return v
         return self._value("slice", v, {"starts": [lo] + [0] * (len(shape) - 1), "limits": [hi, *shape[1:]]})
 
-    def reshape(self, v: Value, shape: list[int]) -> Value:
+    def reshape(self, v: Value, shape: list[int | None]) -> Value:
         if list(v.tensor_type.shape) == shape:
             return v
         return self._value("reshape", v, {"shape": shape})
@@ -237,7 +238,9 @@ class _Builder:
 
     def unsegment(self, v: Value) -> Value:
         shape = v.tensor_type.shape
-        return self.reshape(v, [shape[0] * shape[1], *shape[2:]])
+        n, s = shape[0], shape[1]
+        assert n is not None and s is not None  # made by `segments`: n segments of s rows
+        return self.reshape(v, [n * s, *shape[2:]])
 
     def join(self, main: Value | None, rest: Value | None) -> Value:
         """Main rows then remainder rows, on the leading axis."""
@@ -347,12 +350,12 @@ def _outer_forward(rw: Rewriter, f: Operation, build: _Builder, f_seqs: list[Val
     fv = LoopView(f)
     segs = [build.segments(x, n, s) for x in f_seqs]
     seg_types = [x.tensor_type.with_shape(x.tensor_type.shape[1:]) for x in segs]
-    body, args = _new_loop(seg_types + [v.type for v in inits],
-                           [None] * len(segs) + [a.name_hint for a in fv.carry_args])
+    no_names: list[str | None] = [None] * len(segs)
+    body, args = _new_loop(seg_types + [v.tensor_type for v in inits], no_names + [a.name_hint for a in fv.carry_args])
     seq_args, carry_args = args[: len(segs)], args[len(segs):]
     inner = LoopView(clone_scan(rw, f, list(seq_args), list(carry_args), kept, body, s))
     finals = inner.final_carries
-    stacks = list(carry_args) + inner.stacked_results
+    stacks: list[Value] = [*carry_args, *inner.stacked_results]
     body.append(make_op("yield", list(finals) + stacks, loc=f.loc, segments=(len(finals), len(stacks))))
     outer = make_op("scan", segs + inits, attrs={"reverse": fv.reverse, "length": None if segs else n},
                     regions=[Region(body)], loc=f.loc, segments=(len(segs), len(inits)))
@@ -361,13 +364,13 @@ def _outer_forward(rw: Rewriter, f: Operation, build: _Builder, f_seqs: list[Val
     return outer
 
 
-def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: list[Value],
+def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: Sequence[Value],
                       rest_f: Operation | None, made: dict[tuple, Value]) -> None:
     f, b = pair.forward, pair.backward
     fv, bv = LoopView(f), LoopView(b)
     t, m = pair.trip_count, n * s
     build = _Builder(rw, b, made)
-    stack_index = {r: i for i, r in enumerate(fv.stacked_results)}
+    stack_index: dict[Value, int] = {r: i for i, r in enumerate(fv.stacked_results)}
     residual = set(pair.residual)
     b_seqs = list(bv.sequences)
 
@@ -402,13 +405,13 @@ def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: lis
         rw.replace_all_uses(old, build.join(build.unsegment(main_stacks[i]), rest))
 
 
-def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: list[Value], inits: list[Value],
+def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: Sequence[Value], inits: list[Value],
                     n: int, s: int) -> Operation:
     """scan over the n segments, the other way: recompute a segment's forward from its
     checkpoint (stacking the residuals), then run the backward steps over them."""
     f, b = pair.forward, pair.backward
     fv, bv = LoopView(f), LoopView(b)
-    stack_index = {r: i for i, r in enumerate(fv.stacked_results)}
+    stack_index: dict[Value, int] = {r: i for i, r in enumerate(fv.stacked_results)}
     residual = set(pair.residual)
     f_seqs = list(fv.sequences)
     f_segs = [build.segments(x, n, s) for x in f_seqs]
@@ -417,7 +420,7 @@ def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: list
     g_segs = [build.segments(x, n, s) for x in generic]
     outer_seqs = list(checkpoints) + f_segs + g_segs
     types = [x.tensor_type.with_shape(x.tensor_type.shape[1:]) for x in outer_seqs]
-    body, args = _new_loop(types + [v.type for v in inits],
+    body, args = _new_loop(types + [v.tensor_type for v in inits],
                            [c.name_hint for c in fv.carry_args] + [None] * (len(f_segs) + len(g_segs))
                            + [a.name_hint for a in bv.carry_args])
     k = len(checkpoints)
@@ -427,7 +430,8 @@ def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: list
     recompute = clone_scan(rw, f, list(f_args), list(ck_args), pair.residual, body, s)
     recomputed = dict(zip(pair.residual, LoopView(recompute).stacked_results))
     g_map = dict(zip(generic, g_args)) | dict(zip(f_seqs, f_args))
-    seqs = [recomputed[stack_index[x]] if stack_index.get(x) in residual else g_map[x] for x in bv.sequences]
+    seqs: list[Value] = [recomputed[stack_index[x]] if stack_index.get(x) in residual else g_map[x]
+                         for x in bv.sequences]
     inner = clone_scan(rw, b, seqs, list(carry_args), list(range(len(bv.stacked_results))), body, s)
     inner_view = LoopView(inner)
     finals, stacks = list(inner_view.final_carries), list(inner_view.stacked_results)

@@ -292,11 +292,11 @@ class _Placer:
                 if self.value_device(r) == need:
                     new = r
                 else:
-                    t = canonical.get((r, need))
-                    if t is None:
-                        t = canonical[(r, need)] = self.claim(existing.get((r, need)), r, need, op)
-                        self.boundaries[t] = (r, op)
-                    new = t.result
+                    transfer = canonical.get((r, need))
+                    if transfer is None:
+                        transfer = canonical[(r, need)] = self.claim(existing.get((r, need)), r, need, op)
+                        self.boundaries[transfer] = (r, op)
+                    new = transfer.result
                 if v is not new:
                     op.set_operand(i, new)
                     changed = True

@@ -140,7 +140,7 @@ def merge_shared_operand(rw: Rewriter, block: Block, scan: Operation | None, sta
             big = rw.value("matmul", [x, cat], before=first)
         offset = 0
         for p in products:
-            n = p.result.tensor_type.shape[-1]
+            n = p.result.tensor_type.static_shape_at(p.loc)[-1]
             shape = big.tensor_type.shape
             starts = [0] * len(shape)
             limits = list(shape)
@@ -429,6 +429,7 @@ def _post_loop_gemm(rw: Rewriter, before: Operation, steps: int | None, a: Value
         rest = rw.value("matmul", [_flat(rw, _slice0(rw, nxt, 0, steps - 1, before), before, a_t),  # type: ignore[arg-type]
                                    _rows(rw, _slice0(rw, other, 1, steps, before), before, b_t)], before=before)
     else:
+        assert sb.shifted_init is not None and sb.shifted_next is not None  # one side is shifted
         init, nxt = sb.shifted_init, sb.shifted_next
         other = whole(a, sa)
         first = rw.value("matmul", [_t(rw, _index0(rw, other, before), a_t, before), _t(rw, init, b_t, before)],
@@ -436,7 +437,7 @@ def _post_loop_gemm(rw: Rewriter, before: Operation, steps: int | None, a: Value
         if steps == 1:
             return first
         rest = rw.value("matmul", [_flat(rw, _slice0(rw, other, 1, steps, before), before, a_t),
-                                   _rows(rw, _slice0(rw, nxt, 0, steps - 1, before), before, b_t)],  # type: ignore[arg-type]
+                                   _rows(rw, _slice0(rw, nxt, 0, steps - 1, before), before, b_t)],
                         before=before)
     return rw.value("add", [first, rest], before=before)
 

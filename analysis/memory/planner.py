@@ -24,7 +24,6 @@ read it (`held_until`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from ...errors import GirError, GirPassError
@@ -308,9 +307,9 @@ def inplace_operands(op: Operation) -> list[Value]:
 
 
 def _same_elements(x: Value, r: Value) -> bool:
-    tx, tr = x.type, r.type
-    return tx is tr or (math.prod(tx.shape) == math.prod(tr.shape)  # type: ignore[union-attr]
-                        and ITEMSIZE[tx.dtype] == ITEMSIZE[tr.dtype])  # type: ignore[union-attr]
+    tx, tr = x.tensor_type, r.tensor_type
+    n = tx.num_elements()  # None: a `?` dim, never known to be the same
+    return tx is tr or (n is not None and n == tr.num_elements() and ITEMSIZE[tx.dtype] == ITEMSIZE[tr.dtype])
 
 
 def unsupported_reason(live: Liveness) -> str | None:

@@ -561,6 +561,8 @@ PRIMITIVES: dict[str, Callable[[Scalar, list[ir.Value]], ir.Value]] = {
     "sqrt": lambda s, a: mathlib.sqrt(s.b, *a),
     "pow": lambda s, a: mathlib.pow(s.b, *a),
     "abs": lambda s, a: mathlib.fabs(s.b, *a),
+    "sin": lambda s, a: mathlib.sin(s.b, *a),
+    "cos": lambda s, a: mathlib.cos(s.b, *a),
     "cast": _cast,
 }
 """ir/scalar.py's primitive -> its LLVM code."""

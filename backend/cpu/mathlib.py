@@ -101,6 +101,14 @@ def sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _intrinsic(b, "llvm.sqrt", x.type, x)
 
 
+def sin(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _intrinsic(b, "llvm.sin", x.type, x)
+
+
+def cos(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return _intrinsic(b, "llvm.cos", x.type, x)
+
+
 def fabs(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _intrinsic(b, "llvm.fabs", x.type, x)
 

@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -38,7 +39,7 @@ from ...ir.types import TensorType
 from ...support import timing
 from ...support.cache import build_fingerprint, digest
 from . import blas, externals, native, team, tiers
-from .layout import Layout, LengthLayout
+from .layout import GemmSite, Layout, LengthLayout
 
 
 def opt_level() -> int:
@@ -180,6 +181,12 @@ class CPUFunction:
         without a body, as the compile cache rebuilds it). tiered: see compile_code; lengths:
         code for every length of the dims that follow it (`length_of`)."""
         self.function = function
+        self.ir = ""
+        """The IR compiled, after the passes (set by the driver: `fn.ir`)."""
+        self.compile_stats: Any = None
+        """How the driver compiled it (a driver/jitstats.CompileStats, set by the driver)."""
+        self._results = [(t.static_shape_at(function.loc), t.numpy_dtype) for t in function.result_types]
+        """Each result's shape and dtype: what a call allocates."""
         if code is None:
             from .llvm_jit import compile_code
 
@@ -247,6 +254,22 @@ class CPUFunction:
         return self._entry.code.layout
 
     @property
+    def gemms(self) -> list[GemmSite]:
+        """The GEMMs of the code calls run now, each with its BLAS path (Layout.gemms)."""
+        return self.layout.gemms
+
+    @property
+    def workspace_bytes(self) -> int:
+        """What a call's workspace holds per thread: the arena and the pinned area."""
+        layout = self.layout
+        return layout.arena_bytes + layout.pinned_bytes
+
+    @property
+    def code_info(self) -> CompileInfo:
+        """How the code calls run now was made (its tier, LLVM level, cache)."""
+        return self._entry.code.info
+
+    @property
     def llvm_ir(self) -> str:
         return self._entry.code.llvm_ir
 
@@ -297,7 +320,7 @@ class CPUFunction:
         lengths: the code serves every length (analysis/lengths.py)."""
         return cls(function, plan, tiered=tiered, lengths=lengths)
 
-    def length_of(self, shapes: list[tuple[int, ...]]) -> int | None:
+    def length_of(self, shapes: Sequence[Sequence[int]]) -> int | None:
         """The length T these argument shapes have, where the code serves every length and
         they fit it (every other dim as compiled, one T for all, T >= min_length); else None."""
         lengths = self.layout.lengths
@@ -321,12 +344,14 @@ class CPUFunction:
             return None
         return found.pop()
 
-    def _result_shapes(self, lengths: LengthLayout | None, t: int | None) -> list[tuple[int, ...]]:
-        shapes = [list(r.shape) for r in self.function.result_types]
-        if lengths is not None and t is not None:
-            for i, axis, a, b in lengths.results:
-                shapes[i][axis] = a * t + b
-        return [tuple(s) for s in shapes]  # type: ignore[misc]
+    def _result_shapes(self, lengths: LengthLayout | None, t: int | None) -> list[tuple[tuple[int, ...], Any]]:
+        """Each result's shape and dtype at length t (code for every length), else as compiled."""
+        if lengths is None or t is None:
+            return self._results
+        shapes = [list(shape) for shape, _ in self._results]
+        for i, axis, a, b in lengths.results:
+            shapes[i][axis] = a * t + b
+        return [(tuple(s), dtype) for s, (_, dtype) in zip(shapes, self._results)]
 
     @property
     def stats(self) -> Stats:
@@ -347,24 +372,30 @@ class CPUFunction:
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
         f = self.function
-        length = None
-        if self.layout.lengths is not None:  # code for every length: T from the shapes
-            arrays = [np.asarray(a) for a in args]
-            length = self.length_of([a.shape for a in arrays])
-            if length is None or any(a.dtype != t.numpy_dtype for a, t in zip(arrays, f.arg_types)):
-                raise GirArgumentError(f"@{f.name}: arguments of shapes {[a.shape for a in arrays]} do not fit the "
-                                       f"code compiled for every length ({self.layout.lengths.describe})", f.loc)
-        else:
-            arrays = check_arguments(f, args)
+        if self.layout.lengths is None:
+            return self.run(check_arguments(f, args))
+        arrays = [np.asarray(a) for a in args]  # code for every length: T from the shapes (`run`)
+        if any(a.dtype != t.numpy_dtype for a, t in zip(arrays, f.arg_types)):
+            check_arguments(f, arrays)  # its error names the argument
+        return self.run(arrays)
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """A call on arguments checked already (count, dtype, shape: `check_arguments`)."""
+        f = self.function
         for i, a in enumerate(arrays):
             if not a.flags.c_contiguous:
                 raise GirArgumentError(f"argument %{f.args[i].name_hint} of @{f.name} must be C-contiguous "
                                        "(use np.ascontiguousarray)", f.loc)
         entry = self._entry  # once: both entry points and the layout of this call come from the same code
         layout = entry.code.layout
+        length = None
+        if layout.lengths is not None:
+            length = self.length_of([a.shape for a in arrays])
+            if length is None:
+                raise GirArgumentError(f"@{f.name}: arguments of shapes {[a.shape for a in arrays]} do not fit the "
+                                       f"code compiled for every length ({layout.lengths.describe})", f.loc)
         ws = self.workspace(layout)
-        outs = [np.empty(shape, t.numpy_dtype) for shape, t in zip(self._result_shapes(layout.lengths, length),
-                                                                   f.result_types)]
+        outs = [np.empty(shape, dtype) for shape, dtype in self._result_shapes(layout.lengths, length)]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
         if layout.lengths is not None:
             ptrs += ws.for_length(length, layout.lengths)  # type: ignore[arg-type]
@@ -408,9 +439,10 @@ class Workspace:
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers` (four for code for every
         length: `for_length`)."""
-        self.counters_ptr = self.counters.ctypes.data
         self.length = np.zeros(1, np.int64)
         self.length_area = _aligned(0)
+        """The last two entries of the native function's `buffers`."""
+        self.counters_ptr = self.counters.ctypes.data
 
     def for_length(self, t: int, lengths: LengthLayout) -> list[int]:
         """The two more `buffers` entries of code for every length at length t: the length and

@@ -11,20 +11,28 @@ Terms.
 - Elementwise: a `fused` op, or an elementwise op outside any group, is one generated kernel
   launch (kernels.py). matmul: `xp.matmul(a, b, out=...)`, cuBLAS through CuPy; a 2-D
   transpose read only by matmuls is a strided view, which cuBLAS takes as a transpose flag.
-  Reductions: xp.sum / mean / max / min with `out=`. Layout: views where the memory plan has
-  a view (memory.py), else an xp copy into the value's storage. Constants: uploaded once.
+  Reductions: xp.sum / mean / max / min with `out=`, except a sum or mean read by one fused
+  kernel, which computes it (*folded*: `_foldable`). Layout: views where the memory plan has a
+  view (memory.py); a slice read only by kernels and reductions *absorbed* (read in place
+  through its strides); concat/stack operands made by kernels *claimed* (written in place by
+  them: `claim_pieces`); else an xp copy into the value's storage. Constants: uploaded once.
+- *Placeable*: a value whose step writes wherever env says at run time (kernel outputs, GEMM
+  results: `Lowering.redirectable`), so that a scan can put it in a stack row or a carry
+  buffer instead of its storage.
 - `scan`: a loop on the host over device-resident buffers: a sequence's element is a view of
-  row t, each carry lives in its body argument's storage (the initial value is copied in
-  unless it is already there), and at the yield, stacked values are copied into row t of
-  their stack, then each yielded carry into its carry (through a temporary when it overlaps
-  any carry's storage: a swap). Nothing is read back to the host per step.
+  row t; where each stacked value and carry goes is a decision made once (`ScanPlacement`:
+  stack rows written in place, carries swapped by pointer, shifted or double-buffered, the
+  rest copied at the yield). Nothing is read back to the host per step.
+- Counting: every kernel launch, GEMM, other xp launch and device copy goes through one
+  method of Lowering (`launch`, `gemm`, `xp_call`, `copy`), which counts it (`Counters`; per
+  scan step too).
 - Run-time errors: kernels record integer division by zero in a device flag (kernels.py);
   `index` out of range is checked on the host. `index` by a computed (not constant) index
   reads that one scalar back to the host.
 
 Known gaps: `call`, `grad` and pre-SSA ops must be gone (inline, autodiff, ssa); one stream,
 so steps never overlap; a kernel is launched per fused group per step (no persistent or
-CUDA-graph scan yet).
+CUDA-graph scan yet); only sums and means over leading axes fold.
 """
 
 from __future__ import annotations
@@ -46,12 +54,31 @@ from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
-from .kernels import ElementwiseKernel, compile_kernel, fused_source, op_source
+from .kernels import (
+    ElementwiseKernel,
+    GridTotal,
+    InputLayout,
+    KernelPart,
+    ReductionRead,
+    chain_source,
+    compile_kernel,
+    fused_group_source,
+    op_source,
+    ranges_source,
+    total_source,
+)
 from .memory import Memory
 
 Env = dict[Value, Any]
 Run = Callable[[Env], None]
 Step = tuple[Operation, Run]
+
+
+COUNTED = ("kernel_launches", "gemm_calls", "xp_launches", "copies", "graph_replays")
+"""What a call does on the device, each counted at the one place it happens: generated kernel
+launches (`ElementwiseKernel.launch`), GEMMs (`Lowering.gemm`), other xp work that launches
+kernels (reductions, gathers, scatters, logsumexp: `Lowering.xp_call`), device-to-device copies
+(`Lowering.copy`) and CUDA graph replays (none yet: no capture path)."""
 
 
 @dataclass
@@ -60,9 +87,28 @@ class Counters:
 
     kernel_launches: int = 0
     gemm_calls: int = 0
+    xp_launches: int = 0
     copies: int = 0
+    graph_replays: int = 0
     read_backs: int = 0
     """Scalars read back to the host (`index` by a computed index)."""
+    per_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per scan (`scan forward|reverse at FILE:LINE:COL`): each of COUNTED per time step, the
+    loop's whole work (nested loops included) over its trip count, in this call."""
+
+    def reset(self) -> None:
+        for name in (*COUNTED, "read_backs"):
+            setattr(self, name, 0)
+        self.per_step = {}
+
+    def snapshot(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in COUNTED)
+
+    def record_steps(self, label: str, before: tuple[int, ...], steps: int) -> None:
+        """The per-step counts of the loop `label` that started at `before` and ran `steps` steps."""
+        if steps:
+            after = self.snapshot()
+            self.per_step[label] = {name: (b - a) / steps for name, a, b in zip(COUNTED, before, after)}
 
 
 @dataclass(eq=False)
@@ -82,6 +128,22 @@ class Lowering:
     counters: Counters = field(default_factory=Counters)
     host_scalars: dict[Value, int] = field(default_factory=dict)
     """Integer scalar constants, known on the host (an `index` by one needs no read-back)."""
+    absorbed: dict[Value, tuple[Value, InputLayout]] = field(default_factory=dict)
+    """Slice results no step makes: the kernels reading them read their source in place,
+    through the layout (lower_slice)."""
+    pieces: dict[Value, tuple[Value, InputLayout, tuple]] = field(default_factory=dict)
+    """Values a kernel writes straight into their place in a concat/stack result: value ->
+    (that result, the layout of the value in it, the index of the value in it)."""
+    extra_places: dict[Value, list[tuple[Value, InputLayout, tuple]]] = field(default_factory=dict)
+    """A piece's places in other concat/stack results, which its kernel also stores it into."""
+    folded: dict[Value, tuple[Value, ReductionRead]] = field(default_factory=dict)
+    """Reduction results no step makes: the one fused kernel reading each computes it from the
+    reduction's operand (value -> (that operand, how to reduce it): lower_reduce)."""
+    owned: set[Value] = field(default_factory=set)
+    """Values moved out of the arena (own_storage)."""
+    redirectable: set[Value] = field(default_factory=set)
+    """Values whose step writes wherever env says at run time (kernel outputs, GEMM results):
+    a scan may place them in a stack row or a carry buffer instead of their storage."""
     _args: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -98,16 +160,52 @@ class Lowering:
         self.static[v] = array
         return array
 
+    def own_storage(self, v: Value) -> Any:
+        """v's storage moved to a buffer of its own, outside the arena (made once)."""
+        if v not in self.owned:
+            t = v.tensor_type
+            self.static[v] = self.memory.move_out(v, self.memory.own(_shape(v), t.numpy_dtype))
+            self.owned.add(v)
+        return self.static[v]
+
     def kernel_arg(self, a: Any) -> Any:
         """a as a kernel argument. Every array a step sees is the function's own memory or a
         view of it, so wrappers are kept by address (a non-contiguous view is copied)."""
-        if not a.flags.c_contiguous:
-            return self.dev.kernel_arg(self.dev.xp.ascontiguousarray(a))
+        if not a.flags.c_contiguous:  # a device copy first (counted)
+            return self.dev.kernel_arg(self.duplicate(a))
         key = (self.dev.address(a), a.size, a.dtype.str)
         found = self._args.get(key)
         if found is None:
             found = self._args[key] = self.dev.kernel_arg(a)
         return found
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """dst[...] = src on the device: every device-to-device copy goes through here."""
+        dst[...] = src
+        self.counters.copies += 1
+
+    def launch(self, kernel: ElementwiseKernel, n: int, args: list[Any]) -> None:
+        """A generated kernel over n elements: every kernel launch goes through here (none for
+        n == 0)."""
+        if n:
+            kernel.launch(self.dev, n, args)
+            self.counters.kernel_launches += 1
+
+    def duplicate(self, a: Any) -> Any:
+        """A new device array holding a copy of a (counted as a copy)."""
+        self.counters.copies += 1
+        return a.copy()
+
+    def gemm(self, a: Any, b: Any, out: Any) -> None:
+        """out = a @ b (cuBLAS through CuPy): every GEMM goes through here."""
+        self.dev.xp.matmul(a, b, out=out)
+        self.counters.gemm_calls += 1
+
+    def xp_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs), an xp function launching device work (a reduction, a gather):
+        every such launch goes through here (logsumexp, a few in one step, counts each)."""
+        self.counters.xp_launches += 1
+        return fn(*args, **kwargs)
 
     def error_codes(self, sites: list[tuple[str, Operation]]) -> int:
         """The first of len(sites) new run-time error codes."""
@@ -135,10 +233,23 @@ class Lowering:
     def block(self, block: Block) -> tuple[list[Step], list[Value]]:
         """The steps of block's ops and the values its terminator returns or yields."""
         steps: list[Step] = []
+        claim_pieces(self, block)
+        # Merges, most specific first: totals, chains (across other ops), runs (of the rest).
+        totals = fused_totals(block, {})
+        taken = {o for f, pair in totals.items() for o in (f, *pair)}
+        chains = fused_chains(block, taken)
+        runs = fused_runs(block, taken | {o for chain in chains.values() for o in chain})
+        merged = {later for run in runs.values() for later in run[1:]} | {o for pair in totals.values() for o in pair} \
+            | {later for chain in chains.values() for later in chain[1:]}
         for op in block:
             if op.spec.terminator:
                 return steps, list(op.operands)
-            lower = LOWER.get(op.name)
+            if op in merged:
+                continue  # lowered with the first op of its run
+            lower = ((lambda low, first: lower_fused_ops(low, runs[first])) if op in runs
+                     else (lambda low, first: lower_fused_total(low, first, *totals[first])) if op in totals
+                     else (lambda low, first: lower_fused_chain(low, chains[first])) if op in chains
+                     else LOWER.get(op.name))
             if lower is None:
                 raise GirError(f"the GPU backend cannot compile '{op.name}'", op.loc)
             try:
@@ -170,29 +281,254 @@ def _shape(v: Value) -> tuple[int, ...]:
 # Elementwise: generated kernels
 
 
-def _launch(low: Lowering, op: Operation, kernel: ElementwiseKernel, inputs: list[Value]) -> Run | None:
-    if not op.results:
+def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inputs: list[Value],
+            scratch: tuple[Any, ...] = ()) -> Run | None:
+    """The step launching kernel for ops (one, a merged run of one shape, or a group and its
+    grid total's group), scratch arrays last."""
+    results = [r for op in ops for r in op.results]
+    if not results:
         return None
     low.kernels.append(kernel)
-    outs = [low.kernel_arg(low.storage(r)) for r in op.results]
-    n = math.prod(_shape(op.results[0]))
+    for r in results:
+        if r not in low.pieces:
+            low.storage(r)
+            low.redirectable.add(r)
+    outs = [v for op in ops for v in _output_places(low, op)[0]]  # a piece: its whole(s)
+    views = [(r, low.pieces[r][0], low.pieces[r][2]) for r in results if r in low.pieces]
+    n = max(math.prod(_shape(op.results[0])) for op in ops if op.results)  # a run of shapes: the largest
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
-    dev, counters, arg = low.dev, low.counters, low.kernel_arg
+    extra = (*extra, *(low.kernel_arg(a) for a in scratch))
+    arg = low.kernel_arg
 
-    def run(env: Env) -> None:
-        kernel.launch(dev, n, [*outs, *(arg(env[v]) for v in inputs), *extra])
-        counters.kernel_launches += 1
+    def run(env: Env) -> None:  # outputs from env: a scan may place them (lower_scan)
+        low.launch(kernel, n, [*(arg(env[r]) for r in outs), *(arg(env[v]) for v in inputs), *extra])
+        for r, whole, where in views:  # for readers through xp: a strided view, no copy
+            env[r] = env[whole][where]
 
     return run
 
 
+def _through_absorbed(low: Lowering, inputs: list[Value]) -> tuple[list[Value], dict[int, InputLayout]]:
+    """The values a kernel is launched with for inputs (an absorbed slice's source in its
+    place) and the layouts to read those sources through."""
+    layouts = {k: low.absorbed[v][1] for k, v in enumerate(inputs) if v in low.absorbed}
+    return [low.absorbed[v][0] if v in low.absorbed else v for v in inputs], layouts
+
+
+def _output_places(low: Lowering, op: Operation) -> tuple[list[Value], dict[int, InputLayout], list[int]]:
+    """Per output parameter of op's kernel: the value whose env array it writes (a result, or
+    the concat/stack a piece of it is written into), the layouts of those written as pieces,
+    and which result each writes. A result claimed by two concats has two parameters: its
+    kernel stores it twice, once in each."""
+    outs: list[Value] = []
+    layouts: dict[int, InputLayout] = {}
+    repeat: list[int] = []
+    for k, r in enumerate(op.results):
+        places = ([low.pieces[r]] if r in low.pieces else []) + low.extra_places.get(r, [])
+        if not places:
+            outs.append(r)
+            repeat.append(k)
+        for whole, layout, _ in places:
+            layouts[len(outs)] = layout
+            outs.append(whole)
+            repeat.append(k)
+    return outs, layouts, repeat
+
+
+def _kernel_part(low: Lowering, op: Operation) -> tuple[list[Value], KernelPart]:
+    """(what the kernel is launched with for op's operands, how op's part of it reads and
+    writes): absorbed slices and pieces through their layouts, a reduction op alone reads
+    (lower_reduce) computed inside."""
+    operands = list(op.operands)
+    folded = {k: low.folded[v] for k, v in enumerate(operands) if v in low.folded}
+    inputs, layouts = _through_absorbed(low, [folded[k][0] if k in folded else v for k, v in enumerate(operands)])
+    for k in folded:
+        layouts.pop(k, None)  # a folded operand's layout is in its ReductionRead
+    reductions = {k: read for k, (_, read) in folded.items()}
+    _, out_layouts, repeat = _output_places(low, op)
+    return inputs, KernelPart(op, layouts, out_layouts, reductions, tuple(repeat))
+
+
 def lower_fused(low: Lowering, op: Operation) -> Run | None:
-    return _launch(low, op, compile_kernel(low.dev, fused_source(op)), list(op.operands))
+    """A kernel for the group."""
+    return lower_fused_ops(low, [op])
+
+
+def lower_fused_ops(low: Lowering, ops: list[Operation]) -> Run | None:
+    """One kernel for a run of fused ops (fused_runs; or one op). A run whose parts take a
+    whole-array reduction (one block) is launched op by op instead: a grid cannot be one block."""
+    parts = [_kernel_part(low, op) for op in ops]
+    if len(ops) > 1 and any(r.whole for _, part in parts for r in part.reductions.values()):
+        runs = [r for r in (_launch(low, [op], compile_kernel(low.dev, fused_group_source([part])), inputs)
+                            for op, (inputs, part) in zip(ops, parts)) if r is not None]
+
+        def each(env: Env) -> None:
+            for one in runs:
+                one(env)
+
+        return each
+    for later in ops[1:]:  # the plan may have put one in place of an earlier op's input, read by
+        for r in later.results:  # other threads of the same launch now: a buffer of its own
+            if r not in low.pieces:
+                low.own_storage(r)
+    inputs = [v for launched, _ in parts for v in launched]
+    same = all(_shape(op.results[0]) == _shape(ops[0].results[0]) for op in ops)
+    source = (fused_group_source if same else ranges_source)([part for _, part in parts])
+    return _launch(low, ops, compile_kernel(low.dev, source), inputs)
+
+
+def fused_totals(block: Block, runs: dict[Operation, list[Operation]]
+                 ) -> dict[Operation, tuple[Operation, Operation]]:
+    """`fused` ops F followed by a float sum or mean R of one of F's results over all its axes
+    and a one-element `fused` op G that alone reads R (the loss term: `loss + sum(h * h)` after
+    the step's group): F -> (R, G), each lowered as one kernel (lower_fused_total). G's other
+    operands are single elements made before F. Constants between them do not count (they are
+    uploaded when compiling)."""
+    ops = [op for op in block if op.spec.category != "constant"]  # constants: no step, so no order
+    in_runs = {o for run in runs.values() for o in run}
+    found: dict[Operation, tuple[Operation, Operation]] = {}
+    for f, r, g in zip(ops, ops[1:], ops[2:]):
+        red = r.spec.reduction
+        if f.name != "fused" or g.name != "fused" or not f.results or not g.results or f in in_runs \
+                or g in in_runs or red is None or red.combine != "add" or not r.operands \
+                or r.operands[0] not in f.results or r.operands[0].tensor_type.dtype not in ("f32", "f64"):
+            continue
+        x = r.operands[0]
+        axes = tuple(reduction_axes(r.attrs, x.tensor_type.rank))
+        others = [v for v in g.operands if v is not r.result]
+        if sorted(axes) != list(range(x.tensor_type.rank)) or r.result.users != [g] \
+                or list(g.operands).count(r.result) != 1 or math.prod(_shape(g.results[0])) != 1 \
+                or not math.prod(_shape(x)) or any(math.prod(_shape(v)) != 1 or v in f.results for v in others):
+            continue
+        found[f] = (r, g)
+    return found
+
+
+def lower_fused_total(low: Lowering, f: Operation, r: Operation, g: Operation) -> Run | None:
+    """f, the sum r of one of its results and the one-element group g on it, as one kernel
+    (kernels.GridTotal): one launch where there were two. Where f folds a whole-array
+    reduction itself (one block), the three are lowered one by one."""
+    inputs, part = _kernel_part(low, f)
+    if any(read.whole for read in part.reductions.values()) or any(v in low.folded or v in low.absorbed
+                                                                    for v in g.operands):
+        steps = [s for s in (lower_fused(low, f), lower_reduce(low, r), lower_fused(low, g)) if s is not None]
+
+        def each(env: Env) -> None:
+            for one in steps:
+                one(env)
+
+        return each
+    x = r.operands[0]
+    k = list(g.operands).index(r.result)
+    inputs2, part2 = _kernel_part(low, g)
+    inputs2[k] = x  # a parameter the kernel does not read (the total stands for it)
+    term = f.body.terminator
+    assert term is not None
+    reduction = r.spec.reduction
+    assert reduction is not None
+    at = next(i for i, res in enumerate(f.results) if res is x)
+    total = GridTotal(term.operands[at], math.prod(_shape(x)), reduction.divide_by_count,
+                      part2, k)
+    dtype = x.tensor_type.numpy_dtype
+    scratch = (low.memory.constant(np.zeros((1,), dtype)), low.memory.constant(np.zeros((1,), np.int32)))
+    return _launch(low, [f, g], compile_kernel(low.dev, total_source(part, total)), [*inputs, *inputs2], scratch)
+
+
+def fused_chains(block: Block, taken: set[Operation]) -> dict[Operation, list[Operation]]:
+    """Chains of `fused` ops of one result shape where each later one reads results of earlier
+    ones at the same index (operands of the shape) and otherwise only values made before the
+    first (the groups of a backward step, which the fuse pass leaves apart around reductions):
+    first op -> the chain, lowered as one kernel at the first op's place (lower_fused_chain).
+    Ops in `taken` (runs, totals) stay out."""
+    ops = list(block)
+    position = {op: i for i, op in enumerate(ops)}
+    claimed = set(taken)
+    chains: dict[Operation, list[Operation]] = {}
+    for i, first in enumerate(ops):
+        if first.name != "fused" or not first.results or first in claimed:
+            continue
+        shape = _shape(first.results[0])
+        chain, made = [first], set(first.results)
+        for later in ops[i + 1:]:
+            if later.name != "fused" or not later.results or later in claimed or _shape(later.results[0]) != shape:
+                continue
+            links = [v for v in later.operands if v in made]
+            late = [v for v in later.operands if v not in made and v.defining_op is not None
+                    and position.get(v.defining_op, -1) > i]
+            if links and not late and all(_shape(v) == shape for v in links):
+                chain.append(later)
+                made |= set(later.results)
+        if len(chain) > 1:
+            chains[first] = chain
+            claimed |= set(chain)
+    return chains
+
+
+def lower_fused_chain(low: Lowering, chain: list[Operation]) -> Run | None:
+    """A chain (fused_chains) as one kernel, each later group reading the earlier groups'
+    results from registers (kernels.chain_source). The later groups now run before the ops
+    between them and the first: their results get buffers of their own (the plan may have given
+    their slots to those ops' values). With a whole-array reduction in a part (one block), op
+    by op instead."""
+    for later in chain[1:]:
+        for r in later.results:
+            if r not in low.pieces:
+                low.own_storage(r)
+    parts = [_kernel_part(low, op) for op in chain]
+    if any(read.whole for _, part in parts for read in part.reductions.values()):
+        steps = [s for s in (lower_fused(low, op) for op in chain) if s is not None]
+
+        def each(env: Env) -> None:
+            for one in steps:
+                one(env)
+
+        return each
+    made = {r: (j, y) for j, op in enumerate(chain) for y, r in enumerate(op.results)}
+    links = [{k: made[v] for k, v in enumerate(op.operands) if v in made and made[v][0] < j}
+             for j, op in enumerate(chain)]
+    inputs = [v for launched, _ in parts for v in launched]
+    source = chain_source([part for _, part in parts], links)
+    return _launch(low, chain, compile_kernel(low.dev, source), inputs)
+
+
+def fused_runs(block: Block, taken: set[Operation]) -> dict[Operation, list[Operation]]:
+    """Runs of consecutive `fused` ops, none reading a result of an earlier one in the run (the
+    bias-gradient accumulations of a backward step, and the `dh` sum before them): first op ->
+    the run (two or more), each lowered as one kernel (over the largest shape, each op on the
+    indices below its size: kernels.ranges_source, where the shapes differ). Constants and the
+    ops in `taken` (merged elsewhere) between them are passed over, unless a later op reads
+    what one of those makes."""
+    runs: dict[Operation, list[Operation]] = {}
+    run: list[Operation] = []
+    passed: set[Value] = set()  # results of the taken ops passed over since the run began
+    for op in block:
+        if run and (op in taken or op.spec.category == "constant"):
+            passed |= set(op.results)
+            continue
+        made = {r for prior in run for r in prior.results} | passed
+        free = op.name == "fused" and op.results and op not in taken
+        if free and run and not any(v in made for v in op.operands):
+            run.append(op)
+            continue
+        if len(run) > 1:
+            runs[run[0]] = run
+        run, passed = ([op] if free else []), set()
+    if len(run) > 1:
+        runs[run[0]] = run
+    return runs
 
 
 def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     """An elementwise op outside a fused group: a kernel of one op."""
-    return _launch(low, op, compile_kernel(low.dev, op_source(op)), list(dict.fromkeys(op.operands)))
+    inputs, layouts = _through_absorbed(low, list(dict.fromkeys(op.operands)))
+    _, out_layouts, repeat = _output_places(low, op)
+    return _launch(low, [op], compile_kernel(low.dev, op_source(op, layouts, out_layouts, len(repeat))), inputs)
+
+
+def _read_by_kernels_and_reductions(v: Value) -> bool:
+    users = v.users
+    return bool(users) and all(u.name == "fused" or u.spec.is_elementwise or u.spec.reduction is not None
+                               for u in users)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,12 +537,12 @@ def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
 
 def lower_matmul(low: Lowering, op: Operation) -> Run:
     a, b = op.operands
-    out = low.storage(op.result)
-    matmul, counters = low.dev.xp.matmul, low.counters
+    r = op.result
+    low.storage(r)
+    low.redirectable.add(r)
 
     def run(env: Env) -> None:
-        matmul(env[a], env[b], out=out)
-        counters.gemm_calls += 1
+        low.gemm(env[a], env[b], env[r])
 
     return run
 
@@ -215,7 +551,41 @@ _XP_REDUCTIONS = {"add": "sum", "max": "max", "min": "min"}
 """`Reduction.combine` -> the xp function folding with it (`mean` where it divides by the count)."""
 
 
-def lower_reduce(low: Lowering, op: Operation) -> Run:
+def _foldable(low: Lowering, op: Operation, axes: tuple[int, ...]) -> tuple[Value, ReductionRead] | None:
+    """(what to launch with, how to reduce it) where the fused kernel that alone reads this
+    reduction can compute it itself, saving a launch (`acc + sum(x, axes = [0])`, the loss
+    term `loss + sum(h * h)`): a float sum or mean over the leading axes of a non-empty
+    operand, read once, by a `fused` op of the reduction's shape in the same block; the
+    operand C-contiguous (a kernel or GEMM result, an argument) or a 2-D concat piece or
+    absorbed slice. A reduction to one element takes one block (kernels.ReductionRead). The
+    operand is now read by the consumer, later than the plan knows: a kernel or GEMM result
+    moves out of the arena (the plan could give its slot to the consumer's own result)."""
+    reduction = op.spec.reduction
+    x, r = op.operands[0], op.result
+    users, shape = r.users, _shape(x)
+    if reduction is None or reduction.combine != "add" or x.tensor_type.dtype not in ("f32", "f64") \
+            or len(users) != 1 or users[0].name != "fused" or users[0].parent is not op.parent \
+            or list(users[0].operands).count(r) != 1 or not math.prod(shape):
+        return None
+    if axes != tuple(range(len(axes))) or _shape(users[0].results[0]) != _shape(r) or r in low.pieces:
+        return None
+    rows = math.prod(shape[: len(axes)])
+    columns = math.prod(shape[len(axes):])
+    mean = reduction.divide_by_count
+    if x in low.absorbed:
+        source, layout = low.absorbed[x]
+        if len(shape) != 2 or columns == 1:
+            return None
+        return source, ReductionRead(rows, columns, mean, layout)
+    if x in low.function.args:
+        return x, ReductionRead(rows, columns, mean)
+    if x in low.redirectable:
+        low.own_storage(x)  # read later than the plan knows: out of the arena (as absorbed slices)
+        return x, ReductionRead(rows, columns, mean)
+    return None
+
+
+def lower_reduce(low: Lowering, op: Operation) -> Run | None:
     """Over no element (a reduced axis of size 0, known here): `sum` is its identity, `mean`
     nan (0/0, written without xp's warning), and max/min (`Reduction.empty_is_error`) raise the
     interpreter's error when the op runs (not when it compiles: in a loop body that runs no
@@ -226,6 +596,10 @@ def lower_reduce(low: Lowering, op: Operation) -> Run:
     shape = x.tensor_type.shape
     axes = tuple(reduction_axes(op.attrs, x.tensor_type.rank))
     keepdims = op.attrs["keepdims"]
+    folded = _foldable(low, op, axes)
+    if folded is not None:
+        low.folded[op.result] = folded
+        return None
     out = low.storage(op.result)
     xp = low.dev.xp
     empty = empty_reduction(op, shape)  # type: ignore[arg-type]  # static: the backend specialised
@@ -244,7 +618,7 @@ def lower_reduce(low: Lowering, op: Operation) -> Run:
     options = {"dtype": x.tensor_type.numpy_dtype} if reduction.combine == "add" else {}
 
     def run(env: Env) -> None:
-        reduce(env[x], axis=axes, keepdims=keepdims, out=out, **options)
+        low.xp_call(reduce, env[x], axis=axes, keepdims=keepdims, out=out, **options)
 
     return run
 
@@ -266,11 +640,9 @@ def lower_constant(low: Lowering, op: Operation) -> None:
 def lower_fill(low: Lowering, op: Operation) -> Run:
     value = op.operands[0]
     out = low.storage(op.result)
-    counters = low.counters
 
     def run(env: Env) -> None:
-        out[...] = env[value]
-        counters.copies += 1
+        low.copy(out, env[value])
 
     return run
 
@@ -288,11 +660,9 @@ def _view_or_copy(low: Lowering, op: Operation, make: Callable[[Any], Any]) -> R
 
         return view
     out = low.storage(r)
-    counters = low.counters
 
     def copy(env: Env) -> None:
-        out[...] = make(env[x])
-        counters.copies += 1
+        low.copy(out, make(env[x]))
 
     return copy
 
@@ -314,50 +684,129 @@ def lower_transpose(low: Lowering, op: Operation) -> Run:
     return _view_or_copy(low, op, lambda a: transpose(a, perm))
 
 
-def lower_slice(low: Lowering, op: Operation) -> Run:
+def lower_slice(low: Lowering, op: Operation) -> Run | None:
+    """A view where the plan has one. Else, where only kernels and reductions read it and its
+    source is a kernel or GEMM result (always a C-contiguous array: its storage, a stack row, a
+    carry buffer), it is *absorbed*: no copy; the kernels read the source through the slice's
+    strides (kernels.InputLayout), a reduction through a strided xp view (the step sets it:
+    no device work) or its layout (folded). The source then gets a buffer of its own, outside
+    the arena: the plan, which saw it die at the slice, may give its slot to a value written
+    before those readers run. Else a copy into storage."""
     starts, limits = op.attrs["starts"], op.attrs["limits"]
     steps = op.attrs["steps"] or [1] * len(starts)
+    x, r = op.operands[0], op.result
     box = tuple(slice(s, lim, st) for s, lim, st in zip(starts, limits, steps))
+    if not low.memory.is_view(r, op) and x in low.redirectable and _read_by_kernels_and_reductions(r):
+        element = _strides_of(_shape(x))
+        low.absorbed[r] = (x, InputLayout(sum(s * e for s, e in zip(starts, element)),
+                                          tuple(e * k for e, k in zip(element, steps))))
+        low.own_storage(x)
+
+        def view(env: Env) -> None:
+            env[r] = env[x][box]
+
+        return view
     return _view_or_copy(low, op, lambda a: a[box])
+
+
+def _strides_of(shape: tuple[int, ...]) -> list[int]:
+    """C-order strides in elements."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
 
 
 def lower_broadcast(low: Lowering, op: Operation) -> Run:
     x, out = op.operands[0], low.storage(op.result)
-    counters = low.counters
 
     def run(env: Env) -> None:
-        out[...] = env[x]  # NumPy broadcasting, on the device
-        counters.copies += 1
+        low.copy(out, env[x])  # broadcasting, on the device
 
     return run
 
 
-def _join(low: Lowering, op: Operation, new_axis: bool) -> Run:
-    out = low.storage(op.result)
-    rank = op.result.tensor_type.rank
-    axis = norm_axis(op.attrs["axis"], rank)
-    pieces: list[tuple[Value, tuple]] = []
+def _join_pieces(op: Operation) -> list[tuple[Value, tuple, InputLayout]]:
+    """Per operand of a concat or stack: (it, where it goes in the result, its layout there)."""
+    r = op.result
+    new_axis = LOWER.get(op.name) is lower_stack
+    axis = norm_axis(op.attrs["axis"], r.tensor_type.rank)
+    element = _strides_of(_shape(r))
+    pieces = []
     start = 0
     for v in op.operands:
         width = 1 if new_axis else _shape(v)[axis]
         where = start if new_axis else slice(start, start + width)
-        pieces.append((v, (slice(None),) * axis + (where,)))
+        strides = tuple(e for a, e in enumerate(element) if not (new_axis and a == axis))
+        pieces.append((v, (slice(None),) * axis + (where,), InputLayout(start * element[axis], strides)))
         start += width
-    counters = low.counters
+    return pieces
+
+
+def claim_pieces(low: Lowering, block: Block) -> None:
+    """Decides, before block's ops are lowered, which operands of its concat and stack ops
+    their kernels write straight into the result (Lowering.pieces): an operand made by a kernel
+    in this block, once, read otherwise only by kernels (which then read it in place, as an
+    absorbed slice), reductions and other concats or stacks (through a strided view). The
+    result then lives out of the arena (from its first piece's kernel on: a span the plan does
+    not know), unless a scan places it in a stack row or carry buffer."""
+    for op in block:
+        if not _joins(op):
+            continue
+        claimed = False
+        for v, where, layout in _join_pieces(op):
+            maker = v.defining_op
+            if maker is None or maker.parent is not block or not (maker.name == "fused" or maker.spec.is_elementwise):
+                continue
+            if v in low.pieces:  # claimed by an earlier concat: stored here too, once per result
+                places = [low.pieces[v], *low.extra_places.get(v, [])]
+                if all(whole is not op.result for whole, _, _ in places):
+                    low.extra_places.setdefault(v, []).append((op.result, layout, where))
+                    claimed = True
+                continue
+            if not all(u.name == "fused" or _joins(u) or u.spec.is_elementwise or u.spec.reduction is not None
+                       for u in v.users):
+                continue
+            low.pieces[v] = (op.result, layout, where)
+            low.absorbed[v] = (op.result, layout)
+            claimed = True
+        if claimed:
+            low.own_storage(op.result)
+
+
+def _joins(op: Operation) -> bool:
+    """Whether op puts its operands side by side (its lowering is _join's: concat, stack)."""
+    return LOWER.get(op.name) in (lower_concat, lower_stack)
+
+
+def _join(low: Lowering, op: Operation, new_axis: bool) -> Run | None:
+    """The operands not written in place by their kernels (claim_pieces) copied into the
+    result, wherever env has it (a scan may place it)."""
+    r = op.result
+    low.storage(r)
+    low.redirectable.add(r)
+    def claimed(v: Value, where: tuple) -> bool:
+        places = ([low.pieces[v]] if v in low.pieces else []) + low.extra_places.get(v, [])
+        return any(whole is r and at == where for whole, _, at in places)
+
+    copied = [(v, where) for v, where, _ in _join_pieces(op) if not claimed(v, where)]  # all but those claimed
+    if not copied:
+        return None
 
     def run(env: Env) -> None:
-        for v, where in pieces:
-            out[where] = env[v]
-        counters.copies += len(pieces)
+        out = env[r]
+        for v, where in copied:
+            low.copy(out[where], env[v])
 
     return run
 
 
-def lower_concat(low: Lowering, op: Operation) -> Run:
+def lower_concat(low: Lowering, op: Operation) -> Run | None:
     return _join(low, op, new_axis=False)
 
 
-def lower_stack(low: Lowering, op: Operation) -> Run:
+def lower_stack(low: Lowering, op: Operation) -> Run | None:
     return _join(low, op, new_axis=True)
 
 
@@ -383,7 +832,7 @@ def lower_index(low: Lowering, op: Operation) -> Run:
         if out is None:
             env[r] = env[x][k]
         else:
-            out[...] = env[x][k]
+            low.copy(out, env[x][k])
 
     return run
 
@@ -392,55 +841,176 @@ def lower_index(low: Lowering, op: Operation) -> Run:
 # scan: a host loop over device-resident buffers
 
 
+@dataclass(frozen=True)
+class ScanPlacement:
+    """Where a scan's per-step values are written, decided once when lowering (no copy for
+    any but `copied_*`). A value is *placeable* when it is defined in this body by a step that
+    writes wherever env says (`Lowering.redirectable`: kernel outputs, GEMM results).
+
+    - `in_stack[k] = v`: stacked value v (placeable) is written straight into row t of stack k.
+    - `carry_from_stack[j] = k`: carry j's next value is that stack's row t: the carry's body
+      argument points at it in step t + 1 (a pointer swap; stack rows are not overwritten
+      while the loop runs).
+    - `double_buffered`: carry j's next value (placeable, in no stack) is written into the one
+      of two buffers of its own that the body argument does not point at; the two swap per step.
+      Its own buffers, not the arena: the plan may reuse a carry's slot once the body has read
+      it, and a value the plan did not place there must not be overwritten.
+    - `shifted[j] = (a, k)`: stack a stacks carry j's body argument itself, which is stack k
+      shifted by a step (carry j from stack k): both are views of one buffer of T + 1 rows, one
+      row apart, so that writing stack k's row writes stack a's next row (`stack (%h)` of a
+      BPTT forward, no copy); the initial carry is copied into stack a's first row. With k
+      None, carry j's next value (placeable, in no stack) is written into the buffer's rows that
+      are not stack a's: its next row, for the next step (instead of double buffers).
+    - every other stacked value and carry is copied at the yield, as before."""
+
+    in_stack: dict[int, Value]
+    carry_from_stack: dict[int, int]
+    double_buffered: frozenset[int]
+    shifted: dict[int, tuple[int, int | None]]
+    copied_stacks: tuple[int, ...]
+    copied_carries: tuple[int, ...]
+
+
+def place_scan(low: Lowering, loop: LoopView) -> ScanPlacement:
+    defined_here = {r for op in loop.body for r in op.results}
+    taken: set[Value] = set()
+
+    def placeable(v: Value) -> bool:
+        return v in low.redirectable and v in defined_here and v not in taken
+
+    in_stack: dict[int, Value] = {}
+    for k, v in enumerate(loop.yielded_stacks):
+        if placeable(v):
+            in_stack[k] = v
+            taken.add(v)
+    stack_of = {v: k for k, v in in_stack.items()}
+    from_stack: dict[int, int] = {}
+    double: set[int] = set()
+    for j, v in enumerate(loop.yielded_carries):
+        if v in stack_of:
+            from_stack[j] = stack_of[v]
+        elif placeable(v):
+            double.add(j)
+            taken.add(v)
+    shifted: dict[int, tuple[int, int | None]] = {}
+    for a, v in enumerate(loop.yielded_stacks):
+        c = next((i for i, arg in enumerate(loop.carry_args) if arg is v), None)
+        if a not in in_stack and c is not None and (c in from_stack or c in double) and c not in shifted:
+            shifted[c] = (a, from_stack.get(c))
+            double.discard(c)
+    implicit = {a for a, _ in shifted.values()}
+    copied_stacks = tuple(k for k in range(len(loop.yielded_stacks)) if k not in in_stack and k not in implicit)
+    copied_carries = tuple(j for j in range(len(loop.yielded_carries))
+                           if j not in from_stack and j not in double and j not in shifted)
+    return ScanPlacement(in_stack, from_stack, frozenset(double), shifted, copied_stacks, copied_carries)
+
+
+def _shifted_stacks(low: Lowering, loop: LoopView, args_stack: int, values_stack: int | None, steps: int
+                    ) -> tuple[Any, Any, Any]:
+    """(stack of the carry's argument, rows of its next value, the argument's first row) as
+    views of one buffer of steps + 1 rows, one row apart (ScanPlacement.shifted); the scan
+    results stacked there (the value rows' too, unless values_stack is None) live there from
+    now on."""
+    r_args = loop.stacked_results[args_stack]
+    shape = _shape(r_args)
+    buf = low.memory.own((shape[0] + 1, *shape[1:]), r_args.tensor_type.numpy_dtype)
+    early, late = buf[:-1], buf[1:]
+    args_rows, value_rows = (late, early) if loop.reverse else (early, late)
+    moved = [(r_args, args_rows)]
+    if values_stack is not None:
+        moved.append((loop.stacked_results[values_stack], value_rows))
+    for r, view in moved:
+        low.static[r] = low.memory.move_out(r, view)
+    first_row = buf[0] if not steps else args_rows[steps - 1] if loop.reverse else args_rows[0]
+    return args_rows, value_rows, first_row
+
+
 def lower_scan(low: Lowering, op: Operation) -> Run:
     loop = LoopView(op)
     steps = loop.trip_count
     if steps is None:
         raise GirError("the GPU backend needs a static trip count", op.loc)
-    seqs, seq_args, inits = loop.sequences, loop.element_args, loop.inits
-    carries = [low.storage(a) for a in loop.carry_args]
-    carry_extents = [low.extent(c) for c in carries]
+    seqs, seq_args, inits, carry_args = loop.sequences, loop.element_args, loop.inits, loop.carry_args
+    carries = [low.storage(a) for a in carry_args]
     stacks = [low.storage(r) for r in loop.stacked_results]
     final_storage = []
     for c in loop.carries:
         low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
         final_storage.append(low.storage(c.result))
-    body_steps, _ = low.block(loop.body)
+    body_steps, _ = low.block(loop.body)  # lowered first: `redirectable` then knows the body
+    place = place_scan(low, loop)
+    buffers = {j: (low.memory.own(c.shape, c.dtype), low.memory.own(c.shape, c.dtype))
+               for j, c in enumerate(carries) if j in place.double_buffered}
+    first = [buffers[j][0] if j in buffers else c for j, c in enumerate(carries)]
+    hidden: dict[int, Any] = {}
+    """Carry j -> the rows its next values are written into (ScanPlacement.shifted, k None)."""
+    for j, (a, k) in place.shifted.items():
+        stacks[a], rows, first[j] = _shifted_stacks(low, loop, a, k, steps)
+        if k is None:
+            hidden[j] = rows
+        else:
+            stacks[k] = rows
     yielded_carries, yielded_stacks = loop.yielded_carries, loop.yielded_stacks
     order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
-    same, extent, counters = low.same_memory, low.extent, low.counters
-
-    def overlaps_a_carry(a: Any) -> bool:
-        lo, hi = extent(a)
-        return any(lo < c_hi and c_lo < hi for c_lo, c_hi in carry_extents)
+    label = f"scan {'reverse' if loop.reverse else 'forward'} at {op.loc}"
+    copy_carries = _carry_copier(low, carries, place.copied_carries, yielded_carries)
 
     def run(env: Env) -> None:
-        for init, carry in zip(inits, carries):
-            if not same(env[init], carry):
-                carry[...] = env[init]
-                counters.copies += 1
-        for t in order:
+        for init, arg, buffer in zip(inits, carry_args, first):
+            if not low.same_memory(env[init], buffer):
+                low.copy(buffer, env[init])
+            env[arg] = buffer
+        before = low.counters.snapshot()  # per step: the loop alone, not the carries in and out
+        for i, t in enumerate(order):
             for arg, seq in zip(seq_args, seqs):
                 env[arg] = env[seq][t]
+            for k, v in place.in_stack.items():
+                env[v] = stacks[k][t]
+            for j, pair in buffers.items():
+                env[yielded_carries[j]] = pair[(i + 1) % 2]
+            for j, rows in hidden.items():
+                env[yielded_carries[j]] = rows[t]
             run_steps(body_steps, env)
-            for stack, v in zip(stacks, yielded_stacks):
-                stack[t] = env[v]
-            pending = []
-            for carry, v in zip(carries, yielded_carries):
-                value = env[v]
-                if same(value, carry):
-                    continue
-                if overlaps_a_carry(value):  # read before any carry is overwritten
-                    value = value.copy()
-                pending.append((carry, value))
-            for carry, value in pending:
-                carry[...] = value
-            counters.copies += len(stacks) + len(pending)
-        for carry, final in zip(carries, final_storage):
-            if not same(carry, final):
-                final[...] = carry
+            for k in place.copied_stacks:
+                low.copy(stacks[k][t], env[yielded_stacks[k]])
+            copy_carries(env)
+            for j, k in place.carry_from_stack.items():
+                env[carry_args[j]] = env[place.in_stack[k]]
+            for j in (*buffers, *hidden):
+                env[carry_args[j]] = env[yielded_carries[j]]
+        low.counters.record_steps(label, before, steps)
+        for arg, final in zip(carry_args, final_storage):
+            if not low.same_memory(env[arg], final):
+                low.copy(final, env[arg])
 
     return run
+
+
+def _carry_copier(low: Lowering, carries: list[Any], copied: tuple[int, ...], yielded: list[Value]
+                  ) -> Callable[[Env], None]:
+    """The copies of the carries `copied` at the yield: each yielded value into its carry's
+    storage (through a temporary when it overlaps the storage of a carry copied here: a swap),
+    the body argument pointing at the storage throughout."""
+    extents = [low.extent(carries[j]) for j in copied]
+    args = carries
+
+    def overlaps_a_carry(a: Any) -> bool:
+        lo, hi = low.extent(a)
+        return any(lo < c_hi and c_lo < hi for c_lo, c_hi in extents)
+
+    def copy(env: Env) -> None:
+        pending = []
+        for j in copied:
+            value = env[yielded[j]]
+            if low.same_memory(value, args[j]):
+                continue
+            if overlaps_a_carry(value):  # read before any carry is overwritten
+                value = low.duplicate(value)
+            pending.append((args[j], value))
+        for carry, value in pending:
+            low.copy(carry, value)
+
+    return copy
 
 
 def _row_and_softmax_lowerings() -> dict[str, Callable[[Lowering, Operation], Run | None]]:

@@ -2,9 +2,13 @@
 
 Terms.
 - *xp*: the array module the backend uses outside generated kernels (GEMMs, reductions,
-  copies): CuPy on a GPU (its matmul is cuBLAS), NumPy in the simulator. Both modes run the
-  same backend code; this module is the only one that knows which mode it is in.
+  copies): CuPy on a GPU (its matmul is cuBLAS), simcupy.py in the simulator: a stand-in
+  with CuPy's contracts (`set` demands equal shapes and dtypes, NumPy refuses device arrays,
+  nothing crosses to the host implicitly), so that both modes run the same array calls and the
+  simulator fails where a GPU would. This module is the only one that knows which mode it is in.
 - *Device array*: an `xp.ndarray`. In the simulator, device memory is host memory.
+- *Transfers*: `to_device` / `upload` (host to device: `xp.asarray`, `ndarray.set`) and
+  `download` (`ndarray.get`) are the only crossings, on both paths.
 - *Kernel argument*: what a numba.cuda kernel is launched with: a flat (1-D) view of a device
   array, wrapped without a copy and without a synchronisation: `cuda.as_cuda_array(a,
   sync=False)` on a GPU (CuPy and Numba both use the default stream, so launch order is kept),
@@ -13,12 +17,13 @@ Terms.
 - The mode is fixed when numba.cuda is first imported: NUMBA_ENABLE_CUDASIM=1 must be set
   before that (tests set it at the top of their module).
 
-Known gaps: the current device only, the default stream only; outputs come back as NumPy
-arrays (no DLPack / CuPy outputs yet).
+Known gaps: the current device only, the default stream only.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -41,11 +46,11 @@ found "'Thread' object has no attribute 'blockIdx'". On a GPU, launches need no 
 @dataclass(eq=False)
 class Device:
     simulated: bool
-    """True under NUMBA_ENABLE_CUDASIM=1 (kernels run as Python, NumPy is xp)."""
+    """True under NUMBA_ENABLE_CUDASIM=1 (kernels run as Python, simcupy is xp)."""
     cuda: Any
     """The numba.cuda module (the simulator's, in the simulator)."""
     xp: Any
-    """cupy on a GPU, numpy in the simulator."""
+    """cupy on a GPU, simcupy (CuPy's contracts over host memory) in the simulator."""
     name: str
     threads_per_block: int
     max_blocks: int
@@ -53,6 +58,8 @@ class Device:
     In the simulator every CUDA thread is a Python thread, so launches there are tiny."""
     _wrap: Any = None
     """The simulator's FakeCUDAArray (None on a GPU)."""
+    _scatter_add: Any = None
+    """cupyx.scatter_add (simcupy's in the simulator)."""
 
     def launch_shape(self, n: int) -> tuple[int, int]:
         """(blocks, threads per block) for n elements."""
@@ -61,47 +68,75 @@ class Device:
 
     def address(self, a: Any) -> int:
         """The device address of a's first element."""
-        if self.simulated:
-            return int(a.__array_interface__["data"][0])
         return int(a.data.ptr)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         return self.xp.empty(shape, dtype)
 
     def to_device(self, host: np.ndarray) -> Any:
-        """A new device array holding a copy of host."""
-        if self.simulated:
-            return np.array(host, copy=True, order="C")
-        return self.xp.asarray(np.ascontiguousarray(host))
+        """A new device array holding a copy of host (same shape, 0-d included)."""
+        return self.xp.asarray(host)
 
     def upload(self, dst: Any, host: np.ndarray) -> None:
-        """Copies host into the device array dst (same shape and dtype)."""
-        if self.simulated:
-            dst[...] = host
-        else:
-            dst.set(np.ascontiguousarray(host))
+        """Copies host into the device array dst, of the same shape (0-d included); host's
+        dtype is cast to dst's first (CuPy's `set` demands both equal)."""
+        dst.set(host_copy_source(host, dst.dtype))
+
+    def as_device(self, a: Any) -> Any:
+        """A device array given by the caller (is_device_array) as an xp array, without a copy:
+        through `__cuda_array_interface__` (CuPy, PyTorch, Numba), else DLPack (JAX)."""
+        if hasattr(a, "__cuda_array_interface__"):
+            return self.xp.asarray(a)
+        return self.xp.from_dlpack(a)
 
     def download(self, a: Any) -> np.ndarray:
         """A new NumPy array holding a copy of the device array a (waits for the device)."""
-        if self.simulated:
-            return np.array(a, copy=True, order="C")
         return a.get()
 
     def add_at(self, a: Any, rows: Any, updates: Any) -> None:
         """a[rows[j]] += updates[j] for every j, repeated rows accumulating (NumPy's add.at)."""
-        if self.simulated:
-            np.add.at(a, rows, updates)
-        else:
-            import cupyx
-
-            cupyx.scatter_add(a, rows, updates)
+        self._scatter_add(a, rows, updates)
 
     def kernel_arg(self, a: Any) -> Any:
         """a, flat, as a kernel argument (no copy; a must be C-contiguous)."""
         flat = a.reshape(-1)
         if self.simulated:
-            return self._wrap(flat)
+            from . import simcupy
+
+            return self._wrap(simcupy.host_buffer(flat))
         return self.cuda.as_cuda_array(flat, sync=False)
+
+
+DLPACK_CUDA_DEVICES = (2, 3, 13)
+"""DLPack device types of CUDA memory: kDLCUDA, kDLCUDAHost, kDLCUDAManaged."""
+
+
+def is_device_array(a: Any) -> bool:
+    """Whether a is an array in CUDA memory that a compiled function takes as it is (no trip
+    through the host): anything with `__cuda_array_interface__` (CuPy, PyTorch, Numba; in the
+    simulator, simcupy's arrays), or with a DLPack device in CUDA memory (JAX)."""
+    if isinstance(a, np.ndarray):
+        return False
+    if hasattr(a, "__cuda_array_interface__"):
+        return True
+    where = getattr(a, "__dlpack_device__", None)
+    try:
+        return where is not None and int(where()[0]) in DLPACK_CUDA_DEVICES
+    except Exception:  # noqa: BLE001 (not a DLPack producer after all)
+        return False
+
+
+def device_view(a: Any) -> Any:
+    """a as an xp array without a copy when it is a device array (is_device_array), else None."""
+    return get_device().as_device(a) if is_device_array(a) else None
+
+
+def host_copy_source(host: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """host as `ndarray.set` takes it: C-contiguous, of dtype, and of host's own shape.
+    (`np.ascontiguousarray` would do the first two but makes a 0-d array 1-d.)"""
+    if host.dtype == dtype and host.flags.c_contiguous:
+        return host
+    return np.array(host, dtype=dtype, order="C", copy=True)
 
 
 _DEVICE: Device | None = None
@@ -132,14 +167,46 @@ def _find_device() -> Device:
     if "simulator" in getattr(cuda.jit, "__module__", ""):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
-        return Device(True, cuda, np, "the CUDA simulator", threads_per_block=4, max_blocks=2, _wrap=FakeCUDAArray)
+        from . import simcupy
+
+        return Device(True, cuda, simcupy, "the CUDA simulator", threads_per_block=4, max_blocks=2,
+                      _wrap=FakeCUDAArray, _scatter_add=simcupy.scatter_add)
     if not cuda.is_available():
         late = cuda_simulator_requested()
         raise GirError(NO_GPU, note="NUMBA_ENABLE_CUDASIM=1 must be set before numba is imported" if late else None)
     try:
         import cupy
+        import cupyx
     except ImportError as e:
-        raise GirError(f"the GPU backend needs CuPy on a GPU: pip install cupy-cuda12x ({e})") from None
+        raise GirError(f"the GPU backend needs CuPy on a GPU: pip install 'gir[gpu]' ({e})") from None
+    numba_cuda_numpy_guard()
     gpu = cuda.get_current_device()
     name = gpu.name.decode() if isinstance(gpu.name, bytes) else str(gpu.name)
-    return Device(False, cuda, cupy, name, threads_per_block=256, max_blocks=32 * int(gpu.MULTIPROCESSOR_COUNT))
+    return Device(False, cuda, cupy, name, threads_per_block=256, max_blocks=32 * int(gpu.MULTIPROCESSOR_COUNT),
+                  _scatter_add=cupyx.scatter_add)
+
+
+def numba_cuda_numpy_guard() -> None:
+    """numba-cuda up to at least 0.30.4 registers an overload for `np.row_stack` when its
+    array typing module is first imported (at the first kernel compile), and NumPy 2.5 removed
+    `np.row_stack` (long an alias of `np.vstack`): every compile then fails with AttributeError.
+    Import that module now with the name present for the import only, then take it away
+    again, so that NumPy stays as the user has it. Does nothing where the name exists (NumPy
+    < 2.5) or the module is already imported. (No version constraint instead: `numpy<2.5` in
+    the `gpu` extras would downgrade NumPy under every other package; docs/gpu.md.)"""
+    if hasattr(np, "row_stack") or ROW_STACK_MODULE in sys.modules:
+        return
+    setattr(np, "row_stack", _row_stack)  # noqa: B010 - NumPy 2.5's stubs have no row_stack
+    try:
+        importlib.import_module(ROW_STACK_MODULE)
+    finally:
+        delattr(np, "row_stack")
+
+
+ROW_STACK_MODULE = "numba.cuda.np.arrayobj"
+"""numba-cuda's module that names `np.row_stack` at import time."""
+
+
+def _row_stack(tup: Any, *, dtype: Any = None, casting: Any = "same_kind") -> np.ndarray:
+    """A function of its own for numba-cuda's `overload(np.row_stack)` (np.vstack has one)."""
+    return np.vstack(tup, dtype=dtype, casting=casting)

@@ -31,7 +31,8 @@ def _check_rows(low: Lowering, op: Operation, rows: int) -> Any:
         idx = env[i]
         if idx.size == 0:
             return
-        lo, hi = (int(v) for v in dev.download(dev.xp.stack([idx.min(), idx.max()])))
+        call = low.xp_call
+        lo, hi = (int(v) for v in dev.download(call(dev.xp.stack, [call(idx.min), call(idx.max)])))
         bad = lo if lo < 0 else hi if hi >= rows else None
         if bad is not None:
             raise GirError(f"'{op.name}' index out of range at run time: index {bad} for a leading dim of {rows}",
@@ -44,12 +45,10 @@ def lower_gather(low: Lowering, op: Operation) -> Run:
     x, i = op.operands
     out, xp = low.storage(op.result), low.dev.xp
     check = _check_rows(low, op, x.tensor_type.shape[0] or 0)
-    counters = low.counters
 
     def run(env: Env) -> None:
         check(env)
-        out[...] = xp.take(env[x], env[i].astype(xp.int64), axis=0)
-        counters.copies += 1
+        low.xp_call(xp.take, env[x], low.xp_call(env[i].astype, xp.int64), axis=0, out=out)
 
     return run
 
@@ -62,8 +61,8 @@ def lower_scatter_add(low: Lowering, op: Operation) -> Run:
     def run(env: Env) -> None:
         check(env)
         if not low.same_memory(out, env[base]):
-            out[...] = env[base]
-        dev.add_at(out, env[i].astype(dev.xp.int64), env[updates])
+            low.copy(out, env[base])
+        low.xp_call(dev.add_at, out, low.xp_call(env[i].astype, dev.xp.int64), env[updates])
 
     return run
 
@@ -78,9 +77,11 @@ def lower_logsumexp(low: Lowering, op: Operation) -> Run:
         if a.size == 0:
             out[...] = -xp.inf
             return
-        m = xp.max(a, axis=axes, keepdims=True)
-        shift = xp.where(xp.isfinite(m), m, 0).astype(a.dtype)
-        total = xp.log(xp.sum(xp.exp(a - shift), axis=axes, keepdims=True)) + shift
-        out[...] = total.reshape(out.shape)
+        call = low.xp_call  # CuPy launches a kernel per call here (a fused kernel would be one)
+        m = call(xp.max, a, axis=axes, keepdims=True)
+        shift = call(call(xp.where, call(xp.isfinite, m), m, 0).astype, a.dtype)
+        total = call(xp.add, call(xp.log, call(xp.sum, call(xp.exp, call(xp.subtract, a, shift)), axis=axes,
+                                               keepdims=True)), shift)
+        low.copy(out, total.reshape(out.shape))
 
     return run

@@ -48,6 +48,18 @@ INDENT = " " * 8
 """Statements of the body sit inside `def` and the grid-stride `for`."""
 
 
+@dataclass(frozen=True)
+class InputLayout:
+    """Where an input's elements sit in the flat buffer the kernel is given, when that buffer
+    is not the input itself: a strided view (a column slice of a GEMM result), read in place
+    instead of copied out first (codegen's absorbed slices). Element i of the input, at
+    coordinates (k0, k1, ...), is buffer[offset + k0 * strides[0] + k1 * strides[1] + ...]."""
+
+    offset: int
+    strides: tuple[int, ...]
+    """Per axis of the input, in elements of the buffer."""
+
+
 @dataclass(eq=False)
 class KernelSource:
     """A generated kernel, before compiling."""
@@ -58,6 +70,8 @@ class KernelSource:
     """The numba type signature of its launches: `void(int64, float32[::1], ...)`."""
     error_sites: list[tuple[str, Operation]] = field(default_factory=list)
     """Site k (err[0] = code + k) -> (message, op). Empty: the kernel takes no err, code."""
+    single_block: bool = False
+    """Launched as one block (a whole-array reduction: ReductionRead.whole)."""
 
 
 @dataclass(eq=False)
@@ -71,13 +85,14 @@ class ElementwiseKernel:
         return self.source.error_sites
 
     def launch(self, dev: Device, n: int, args: Sequence[Any]) -> None:
-        if not n:
+        if not n and not self.source.single_block:
             return
+        shape = (1, min(dev.threads_per_block, SHARED)) if self.source.single_block else dev.launch_shape(n)
         if dev.simulated:
             with SIMULATOR_LAUNCHES:  # the simulator's launches share process state (device.py)
-                self.kernel[dev.launch_shape(n)](n, *args)
+                self.kernel[shape](n, *args)
         else:
-            self.kernel[dev.launch_shape(n)](n, *args)
+            self.kernel[shape](n, *args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +186,9 @@ PRIMITIVES: dict[str, Callable[[Scalar, list[str]], str]] = {
     "sqrt": lambda s, a: f"({s.dtype}(math.sqrt({a[0]})) if {a[0]} >= 0 else {literal(math.nan, s.dtype)})",
     "tanh": lambda s, a: f"{s.dtype}(math.tanh({a[0]}))",
     "abs": lambda s, a: _wrap(s.dtype, f"abs({a[0]})"),
+    # math.sin of an infinity raises where CUDA gives nan: guard it (a nan passes through).
+    "sin": lambda s, a: f"({s.dtype}(math.sin({a[0]})) if abs({a[0]}) != math.inf else {literal(math.nan, s.dtype)})",
+    "cos": lambda s, a: f"({s.dtype}(math.cos({a[0]})) if abs({a[0]}) != math.inf else {literal(math.nan, s.dtype)})",
     "cast": _cast,
 }
 """ir/scalar.py's primitive -> its Python expression (statements, for floordiv)."""
@@ -206,8 +224,10 @@ class _Source:
     def emit(self, line: str) -> None:
         self.lines.append(INDENT + line)
 
-    def index(self, t: TensorType) -> str:
+    def index(self, t: TensorType, layout: InputLayout | None = None) -> str:
         shape = tuple(t.shape)
+        if layout is not None:
+            return self.strided_index(shape, layout)  # type: ignore[arg-type]
         if shape == self.out_shape:
             return "i"
         if math.prod(shape) == 1:  # type: ignore[arg-type]
@@ -218,6 +238,17 @@ class _Source:
                 self.coords.add(axis)
                 terms.append(f"c{axis}" if stride == 1 else f"c{axis} * {stride}")
         return " + ".join(terms)
+
+    def strided_index(self, shape: tuple[int, ...], layout: InputLayout) -> str:
+        """The buffer index of the element the output index reads, for an input laid out by
+        layout (its axes aligned to the output's from the right; size-1 axes broadcast)."""
+        lead = len(self.out_shape) - len(shape)
+        terms = [str(layout.offset)] if layout.offset else []
+        for axis, (d, stride) in enumerate(zip(shape, layout.strides)):
+            if d != 1 and stride:
+                self.coords.add(lead + axis)
+                terms.append(f"c{lead + axis}" if stride == 1 else f"c{lead + axis} * {stride}")
+        return " + ".join(terms) or "0"
 
     def coordinate_lines(self) -> list[str]:
         strides = _strides(self.out_shape)
@@ -245,9 +276,9 @@ class _Source:
         if expr is None:
             raise GirError(f"the GPU backend has no kernel code for '{op.name}' on {dtype}", op.loc)
         element = Scalar(self, op, dtype)
-        value = scalar.build(expr, [self.names[v] for v in op.operands], element.literal, element.primitive)
+        code = scalar.build(expr, [self.names[v] for v in op.operands], element.literal, element.primitive)
         self.names[op.result] = name
-        self.emit(f"{name} = {value}")
+        self.emit(f"{name} = {code}")
 
     def temporary(self) -> str:
         """A fresh name for a value a primitive computes in statements."""
@@ -258,42 +289,293 @@ class _Source:
 NUMBA_TYPES = {"f32": "float32", "f64": "float64", "i32": "int32", "i64": "int64", "i1": "boolean"}
 
 
-def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
-             out_shape: tuple[int, ...]) -> KernelSource:
-    """The kernel for ops (in order) reading inputs and writing outputs, all of out_shape but
-    the inputs, which broadcast."""
-    src = _Source(out_shape)
+@dataclass(frozen=True)
+class ReductionRead:
+    """Input k of a kernel is a reduction computed in the kernel (codegen's fused reductions):
+    the sum (or mean) over the leading axes of the buffer the kernel is given for it, an
+    operand of `rows` x `columns` elements (C order, or 2-D through `layout`). Output element
+    i reads the sum of column i. With `columns == 1` (a reduction to one element) the whole
+    block sums (a shared-memory tree) and thread 0 runs the rest of the kernel."""
+
+    rows: int
+    columns: int
+    mean: bool = False
+    layout: InputLayout | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.columns == 1
+
+
+SHARED = 256
+"""Threads (and shared-memory slots) of a whole-array reduction's one block, at most: a power
+of two, as the tree needs (Device.threads_per_block is 256 on a GPU, 4 in the simulator)."""
+
+
+def _reduction_lines(k: int, red: ReductionRead, dtype: str) -> list[str]:
+    """The statements giving x{k}: the column sum (in the grid-stride loop), or, for a whole
+    array, the block's sum (before it: `if t == 0:` then runs the rest)."""
+    scale = [f"x{k} = {dtype}(x{k} / {dtype}({red.rows}))"] if red.mean else []
+    if red.whole:
+        return [f"x{k} = sm[0]", *scale]
+    lay = red.layout
+    at = f"r * {red.columns} + i" if lay is None else f"{lay.offset} + r * {lay.strides[0]} + i * {lay.strides[1]}"
+    return [f"x{k} = {dtype}(0)", f"for r in range({red.rows}):", f"    x{k} = {dtype}(x{k} + in{k}[{at}])", *scale]
+
+
+def _whole_head(k: int, red: ReductionRead, dtype: str) -> list[str]:
+    """A one-block kernel's sum of in{k} into sm[0] (a tree over the block's threads)."""
+    return [f"    sm = cuda.shared.array({SHARED}, {dtype})", "    t = cuda.threadIdx.x",
+            f"    acc = {dtype}(0)", f"    for r in range(t, {red.rows}, cuda.blockDim.x):",
+            f"        acc = {dtype}(acc + in{k}[r])", "    sm[t] = acc", "    cuda.syncthreads()",
+            "    s = cuda.blockDim.x // 2", "    while s > 0:", "        if t < s:",
+            f"            sm[t] = {dtype}(sm[t] + sm[t + s])", "        cuda.syncthreads()", "        s //= 2",
+            "    if t == 0:", "        i = 0"]
+
+
+def _part_lines(src: _Source, inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
+                layouts: dict[int, InputLayout], out_layouts: dict[int, InputLayout],
+                reductions: dict[int, ReductionRead], in_base: int = 0, out_base: int = 0,
+                given: dict[int, str] | None = None) -> tuple[list[str], list[str]]:
+    """(reads, writes) of one group of ops in src (its statements go to src.lines): input k
+    is parameter in{in_base + k} (or the expression given[k]: a total computed elsewhere),
+    output k parameter out{out_base + k}."""
+    given = given or {}
     for k, v in enumerate(inputs):
-        src.names[v] = f"x{k}"
-    reads = [f"{INDENT}x{k} = in{k}[{src.index(v.tensor_type)}]" for k, v in enumerate(inputs)]
+        src.names[v] = f"x{in_base + k}"
+    reads: list[str] = []
+    for k, v in enumerate(inputs):
+        name = f"x{in_base + k}"
+        if k in given:
+            reads.append(f"{INDENT}{name} = {given[k]}")
+        elif k in reductions:
+            reads += [INDENT + line for line in _reduction_lines(in_base + k, reductions[k], v.tensor_type.dtype)]
+        else:
+            reads.append(f"{INDENT}{name} = in{in_base + k}[{src.index(v.tensor_type, layouts.get(k))}]")
     for op in ops:
         src.op(op)
-    writes = [f"{INDENT}out{k}[i] = {src.names[v]}" for k, v in enumerate(outputs)]
+    at = [src.strided_index(src.out_shape, out_layouts[k]) if k in out_layouts else "i" for k in range(len(outputs))]
+    writes = [f"{INDENT}out{out_base + k}[{at[k]}] = {src.names[v]}" for k, v in enumerate(outputs)]
+    return reads, writes
+
+
+def _signature(outputs: Sequence[Value], inputs: Sequence[Value], errors: bool) -> tuple[list[str], list[str]]:
+    """(parameter names, numba types): n, the outputs, the inputs, then err and code if errors."""
     params = ["n"] + [f"out{k}" for k in range(len(outputs))] + [f"in{k}" for k in range(len(inputs))]
     types = ["int64"] + [NUMBA_TYPES[v.tensor_type.dtype] + "[::1]" for v in [*outputs, *inputs]]
-    if src.error_sites:
+    if errors:
         params += ["err", "code"]
         types += ["int32[::1]", "int64"]
+    return params, types
+
+
+def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
+             out_shape: tuple[int, ...], layouts: dict[int, InputLayout] | None = None,
+             out_layouts: dict[int, InputLayout] | None = None,
+             reductions: dict[int, ReductionRead] | None = None) -> KernelSource:
+    """The kernel for ops (in order) reading inputs and writing outputs, all of out_shape but
+    the inputs, which broadcast; input k is read through layouts[k] where given (a strided
+    view of the buffer it is launched with), else it is its own flat buffer; output k likewise
+    written through out_layouts[k] (a piece of a concat written in place); input k is
+    reductions[k] computed from its buffer where given (at most one whole-array reduction)."""
+    src = _Source(out_shape)
+    reductions = reductions or {}
+    reads, writes = _part_lines(src, inputs, ops, outputs, layouts or {}, out_layouts or {}, reductions)
+    params, types = _signature(outputs, inputs, bool(src.error_sites))
+    whole = [(k, r) for k, r in reductions.items() if r.whole]
+    loop = (_whole_head(whole[0][0], whole[0][1], inputs[whole[0][0]].tensor_type.dtype) if whole
+            else ["    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"])
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):", *loop]
+    body = src.coordinate_lines() + reads + src.lines + writes or [INDENT + "pass"]
+    return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites,
+                        single_block=bool(whole))
+
+
+def chain_source(parts: Sequence[KernelPart], links: Sequence[dict[int, tuple[int, int]]]) -> KernelSource:
+    """One kernel for `fused` ops of one shape where a later one reads results of earlier ones
+    at the same index (codegen's chains: the groups of a backward step): per thread, each part
+    in turn, a linked operand (links[p][k] = (earlier part, its yielded value)) taken from the
+    earlier part's register rather than from memory."""
+    first = parts[0].op
+    src = _Source(tuple(first.results[0].tensor_type.shape))  # type: ignore[arg-type]
+    body_lines: list[str] = []
+    writes: list[str] = []
+    all_in: list[Value] = []
+    all_out: list[Value] = []
+    yielded_names: list[list[str]] = []
+    for part, link in zip(parts, links):
+        body, term = part.op.body, part.op.body.terminator
+        assert term is not None
+        yielded = list(term.operands)
+        outputs = yielded if part.repeat is None else [yielded[k] for k in part.repeat]
+        given = {k: yielded_names[j][y] for k, (j, y) in link.items()}
+        start = len(src.lines)
+        reads, part_writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, part.layouts,
+                                         part.out_layouts, part.reductions, len(all_in), len(all_out), given)
+        body_lines += reads + src.lines[start:]
+        writes += part_writes
+        yielded_names.append([src.names[v] for v in yielded])
+        all_in += body.args
+        all_out += outputs
+    params, types = _signature(all_out, all_in, bool(src.error_sites))
     head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
             "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
-    body = src.coordinate_lines() + reads + src.lines + writes or [INDENT + "pass"]
-    return KernelSource("\n".join(head + body) + "\n", f"void({', '.join(types)})", src.error_sites)
+    return KernelSource("\n".join(head + src.coordinate_lines() + body_lines + writes) + "\n",
+                        f"void({', '.join(types)})", src.error_sites)
 
 
-def fused_source(op: Operation) -> KernelSource:
-    """The kernel of a `fused` op: its body's ops, its inputs, the values it yields."""
-    body = op.body
-    term = body.terminator
+def ranges_source(parts: Sequence[KernelPart]) -> KernelSource:
+    """One kernel for independent `fused` ops of different shapes (codegen's runs: a backward
+    step's `dh` sum and its bias-gradient accumulations): the grid-stride loop runs over the
+    largest, and each part works on the indices below its own size."""
+    error_sites: list[tuple[str, Operation]] = []
+    count = 0
+    lines: list[str] = []
+    all_in: list[Value] = []
+    all_out: list[Value] = []
+    for part in parts:
+        body, term = part.op.body, part.op.body.terminator
+        assert term is not None
+        shape = tuple(part.op.results[0].tensor_type.shape)
+        src = _Source(shape)  # type: ignore[arg-type]
+        src.error_sites, src.count = error_sites, count  # one numbering of sites and names
+        yielded = list(term.operands)
+        outputs = yielded if part.repeat is None else [yielded[k] for k in part.repeat]
+        reads, writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, part.layouts,
+                                    part.out_layouts, part.reductions, len(all_in), len(all_out))
+        count = src.count
+        lines.append(f"{INDENT}if i < {math.prod(shape)}:")  # type: ignore[arg-type]
+        lines += ["    " + line for line in src.coordinate_lines() + reads + src.lines + writes]
+        all_in += body.args
+        all_out += outputs
+    params, types = _signature(all_out, all_in, bool(error_sites))
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
+    return KernelSource("\n".join(head + lines) + "\n", f"void({', '.join(types)})", error_sites)
+
+
+@dataclass(frozen=True)
+class GridTotal:
+    """A kernel that also sums one of its values over the whole grid and then runs a second,
+    one-element group on the total (codegen's `loss + sum(h * h)` after the step's group):
+    each thread sums its elements, each block its threads (a shared-memory tree), the blocks
+    add theirs into `acc` atomically, and the last block to finish (an atomic count) runs the
+    second group and resets acc and count for the next launch. The order of the blocks'
+    additions varies: the total may differ in its last bits from launch to launch."""
+
+    value: Value
+    """The first group's value summed (a yielded value)."""
+    rows: int
+    mean: bool
+    then: KernelPart
+    """The second group (one element)."""
+    operand: int
+    """The second group's operand that is the total."""
+
+
+def _total_tail(dtype: str, after: list[str]) -> list[str]:
+    """After the grid-stride loop: the block's tree, the atomic sum, the last block's `after`."""
+    return ["    t = cuda.threadIdx.x", "    sm[t] = part", "    cuda.syncthreads()",
+            "    s = cuda.blockDim.x // 2", "    while s > 0:", "        if t < s:",
+            f"            sm[t] = {dtype}(sm[t] + sm[t + s])", "        cuda.syncthreads()", "        s //= 2",
+            "    if t == 0:", "        cuda.atomic.add(acc, 0, sm[0])", "        cuda.threadfence()",
+            "        if cuda.atomic.add(count, 0, 1) == cuda.gridDim.x - 1:",
+            f"            total = cuda.atomic.add(acc, 0, {dtype}(0))",
+            f"            acc[0] = {dtype}(0)", "            count[0] = 0", "            i = 0",
+            *("    " + line for line in after)]
+
+
+def total_source(first: KernelPart, total: GridTotal) -> KernelSource:
+    """One kernel for `first` and a one-element group on the grid-wide sum of one of its values."""
+    body, term = first.op.body, first.op.body.terminator
     assert term is not None
     ops = [inner for inner in body if inner is not term]
-    out_shape = tuple(op.results[0].tensor_type.shape) if op.results else ()
-    return generate(body.args, ops, list(term.operands), out_shape)  # type: ignore[arg-type]
+    yielded = list(term.operands)
+    outputs = yielded if first.repeat is None else [yielded[k] for k in first.repeat]
+    src = _Source(tuple(first.op.results[0].tensor_type.shape))  # type: ignore[arg-type]
+    reads, writes = _part_lines(src, body.args, ops, outputs, first.layouts, first.out_layouts, first.reductions)
+    dtype = total.value.tensor_type.dtype
+    summed = src.names[total.value]
+    second, term2 = total.then.op.body, total.then.op.body.terminator
+    assert term2 is not None
+    src2 = _Source(tuple(total.then.op.results[0].tensor_type.shape))  # type: ignore[arg-type]
+    src2.error_sites, src2.count = src.error_sites, src.count  # one numbering of sites and names
+    scaled = f"{dtype}(total / {dtype}({total.rows}))" if total.mean else "total"
+    yielded2 = list(term2.operands)
+    outputs2 = yielded2 if total.then.repeat is None else [yielded2[k] for k in total.then.repeat]
+    reads2, writes2 = _part_lines(src2, second.args, [o for o in second if o is not term2], outputs2,
+                                  total.then.layouts, total.then.out_layouts, {}, len(body.args), len(outputs),
+                                  {total.operand: scaled})
+    params, types = _signature([*outputs, *outputs2], [*body.args, *second.args], bool(src.error_sites))
+    params += ["acc", "count"]
+    types += [NUMBA_TYPES[dtype] + "[::1]", "int32[::1]"]
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+            f"    sm = cuda.shared.array({SHARED}, {dtype})", f"    part = {dtype}(0)",
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"]
+    loop = src.coordinate_lines() + reads + src.lines + writes + [f"{INDENT}part = {dtype}(part + {summed})"]
+    tail = _total_tail(dtype, src2.coordinate_lines() + reads2 + src2.lines + writes2)
+    return KernelSource("\n".join(head + loop + tail) + "\n", f"void({', '.join(types)})", src.error_sites)
 
 
-def op_source(op: Operation) -> KernelSource:
-    """The kernel of an elementwise op outside any fused group."""
+@dataclass(frozen=True)
+class KernelPart:
+    """One `fused` op of a kernel, and how its operands and results are read and written
+    (each dict keyed by the op's own operand or output-parameter index)."""
+
+    op: Operation
+    layouts: dict[int, InputLayout] = field(default_factory=dict)
+    out_layouts: dict[int, InputLayout] = field(default_factory=dict)
+    reductions: dict[int, ReductionRead] = field(default_factory=dict)
+    repeat: tuple[int, ...] | None = None
+    """Which result each output parameter stores (a result stored twice: a piece of two
+    concats); None: each result once, in order."""
+
+
+def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
+                 out_layouts: dict[int, InputLayout] | None = None,
+                 reductions: dict[int, ReductionRead] | None = None, repeat: Sequence[int] | None = None
+                 ) -> KernelSource:
+    """The kernel of a `fused` op: its body's ops, its inputs (operand k read through
+    layouts[k] where given), the values it yields (result k written through out_layouts[k])."""
+    return fused_group_source([KernelPart(op, layouts or {}, out_layouts or {}, reductions or {},
+                                          None if repeat is None else tuple(repeat))])
+
+
+def fused_group_source(parts: Sequence[KernelPart]) -> KernelSource:
+    """One kernel for several `fused` ops of one shape, none reading another's results (a run
+    codegen merges: one launch instead of several): their bodies one after the other, their
+    inputs and outputs side by side."""
+    args: list[Value] = []
+    ops: list[Operation] = []
+    outputs: list[Value] = []
+    layouts: dict[int, InputLayout] = {}
+    out_layouts: dict[int, InputLayout] = {}
+    reductions: dict[int, ReductionRead] = {}
+    for part in parts:
+        body = part.op.body
+        term = body.terminator
+        assert term is not None
+        base_in, base_out = len(args), len(outputs)
+        args += body.args
+        ops += [inner for inner in body if inner is not term]
+        yielded = list(term.operands)
+        outputs += yielded if part.repeat is None else [yielded[k] for k in part.repeat]  # a value stored twice
+        layouts.update({base_in + k: v for k, v in part.layouts.items()})
+        reductions.update({base_in + k: v for k, v in part.reductions.items()})
+        out_layouts.update({base_out + k: v for k, v in part.out_layouts.items()})
+    first = parts[0].op
+    out_shape = tuple(first.results[0].tensor_type.shape) if first.results else ()
+    return generate(args, ops, outputs, out_shape, layouts, out_layouts, reductions)  # type: ignore[arg-type]
+
+
+def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
+              out_layouts: dict[int, InputLayout] | None = None, stores: int = 1) -> KernelSource:
+    """The kernel of an elementwise op outside any fused group (its distinct operand k read
+    through layouts[k] where given, its result stored `stores` times, the k-th through
+    out_layouts[k])."""
     inputs = list(dict.fromkeys(op.operands))  # `mul %a, %a` reads one input
-    return generate(inputs, [op], [op.result], tuple(op.result.tensor_type.shape))  # type: ignore[arg-type]
+    return generate(inputs, [op], [op.result] * stores, tuple(op.result.tensor_type.shape), layouts,  # type: ignore[arg-type]
+                    out_layouts)
 
 
 _CACHE: dict[str, Any] = {}

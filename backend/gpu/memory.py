@@ -75,6 +75,11 @@ class Memory:
         if self.plan is None:
             self._storage[v] = self.storage(other)
 
+    def move_out(self, v: Value, buffer: Any) -> Any:
+        """v's storage from now on is buffer (a buffer of its own: `own`), not its arena slot."""
+        self._storage[v] = buffer
+        return buffer
+
     def own(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         """A device buffer outside the arena."""
         self.own_bytes += math.prod(shape) * dtype.itemsize

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,17 +33,21 @@ from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ..cpu.runtime import check_fits, host_memory_bytes
 from .codegen import lower_function, run_steps
-from .device import get_device
+from .device import get_device, is_device_array
 
 
 @dataclass
 class Stats:
-    """What a call did (`fn.stats`: the calling thread's last call)."""
+    """What a call did (`fn.stats`: the calling thread's last call). The device work is counted
+    where it happens (codegen.Lowering: `launch`, `gemm`, `xp_call`, `copy`)."""
 
     kernel_launches: int = 0
+    """Generated (numba.cuda) kernels launched."""
     gemm_calls: int = 0
+    """GEMMs (cuBLAS through CuPy)."""
     copies: int = 0
-    """Device-to-device copies made by xp (carries, stack rows, layout ops)."""
+    """Device-to-device copies (layout ops, concat pieces, carries and stack rows a scan could
+    not place, initial and final carries)."""
     seconds: float = 0.0
     """The whole call, transfers included."""
     memory: str = ""
@@ -54,6 +59,19 @@ class Stats:
     """Host-to-device transfers: one per argument."""
     d2h: int = 0
     """Device-to-host transfers: one per result, and one per `index` by a computed index."""
+    xp_launches: int = 0
+    """Other xp calls that launch device work: reductions, gathers, scatters, logsumexp's parts."""
+    graph_replays: int = 0
+    """CUDA graph launches (0: no capture path yet, docs/gpu.md)."""
+    per_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per scan (`scan forward|reverse at FILE:LINE:COL`), per time step: kernel_launches,
+    gemm_calls, xp_launches, copies, graph_replays (nested loops' work included)."""
+
+    @property
+    def launches(self) -> int:
+        """Everything that puts work on the device: kernels, GEMMs, other xp launches and copies
+        (each a kernel or a memcpy on a GPU; graph replays one each)."""
+        return self.kernel_launches + self.gemm_calls + self.xp_launches + self.copies + self.graph_replays
 
 
 class GPUFunction:
@@ -76,6 +94,16 @@ class GPUFunction:
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self.ir = ""
         """The IR compiled (set by gir.jit)."""
+        self.compile_stats: Any = None
+        """How the driver compiled it (a driver/jitstats.CompileStats, set by the driver)."""
+        self.compile_seconds: dict[str, float] = {}
+        self.preparing = ""
+        """No second tier: the code compiled is the code that runs."""
+        self.code_info: Any = None
+        self.gemms: list[Any] = []
+        self.workspace_bytes: int | None = None
+        """Device memory is the device's: no per-thread workspace to report."""
+        """GEMMs run through CuPy: no BLAS path to choose."""
 
     @classmethod
     def compile(cls, function: Function, plan: MemoryPlan | None = None) -> GPUFunction:
@@ -110,21 +138,40 @@ class GPUFunction:
             texts.extend(kernel.inspect_asm().values())
         return "\n".join(texts)
 
-    def __call__(self, *args: Any) -> list[np.ndarray]:
-        arrays = check_arguments(self.function, args)
-        with self._lock:
-            return self._run(arrays)
+    def __call__(self, *args: Any) -> list[Any]:
+        """Runs the function. Arguments: NumPy arrays (copied to the device), or device arrays
+        (is_device_array: CuPy, PyTorch, JAX on the GPU; copied on the device, never through the
+        host). Results: NumPy arrays; device arrays (xp arrays, fresh copies) when any argument
+        was a device array, as CuPy's and JAX's functions answer device arrays with device
+        arrays."""
+        args = tuple(self.dev.as_device(a) if is_device_array(a) else a for a in args)
+        return self.run(check_arguments(self.function, args, is_device_array))
 
-    def _run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, arrays: Sequence[Any]) -> list[Any]:
+        """A call on arguments checked already (count, dtype, shape: `check_arguments`)."""
+        with self._lock:
+            return self._run(list(arrays))
+
+    def _run(self, arrays: list[Any]) -> list[Any]:
         dev = self.dev
         start = time.perf_counter()
-        for buffer, a in zip(self.arg_buffers, arrays):
-            dev.upload(buffer, a)
-        outs = [dev.download(r) for r in self.run_on_device()]
-        counters = self.lowering.counters
-        self._local.stats = self._last_stats = Stats(counters.kernel_launches, counters.gemm_calls, counters.copies,
-                                                     time.perf_counter() - start, self.memory.describe(), dev.name,
-                                                     h2d=len(arrays), d2h=len(outs) + counters.read_backs)
+        on_device = [is_device_array(a) for a in arrays]
+        for buffer, a, there in zip(self.arg_buffers, arrays, on_device):
+            if there:
+                buffer[...] = dev.as_device(a)  # device to device (counted below)
+            else:
+                dev.upload(buffer, a)
+        results = self.run_on_device()
+        c = self.lowering.counters
+        if any(on_device):
+            outs = [self.lowering.duplicate(r) for r in results]  # the arena is reused by the next call
+        else:
+            outs = [dev.download(r) for r in results]
+        self._local.stats = self._last_stats = Stats(
+            c.kernel_launches, c.gemm_calls, c.copies + sum(on_device), time.perf_counter() - start,
+            self.memory.describe(), dev.name, h2d=len(arrays) - sum(on_device),
+            d2h=(0 if any(on_device) else len(outs)) + c.read_backs, xp_launches=c.xp_launches,
+            graph_replays=c.graph_replays, per_step=dict(c.per_step))
         return outs
 
     # -- for an executor that keeps values on the device between functions (backend/split.py) --
@@ -141,8 +188,7 @@ class GPUFunction:
         computed index. The caller serialises calls (`__call__` holds the lock)."""
         low, dev = self.lowering, self.dev
         low.err[...] = 0
-        counters = low.counters
-        counters.kernel_launches = counters.gemm_calls = counters.copies = counters.read_backs = 0
+        low.counters.reset()
         env = dict(low.static)
         try:
             if dev.simulated:

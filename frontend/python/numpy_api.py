@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import Location
-from ...ir.ops import ONE_ARGUMENT_ALIASES
-from ...ir.types import DTYPES, INT_DTYPES, TensorType
+from ...ir.core import Value
+from ...ir.ops import ONE_ARGUMENT_ALIASES, REGISTRY
+from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
+from .. import EAGER_LOADERS
 from .tracer import (
     GirTraceAttributeError,
     GirTraceError,
@@ -27,7 +29,9 @@ from .tracer import (
     current_frame,
     dtype_of,
     emit1,
+    hides_gir_frames,
     is_weak,
+    result_dtype,
     to_value,
     user_location,
     values_of,
@@ -43,15 +47,22 @@ def traceable(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if current_frame() is not None or not (EAGER or eager_installed()):
             return fn(*args, **kwargs)
-        return EAGER[0](fn, args, kwargs)
+        return _eager(fn, args, kwargs)
     return wrapper
+
+
+@hides_gir_frames
+def _eager(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    return EAGER[0](fn, args, kwargs)
 
 
 def eager_installed() -> bool:
     """Installs EAGER's runner if it is not yet: `import gir` loads driver/pyjit.py (which sets it) only
-    when a name of this frontend is first used, and `import gir.frontend.python` alone not at all."""
+    when a name of this frontend is first used, and `import gir.frontend.python` alone not at all;
+    the loader gir/__init__.py registered (frontend/__init__.py EAGER_LOADERS) loads it here."""
     if not EAGER:
-        from ...driver import pyjit  # noqa: F401 - lazily: driver/pyjit.py imports this module
+        for load in EAGER_LOADERS:
+            load()
     return bool(EAGER)
 
 
@@ -65,7 +76,39 @@ def _binary(name: str, a: Any, b: Any, loc: Location) -> Any:
                             "use gir.mean, or trace with concrete sizes (gir.jit specialises on the arguments)", loc)
     if not (_operand_like(a) and _operand_like(b)):
         return NotImplemented
-    return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
+    if name == "pow":
+        power = _int_power(a, b, loc)
+        if power is not None:
+            return power
+    return _weak_if(emit1(name, _promoted(name, a, b, loc), loc=loc), a, b)
+
+
+def _int_power(a: Any, b: Any, loc: Location) -> Tracer | None:
+    """x ** n for an integer tensor x and a Python int n >= 0 (JAX's integer_pow): products by
+    squaring, since the `pow` op takes floats; None where that is not the case."""
+    if not (isinstance(a, Tracer) and a.type.dtype in INT_DTYPES and isinstance(b, (int, np.integer))
+            and not isinstance(b, bool)):
+        return None
+    if b < 0:
+        raise GirTraceError(f"an integer tensor to the negative power {b}: convert with .astype(float) first", loc)
+    result: Tracer | None = None
+    base, n = a, int(b)
+    while n:
+        if n & 1:
+            result = base if result is None else emit1("mul", [result.value, base.value], loc=loc)
+        n >>= 1
+        if n:
+            base = emit1("mul", [base.value, base.value], loc=loc)
+    return result if result is not None else ones_like(a)
+
+
+def _promoted(name: str, a: Any, b: Any, loc: Location) -> list[Any]:
+    """The operands of binary op `name`, promoted; `/` of integers or bools is true division
+    (NumPy, JAX): both become the default float, f32."""
+    dtype = result_dtype([a, b])
+    if dtype is not None and dtype not in FLOAT_DTYPES and (name == "div" or _floats_only(name, dtype)):
+        dtype = "f32"  # `/` is true division; an op on floats only (pow) takes ints as floats, as JAX
+    return values_of([a, b], loc, dtype)
 
 
 def _weak_unary(out: Tracer, x: Any) -> Tracer:
@@ -100,10 +143,25 @@ def _tracer(x: Any, loc: Location) -> Tracer:
 def _unary_fn(name: str, doc: str) -> Callable[[Any], Any]:
     def f(x: Any) -> Any:
         loc = user_location()
-        return _weak_unary(emit1(name, [to_value(x, loc=loc)], loc=loc), x)
+        return _weak_unary(emit1(name, [float_operand(name, to_value(x, loc=loc), loc)], loc=loc), x)
     f.__name__ = f.__qualname__ = name
     f.__doc__ = doc
     return traceable(f)
+
+
+def _floats_only(name: str, dtype: str) -> bool:
+    """Op `name` has no meaning on `dtype` (the registry's scalar semantics say which classes
+    it takes), so an integer or bool operand is computed as a float."""
+    semantics = REGISTRY[name].scalar
+    return semantics is not None and semantics.expr(dtype) is None
+
+
+def float_operand(name: str, v: Value, loc: Location) -> Value:
+    """v as the operand of op `name`: integers and bools become float32 where the op takes
+    floats only (`gir.exp(counts)`, as JAX's jnp.exp of an int32 is a float32)."""
+    if not _floats_only(name, v.tensor_type.dtype):
+        return v
+    return emit1("cast", [v], declared=[v.tensor_type.with_dtype("f32")], loc=loc).value
 
 
 tanh = _unary_fn("tanh", "Hyperbolic tangent, elementwise.")
@@ -119,7 +177,7 @@ negative = _unary_fn("neg", "-x, elementwise.")
 def _binary_fn(name: str, public: str, doc: str) -> Callable[[Any, Any], Any]:
     def f(a: Any, b: Any) -> Any:
         loc = user_location()
-        return _weak_if(emit1(name, values_of([a, b], loc), loc=loc), a, b)
+        return _weak_if(emit1(name, _promoted(name, a, b, loc), loc=loc), a, b)
     f.__name__ = f.__qualname__ = public
     f.__doc__ = doc
     return traceable(f)
@@ -195,8 +253,14 @@ def _axes(axis: Any, loc: Location) -> list[int] | None:
 
 def _reduce(kind: str, x: Any, axis: Any, keepdims: bool, loc: Location) -> Tracer:
     name = ONE_ARGUMENT_ALIASES.get(kind, kind)
-    return emit1(name, [to_value(x, loc=loc)], attrs={"axes": _axes(axis, loc), "keepdims": bool(keepdims)},
-                 loc=loc)
+    v = to_value(x, loc=loc)
+    # NumPy and JAX: the sum of bools counts them (int32), the mean of integers is a float
+    dtype = v.tensor_type.dtype
+    cast_to = "i32" if kind == "sum" and dtype == "i1" else "f32" if kind == "mean" and dtype not in FLOAT_DTYPES \
+        else None
+    if cast_to is not None:
+        v = emit1("cast", [v], declared=[v.tensor_type.with_dtype(cast_to)], loc=loc).value
+    return emit1(name, [v], attrs={"axes": _axes(axis, loc), "keepdims": bool(keepdims)}, loc=loc)
 
 
 def _reduction_fn(kind: str, doc: str) -> Callable[..., Any]:
@@ -231,7 +295,34 @@ def _reshape(x: Any, shape: Sequence[Any], loc: Location) -> Tracer:
         if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
             raise GirTraceError(f"reshape needs integer dims, got {d!r}", loc)
         dims.append(int(d))
-    return emit1("reshape", [to_value(x, loc=loc)], attrs={"shape": dims}, loc=loc)
+    v = to_value(x, loc=loc)
+    if dims.count(-1) > 1:
+        units = _unit_axes_only(v.tensor_type.shape, dims)
+        if units is not None:
+            return _reshape_units(v, *units, loc)
+    return emit1("reshape", [v], attrs={"shape": dims}, loc=loc)
+
+
+def _unit_axes_only(shape: Sequence[Any], dims: Sequence[int]) -> tuple[list[int], list[int]] | None:
+    """Where a reshape with several `?` dims (`mask[..., None]` on tensor<?x?xi1>) only adds or
+    drops axes of size 1: (the source's unit axes dropped, the target's unit axes added), else
+    None. `reshape` takes one -1, so these become `index` and `stack` ops instead."""
+    src = [i for i, d in enumerate(shape) if d != 1]
+    dst = [i for i, d in enumerate(dims) if d != 1]
+    if [(-1 if shape[i] is None else shape[i]) for i in src] != [dims[i] for i in dst]:
+        return None
+    return [i for i, d in enumerate(shape) if d == 1], [i for i, d in enumerate(dims) if d == 1]
+
+
+def _reshape_units(v: Value, dropped: list[int], added: list[int], loc: Location) -> Tracer:
+    frame = current_frame()
+    assert frame is not None
+    x = Tracer(v, frame, frame.block)
+    for axis in reversed(dropped):  # x[..., 0, ...]: an index at 0 on that axis drops it
+        x = _index(x, axis, 0, loc)
+    for axis in added:  # a stack of one adds an axis of size 1
+        x = emit1("stack", [x.value], attrs={"axis": axis}, loc=loc)
+    return x
 
 
 @traceable
@@ -341,7 +432,9 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         return _getitem_newaxis(x, key, loc)
     t = x.type
     key = _expand_key(key if isinstance(key, tuple) else (key,), t.rank, loc)
-    bounds, drop, dynamic = [], [], []
+    bounds: list[tuple[int, int, int] | None] = []
+    drop: list[int] = []
+    dynamic: list[tuple[int, Any]] = []
     for axis, (k, d) in enumerate(zip(key, t.shape)):
         if isinstance(k, slice):
             if k == slice(None):
@@ -350,9 +443,10 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
             if d is None:
                 raise GirTraceError(f"slicing axis {axis} of {t}: its size is `?` (unknown until gir.jit "
                                     "specialises); slice after specialising, or trace with a concrete size", loc)
+            if k.step is not None and not isinstance(k.step, Tracer) and int(k.step) < 1:
+                raise GirTraceError(f"slice step {k.step}: only positive steps are supported (gir.numpy.flip "
+                                    "reverses an axis)", loc)
             start, stop, step = k.indices(d)
-            if step < 1:
-                raise GirTraceError("negative or zero slice steps are not supported", loc)
             bounds.append((start, builtins.max(start, stop), step))
         elif isinstance(k, Tracer) or d is None:
             bounds.append(None)
@@ -368,9 +462,9 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         raise GirTraceError("an integer tensor index (a gather, x[ids]) works on the leading axis, as the only "
                             "traced index", loc)
     out = x
-    if any(b is not None for b in bounds):
-        if not t.is_static:
-            raise GirTraceError(f"slicing {t}: every dim must be known (no `?`) to slice some of them", loc)
+    if any(b is not None for b in bounds) and not t.is_static:
+        out = _slice_by_gathers(out, bounds, loc)
+    elif any(b is not None for b in bounds):
         full = [b or (0, d, 1) for b, d in zip(bounds, t.shape)]
         steps = [s for _, _, s in full]
         out = emit1("slice", [out.value], attrs={"starts": [s for s, _, _ in full], "limits": [e for _, e, _ in full],
@@ -381,6 +475,24 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         axis -= builtins.sum(1 for a in drop if a < axis)
         out = _index(out, axis, k, loc)
     return out
+
+
+def _slice_by_gathers(x: Tracer, bounds: list[Any], loc: Location) -> Tracer:
+    """x sliced on its known axes while a `?` axis stays whole: the `slice` op needs every dim
+    known, so each sliced axis is moved to the front and gathered (`index` with a constant
+    range; its gradient is a scatter_add), then moved back."""
+    frame = current_frame()
+    assert frame is not None
+    for axis, b in enumerate(bounds):
+        if b is None:
+            continue
+        start, stop, step = b
+        rows = Tracer(to_value(np.arange(start, stop, step, dtype=np.int64), loc=loc), frame, frame.block)
+        x = _index(x, axis, rows, loc)
+        if axis:
+            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, x.type.rank))
+            x = emit1("transpose", [x.value], attrs={"perm": perm}, loc=loc)
+    return x
 
 
 def _constant_index(k: Any, loc: Location) -> Any:
@@ -406,7 +518,8 @@ def _getitem_newaxis(x: Tracer, key: tuple[Any, ...], loc: Location) -> Tracer:
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (x.type.rank - len(real) + 1) + key[i + 1:]
     out = _getitem(x, tuple(k for k in key if k is not None), loc)
-    dims, j = [], 0
+    dims: list[int | None] = []
+    j = 0
     for k in key:
         if k is None:
             dims.append(1)
@@ -547,7 +660,15 @@ def _bin(name: str, reflected: bool = False) -> Callable[[Tracer, Any], Any]:
 
 def _install() -> None:
     methods: dict[str, Any] = {
-        "__floordiv__": _floordiv,
+        "__floordiv__": lambda self, o: _floordiv(self, o),
+        "__rfloordiv__": lambda self, o: _floordiv(self, o, True),
+        "__mod__": lambda self, o: _mod(self, o),
+        "__rmod__": lambda self, o: _mod(self, o, True),
+        "__invert__": _invert,
+        "__round__": _round,
+        "__trunc__": _concrete("math.trunc()"),
+        "__floor__": _concrete("math.floor()"),
+        "__ceil__": _concrete("math.ceil()"),
         "__rand__": _bin("and", True),
         "__ror__": _bin("or", True),
         "__matmul__": lambda self, o: _matmul(self, o, user_location()),
@@ -585,11 +706,43 @@ def _install() -> None:
         setattr(Tracer, name, method)
 
 
-def _floordiv(self: Tracer, other: Any) -> Any:
+def _floordiv(self: Tracer, other: Any, reflected: bool = False) -> Any:
+    """a // b on integers: the `div` op, which floors on integers (as NumPy's //)."""
+    loc = user_location(2)
+    a, b = (other, self) if reflected else (self, other)
+    if not _operand_like(other):
+        return NotImplemented
+    dtype = result_dtype([a, b])
+    if dtype not in INT_DTYPES:
+        raise GirTraceError(f"// on {dtype}: gir has no floor for floats yet; use / (or integers with "
+                            ".astype('int32'))", loc)
+    return _weak_if(emit1("div", values_of([a, b], loc, dtype), loc=loc), a, b)
+
+
+def _mod(self: Tracer, other: Any, reflected: bool = False) -> Any:
+    """a % b on integers: a - (a // b) * b, the sign of b as in Python and NumPy."""
+    loc = user_location(2)
+    a, b = (other, self) if reflected else (self, other)
+    if not _operand_like(other):
+        return NotImplemented
+    dtype = result_dtype([a, b])
+    if dtype not in INT_DTYPES:
+        raise GirTraceError(f"% on {dtype}: gir has no floor for floats yet, so % works on integers only", loc)
+    va, vb = values_of([a, b], loc, dtype)
+    q = emit1("div", [va, vb], loc=loc)
+    return _weak_if(emit1("sub", [va, emit1("mul", [q.value, vb], loc=loc).value], loc=loc), a, b)
+
+
+def _invert(self: Tracer) -> Any:
+    """~x: logical not of a bool tensor (integers have no bitwise ops in gir)."""
     loc = user_location()
-    if self.type.dtype not in INT_DTYPES:
-        raise GirTraceError("// on floats is not supported; write gir's / (and a floor, when there is one)", loc)
-    return _binary("div", self, other, loc)
+    if self.type.dtype != "i1":
+        raise GirTraceError(f"~ on {self.type}: gir has no bitwise not; ~ works on bool tensors (comparisons)", loc)
+    return emit1("eq", [to_value(self, loc=loc), to_value(False, "i1", loc)], loc=loc)
+
+
+def _round(self: Tracer, ndigits: Any = None) -> Any:
+    raise GirTraceError("round() of a traced value: gir has no rounding op yet", user_location())
 
 
 def _len(self: Tracer) -> int:

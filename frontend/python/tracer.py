@@ -19,23 +19,25 @@ traced value used as a Python bool) point there too.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from types import CodeType, FrameType
-from typing import Any
+from types import CodeType, FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ...errors import UNKNOWN, GirTypeError, Location, remember_source
+from ...errors import UNKNOWN, GirError, GirTypeError, Location, remember_source
 from ...ir.core import Block, Function, Module, Operation, Region, Value, erase_op
 from ...ir.ops import make_op
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType, dtype_name
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+F = TypeVar("F", bound=Callable[..., Any])
 _INTERNAL_FILES: set[str] = set()
 """Other files whose frames are not the user's (driver/pyjit.py registers itself)."""
 
@@ -75,7 +77,10 @@ def user_location(depth: int = 1) -> Location:
     line, col = frame.f_lineno or code.co_firstlineno, 1
     positions = _POSITIONS.get(code)
     if positions is None:
-        positions = _POSITIONS[code] = list(code.co_positions())
+        if sys.version_info >= (3, 11):
+            positions = _POSITIONS[code] = list(code.co_positions())
+        else:  # Python 3.10 has no column positions: the line alone (gir supports 3.10, pyproject)
+            positions = _POSITIONS[code] = []
     index = frame.f_lasti // 2
     if 0 <= index < len(positions):
         start_line, _, start_col, _ = positions[index]
@@ -102,6 +107,48 @@ def _remember(filename: str) -> None:
         remember_source(filename, "".join(lines))
 
 
+# -- tracebacks ---------------------------------------------------------------------------------
+
+_PACKAGE = os.path.dirname(os.path.dirname(_HERE))
+_USER_FOLDERS = tuple(os.path.join(_PACKAGE, d) + os.sep for d in ("tests", "examples", "bench"))
+
+
+def _gir_frame(filename: str) -> bool:
+    """A frame of gir itself (not of its tests, examples or benchmarks, which are user code)."""
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE + os.sep) and not path.startswith(_USER_FOLDERS)
+
+
+def _without_gir_frames(tb: TracebackType | None) -> TracebackType | None:
+    kept = []
+    while tb is not None:
+        if not _gir_frame(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def hides_gir_frames(fn: F) -> F:
+    """An entry point of the frontend (gir.trace, a jitted function's call, an eager call): a
+    GirError raised under it loses gir's own frames from its traceback, which then reads from
+    the user's call through the user's traced lines (as JAX filters its frames); the message
+    already points at the user's line. GIR_TRACEBACK=1 keeps every frame."""
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GirError as e:
+            from ...config import current
+
+            if current().traceback:
+                raise
+            raise e.with_traceback(_without_gir_frames(e.__traceback__))  # noqa: B904 - the same error
+    return entry  # type: ignore[return-value]
+
+
 # -- frames -------------------------------------------------------------------------------------
 
 
@@ -116,6 +163,8 @@ class Frame:
         self.captures: dict[Value, Value] = {}
         """A value of an enclosing frame -> the argument of this function that stands for it."""
         self.closed = False
+        self.strict: bool = parent.strict if parent is not None else _strict_promotion()
+        """GIR_PROMOTION=strict, read once per trace: tensors of different dtypes do not promote."""
 
     @property
     def block(self) -> Block:
@@ -129,6 +178,12 @@ class Frame:
         if arg is None:
             arg = self.captures[outer] = self.function.body.add_arg(outer.type, outer.name_hint)
         return arg
+
+
+def _strict_promotion() -> bool:
+    from ...config import current
+
+    return current().promotion == "strict"
 
 
 _STATE = threading.local()
@@ -201,6 +256,36 @@ class Tracer:
     def __repr__(self) -> str:
         return f"Tracer<{self.type}>"
 
+    if TYPE_CHECKING:  # installed at run time by numpy_api.py; declared here for the type checker
+        def __getattr__(self, name: str) -> Any: ...
+        def __getitem__(self, key: Any) -> Any: ...
+        def __add__(self, other: Any) -> Any: ...
+        def __radd__(self, other: Any) -> Any: ...
+        def __sub__(self, other: Any) -> Any: ...
+        def __rsub__(self, other: Any) -> Any: ...
+        def __mul__(self, other: Any) -> Any: ...
+        def __rmul__(self, other: Any) -> Any: ...
+        def __truediv__(self, other: Any) -> Any: ...
+        def __rtruediv__(self, other: Any) -> Any: ...
+        def __floordiv__(self, other: Any) -> Any: ...
+        def __rfloordiv__(self, other: Any) -> Any: ...
+        def __mod__(self, other: Any) -> Any: ...
+        def __rmod__(self, other: Any) -> Any: ...
+        def __pow__(self, other: Any) -> Any: ...
+        def __rpow__(self, other: Any) -> Any: ...
+        def __matmul__(self, other: Any) -> Any: ...
+        def __rmatmul__(self, other: Any) -> Any: ...
+        def __lt__(self, other: Any) -> Any: ...
+        def __le__(self, other: Any) -> Any: ...
+        def __gt__(self, other: Any) -> Any: ...
+        def __ge__(self, other: Any) -> Any: ...
+        def __and__(self, other: Any) -> Any: ...
+        def __or__(self, other: Any) -> Any: ...
+        def __eq__(self, other: Any) -> Any: ...
+        def __ne__(self, other: Any) -> Any: ...
+        def __neg__(self) -> Any: ...
+        def __invert__(self) -> Any: ...
+
 
 def wrap(op: Operation, frame: Frame) -> list[Tracer]:
     return [Tracer(r, frame, frame.block) for r in op.results]
@@ -262,12 +347,23 @@ def is_weak(x: Any) -> bool:
 
 
 def default_dtype(x: Any) -> str:
-    """The dtype of a weak scalar standing alone (as JAX without x64: f32, i32)."""
+    """The dtype of a weak scalar standing alone (as JAX without x64: f32, i32; an int that
+    does not fit 32 bits is i64)."""
     if isinstance(x, (bool, np.bool_)):
         return "i1"
     if isinstance(x, (int, np.integer)):
-        return "i32"
+        return "i32" if -2**31 <= int(x) < 2**31 else "i64"
     return "f32"
+
+
+def weak_argument_dtype(x: Any) -> str:
+    """The dtype a Python scalar argument of a traced function is passed as: the widest of its
+    kind (f64, i64), so that `lr = 0.1` meets f64 tensors as 0.1, not as 0.1 rounded to f32;
+    it is narrowed to the dtype of any tensor it meets (`_weak_as`) or, standing alone, to
+    `default_dtype` (`to_value`)."""
+    if isinstance(x, (bool, np.bool_)):
+        return "i1"
+    return "i64" if isinstance(x, (int, np.integer)) else "f64"
 
 
 def constant(value: Any, dtype: str, loc: Location | None = None) -> Value:
@@ -276,13 +372,19 @@ def constant(value: Any, dtype: str, loc: Location | None = None) -> Value:
         value = value.item()
     if dtype in INT_DTYPES and isinstance(value, float):
         if not value.is_integer():
-            raise GirTraceError(f"the float {value} is combined with an {dtype} tensor; cast one of them "
-                                "(x.astype(...)) first", loc)
+            raise GirTraceError(f"the float {value} is used as an {dtype}; convert the tensor with "
+                                ".astype(float) first", loc)
         value = int(value)
+    if dtype in INT_DTYPES and isinstance(value, int) and not isinstance(value, bool):
+        bits = 31 if dtype == "i32" else 63
+        if not -2**bits <= value < 2**bits:
+            raise GirTraceError(f"the integer {value} does not fit {dtype}; convert the tensor with "
+                                ".astype('int64') (or to a float) first", loc)
     if dtype in FLOAT_DTYPES and isinstance(value, int):  # bools too: printed as 1.0, as a float is
         value = float(value)
     if dtype == "i1" and not isinstance(value, bool):
-        raise GirTraceError(f"the number {value} is combined with an i1 (bool) tensor; compare or cast first", loc)
+        raise GirTraceError(f"the number {value} is used as an i1 (bool); compare, or convert with .astype "
+                            "first", loc)
     return emit("constant", [], attrs={"value": value}, declared=[TensorType((), dtype)], loc=loc).result
 
 
@@ -299,8 +401,13 @@ def array_constant(a: np.ndarray, loc: Location | None = None) -> Value:
 
 
 def to_value(x: Any, dtype: str | None = None, loc: Location | None = None) -> Value:
-    """A Tracer, Python/NumPy scalar (as `dtype`, else its default) or NumPy array as a Value."""
+    """A Tracer, Python/NumPy scalar (as `dtype`, else its default) or NumPy array as a Value.
+    A weak float argument standing alone (no `dtype`) is narrowed to f32, as JAX's weak f32
+    (a weak int stays i64: narrowing could wrap it)."""
     if isinstance(x, Tracer):
+        if x.weak and dtype is None and x.type.dtype == "f64":
+            v = resolve(x)
+            return emit("cast", [v], declared=[v.tensor_type.with_dtype("f32")], loc=loc or user_location(2)).result
         return resolve(x)
     loc = loc or user_location(2)
     if is_weak(x):
@@ -312,27 +419,86 @@ def to_value(x: Any, dtype: str | None = None, loc: Location | None = None) -> V
     raise GirTraceError(f"a {type(x).__name__} cannot be used as a tensor in a traced function", loc)
 
 
-def values_of(xs: Sequence[Any], loc: Location) -> list[Value]:
-    """Operands of one op: weak scalars take the dtype of the first (strong) tensor among them."""
-    dtype = next((v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak), None)
-    if dtype is None:
-        dtype = next((dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN), None)
-    if dtype is None:  # weak scalars only: a float one wins (`n / lr` is a float, as in JAX)
-        weak = [v.type.dtype for v in xs if isinstance(v, Tracer)]
-        dtype = next((d for d in weak if d in FLOAT_DTYPES), weak[0] if weak else None)
-    return [_weak_as(x, dtype, loc) if isinstance(x, Tracer) and x.weak else to_value(x, dtype, loc) for x in xs]
+PROMOTION_ORDER = ("i1", "i32", "i64", "f32", "f64")
+"""JAX's type lattice on gir's dtypes, a chain: bool < int32 < int64 < float32 < float64 (JAX
+promotes int64 with float32 to float32 as well; NumPy would give float64)."""
+
+
+def promote(dtypes: Sequence[str]) -> str:
+    """The join of strongly typed dtypes on the lattice."""
+    return max(dtypes, key=PROMOTION_ORDER.index)
+
+
+def _kind(dtype: str) -> str:
+    """bool, int or float."""
+    return "bool" if dtype == "i1" else "int" if dtype in INT_DTYPES else "float"
+
+
+def _weak_dtype(x: Any) -> str:
+    """The dtype of a weak operand: a weak argument's own, a Python scalar's default."""
+    return x.type.dtype if isinstance(x, Tracer) else default_dtype(x)
+
+
+def _is_weak_operand(x: Any) -> bool:
+    return (x.weak if isinstance(x, Tracer) else not isinstance(x, np.ndarray) and is_weak(x))
+
+
+def _strong_dtypes(xs: Sequence[Any]) -> list[str]:
+    """The dtypes of the strongly typed operands: tensors that are not weak, NumPy arrays."""
+    return ([v.type.dtype for v in xs if isinstance(v, Tracer) and not v.weak]
+            + [dtype_name(v.dtype) for v in xs if isinstance(v, np.ndarray) and v.dtype in _KNOWN])
+
+
+def result_dtype(xs: Sequence[Any]) -> str | None:
+    """The dtype operands of one op are promoted to (JAX's weak-type rules): the join of the
+    strongly typed ones (tensors, arrays), raised to the default float (f32) by a weak float
+    next to integers and to i32 by a weak int next to bools; weak operands alone keep their
+    kind (a float one wins) at the widest precision among the weak arguments of that kind, or
+    a Python scalar's default (f32, i32)."""
+    strong = _strong_dtypes(xs)
+    weak = [v for v in xs if _is_weak_operand(v)]
+    kinds = {_kind(_weak_dtype(v)) for v in weak}
+    if strong:
+        d = promote(strong)
+        if "float" in kinds and d not in FLOAT_DTYPES:
+            return "f32"
+        if "int" in kinds and d == "i1":
+            return "i32"
+        return d
+    if not weak:
+        return None
+    kind = "float" if "float" in kinds else "int" if "int" in kinds else "bool"
+    arguments = [v.type.dtype for v in weak if isinstance(v, Tracer) and _kind(v.type.dtype) == kind]
+    if arguments:
+        return promote(arguments)
+    return next(_weak_dtype(v) for v in weak if _kind(_weak_dtype(v)) == kind)
+
+
+def values_of(xs: Sequence[Any], loc: Location, dtype: str | None = None) -> list[Value]:
+    """Operands of one op, promoted to one dtype (`result_dtype`, or `dtype` when given):
+    tensors of a lower dtype are cast up, weak scalars take the dtype."""
+    dtype = dtype or result_dtype(xs)
+    strong = set(_strong_dtypes(xs))
+    if len(strong) > 1 and need_frame("a traced value").strict:
+        raise GirTraceError(f"tensors of dtypes {', '.join(sorted(strong))} meet under GIR_PROMOTION=strict; "
+                            "convert one with .astype", loc)
+    out = []
+    for x in xs:
+        if isinstance(x, Tracer) and x.weak:
+            out.append(_weak_as(x, dtype, loc))
+            continue
+        v = to_value(x, dtype, loc)
+        if dtype is not None and v.tensor_type.dtype != dtype and isinstance(x, (Tracer, np.ndarray)):
+            v = emit("cast", [v], declared=[v.tensor_type.with_dtype(dtype)], loc=loc).result
+        out.append(v)
+    return out
 
 
 def _weak_as(x: Tracer, dtype: str | None, loc: Location) -> Value:
-    """A weak scalar argument cast to the dtype of the tensor it meets: a float to a wider or
-    narrower float, an int to any int or float (JAX's weak types); otherwise kept as it is
-    (the op's type rule then reports the mismatch)."""
-    have = x.type.dtype
-    if dtype is None or dtype == have or dtype == "i1":
-        return resolve(x)
-    if have in FLOAT_DTYPES and dtype not in FLOAT_DTYPES:
-        return resolve(x)
+    """A weak scalar argument cast to the dtype of the tensor it meets."""
     v = resolve(x)
+    if dtype is None or dtype == x.type.dtype:
+        return v
     return emit("cast", [v], declared=[v.tensor_type.with_dtype(dtype)], loc=loc).result
 
 

@@ -34,17 +34,19 @@ from .tracer import (
     Tracer,
     block_scope,
     current_frame,
-    default_dtype,
     dtype_of,
     emit,
     finish_function,
     frame_scope,
     function_location,
+    hides_gir_frames,
     is_weak,
     new_function,
+    promote,
     resolve,
     to_value,
     user_location,
+    weak_argument_dtype,
     wrap,
 )
 
@@ -64,15 +66,19 @@ class Spec:
         return TensorType(self.shape, self.dtype)
 
 
-def spec(shape: str | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
+def spec(shape: str | int | None | Sequence[int | str | None], dtype: Any = "f32") -> Spec:
     """An abstract argument for gir.trace: `spec("?x32x256", "f32")`, `spec((None, 256))`."""
     loc = user_location()
+    dims: list[Any]
     if isinstance(shape, (int, np.integer)) or shape is None:
-        shape = (shape,)  # spec(3) is a vector of 3, spec(None) one of `?` elements, as NumPy's shape=3
-    elif not isinstance(shape, (str, Sequence)):
+        dims = [shape]  # spec(3) is a vector of 3, spec(None) one of `?` elements, as NumPy's shape=3
+    elif isinstance(shape, str):
+        dims = [] if shape == "" else shape.split("x")
+    elif isinstance(shape, Sequence):
+        dims = list(shape)
+    else:
         raise GirTraceError(f"gir.spec: the shape is a string ('?x32x256') or a sequence of ints/None, not "
                             f"{type(shape).__name__}", loc)
-    dims: list[Any] = ([] if shape == "" else shape.split("x")) if isinstance(shape, str) else list(shape)
     out: list[Dim] = []
     for d in dims:
         if d is None or d == "?":
@@ -101,7 +107,7 @@ def _leaf_type(leaf: Any, loc: Location) -> TensorType:
         raise GirTraceError("a traced value is passed to gir.trace/gir.jit: call the function directly inside a "
                             "trace", loc)
     if is_weak(leaf) and not isinstance(leaf, np.generic):
-        return TensorType((), default_dtype(leaf))
+        return TensorType((), weak_argument_dtype(leaf))
     shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
     if shape is None or dtype is None:
         raise GirTraceError(f"an argument leaf of type {type(leaf).__name__} is neither an array, a scalar nor "
@@ -193,6 +199,7 @@ def _check_arity(fn: Callable[..., Any], args: Sequence[Any]) -> None:
                             user_location()) from None
 
 
+@hides_gir_frames
 def trace(fn: Callable[..., Any], *example_args: Any) -> Module:
     """fn traced on the example arguments' shapes and dtypes (arrays, gir.spec(...), scalars,
     nested in dicts/lists/tuples): a Module whose last function is fn; print it for `.gir` text."""
@@ -226,20 +233,16 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
         raise GirTraceError("gir.scan needs xs or length=", loc)
     if length is not None and (not isinstance(length, int) or length < 0):
         raise GirTraceError(f"gir.scan: length must be a non-negative int, got {length!r}", loc)
-    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits],
-                 [value_name(p) for p in xs_paths + init_paths])
-    args = list(body.args)
-    elements, carries = args[:len(seqs)], args[len(seqs):]  # the block's groups, as the scan spec orders them
-    with block_scope(frame, body):
-        carry_in = unflatten(init_tree, [Tracer(a, frame, body) for a in carries])
-        x_in = unflatten(xs_tree, [Tracer(a, frame, body) for a in elements]) if xs is not None else None
-        out = f(carry_in, x_in)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise GirTraceError("the gir.scan step must return a pair (new carry, value to stack)", loc)
-        new_carries = _carry_values(out[0], init_tree, inits, loc)
-        y_leaves, _, y_tree = flatten(out[1])
-        stacks = [to_value(leaf, loc=loc) for leaf in y_leaves]
-        body.append(make_op("yield", new_carries + stacks, loc=loc, segments=(len(new_carries), len(stacks))))
+    weak = [isinstance(leaf, Tracer) and leaf.weak or is_weak(leaf) and not isinstance(leaf, np.generic)
+            for leaf in init_leaves]
+    while True:
+        try:
+            body, y_tree = _trace_step(f, frame, seqs, inits, init_tree, xs_tree, xs is not None,
+                                       [value_name(p) for p in xs_paths + init_paths], weak, loc)
+            break
+        except _WeakCarryPromoted as promoted:  # as JAX: a Python scalar init takes the step's dtype
+            inits[promoted.index] = to_value(init_leaves[promoted.index], promoted.dtype, loc)
+            weak[promoted.index] = False
     op = emit("scan", seqs + inits, attrs={"reverse": bool(reverse), "length": length}, regions=[Region(body)],
               segments=(len(seqs), len(inits)), loc=loc)
     finals = [Tracer(r, frame, frame.block) for r in op.result_group("finals")]
@@ -247,18 +250,65 @@ def scan(f: Callable[[Any, Any], Any], init: Any, xs: Any = None, length: int | 
     return unflatten(init_tree, finals), unflatten(y_tree, stacked)
 
 
-def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Location) -> list[Value]:
+def _made_at(value: Any, loc: Location) -> Location:
+    """Where the step made (the first traced leaf of) what it returns, so that an error about
+    the step's result points into the step rather than at the gir.scan call; else loc."""
+    for leaf in flatten(value)[0]:
+        op = leaf.value.defining_op if isinstance(leaf, Tracer) else None
+        if op is not None and op.loc.file == loc.file:
+            return op.loc
+    return loc
+
+
+class _WeakCarryPromoted(Exception):
+    """A carry initialised by a Python scalar comes out of the step promoted (`0.0` summing f64
+    values): the step is traced again with the init of that dtype."""
+
+    def __init__(self, index: int, dtype: str):
+        super().__init__(index, dtype)
+        self.index = index
+        self.dtype = dtype
+
+
+def _trace_step(f: Callable[[Any, Any], Any], frame: Frame, seqs: list[Value], inits: list[Value],
+                init_tree: TreeDef, xs_tree: TreeDef, has_xs: bool, names: list[str], weak: list[bool],
+                loc: Location) -> tuple[Block, TreeDef]:
+    """The scan's body: f traced on one element and the carries, ended by its `yield`."""
+    body = Block([s.tensor_type.with_shape(s.tensor_type.shape[1:]) for s in seqs] + [v.type for v in inits], names)
+    args = list(body.args)
+    elements, carries = args[:len(seqs)], args[len(seqs):]  # the block's groups, as the scan spec orders them
+    with block_scope(frame, body):
+        carry_in = unflatten(init_tree, [Tracer(a, frame, body) for a in carries])
+        x_in = unflatten(xs_tree, [Tracer(a, frame, body) for a in elements]) if has_xs else None
+        out = f(carry_in, x_in)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise GirTraceError("the gir.scan step must return a pair (new carry, value to stack)",
+                                _made_at(out, loc))
+        new_carries = _carry_values(out[0], init_tree, inits, loc, weak)
+        y_leaves, _, y_tree = flatten(out[1])
+        stacks = [to_value(leaf, loc=loc) for leaf in y_leaves]
+        body.append(make_op("yield", new_carries + stacks, loc=loc, segments=(len(new_carries), len(stacks))))
+    return body, y_tree
+
+
+def _carry_values(carry: Any, init_tree: TreeDef, inits: list[Value], loc: Location,
+                  weak: Sequence[bool] = ()) -> list[Value]:
     leaves, paths, tree = flatten(carry, path=("carry",))
     if tree != init_tree:
-        raise GirTraceError(f"the gir.scan step returns a carry of structure {tree}, but init has {init_tree}", loc)
+        raise GirTraceError(f"the gir.scan step returns a carry of structure {tree}, but init has {init_tree}",
+                            _made_at(carry, loc))
     out = []
-    for leaf, path, init in zip(leaves, paths, inits):
+    for k, (leaf, path, init) in enumerate(zip(leaves, paths, inits)):
         v = to_value(leaf, init.tensor_type.dtype, loc)
+        t = init.tensor_type
+        if k < len(weak) and weak[k] and v.tensor_type.shape == t.shape and v.tensor_type.dtype != t.dtype \
+                and promote([t.dtype, v.tensor_type.dtype]) == v.tensor_type.dtype:
+            raise _WeakCarryPromoted(k, v.tensor_type.dtype)
         if v.type != init.type:
             where = value_name(path)
             what = "the carry" if where == "carry" else f"the carry {where}"  # not "the carry carry"
             raise GirTraceError(f"the gir.scan step changes {what} from {init.type} to {v.type}; a "
-                                "carry keeps its shape and dtype", loc)
+                                "carry keeps its shape and dtype (convert with .astype)", _made_at(leaf, loc))
         out.append(v)
     return out
 
@@ -284,9 +334,6 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
     loc = user_location(2)
     if not callable(fun):
         raise GirTraceError(f"gir.grad takes a Python function, not {type(fun).__name__}", loc)
-    if has_aux:
-        raise GirTraceError("has_aux=True is not supported yet: return the auxiliary values from a second "
-                            "function", loc)
     ok = isinstance(argnums, int) or (isinstance(argnums, (tuple, list)) and argnums
                                       and all(isinstance(a, int) for a in argnums))
     if not ok or isinstance(argnums, bool):
@@ -302,7 +349,7 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
         # Keyword arguments are not differentiated (as in JAX); traced values among them reach
         # the callee as captured values of the caller.
         bound = functools.partial(fun, **kwargs) if kwargs else fun
-        return _grad_call(bound, argnums, with_value, args, frame, user_location())
+        return _grad_call(bound, argnums, with_value, args, frame, user_location(), has_aux)
 
     base = func_name(getattr(fun, "__name__", "f"))
     differentiated.__name__ = f"{base}_value_and_grad" if with_value else f"{base}_grad"
@@ -311,7 +358,10 @@ def _differentiate(fun: Callable[..., Any], argnums: Any, has_aux: bool, with_va
 
 
 def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Sequence[Any], frame: Frame,
-               loc: Location) -> Any:
+               loc: Location, has_aux: bool = False) -> Any:
+    """The `grad` op of fun at args. With has_aux, fun returns (loss, aux) and the result is
+    JAX's: `(grads, aux)` for grad, `((loss, aux), grads)` for value_and_grad; the aux leaves
+    are further results of the callee, which the `grad` op passes through."""
     _check_arity(fun, args)
     nums = [argnums] if isinstance(argnums, int) else list(argnums)
     for a in nums:
@@ -319,33 +369,45 @@ def _grad_call(fun: Callable[..., Any], argnums: Any, with_value: bool, args: Se
             raise GirTraceError(f"argnums {a} is out of range for {len(args)} argument(s)", loc)
     nums = [a % len(args) for a in nums]
     leaves, names, trees = flatten_args(fun, args)
-    values = [to_value(leaf, loc=loc) for leaf in leaves]
+    # a weak argument of the caller is passed at its full precision (to_value would narrow it)
+    values = [resolve(leaf) if isinstance(leaf, Tracer)
+              else to_value(leaf, weak_argument_dtype(leaf) if is_weak(leaf) and not isinstance(leaf, np.generic)
+                            else None, loc=loc) for leaf in leaves]
     # a Python scalar (or a weak scalar argument of the caller) stays weakly typed in the callee
     weak = [leaf.weak if isinstance(leaf, Tracer) else is_weak(leaf) and not isinstance(leaf, np.generic)
             for leaf in leaves]
-    callee, out = _trace_callee(fun, values, names, trees, frame, loc, weak)
+    callee, out, aux_tree = _trace_callee(fun, values, names, trees, frame, loc, weak, has_aux)
     starts = [sum(t.num_leaves for t in trees[:i]) for i in range(len(trees))]
     wrt = [p for a in nums for p in range(starts[a], starts[a] + trees[a].num_leaves)]
     for p in wrt:
         if values[p].tensor_type.dtype not in FLOAT_DTYPES:
             raise GirTraceError(f"gir.grad with respect to %{names[p]} of type {values[p].type}: gradients need "
                                 "float arguments", loc)
-    declared = [out] + [values[p].tensor_type for p in wrt]
+    declared = list(out) + [values[p].tensor_type for p in wrt]
     extra = list(callee.captures)  # caller values fun closes over: passed after its own arguments
     op = emit("grad", values + extra, attrs={"callee": callee.function.name, "wrt": wrt}, declared=declared, loc=loc)
-    value, *grads = wrap(op, frame)
+    value, *rest = wrap(op, frame)
+    aux_leaves, grads = rest[:len(out) - 1], rest[len(out) - 1:]
+    for g, p in zip(grads, wrt):
+        g.weak = weak[p]  # the gradient of a weak scalar is weak too (f32 standing alone), as in JAX
     grad_trees, start = [], 0
     for a in nums:
         n = trees[a].num_leaves
         grad_trees.append(unflatten(trees[a], grads[start:start + n]))
         start += n
     result = grad_trees[0] if isinstance(argnums, int) else tuple(grad_trees)
+    if has_aux:
+        assert aux_tree is not None  # has_aux traced the aux tree above
+        aux = unflatten(aux_tree, aux_leaves)
+        return ((value, aux), result) if with_value else (result, aux)
     return (value, result) if with_value else result
 
 
 def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str], trees: list[TreeDef],
-                  frame: Frame, loc: Location, weak: Sequence[bool] = ()) -> tuple[Frame, TensorType]:
-    """fun traced into a function of the caller's module; (its frame, its scalar result type)."""
+                  frame: Frame, loc: Location, weak: Sequence[bool] = (),
+                  has_aux: bool = False) -> tuple[Frame, list[TensorType], TreeDef | None]:
+    """fun traced into a function of the caller's module; (its frame, its result types: the
+    scalar, then the aux leaves', the aux structure)."""
     named = fun.func if isinstance(fun, functools.partial) else fun  # keyword arguments bound by gir.grad
     floc = function_location(named)
     function = new_function(func_name(getattr(named, "__name__", "f")), frame.module,
@@ -355,6 +417,14 @@ def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str]
         weak = list(weak) + [False] * (len(function.args) - len(weak))
         tracers = [Tracer(a, callee, function.body, weak=w) for a, w in zip(function.args, weak)]
         out = fun(*unflatten_args(trees, tracers))
+        aux_values, aux_tree = [], None
+        if has_aux:
+            if not isinstance(out, (tuple, list)) or len(out) != 2:
+                raise GirTraceError(f"gir.grad(has_aux=True) needs {function.name} to return a pair (loss, aux), "
+                                    f"it returns a {type(out).__name__}", loc)
+            out, aux = out
+            aux_leaves, _, aux_tree = flatten(aux)
+            aux_values = [to_value(leaf, loc=floc) for leaf in aux_leaves]
         if not isinstance(out, Tracer):
             raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar tensor, it returns a "
                                 f"{type(out).__name__}", loc)
@@ -362,6 +432,6 @@ def _trace_callee(fun: Callable[..., Any], values: list[Value], names: list[str]
         t = result.tensor_type
         if t.shape != () or t.dtype not in FLOAT_DTYPES:
             raise GirTraceError(f"gir.grad needs {function.name} to return one float scalar, it returns {t}", loc)
-        finish_function(function, frame.module, [result], floc)
-    return callee, t
+        finish_function(function, frame.module, [result, *aux_values], floc)
+    return callee, [t, *(v.tensor_type for v in aux_values)], aux_tree
 

@@ -1,0 +1,81 @@
+"""GPU training-step probe: gir on the GPU, checked against gir on the CPU, for bench/rnn.py's
+models; prints per call and per time step what gir put on the device (fn.stats), the first
+call's time (compile included) and the median time of a step. (PyTorch/JAX on the same GPU:
+bench/rnn.py --device gpu, issue 26 item 5, not written yet.)
+
+    NUMBA_ENABLE_CUDASIM=0 python bench/gpu_steps.py --sizes S --repeat 10
+    NUMBA_ENABLE_CUDASIM=1 python bench/gpu_steps.py --sizes Q --repeat 1   # the counts only
+
+Sizes are bench/rnn.py's (S, M) plus Q (T=3, batch 2, input 3, hidden 4, as the tests pin).
+Times from the simulator mean nothing; counts are the same there. This is a probe for a GPU
+session's one device check (bench/gpu_check.sh), not the benchmark (bench/rnn.py)."""
+
+# ruff: noqa: E741  (I is the input size, as in bench/rnn.py)
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SIZES = {"Q": (3, 2, 3, 4), "S": (50, 32, 256, 256), "M": (100, 64, 512, 512), "L": (100, 256, 1024, 1024)}
+
+
+def bench_rnn():
+    spec = importlib.util.spec_from_file_location("_gir_bench_rnn", HERE / "rnn.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def median_ms(step, warmup: int, repeat: int, sync=None) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        step()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="rnn,gru,lstm")
+    ap.add_argument("--sizes", default="S")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    import gir
+    from gir.testing import assert_all_close
+
+    rnn = bench_rnn()
+    for size in args.sizes.split(","):
+        T, B, I, H = SIZES[size]
+        for model in args.models.split(","):
+            src = rnn.gir_source(model, T, B, I, H)
+            p = rnn.make_inputs(model, T, B, I, H, 0)
+            call_args = [p["xs"]] + [p[n] for n in rnn.param_names(model)]
+            start = time.perf_counter()
+            fn = gir.jit(src, f"{model}_grads", device="gpu")
+            got = fn(*call_args)
+            first = time.perf_counter() - start
+            want = gir.jit(src, f"{model}_grads", device="cpu")(*call_args)
+            assert_all_close(got, want, rtol=5e-3, what=f"{model} {size} gpu against cpu")
+            ms = median_ms(lambda f=fn, a=call_args: f(*a), args.warmup, args.repeat)
+            s = fn.stats
+            print(f"{model} {size} (T={T} B={B} I={I} H={H}) on {s.device}: first call {first:.2f} s, "
+                  f"median {ms:.2f} ms; per call: {s.launches} launches = {s.kernel_launches} kernels + "
+                  f"{s.gemm_calls} GEMMs + {s.xp_launches} xp + {s.copies} copies, {s.graph_replays} graph replays",
+                  flush=True)
+            for label, counts in s.per_step.items():
+                print(f"    per step, {label}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

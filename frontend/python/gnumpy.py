@@ -1,0 +1,73 @@
+"""`gir.numpy`: the NumPy-named functions on traced values (as `jax.numpy`), gathered from
+numpy_api.py and numpy_extra.py. `import gir.numpy as gnp` then `gnp.tanh(x)`."""
+
+from .numpy_api import (  # noqa: F401 - re-exported
+    abs,
+    add,
+    astype,
+    concatenate,
+    divide,
+    exp,
+    log,
+    matmul,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    multiply,
+    negative,
+    ones,
+    ones_like,
+    power,
+    reshape,
+    sqrt,
+    stack,
+    subtract,
+    sum,
+    tanh,
+    transpose,
+    where,
+    zeros,
+    zeros_like,
+)
+from .numpy_extra import (  # noqa: F401 - re-exported
+    arange,
+    argmax,
+    argmin,
+    clip,
+    cos,
+    cumsum,
+    einsum,
+    expand_dims,
+    expm1,
+    eye,
+    flip,
+    full,
+    isfinite,
+    isnan,
+    log1p,
+    pad,
+    prod,
+    repeat,
+    sign,
+    sin,
+    split,
+    square,
+    squeeze,
+    std,
+    take_along_axis,
+    tile,
+    var,
+)
+
+absolute = abs
+float32, float64, int32, int64, bool_ = "f32", "f64", "i32", "i64", "i1"
+dot = matmul
+
+__all__ = ["abs", "absolute", "add", "arange", "argmax", "argmin", "astype", "bool_", "clip", "concatenate", "cos",
+           "cumsum", "divide", "dot", "einsum", "exp", "expand_dims", "expm1", "eye", "flip", "float32", "float64",
+           "full", "int32", "int64", "isfinite", "isnan", "log", "log1p", "matmul", "max", "maximum", "mean", "min",
+           "minimum", "multiply", "negative", "ones", "ones_like", "pad", "power", "prod", "repeat", "reshape", "sign",
+           "sin", "split", "sqrt", "square", "squeeze", "stack", "std", "subtract", "sum", "take_along_axis", "tanh",
+           "tile", "transpose", "var", "where", "zeros", "zeros_like"]
