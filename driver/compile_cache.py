@@ -129,7 +129,7 @@ def _shapes_about(f: Function, layout: Any) -> list[list[Any]]:
     """f's argument shapes for `gir cache info`; a dim read at run time (code for every
     length, docs/backend.md) as its extent, `T` or `2*T+1`."""
     shapes: list[list[Any]] = [list(t.shape) for t in f.arg_types]
-    lengths = getattr(layout, "lengths", None)
+    lengths = layout.lengths  # backend/cpu/layout.py's Layout: the cache holds CPU code only
     for i, axis, a, b in lengths.arguments if lengths is not None else ():
         shapes[i][axis] = ("T" if a == 1 else f"{a}*T") + (f"{b:+d}" if b else "")
     return shapes

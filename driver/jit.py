@@ -185,7 +185,8 @@ class JitFunction:
                                      groups, self._serves)
         if not isinstance(every, str):
             return every
-        compiled = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline)
+        compiled = compile_entry(self._module_for(shapes), self.entry, self._arg_types(shapes), self.backend,
+                                 self.pipeline)
         if every and compiled.compile_stats is not None:
             compiled.compile_stats.lengths = f"specialised: {every}"
         return compiled, None
@@ -193,6 +194,10 @@ class JitFunction:
     def _specialised_module(self, shapes: Shapes) -> Module:
         """The source specialised on shapes (a Python function's TracedJit traces it again)."""
         return specialised(self.source, self.entry, self._arg_types(shapes))
+
+    def _module_for(self, shapes: Shapes) -> Module:
+        """The module compile_entry specialises on shapes: the source (TracedJit: fn traced at them)."""
+        return self.source
 
     def _load(self, cached: tuple, shapes: Shapes, group: LengthGroup | None) -> Any:
         """The specialisation stored in the compile cache under `cached` (shapes, or the key of
@@ -230,8 +235,8 @@ class JitFunction:
             better = self.backend.compile(found.module, self.entry, found.report.analyses,
                                           replace(options, lengths=found.lengths))
         else:
-            better = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline,
-                                   options)
+            better = compile_entry(self._module_for(shapes), self.entry, self._arg_types(shapes), self.backend,
+                                   self.pipeline, options)
         assert isinstance(better, CPUFunction)  # the compile cache holds CPU code only
         code = better.code
         code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
@@ -313,6 +318,9 @@ class TracedJit(JitFunction):
         self._source = traced
 
     def _specialised_module(self, shapes: Shapes) -> Module:
+        return self._retrace(shapes)
+
+    def _module_for(self, shapes: Shapes) -> Module:
         return self._retrace(shapes)
 
     def _serves(self, compiled: Any, shapes: Shapes, group: LengthGroup) -> bool:

@@ -116,7 +116,7 @@ class PythonJit:
     @property
     def specialisations(self) -> int:
         """Specialisations compiled (code for every length counts once)."""
-        return sum(getattr(c, "specialisations", 1) for _, c in self._compiled.values())
+        return sum(c.specialisations for _, c in self._compiled.values())
 
     def _last(self) -> tuple[Traced, Any]:
         found = self._compiled.last()
