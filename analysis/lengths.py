@@ -236,14 +236,14 @@ class _Walk:
         if tx.dtype != ty.dtype or tx.rank != ty.rank or not (tx.is_static and ty.is_static):
             raise NotALength(f"{where}: {tx} against {ty}")
         axes = {}
-        for axis, (dx, dy) in enumerate(zip(tx.shape, ty.shape)):
+        for axis, (dx, dy) in enumerate(zip(tx.static_shape, ty.static_shape)):
             if dx == dy:
                 continue
-            per_step, rem = divmod(dy - dx, self.tb - self.ta)  # type: ignore[operator]
-            if rem or per_step <= 0 or min(dx, dy) < 2:  # type: ignore[type-var]
+            per_step, rem = divmod(dy - dx, self.tb - self.ta)
+            if rem or per_step <= 0 or min(dx, dy) < 2:
                 # a dim of 0 or 1 at a representative would make broadcasting differ from other lengths
                 raise NotALength(f"{where}: dim {axis} is {dx} at length {self.ta} and {dy} at {self.tb}")
-            axes[axis] = Extent(per_step, dx - per_step * self.ta)  # type: ignore[operator]
+            axes[axis] = Extent(per_step, dx - per_step * self.ta)
         if len(axes) > 1:
             raise NotALength(f"{where}: more than one dim of {tx} follows the length")
         return axes
@@ -270,7 +270,7 @@ def _constant_at(e: Extent, reciprocal: bool, t: int) -> float:
     return 1.0 / e.at(t) if reciprocal else float(e.at(t))
 
 
-def _same(value: float, literal: float, dtype: object) -> bool:
+def _same(value: float, literal: float, dtype: np.dtype) -> bool:
     """value, rounded to dtype, is literal (as the constant holds it in dtype)."""
     return bool(np.asarray(value).astype(dtype) == np.asarray(literal).astype(dtype))
 

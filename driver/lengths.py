@@ -52,7 +52,7 @@ class LengthGroup:
 
     def generic(self, shapes: Shapes) -> tuple:
         """shapes with the group's dims as None: the key of the code for every length."""
-        out = [list(s) for s in shapes]
+        out: list[list[int | None]] = [list(s) for s in shapes]
         for i, axis in self.positions:
             out[i][axis] = None
         return tuple(tuple(s) for s in out)
