@@ -184,6 +184,8 @@ def _opt(args: argparse.Namespace) -> int:
         from .analysis.placement import placement_reports
 
         sys.stderr.write(placement_reports(report.analyses))
+    if args.cpu_schedule:
+        sys.stderr.write(_cpu_schedules(module, report.analyses))
     if args.memplan_report or args.memplan_plot:
         from .analysis.memory.plan import MemoryPlan
         from .driver.reporting import checkpoint_report, memplan_reports, peaks_before_checkpointing, plot_plans
@@ -213,6 +215,23 @@ def _opt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cpu_schedules(module: Module, analyses: Any) -> str:
+    """`--cpu-schedule`: the CPU backend's schedule of each function of the module as the pipeline
+    left it (its memory plan where the pipeline made one), from this machine's measurements
+    now; nothing is measured or queued (GIR_GEMM_MEASURE=now measures what is missing)."""
+    from .analysis.memory.plan import MemoryPlan
+    from .backend.cpu import snapshot
+    from .backend.cpu.schedule import plan
+    from .config import current
+
+    plans = {p.function: p for p in analyses.all(MemoryPlan)}
+    out = []
+    for f in module.functions.values():
+        measured, _ = snapshot.take(f, current())
+        out.append(plan(f, plans.get(f), measured, current()).format())
+    return "".join(out)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .driver.jit import usable_device
     from .driver.shapes import entry_types
@@ -230,6 +249,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs = check_arguments(f, bind_arguments(f, load_inputs(f, args.inputs), {})) if args.inputs else None
         run = cached
         compile_stats: Callable[[], CompileStats | None] = lambda: cached.stats.compile  # read after the call
+        call_stats: Callable[[], Any] = lambda: cached.stats
         if inputs is None:
             inputs = random_inputs(f, args.random if args.random is not None else 0)
     else:
@@ -246,6 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    compile_options(args, module, f, types))
         run = executable
         compile_stats = lambda: executable.compile_stats  # noqa: E731
+        call_stats = lambda: executable.stats  # noqa: E731
         if inputs is None:
             inputs = random_inputs(executable.function, args.random if args.random is not None else 0)
     if args.verbose and args.device == "cpu":
@@ -262,10 +283,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     times = []
     if args.repeat > 1:
         _wait_for_final_code()  # time the -O3 code, not the quick code of tiered compilation
+    slow: list[str] = []
     for _ in range(max(0, args.repeat - 1)):
         start = time.perf_counter()
         run(*inputs)
         times.append(time.perf_counter() - start)
+        note = _slow_note(call_stats())
+        if note:
+            slow.append(note)
+    if args.verbose:
+        _print_steady_notes(call_stats(), slow, len(times))
     print(f"@{f.name} on {args.device}:")
     for name, a in zip(names, results):
         print(summarize(name, a))
@@ -303,6 +330,35 @@ def save_outputs(path: str, names: Sequence[str], results: Sequence[np.ndarray])
         np.savez(path, **arrays)
     except OSError as e:
         raise cannot_write(path, e) from None
+
+
+def _cpu_stats(stats: Any) -> Any:
+    """The CPU backend's call statistics (backend/cpu/runtime.py `Stats`), None for another backend."""
+    from .backend.cpu.runtime import Stats
+
+    return stats if isinstance(stats, Stats) else None
+
+
+def _slow_note(stats: Any) -> str:
+    """The last call's note when it ran much slower than its quiet time (`Stats.slow_note`), ''
+    otherwise or off the CPU."""
+    cpu = _cpu_stats(stats)
+    return cpu.slow_note() if cpu is not None else ""
+
+
+def _print_steady_notes(stats: Any, slow: list[str], calls: int) -> None:
+    """`-v`: background work still pending (GEMM measurements, better code), and the calls
+    that ran slower than their quiet time with what competed (docs/performance.md, "Performance
+    on a shared machine")."""
+    cpu = _cpu_stats(stats)
+    if cpu is not None and cpu.background:
+        print("background work pending: " + "; ".join(cpu.background), file=sys.stderr)
+    if slow:
+        print(f"{len(slow)} of {calls} repeated calls ran slower than their quiet time; first: {slow[0]}",
+              file=sys.stderr)
+    threads = cpu.blas_threads if cpu is not None else ""
+    if threads and threads != "all threads":
+        print(f"BLAS threads now: {threads}", file=sys.stderr)
 
 
 def _cached_runner(args: argparse.Namespace, mode: Any) -> Any:
@@ -405,6 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("file", help="a .gir file, or - for standard input")
     opt.add_argument("-o", "--output", help="write the IR here instead of stdout")
     opt.add_argument("--print-locations", action="store_true", help="print loc(...) on every op")
+    opt.add_argument("--cpu-schedule", action="store_true",
+                     help="print the CPU backend's schedule of each function (BLAS family, GEMM paths, packed weights, "
+                          "split loops, two-core windows, with reasons; docs/backend.md) to stderr")
     opt.add_argument("--memplan-report", action="store_true",
                      help="after the passes, print each function's memory plan, a row per value, to stderr")
     opt.add_argument("--memplan-plot", metavar="FILE.png",

@@ -133,6 +133,8 @@ class Options:
     lengths: bool = _field("GIR_LENGTHS", _flag(True), True, code=True,
                            doc="one compile for every sequence length: a `?` dim that only sets loop trip "
                                "counts is read at run time (0: specialised per length)")
+    cpu_adapt_threads: bool = _field("GIR_CPU_ADAPT", _flag(True), True, code=False,
+                                     doc="calls go to one BLAS thread while the second core is busy (0: never)")
     cpu_shared: bool = _field("GIR_CPU_SHARED", _flag(True), True, code=False,
                               doc="load compiled code as a shared object (0: in-memory only)")
     openblas: str = _field("GIR_OPENBLAS", _choice("numpy", ("numpy", "scipy")), "numpy", code=True,

@@ -1,11 +1,12 @@
 """Which GEMM path the CPU backend picks for each GEMM of bench/rnn.py's training steps.
 
 For every model (rnn, gru, lstm), size (S, M) and thread count, the training step is compiled
-through gir.jit's pipeline and every GEMM site of the compiled function (`_gemm_sites`: shape,
+through gir.jit's pipeline and every GEMM site of the compiled function (`schedule.gemms.sites`: shape,
 transposes, packable, times run per step) is measured through each available path (MKL
 `cblas_sgemm`, MKL packed, OpenBLAS from SciPy; `blas.path_times`, the measurement the backend
 itself makes and caches). Printed: the provider the backend chooses for the function
-(`choose_family`), the path of each site within it, and the summed time per step by provider:
+(the schedule's `choose_family`, backend/cpu/schedule/gemms.py), the path of each site
+within it, and the summed time per step by provider:
 whether MKL ever pays on this machine (the question behind the `gir[mkl]` extra).
 
     python bench/gemm_paths.py                   # S and M, 1 and 2 threads
@@ -34,28 +35,36 @@ os.environ.setdefault("GIR_CACHE_DIR", tempfile.mkdtemp(prefix="gir-gemm-paths-"
 os.environ.setdefault("GIR_GEMM_MEASURE", "now")  # path_times measures here, not in the background
 
 import gir  # noqa: E402
-from gir.backend.cpu import blas  # noqa: E402
-from gir.backend.cpu.codegen import _gemm_sites  # noqa: E402
+from gir.backend.cpu import (
+    blas,  # noqa: E402
+    snapshot,  # noqa: E402
+)
+from gir.backend.cpu.schedule import plan  # noqa: E402
+from gir.backend.cpu.schedule.gemms import choose_path  # noqa: E402
+from gir.backend.cpu.schedule.gemms import sites as _gemm_sites  # noqa: E402
+from gir.config import current  # noqa: E402
 from gir.passes.pass_manager import PassManager  # noqa: E402
 from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE  # noqa: E402
 from rnn import MODELS, SIZES, gir_source, make_inputs, param_names  # noqa: E402
 
 
-def sites_of(model: str, size: str) -> list[tuple[tuple, int]]:
+def function_of(model: str, size: str):  # noqa: ANN201
     T, B, I, H = SIZES[size]  # noqa: E741
     module = gir.parse(gir_source(model, T, B, I, H), filename=f"{model}.gir")
     PassManager(f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}").run(module)
-    return _gemm_sites(module.functions[f"{model}_grads"])
+    return module.functions[f"{model}_grads"]
 
 
 def report(model: str, size: str, threads: int) -> dict[str, float]:
-    sites = sites_of(model, size)
-    family = blas.choose_family(sites)
+    f = function_of(model, size)
+    sites = _gemm_sites(f)
+    measured, _ = snapshot.take(f, current())  # GIR_GEMM_MEASURE=now measures what is missing
+    family = plan(f, None, measured, current()).family
     totals: dict[str, float] = {}
     lines = []
     for params, count in sites:
-        times = blas.path_times(*params)
-        best = blas.choose_path(*params, family=family)
+        times = measured.gemm_times.get(params) or measured.model_times[params]
+        best, _ = choose_path(params, family, measured, current())
         overall = min(times, key=times.__getitem__)
         for family_name, paths in blas.FAMILIES.items():
             totals[family_name] = totals.get(family_name, 0.0) + count * min(

@@ -43,9 +43,9 @@ class Specialisations(Generic[K, V]):
         found: V | None = getattr(self._thread, "last", None)
         return found if found is not None else self._last
 
-    def values(self) -> list[V]:
-        """The specialisations made so far."""
-        return list(self._found.values())
-
     def __len__(self) -> int:
         return len(self._found)
+
+    def values(self) -> list[V]:
+        """Every specialisation made so far, in the order they were made."""
+        return list(self._found.values())

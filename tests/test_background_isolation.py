@@ -47,8 +47,9 @@ def test_a_gemm_path_measurement_finishing_late_stores_into_its_own_folder(monke
     started, gate = threading.Event(), threading.Event()
     monkeypatch.setattr(blas, "_measure_all", _slow(lambda a: ({p: 1.0 for p in a[0]}, False), started, gate))
     params = ("f32", 5, 6, 7, False, False, False)
-    _, measured = blas.times_or_model(params)  # not measured: queued for the background
-    assert not measured and started.wait(30)
+    assert blas.path_times(*params) is None  # not measured
+    blas.measure_later(params)  # queued for the background, as snapshot.schedule does
+    assert started.wait(30)
     monkeypatch.setenv("GIR_CACHE_DIR", str(second))  # as the next test does
     gate.set()
     assert blas.wait_for_measurements(30)

@@ -433,25 +433,47 @@ def test_gemm_caller_openblas_copy_equals_numpy(tb: bool) -> None:
 
 def test_one_candidate_is_chosen_without_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a single candidate path (no MKL, not in a loop) nothing is measured or queued."""
+    from gir.backend.cpu import snapshot
+    from gir.backend.cpu.schedule import plan
+    from gir.config import current
+
     monkeypatch.setattr(blas, "_candidates", lambda packable: ["openblas"])
-    monkeypatch.setattr(blas, "times_or_model", lambda params: pytest.fail("measured a shape with one path"))
+    monkeypatch.setattr(blas, "path_times", lambda *params: pytest.fail("measured a shape with one path"))
+    monkeypatch.setattr(blas, "measure_later", lambda params: pytest.fail("queued a shape with one path"))
     monkeypatch.delenv("GIR_GEMM_PATH", raising=False)
-    assert blas.choose_path("f32", 3, 4, 5, False, False, False) == "openblas"
     monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
+    f = gir.parse("func @f(%a: tensor<3x5xf32>, %b: tensor<5x4xf32>) -> tensor<3x4xf32> {\n"
+                  "  return %a @ %b\n}\n").functions["f"]
+    measured, missing = snapshot.take(f, current())
+    schedule = plan(f, None, measured, current())
+    assert not missing and [g.path for g in schedule.gemms] == ["openblas"] and not schedule.provisional
     assert blas.is_measured([("f32", 3, 4, 5, False, False, False)])
 
 
-def test_a_choice_changing_while_lowering_keeps_the_packed_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_measurement_finishing_while_lowering_changes_no_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A background measurement can finish between the scan packing (or copying) a weight and
-    the GEMM's lowering, so that choose_path answers differently the second time: the GEMM
-    keeps the path its weight was prepared for (it once asserted: 'the enclosing scan copies
-    this weight before its loop', in tests/test_accepted_programs.py under CI)."""
+    the GEMM's lowering (it once asserted: 'the enclosing scan copies this weight before its
+    loop', in tests/test_accepted_programs.py under CI). The lowering follows the schedule, made
+    from one snapshot of the times before it starts (snapshot.py): it never asks BLAS's times
+    again, so a measurement finishing meanwhile cannot change a path."""
+    from gir.backend.cpu import snapshot
+
     monkeypatch.delenv("GIR_GEMM_PATH", raising=False)
-    answers = iter(["openblas"] * 2)  # the two weights' preparation; every later answer differs
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "background")
+    monkeypatch.setenv("GIR_CACHE", "0")  # compiled here, not loaded
+    taken: list[bool] = []
+    real_take = snapshot.take
 
-    def flipping(dtype, m, n, k, ta, tb, packable, family=None):  # noqa: ANN001, ANN202
-        return next(answers, "openblas-copy") if packable else "openblas"
+    def take(*args):  # noqa: ANN002, ANN202
+        found = real_take(*args)
+        taken.append(True)
+        return found
 
-    monkeypatch.setattr(blas, "choose_path", flipping)
+    def times(dtype, m, n, k, ta, tb, packable):  # noqa: ANN001, ANN202
+        assert not taken, "the lowering asked for GEMM times after the schedule's snapshot"
+        return {c: 1.0 if c == "openblas" else 2.0 for c in blas._candidates(packable)}
+
+    monkeypatch.setattr(snapshot, "take", take)
+    monkeypatch.setattr(blas, "path_times", times)
     fn = run_both(SCAN_WEIGHTS.replace("DT", "f32"), "f", seed=5, rtol=1e-5)
-    assert fn.stats.gemm_paths == {"openblas": 3}, fn.stats
+    assert taken and fn.stats.gemm_paths == {"openblas": 3}, fn.stats

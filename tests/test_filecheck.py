@@ -3,7 +3,9 @@
 The convention (lit-like, kept small):
 
 - Line 1 is `// RUN: gir opt %s <flags>`: the `gir opt` command line, `%s` standing for the
-  input. It applies to every chunk of the file.
+  input. It applies to every chunk of the file. `NAME=value` words before `gir` set
+  environment variables for it (`// RUN: GIR_CPU_SPLIT=0 gir opt %s --cpu-schedule`): a report
+  that depends on GIR_* switches is pinned under fixed ones.
 - `// -----` lines split the file into chunks, each run on its own (like mlir-opt's
   -split-input-file). A chunk is written to a temporary file of the same name, padded with
   blank lines so that the `file:line:col` of a diagnostic is the line in the original file
@@ -68,8 +70,22 @@ def run_line(path: Path, text: str) -> tuple[str, ...]:
     m = re.fullmatch(r"//\s*RUN:\s*(.+)", first.strip())
     assert m, f"{path.name}: line 1 must be '// RUN: gir opt %s ...', got {first!r}"
     argv = shlex.split(m.group(1))
-    assert argv[:2] == ["gir", "opt"] and "%s" in argv, f"{path.name}: RUN must be 'gir opt %s ...', got {argv}"
+    _, command = split_environment(tuple(argv))
+    assert command[:2] == ("gir", "opt") and "%s" in command, f"{path.name}: RUN must be 'gir opt %s ...', got {argv}"
     return tuple(argv)
+
+
+ASSIGNMENT = re.compile(r"([A-Z_][A-Z0-9_]*)=(.*)", re.DOTALL)
+
+
+def split_environment(run: tuple[str, ...]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The leading `NAME=value` words of a RUN line as environment variables, and the command."""
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(run) and (m := ASSIGNMENT.fullmatch(run[i])):
+        env[m.group(1)] = m.group(2)
+        i += 1
+    return env, run[i:]
 
 
 def split_chunks(path: Path) -> list[Chunk]:
@@ -108,8 +124,9 @@ def run_chunk(chunk: Chunk, folder: Path) -> Outcome:
     folder.mkdir(parents=True, exist_ok=True)
     source = folder / chunk.path.name
     source.write_text("\n" * (chunk.first_line - 1) + chunk.text, encoding="utf-8")
-    argv = GIR + [str(source) if a == "%s" else a for a in chunk.run[1:]]
-    env = {**os.environ, "GIR_TRACEBACK": ""}
+    assigned, command = split_environment(chunk.run)
+    argv = GIR + [str(source) if a == "%s" else a for a in command[1:]]
+    env = {**os.environ, "GIR_TRACEBACK": "", **assigned}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=folder)
     output = proc.stdout + proc.stderr
     check = subprocess.run([sys.executable, "-m", "filecheck", str(source)], input=output, capture_output=True,

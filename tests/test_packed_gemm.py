@@ -222,8 +222,8 @@ def test_quick_tier_leaves_the_kernel_to_the_o3_code(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("GIR_LLVM_OPT", raising=False)
     # The model's family depends on the machine (with MKL installed it may pick mkl-packed, which
     # has no quick-tier rule); the rule tested here is the OpenBLAS family's.
-    from gir.backend.cpu import blas
-    monkeypatch.setattr(blas, "choose_family", lambda sites: "openblas")
+    from gir.backend.cpu.schedule import gemms
+    monkeypatch.setattr(gemms, "choose_family", lambda sites, measured, options: ("openblas", "this test"))
     src, args, want = training_step("gru", 5, 6, 4, 12)
     fn = gir.jit(src, "gru_grads")
     assert_all_close(fn(*args), want, what="quick code")

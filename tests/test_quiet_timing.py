@@ -159,7 +159,9 @@ def test_a_first_compile_decides_the_two_core_schedule_without_waiting(monkeypat
     """With no GEMM thread times cached, the schedule is off for now, says why, and names what
     a later compile waits for (Code.stale: compiled again once measured)."""
     import gir
+    from gir.backend.cpu import snapshot
     from gir.backend.cpu.codegen import lower_function
+    from gir.config import current
     from gir.passes.pass_manager import PassManager
     from gir.passes.pipeline import DEFAULT_PIPELINE
 
@@ -173,7 +175,8 @@ def test_a_first_compile_decides_the_two_core_schedule_without_waiting(monkeypat
         pytest.skip("the two-core schedule needs 2 BLAS threads")
     module = gir.parse((Path(__file__).parent.parent / "examples" / "rnn.gir").read_text())
     PassManager(DEFAULT_PIPELINE).run(module)
-    _, layout = lower_function(module.functions["rnn_grads"])
+    f = module.functions["rnn_grads"]
+    _, layout = lower_function(f, None, snapshot.schedule(f, None, current()))
     notes = layout.schedule["overlap"]
     assert notes and all(not n["used"] and "not measured yet" in n["why"] for n in notes), notes
     assert layout.schedule["overlap_pending"] and not layout.measured
@@ -184,23 +187,27 @@ def test_a_first_compile_decides_the_two_core_schedule_without_waiting(monkeypat
                          ids=["1.18x", "1.54x", "2.2x"])
 def test_the_two_core_schedule_needs_a_predicted_2x_gain(monkeypatch: pytest.MonkeyPatch, ratio: float,
                                                          used: bool) -> None:
-    """overlap.MARGIN: a predicted 1.18x or 1.54x gain leaves the schedule off (forced on, the S
+    """schedule/overlap.py MARGIN: a predicted 1.18x or 1.54x gain leaves the schedule off (forced on, the S
     steps ran 1.5x slower on a quiet machine, rnn-S with a predicted 1.53x), 2.2x turns it on."""
+    import dataclasses
+
     import gir
-    from gir.backend.cpu import overlap
+    from gir.backend.cpu.schedule import Measurements, op_ids
+    from gir.backend.cpu.schedule import overlap as decide
+    from gir.config import current
     from gir.passes.pass_manager import PassManager
     from gir.passes.pipeline import DEFAULT_PIPELINE
 
-    monkeypatch.delenv("GIR_CPU_OVERLAP", raising=False)
-    if blas.threads() < 2 or blas_threads.unavailable("openblas"):
-        pytest.skip("the two-core schedule needs 2 BLAS threads")
-    monkeypatch.setattr(overlap, "estimate", lambda w, family: {"without_ms": 10.0, "with_ms": 10.0 * ratio})
-    monkeypatch.setattr(overlap, "_main_threads", lambda *a: {"threads": "all", "why": "test"})
+    monkeypatch.setattr(decide, "estimate", lambda w, seconds: {"without_ms": 10.0, "with_ms": 10.0 * ratio})
+    monkeypatch.setattr(decide, "main_threads", lambda *a: {"threads": "all", "why": "test"})
     module = gir.parse((Path(__file__).parent.parent / "examples" / "rnn.gir").read_text())
     PassManager(DEFAULT_PIPELINE).run(module)
-    schedule: dict = {}
-    kept = overlap.plan(module.functions["rnn_grads"], "openblas", schedule)
-    assert bool(kept) == used and all(n["used"] == used for n in schedule["overlap"])
+    f = module.functions["rnn_grads"]
+    measured = Measurements(False, {False: ("openblas",), True: ("openblas",)}, 2,
+                            overlap_unavailable={"openblas": None})
+    options = dataclasses.replace(current(), cpu_overlap="auto")
+    kept, notes, _ = decide.plan(f, op_ids(f), "openblas", measured, options, False)
+    assert bool(kept) == used and all(n["used"] == used for n in notes["overlap"])
 
 
 def test_exit_stops_a_measurement_at_its_next_round(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -378,20 +378,30 @@ def path_times(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable:
             return {c: found[c] for c in candidates}
     elif measure_mode() != "now":
         return None
-    entry = _store(_cache_file(), key, *_measure_all(candidates, dtype, m, n, k, ta, tb))
+    entry = _store(_cache_file(), key, *_measure_or_model((dtype, m, n, k, ta, tb, packable)))
     return {c: entry[c] for c in candidates}
 
 
 _retried: set[str] = set()
 
 
-def _store(path: str, key: str, times: dict[str, float], disturbed: bool) -> dict[str, float]:
+def _measure_or_model(params: tuple) -> tuple[dict[str, float], bool, bool]:
+    """(times, disturbed, model) of a shape (path_times' arguments): measured within
+    quiet_timing.BUDGET, else (the program kept the process busy all along) the model's."""
+    dtype, m, n, k, ta, tb, packable = params
+    try:
+        return (*_measure_all(_candidates(packable), dtype, m, n, k, ta, tb), False)
+    except quiet_timing.Unmeasured:
+        return model_times(*params), True, True
+
+
+def _store(path: str, key: str, times: dict[str, float], disturbed: bool, model: bool = False) -> dict[str, float]:
     """Stores a measurement into the times file `path` (the one in use when it was asked for:
     a background measurement finishing after GIR_CACHE_DIR changed still goes to the folder it
     was measured for), merged with a provisional entry there; returns the entry."""
     with _choices_lock:
         choices = _load_choices() if path == _cache_file() else read_times(path)
-        entry = choices[key] = quiet_timing.merge(choices.get(key), times, disturbed)
+        entry = choices[key] = quiet_timing.merge(choices.get(key), times, disturbed, model)
         write_times(path, {key: entry})
         return entry
 
@@ -434,8 +444,7 @@ def measure_later(params: tuple) -> None:
     path, key = _cache_file(), _key(*params)  # where and under what it is stored: known now
 
     def task() -> None:
-        dtype, m, n, k, ta, tb, packable = params
-        measured = _measure_all(_candidates(packable), dtype, m, n, k, ta, tb)
+        measured = _measure_or_model(params)
         if not _stop.is_set():
             _store(path, key, *measured)
     measure_in_background(("paths", path) + tuple(params), task)
@@ -475,9 +484,10 @@ def _measure_queue() -> None:
             if _stop.is_set() or not _queue:
                 _worker_takes_more = False
                 return
-            _, task = _queue.pop(0)
+            key, task = _queue.pop(0)
         try:
-            task()
+            with quiet_timing.background(f"GEMM measurement ({' '.join(str(p) for p in key[2:])})"):
+                task()
         except quiet_timing.Stopped:
             return  # the process is exiting
         except Exception:  # noqa: BLE001 - a measurement that fails leaves its shape unmeasured (the
@@ -520,50 +530,13 @@ def _stop_measuring() -> None:
         worker.join(1.0)
 
 
-def times_or_model(params: tuple) -> tuple[dict[str, float], bool]:
-    """(times, measured): the measured times of a shape, or the model's (and the shape queued)."""
-    times = path_times(*params)
-    if times is not None:
-        return times, True
-    measure_later(params)
-    return model_times(*params), False
-
-
 FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas", "openblas-copy", "gir-packed")}
 """A compiled function calls one provider only: MKL's and OpenBLAS's thread pools, both
 spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/performance.md)."""
 
 
-def choose_family(sites: list[tuple[tuple, int]]) -> str:
-    """The provider whose best paths make the function's GEMMs fastest; sites are
-    ((dtype, m, n, k, ta, tb, packable), times run per call)."""
-    forced = current().gemm_path
-    if forced:
-        return "openblas" if forced in FAMILIES["openblas"] else "mkl"
-    if not providers().has_mkl:
-        return "openblas"
-    totals = {family: 0.0 for family in FAMILIES}
-    for params, count in sites:
-        times, _ = times_or_model(params)
-        for family, paths in FAMILIES.items():
-            totals[family] += count * min(times[p] for p in paths if p in times)
-    return min(totals, key=totals.__getitem__)
-
-
-def choose_path(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool, packable: bool,
-                family: str | None = None, exclude: tuple[str, ...] = ()) -> str:
-    """One of PATHS for this GEMM (within `family` if given, never one of `exclude`): the
-    fastest measured path (the model's guess while it is not measured). GIR_GEMM_PATH forces
-    one (where it applies)."""
-    forced = current().gemm_path
-    candidates = _candidates(packable)
-    if forced in candidates:
-        return forced  # type: ignore[return-value]
-    if len(candidates) == 1:
-        return candidates[0]  # nothing to choose: nothing to measure
-    times, _ = times_or_model((dtype, m, n, k, ta, tb, packable))
-    allowed = [p for p in times if (family is None or p in FAMILIES[family]) and p not in exclude]
-    return min(allowed or [p for p in times if p not in exclude], key=times.__getitem__)
+# Choosing the family and each GEMM's path from these times is the schedule step's
+# (schedule/gemms.py), on a snapshot of them (snapshot.py).
 
 
 def is_measured(sites: list[tuple]) -> bool:
@@ -639,8 +612,10 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
         b, tb = np.ascontiguousarray(b.T), not tb
         ldb = b.shape[1]
         path = "openblas"
+    if path in _CALLERS:
+        return _CALLERS[path](dtype, m, n, k, ta, tb, a, b, c)
     if path == "gir-packed":
-        return _packed_caller(dtype, m, n, k, ta, tb, a, b, c)
+        raise RuntimeError("gir-packed is measured through LLVM: import gir.backend.cpu.llvm_jit first")
     pa, pb, pc = (x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, c))
     if path == "openblas":
         fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 13))(prov.table[FN_TABLE.index(f"ob_{dtype[0:1]}gemm".replace(
@@ -678,28 +653,12 @@ def gemm_caller(path: str, dtype: str, m: int, n: int, k: int, ta: bool, tb: boo
     return lambda: (compute(CBLAS_ROW_MAJOR, t_a, CBLAS_PACKED, m, n, k, pa, lda, pp, ldb, 0.0, pc, n), packed)
 
 
-def _packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
-                   a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], object]:
-    """gemm_caller's `gir-packed`: the weight packed once (not timed), each call run as compiled
-    code runs it: on both threads through OpenBLAS's blas_level1_thread when its pool and
-    setting have two, else on this thread (packed_gemm.py, codegen.py `_Split.dispatch`)."""
-    from . import llvm_jit, packed_gemm, team  # lazily: LLVM
+_CALLERS: dict[str, Callable[..., Callable[[], object]]] = {}
+"""Paths measured through a caller a higher floor provides: `gir-packed` runs gir's own kernel,
+compiled by LLVM (llvm_jit.packed_caller registers it when llvm_jit is imported, which every
+compile does before it schedules: blas.py imports nothing above it)."""
 
-    entry = team.level1_entry()
-    shape = packed_gemm.Shape(dtype, m, n, k, ta, tb)
-    engine, pack, task = llvm_jit.packed_functions(shape, entry[2] if entry is not None else 1)
-    packed = np.zeros(shape.packed_bytes // c.itemsize, c.dtype)
-    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(pack)(
-        b.ctypes.data, packed.ctypes.data, n, k)
-    args = (ctypes.c_int64 * packed_gemm.TASK_ARGS)(c.ctypes.data, a.ctypes.data, packed.ctypes.data)
-    long = ctypes.c_int64
-    blocks = shape.blocks
-    keep = (engine, packed, args, a, c)
-    if entry is None or blocks < 2 or team.cpu_number() < 2:
-        alone = ctypes.CFUNCTYPE(None, long, long, long, ctypes.c_void_p, long, ctypes.c_void_p)(task)
-        return lambda: (alone(blocks, blocks, 0, ctypes.addressof(args), 0, None), keep)
-    both = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, long, long, long, ctypes.c_void_p, ctypes.c_void_p, long,
-                            ctypes.c_void_p, long, ctypes.c_void_p, long, ctypes.c_void_p, ctypes.c_int)(entry[0])
-    alpha = (ctypes.c_double * 4)()
-    call = (entry[1], blocks, blocks, 0, ctypes.addressof(alpha), ctypes.addressof(args), 0, None, 1, None, 0, task, 2)
-    return lambda: (both(*call), keep, alpha)
+
+def register_caller(path: str, make: Callable[..., Callable[[], object]]) -> None:
+    """make(dtype, m, n, k, ta, tb, a, b, c) -> a callable doing c = a @ b through path."""
+    _CALLERS[path] = make

@@ -84,6 +84,12 @@ def _load() -> dict[str, float]:
     return _times
 
 
+def measured_times() -> dict[str, float]:
+    """A copy of the times file in use now (for the schedule's snapshot, snapshot.py)."""
+    with _lock:
+        return dict(_load())
+
+
 class NotMeasured(Exception):
     """A GEMM's thread times are not measured yet; `params` are seconds()'s arguments (the
     measurement is queued in the background unless GIR_GEMM_MEASURE=off)."""
@@ -134,18 +140,30 @@ _lock = threading.Lock()
 def _measure_into(path: str, key: str, params: tuple) -> None:
     """Measures (1 and all threads) and stores the entry into the times file `path` (the one in
     use when the measurement was asked for), merged with a provisional one."""
-    measured = _measure(*params)
+    try:
+        measured, model = _measure(*params), False
+    except quiet_timing.Unmeasured:  # the program kept the process busy for the whole budget
+        measured, model = (model_seconds(*params[1:]), True), True
     with _lock:
         times = _load() if path == _cache_file() else blas.read_times(path, blas.is_seconds)
-        old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED)
+        old = {part: times[f"{key} {part}"] for part in ("t1", "t0", quiet_timing.DISTURBED, quiet_timing.MODEL)
                if f"{key} {part}" in times}
-        entry = quiet_timing.merge(old or None, *measured)
-        disturbed = f"{key} {quiet_timing.DISTURBED}"
-        times.pop(disturbed, None)
+        entry = quiet_timing.merge(old or None, *measured, model)
+        marks = (f"{key} {quiet_timing.DISTURBED}", f"{key} {quiet_timing.MODEL}")
+        for mark in marks:
+            times.pop(mark, None)
         ours = {f"{key} {part}": value for part, value in entry.items()}
         times.update(ours)
         # a clean measurement ends the provisional count
-        blas.write_times(path, ours, drop=(disturbed,), valid=blas.is_seconds)
+        blas.write_times(path, ours, drop=marks, valid=blas.is_seconds)
+
+
+def model_seconds(m: int, n: int, k: int, ta: bool, tb: bool) -> dict[str, float]:
+    """The deterministic guess when nothing was measured: 2mnk flops at a nominal 50 GFLOP/s on
+    one thread, all threads 1.6x faster, each plus a call's overhead (a guess: its only duty is to
+    give the same answer every time, so the schedule settles)."""
+    one = 2.0 * m * n * k / 5e10 + 2e-6
+    return {"t1": one, "t0": one / 1.6 + 3e-6}
 
 
 def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[dict[str, float], bool]:
@@ -173,3 +191,120 @@ def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[d
         return run
 
     return quiet_timing.best_clean_rounds({"t1": timed(True), "t0": timed(False)})
+
+
+# ---------------------------------------------------------------------------------------------
+# At run time: one thread while the second core is taken (issue 28)
+
+
+class Governor:
+    """Whether a compiled function's calls run BLAS (and the two-core schedules) on all threads
+    or on one, decided from the calls themselves. On a 2-core machine whose other core is busy,
+    a 2-thread GEMM waits for that core at every synchronisation: a step measured 10-20x slower
+    than on one thread (docs/performance.md, "Performance on a shared machine").
+
+    All threads (the compiled schedule) until STRIKES calls in a row each took more than
+    SLOW_FACTOR times the fastest all-thread call and lost their core (involuntary switches);
+    then one thread (the worker of the two-core schedule is not started: the calling thread
+    claims every chunk; split loops run alone, OpenBLAS being set to one), and every PROBE calls
+    one call on all threads again: back to all threads when it is no slower than the median of
+    the recent one-thread calls. The decision uses counts and the call's own times only, so a
+    test drives it with made-up ones."""
+
+    STRIKES = 3
+    SLOW_FACTOR = 2.0
+    PROBE = 32
+    KEEP = 15
+    """One-thread calls whose median a probe is compared with."""
+
+    def __init__(self) -> None:
+        self.one_thread = False
+        self.probing = False
+        self.quiet_all = 0.0
+        self.strikes = 0
+        self.since_probe = 0
+        self.recent_one: list[float] = []
+        self.switches_to_one = 0
+        """How many times the calls went to one thread (fn.stats)."""
+
+    def use_one_thread(self) -> bool:
+        """Whether the next call runs on one thread (a probe every PROBE calls does not)."""
+        if not self.one_thread:
+            return False
+        self.since_probe += 1
+        self.probing = self.since_probe >= self.PROBE
+        if self.probing:
+            self.since_probe = 0
+        return not self.probing
+
+    def record(self, seconds: float, switches: int, one_thread: bool) -> None:
+        """A call's seconds, the involuntary switches it suffered, and how it ran."""
+        if one_thread:
+            self.recent_one = (self.recent_one + [seconds])[-self.KEEP:]
+            return
+        if self.one_thread:  # a probe on all threads
+            ones = sorted(self.recent_one)
+            if not ones or seconds <= ones[len(ones) // 2]:
+                self.one_thread, self.strikes = False, 0
+                self.quiet_all = min(self.quiet_all, seconds) if self.quiet_all else seconds
+            return
+        if not self.quiet_all or seconds < self.quiet_all:
+            self.quiet_all = seconds
+        slow = seconds > self.SLOW_FACTOR * self.quiet_all and switches > 0
+        self.strikes = self.strikes + 1 if slow else 0
+        if self.strikes >= self.STRIKES:
+            self.one_thread, self.strikes, self.since_probe = True, 0, 0
+            self.recent_one = []
+            self.switches_to_one += 1
+
+    def describe(self) -> str:
+        if not self.switches_to_one:
+            return "all threads"
+        now = "one thread" if self.one_thread else "all threads"
+        return (f"{now} (went to one thread {self.switches_to_one} time(s): calls over "
+                f"{self.SLOW_FACTOR:g}x their quiet time while they lost their core; a probe every {self.PROBE} calls)")
+
+
+class OneThread:
+    """Sets BLAS to one thread for a call and back after. MKL's setter is per thread: each call
+    saves and restores its own. OpenBLAS's is process-wide (module docstring): the first of the
+    calls in flight saves and sets, the last restores, so calls from several threads never
+    leave the process on one thread (other threads' OpenBLAS calls run on one meanwhile)."""
+
+    def __init__(self, setter: Callable[[int], int], process_wide: bool):
+        self._set = setter
+        self._process_wide = process_wide
+        self._lock = threading.Lock()
+        self._count = 0
+        self._saved = 0
+
+    def enter(self) -> int:
+        if not self._process_wide:
+            return self._set(1)
+        with self._lock:
+            self._count += 1
+            if self._count == 1:
+                self._saved = self._set(1)
+            return self._saved
+
+    def leave(self, token: int) -> None:
+        if not self._process_wide:
+            self._set(token)
+            return
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                self._set(self._saved)
+
+
+_one_thread: dict[str, OneThread | None] = {}
+
+
+def one_thread(family: str) -> OneThread | None:
+    """The OneThread of the function's GEMM family ('mkl' or 'openblas'; one per process); None
+    where there is no setter or BLAS runs on one thread anyway."""
+    if family not in _one_thread:
+        address = local_setter(family) if blas.threads() >= 2 else 0
+        setter = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(address) if address else None
+        _one_thread[family] = OneThread(setter, family != "mkl") if setter is not None else None
+    return _one_thread[family]

@@ -19,7 +19,9 @@ sizes are computed from T (`Lowering.shape`). Views need none: `reshape`, contig
 registers. A `transpose` read only by matmuls is folded into the GEMM's transpose flag.
 
 Lowering is a dispatch table from op kind to one function per op family; every error names
-the op and its source location.
+the op and its source location. It decides nothing: the BLAS family, each GEMM's path, the
+packed weights, the split loops and the two-core windows come from the CpuSchedule
+(schedule/), so the module is a pure function of (Function, MemoryPlan, CpuSchedule).
 """
 
 from __future__ import annotations
@@ -35,77 +37,28 @@ from llvmlite import ir
 from ...analysis.lengths import Extent, LengthDims, NotALength
 from ...analysis.memory.plan import MemoryPlan
 from ...analysis.memory.planner import plan_memory
-from ...config import current
 from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Function, Operation, Value
 from ...ir.interpreter import empty_reduction
-from ...ir.loops import LoopView, as_loop
+from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
 from .layout import GemmSite, Layout, LengthLayout
-
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
-PTR = ir.PointerType()
-LLVM_TYPES = {"f32": ir.FloatType(), "f64": ir.DoubleType(), "i32": I32, "i64": I64, "i1": I1}
-MEM_TYPES = {**LLVM_TYPES, "i1": I8}  # NumPy stores bools as bytes
-ALIGN = 64
-
-
-def _strides(shape: tuple) -> list[int]:
-    """Row-major strides; the leading dim is in none of them (it may be a run-time length)."""
-    out, acc = [], 1
-    for d in reversed(shape[1:]):
-        out.append(acc)
-        acc *= d
-    return [acc, *out[::-1]] if shape else []
+from .llvm_types import ALIGN, I1, I8, I32, I64, LLVM_TYPES, MEM_TYPES, PTR, _i64, _static, _strides
+from .schedule import CpuSchedule, op_ids
+from .schedule.gemms import gemm_operand as _gemm_operand
+from .schedule.gemms import is_gemm as _is_gemm
+from .schedule.gemms import packable as _packable
 
 
-def _static(t: TensorType, op: Operation) -> tuple[int, ...]:
-    if not t.is_static:
-        raise GirError(f"the CPU backend needs static shapes; '{op.name}' has {t} (gir.jit specialises `?` dims "
-                       "on the arguments' shapes)", op.loc)
-    return tuple(d for d in t.shape if d is not None)
-
-
-def _is_gemm(op: Operation) -> bool:
-    """op runs as a BLAS GEMM (`OpSpec.gemm_dtypes`)."""
-    return bool(op.spec.gemm_dtypes) and op.result.tensor_type.dtype in op.spec.gemm_dtypes
-
-
-def _gemm_sites(function: Function) -> list[tuple[tuple, int]]:
-    """Every float GEMM of the function as lower_matmul will call it, with how many times it
-    runs per call (the trip counts of its enclosing loops)."""
-    sites = []
-    for op in function.walk():
-        if not _is_gemm(op):
-            continue
-        ta_t, tb_t, out = op.operands[0].tensor_type, op.operands[1].tensor_type, op.result.tensor_type
-        if not (ta_t.is_static and tb_t.is_static):
-            continue
-        _, ta = _gemm_operand(op.operands[0])
-        _, tb = _gemm_operand(op.operands[1])
-        count, parent = 1, op.parent_op
-        while parent is not None:
-            loop = as_loop(parent)
-            if loop is not None:
-                count *= loop.trip_count or 1
-            parent = parent.parent_op
-        if tb_t.rank == 2:
-            m = math.prod(out.shape[:-1])  # type: ignore[arg-type]
-        else:
-            m = out.shape[-2]  # type: ignore[assignment]
-            count *= math.prod(out.shape[:-2])  # type: ignore[arg-type]
-        sites.append(((out.dtype, m, tb_t.shape[-1], ta_t.shape[-1], ta, tb, _packable(op)), count))
-    return sites
-
-
-def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | None:
+def _memory_plan(function: Function, plan: MemoryPlan | None, schedule: CpuSchedule) -> MemoryPlan | None:
     """The plan to lay the arena out by: the pipeline's (`memplan` pass), else memplan's default
-    plan of function; None when GIR_CPU_ARENA=0 or the function cannot be planned."""
-    if not current().cpu_arena:
+    plan of function; None when the schedule says no arena plan (GIR_CPU_ARENA=0) or the
+    function cannot be planned."""
+    if not schedule.arena_plan:
         return None
     if plan is None or plan.function is not function:
         plan = plan_memory(function)
@@ -113,15 +66,20 @@ def _memory_plan(function: Function, plan: MemoryPlan | None) -> MemoryPlan | No
 
 
 class Lowering:
-    def __init__(self, function: Function, plan: MemoryPlan | None = None, quick: bool = False,
+    def __init__(self, function: Function, plan: MemoryPlan | None, schedule: CpuSchedule, quick: bool = False,
                  lengths: LengthDims | None = None):
         self.function = function
+        self.schedule = schedule
+        """Every decision this lowering follows (schedule/): it decides nothing itself."""
+        self.ids = op_ids(function)
+        """op -> its id in the schedule."""
         self.lengths = lengths
         """The dims that follow the run-time length T (None: every dim is static)."""
         self.quick = quick
-        """Lowered for the quick tier (tiers.py): no `gir-packed` GEMMs, whose kernels cost the
-        quick compile ~40 ms and pay only in long runs; the -O3 code is lowered again with them
-        (llvm_jit.compile_code), where `schedule["quick_tier"]` says so."""
+        """Lowered for the quick tier (tiers.py): each GEMM on its `quick_path` (no `gir-packed`
+        GEMMs, whose kernels cost the quick compile ~40 ms and pay only in long runs); the -O3
+        code is lowered again with them (llvm_jit.compile_code), where `schedule["quick_tier"]`
+        says so."""
         self.module = ir.Module(name=f"gir.{function.name}")
         fnty = ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR])
         self.fn = ir.Function(self.module, fnty, name="gir_main")
@@ -132,20 +90,20 @@ class Lowering:
         self.ptr: dict[Value, ir.Value] = {}
         self.root: dict[Value, Value] = {}
         """A view -> the value whose storage it lives in."""
-        self.layout = Layout()
+        self.layout = Layout(schedule=_notes(schedule), provisional=[list(p) for p in schedule.provisional])
+        if quick and schedule.quick_differs:
+            self.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
         self.pack_slots: dict[Operation, ir.Value] = {}
         self.loop_paths: dict[Operation, str] = {}
+        """A GEMM with a loop-invariant weight -> its path in this code, once the scan that
+        prepares its weight (the outermost it is invariant in) has done so."""
         self.shared_packs: dict[tuple, ir.Value] = {}
         """(path, weight, dtype, m, n, k, ta, tb) -> the pinned pack made for it: GEMMs on the
         same weight share it (the pack is made before the outermost loop it is invariant in,
         which comes before every later use in program order)."""
-        """A GEMM with a loop-invariant weight -> the path chosen when its scan packed (or
-        copied) the weight: a background measurement finishing in between must not change it."""
-        sites = _gemm_sites(function)
-        self.layout.provisional += [list(p) for p, _ in sites if not blas.is_measured([p])]
-        self.gemm_family = blas.choose_family(sites)
+        self.gemm_family = schedule.family
         """One BLAS provider for the whole function (blas.FAMILIES)."""
-        self.plan = _memory_plan(function, plan)
+        self.plan = _memory_plan(function, plan, schedule)
         """memplan's plan: values share arena memory when their lifetimes do not overlap."""
         if self.plan is not None:
             self.layout.arena_bytes = self.plan.arena_bytes
@@ -155,18 +113,14 @@ class Lowering:
         """A value with storage of its own -> its byte offset in the arena."""
         self.stack_rows: dict[Value, ir.Value] = {}
         """A value stacked by the scan step being lowered -> its row of the stack (written in place)."""
-        self.layout.schedule["stack_copies_avoided"] = 0
-        self.layout.schedule["stack_copies"] = 0
         self.rows: tuple[ir.Value, ir.Value] | None = None
         """While a split loop's task is emitted: the range of the outer loop dimension it covers."""
-        self.team = _Split(self, team.plan(function, self.gemm_family if sites else None, self.layout.schedule))
+        self.team = _Split(self, {op for op, i in self.ids.items() if i in schedule.split_ids})
         """The split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
-        if self.team.split:  # it measured faster than the two-core schedule where both applied
-            self.layout.schedule["overlap"] = "off: the split schedule (team.py) uses the second core"
-        if lengths is not None:  # its deferred GEMMs' chunks are laid out by static sizes
+        windows = [w for w in overlap.find_windows(function) if self.ids[w.scan] in schedule.window_ids]
+        if lengths is not None and windows:  # its deferred GEMMs' chunks are laid out by static sizes
+            windows = []
             self.layout.schedule["overlap"] = "off: the code serves every length (analysis/lengths.py)"
-        windows = [] if self.team.split or lengths is not None else overlap.plan(function, self.gemm_family,
-                                                                                 self.layout.schedule)
         self.worker = _Worker(self, windows)
         """Or the second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         n_args = len(function.args)
@@ -230,6 +184,16 @@ class Lowering:
             p = b.gep(self.length_area, [offset], source_etype=I8)
         self.ptr[v] = p
         return p
+
+    def scalar(self, op: Operation, dtype: str, reassociate: bool = False) -> Scalar:
+        """Where one element of op is computed in dtype (gather.py builds its sums with it)."""
+        return Scalar(self, op, dtype, reassociate)
+
+    def path(self, site: str) -> str:
+        """The GEMM path of a call site (an op's id, or `<id>#<chunk>`) in this tier's code."""
+        choice = self.schedule.gemm(site)
+        assert choice is not None, f"the schedule has no GEMM {site}"
+        return choice.path_for(self.quick)
 
     # -- helpers ----------------------------------------------------------------------------
     def _load_ptr(self, base: ir.Value, index: int) -> ir.Value:
@@ -366,10 +330,6 @@ class Lowering:
         return []
 
 
-def _i64(x: int | ir.Value) -> ir.Value:
-    return ir.Constant(I64, x) if isinstance(x, int) else x
-
-
 def _imul(b: ir.IRBuilder, x: int | ir.Value, y: int | ir.Value) -> int | ir.Value:
     """x * y: an int when both are, else an i64 computed at run time."""
     if isinstance(x, int) and isinstance(y, int):
@@ -396,6 +356,12 @@ def _results(function: Function) -> list[Value]:
 def _length_dims(lengths: LengthDims, values: list[Value]) -> list[list[int]]:
     """[index, axis, per_step, offset] of each dim of values that follows the length."""
     return [[i, axis, e.per_step, e.offset] for i, v in enumerate(values) for axis, e in lengths.dims(v).items()]
+
+
+def _notes(schedule: CpuSchedule) -> dict[str, object]:
+    """Layout.schedule (`fn.stats.schedule`) as the schedule starts it: its reasons, then what
+    the lowering counts."""
+    return {**dict(schedule.notes), "stack_copies_avoided": 0, "stack_copies": 0}
 
 
 @contextmanager
@@ -780,26 +746,6 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
 # Matmul through BLAS
 
 
-def _gemm_operand(v: Value) -> tuple[Value, bool]:
-    """A 2-D transpose read only by GEMMs (`reads_transposed`: the transpose is a view, by the
-    same rule memplan follows) is folded into the GEMM's transpose flag."""
-    d = v.defining_op
-    if d is not None and d.name == "transpose" and view_source(d) is not None:
-        return d.operands[0], True
-    return v, False
-
-
-def _packable(op: Operation) -> bool:
-    """Inside a loop body, with a loop-invariant 2-D right operand: pack it once per loop."""
-    parent = op.parent_op
-    if parent is None or not parent.spec.loop:
-        return False
-    w = op.operands[1]
-    owner = w.defining_op
-    inside = owner is not None and parent.is_ancestor_of(owner)
-    return not inside and w.defining_block is not parent.body and w.tensor_type.rank == 2
-
-
 def lower_matmul(low: Lowering, op: Operation) -> None:
     a_val, b_val = op.operands
     ta_t, tb_t = a_val.tensor_type, b_val.tensor_type
@@ -892,15 +838,12 @@ def call_external(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
                pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool, beta: float = 0.0,
-               counter: int = 0, sizes: tuple | None = None) -> None:
-    """C = A B (+ C when beta is 1) through the chosen path; counts the call in counters[counter].
-    sizes: (m, n, k) at this call's length, some computed at run time (`_gemm_sizes`); the path
-    is chosen for m, n, k, the sizes at the representative length."""
-    if not blas.is_measured([(dtype, m, n, k, ta, tb, packable)]):  # asked first: it may be measured meanwhile
-        low.layout.provisional.append([dtype, m, n, k, ta, tb, packable])
-    path = low.loop_paths.get(op) if packable else None
-    if path is None:
-        path = blas.choose_path(dtype, m, n, k, ta, tb, packable, low.gemm_family)
+               counter: int = 0, site: str | None = None, sizes: tuple | None = None) -> None:
+    """C = A B (+ C when beta is 1) through the path the schedule chose for the call site (op's
+    id, or site: a worker's chunk); counts the call in counters[counter]. sizes: (m, n, k) at
+    this call's length, some computed at run time (`_gemm_sizes`); m, n, k are the sizes at the
+    representative length, as the schedule saw them."""
+    path = low.path(site if site is not None else low.ids[op])
     low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
@@ -938,7 +881,7 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
         ldb = k if tb else n
     # OpenBLAS, Fortran ABI, column-major: C^T = B^T A^T, every argument by reference; its
     # integers are 64-bit in NumPy's ILP64 build (blas.openblas()).
-    fint = ir.IntType(blas.openblas_int_bits())
+    fint = ir.IntType(low.schedule.openblas_int_bits)
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
         cells = [low.b.alloca(I8), low.b.alloca(I8)] + [low.b.alloca(fint) for _ in range(6)] + \
@@ -969,11 +912,10 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
         dtype = op.result.tensor_type.dtype
         m = math.prod(_static(op.result.tensor_type, op)[:-1])
         k, n = op.operands[1].tensor_type.shape  # the (transposed) weight as the product sees it
-        path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family)  # type: ignore[arg-type]
-        if path == "gir-packed" and low.quick and current().gemm_path != path:
-            path = blas.choose_path(dtype, m, n, k, ta, tb, True, low.gemm_family, exclude=(path,))  # type: ignore[arg-type]
-            low.layout.schedule["quick_tier"] = "BLAS paths for the GEMMs the -O3 code runs as gir-packed"
-        low.loop_paths[op] = path  # the GEMM's lowering takes the same path (the choice may change meanwhile)
+        choice = low.schedule.gemm(low.ids[op])
+        assert choice is not None and choice.loop_weight, f"the schedule has no loop weight for {op.loc}"
+        path = choice.path_for(low.quick)
+        low.loop_paths[op] = path
         if path not in ("mkl-packed", "gir-packed", "openblas-copy"):
             continue
         key = (path, b_src, dtype, m, n, k, ta, tb)
@@ -982,7 +924,7 @@ def _pack_weights(low: Lowering, scan: Operation) -> None:
             low.pack_slots[op] = shared
             continue
         if path == "mkl-packed":
-            low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src])  # type: ignore[arg-type]
+            low.pack_slots[op] = _mkl_pack(low, dtype, m, n, k, tb, low.ptr[b_src], choice.pack_bytes)  # type: ignore[arg-type]
         elif path == "gir-packed":
             low.pack_slots[op] = _gir_pack(low, packed_gemm.Shape(dtype, m, n, k, ta, tb), low.ptr[b_src])  # type: ignore[arg-type]
         else:
@@ -1011,8 +953,8 @@ def _defined_outside(v: Value, scan: Operation) -> bool:
     return block_owner is None or not scan.is_ancestor_of(block_owner)
 
 
-def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: ir.Value) -> ir.Value:
-    dest = low.alloc_pinned(blas.pack_size(dtype, m, n, k))
+def _mkl_pack(low: Lowering, dtype: str, m: int, n: int, k: int, tb: bool, src: ir.Value, nbytes: int) -> ir.Value:
+    dest = low.alloc_pinned(nbytes)
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
     sig = ir.FunctionType(ir.VoidType(), [I32] * 6 + [fty, PTR, I32, PTR])
@@ -1040,22 +982,22 @@ def _gir_packed_gemm(low: Lowering, op: Operation, shape: packed_gemm.Shape, pa:
     across OpenBLAS's pool (`_Split.dispatch`)."""
     packed = low.pack_slots.get(op)
     assert packed is not None, "the enclosing scan packs this weight before its loop"
-    task = packed_gemm.emit_task(low.module, shape, _level1_unit())
+    task = packed_gemm.emit_task(low.module, shape, _level1_unit(low))
     low.team.dispatch(task, shape.blocks, [pc, pa, packed])
     threads = ("the calling thread (one row block)" if shape.blocks < 2
                else "the calling thread (OpenBLAS's blas_level1_thread is not usable here)"
-               if team.level1_entry() is None
+               if low.schedule.level1 is None
                else "both, through blas_level1_thread, while OpenBLAS is set to two or more threads at run time")
     low.layout.schedule.setdefault("packed_gemm", []).append(
         {"gemm": f"{op.loc}", "shape": f"{shape.m}x{shape.k} @ {shape.k}x{shape.n}", "row_blocks": shape.blocks,
          "threads": threads})
 
 
-def _level1_unit() -> int:
+def _level1_unit(low: Lowering) -> int:
     """The bytes OpenBLAS advances a level-1 routine's `b` by per row (1 where its entry is not
     used: the task then runs all rows from 0)."""
-    entry = team.level1_entry()
-    return entry[2] if entry is not None else 1
+    entry = low.schedule.level1
+    return entry[1] if entry is not None else 1
 
 
 def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Value) -> ir.Value:
@@ -1064,7 +1006,7 @@ def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Val
     matrix with leading dimension cols). Counted as a pack call."""
     fty = LLVM_TYPES[dtype]
     dest = low.alloc_pinned(rows * cols * (4 if dtype == "f32" else 8))
-    fint = ir.IntType(blas.openblas_int_bits())
+    fint = ir.IntType(low.schedule.openblas_int_bits)
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
         order, trans, c_rows, c_cols, lda, ldb, alpha = [low.b.alloca(I8), low.b.alloca(I8)] + \
@@ -1145,9 +1087,20 @@ class _Worker:
     wake the worker), the steps done after every step, the waits at the deferred GEMMs; and the
     `gir_worker` function, which runs the chunks. counters[4] (its low 32 bits) is the futex
     word that wakes the worker, counters[5] the steps done, counters[6] the chunks done,
-    counters[7] the worker's GEMM calls."""
+    counters[7] the chunks' GEMM calls, counters[8] the chunks the calling thread ran,
+    counters[9] the next chunk to claim.
 
-    FUTEX, PROGRESS, DONE, GEMMS = 4, 5, 6, 7
+    Degrading gracefully (issue 28): a chunk runs on whichever thread claims it first, by a
+    compare-and-swap of counters[9] from its index to the next, in index order, and each chunk
+    starts once the one before it is done (`gir_chunk`: chunks of one GEMM accumulate into one
+    C in order). At a deferred GEMM the calling thread claims every chunk up to that GEMM's last
+    that the worker has not, runs them itself, and then waits only for the chunk the worker is
+    running, if any: when the second core is busy and the worker has not even started, the step
+    costs about what the one-thread step does, instead of waiting for a time slice of that core.
+    A worker that starts after `gir_main` returned finds every chunk claimed and touches nothing
+    but the counters (the runtime joins it before the next call sets them to zero)."""
+
+    FUTEX, PROGRESS, DONE, GEMMS, MAIN, NEXT = 4, 5, 6, 7, 8, 9
 
     def __init__(self, low: Lowering, windows: list[overlap.Window]):
         self.low = low
@@ -1164,9 +1117,14 @@ class _Worker:
         self.tasks.sort(key=lambda task: task[0])
         self.last = {d.op: max(i for i, task in enumerate(self.tasks) if task[1] is d) for d in self.deferred.values()}
         self.saved: ir.Value | None = None
-        self.whole = bool(self.tasks) and overlap.whole_call_one_thread(low.layout.schedule)
+        self.whole = bool(self.tasks) and low.schedule.main_one_thread
         """This thread's BLAS on one thread for the whole call, not only during the windows, when
-        overlap.plan measured that faster (or GIR_CPU_OVERLAP=whole)."""
+        the schedule measured that faster (or GIR_CPU_OVERLAP=whole)."""
+        self.chunk: ir.Function | None = None
+        """`void gir_chunk(buffers, counters, fns, i64 index)`: runs one claimed chunk (emit)."""
+        if self.tasks:
+            self.chunk = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR, I64]), name="gir_chunk")
+            self.chunk.linkage = "internal"
 
     def _one_thread(self) -> None:
         b = self.low.b
@@ -1233,8 +1191,30 @@ class _Worker:
             done = self.low.b.add(i, ir.Constant(I64, self.base[scan] + 1))
             self.low.b.atomic_rmw("xchg", self._word(self.PROGRESS), done, "release")
 
+    def _claim_and_run(self, limit: int, counted: int | None) -> None:
+        """Claims the next chunks (compare-and-swap of counters[NEXT]) while their index is
+        below limit, running each here; counts them in counters[counted] (None: not counted)."""
+        b, fn = self.low.b, self.low.fn
+        labels = ("claim", "claim.try", "claim.run", "claim.done")
+        head, claim, run, done = (fn.append_basic_block(label) for label in labels)
+        b.branch(head)
+        b.position_at_end(head)
+        index = b.load_atomic(self._word(self.NEXT), "acquire", 8, typ=I64)
+        b.cbranch(b.icmp_signed("<", index, ir.Constant(I64, limit)), claim, done)
+        b.position_at_end(claim)
+        swapped = b.cmpxchg(self._word(self.NEXT), index, b.add(index, ir.Constant(I64, 1)), "acq_rel", "acquire")
+        b.cbranch(b.extract_value(swapped, 1), run, head)
+        b.position_at_end(run)
+        if counted is not None:
+            b.atomic_rmw("add", self._word(counted), ir.Constant(I64, 1), "monotonic")
+        b.call(self.chunk, [self.low.buffers, self.low.counters, self.low.fns, index])
+        b.branch(head)
+        b.position_at_end(done)
+
     def wait_for(self, op: Operation) -> None:
-        """At a deferred GEMM: wait for all its chunks; after a window's last one, restore BLAS threads."""
+        """At a deferred GEMM: run here the chunks up to its last that the worker has not
+        claimed, then wait for the one it runs; after a window's last one, restore BLAS threads."""
+        self._claim_and_run(self.last[op] + 1, self.MAIN)
         self._spin_until(self.DONE, self.last[op] + 1)
         window = next(w for w in self.windows.values() if any(d.op is op for d in w.deferred))
         if window.deferred[-1].op is op and not self.whole:
@@ -1251,16 +1231,16 @@ class _Worker:
         return low.b.gep(base, [ir.Constant(I64, a.offset + extra)], source_etype=I8)
 
     def emit(self) -> None:
-        """`void gir_worker(ptr buffers, ptr counters, ptr fns)`: wait to be woken, then each chunk in order."""
+        """`gir_chunk` (one chunk by index) and `void gir_worker(ptr buffers, ptr counters, ptr
+        fns)`: wait to be woken, then claim and run chunks until none is left."""
         if not self.tasks:
             return
+        self._emit_chunk()
         low = self.low
-        fn = ir.Function(low.module, low.fn.function_type, name="gir_worker")
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, PTR]), name="gir_worker")
         low.fn, low.entry = fn, fn.append_basic_block("entry")
         low.b = ir.IRBuilder(low.entry)
         low.buffers, low.counters, low.fns = fn.args
-        n = len(low.function.args) + len(low.function.result_types)
-        low.arena = low._load_ptr(low.buffers, n)
         b = low.b
         head, sleep, awake = (fn.append_basic_block(label) for label in ("woken", "sleep", "awake"))
         b.branch(head)
@@ -1271,16 +1251,44 @@ class _Worker:
         self._futex(0 | 128, 0)  # FUTEX_WAIT_PRIVATE while the word is 0
         b.branch(head)
         b.position_at_end(awake)
-        self._set_threads(ir.Constant(I32, 1))
-        for index, (trigger, d, c) in enumerate(self.tasks):
+        # BLAS to one thread only once a chunk is claimed: a late worker that claims none must
+        # not change the setting (OpenBLAS's "local" setter is process-wide, blas_threads.py)
+        first = b.load_atomic(self._word(self.NEXT), "acquire", 8, typ=I64)
+        with b.if_then(b.icmp_signed("<", first, ir.Constant(I64, len(self.tasks)))):
+            self._set_threads(ir.Constant(I32, 1))
+        self._claim_and_run(len(self.tasks), None)
+        b.ret_void()
+
+    def _emit_chunk(self) -> None:
+        """`gir_chunk(buffers, counters, fns, index)`: waits until the chunk's steps are done and
+        the chunk before it is done, runs its GEMM, and publishes it done."""
+        low = self.low
+        fn = self.chunk
+        assert fn is not None
+        low.fn, low.entry = fn, fn.append_basic_block("entry")
+        low.b = ir.IRBuilder(low.entry)
+        low.buffers, low.counters, low.fns, index = fn.args
+        n = len(low.function.args) + len(low.function.result_types)
+        low.arena = low._load_ptr(low.buffers, n)
+        b = low.b
+        end = fn.append_basic_block("end")
+        switch = b.switch(index, end)
+        for i, (trigger, d, c) in enumerate(self.tasks):
+            block = fn.append_basic_block(f"chunk{i}")
+            switch.add_case(ir.Constant(I64, i), block)
+            b.position_at_end(block)
             self._spin_until(self.PROGRESS, trigger)
+            self._spin_until(self.DONE, i)
             item = d.op.result.tensor_type.numpy_dtype.itemsize
             pa = self._pointer(d.a, c.k0 * d.m * item)
             pb = self._pointer(d.b, c.k0 * d.n * item)
             pc = self._pointer(overlap.Address(d.op.result, 0), 0)
-            _emit_gemm(low, d.op, "f32", d.m, d.n, c.k1 - c.k0, True, False, pa, pb, pc, False, c.beta, self.GEMMS)
+            _emit_gemm(low, d.op, "f32", d.m, d.n, c.k1 - c.k0, True, False, pa, pb, pc, False, c.beta, self.GEMMS,
+                       f"{low.ids[d.op]}#{d.chunks.index(c)}")
             # lda/ldb of a chunk are the whole operands' (m, n): the chunk is a block of rows
-            b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, index + 1), "release")
+            b.atomic_rmw("xchg", self._word(self.DONE), ir.Constant(I64, i + 1), "release")
+            b.branch(end)
+        b.position_at_end(end)
         b.ret_void()
 
 
@@ -1307,23 +1315,26 @@ class _Split:
         for r in op.results:
             low.slot(r, op)
         values = [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results] + [low.counters, low.fns]
-        entry = team.level1_entry()
-        assert entry is not None, "team.plan splits loops only where the probe found the entry"
+        entry = low.schedule.level1
+        assert entry is not None, "the schedule splits loops only where the probe found the entry"
         rows = int(op.results[0].tensor_type.shape[0])  # type: ignore[arg-type]
-        self.dispatch(self._outline(op, len(values), entry[2]), rows, values)
+        self.dispatch(self._outline(op, len(values), entry[1]), rows, values, claims=True)
 
-    def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value]) -> None:
+    def dispatch(self, task: ir.Function, rows: int, values: list[ir.Value], claims: bool = False) -> None:
         """Runs `task` (OpenBLAS's level-1 routine signature) over `rows` rows, its `args` the
-        addresses `values`: through `blas_level1_thread` on both threads when OpenBLAS is set
-        to two or more now and the entry was found, else on this thread alone."""
+        addresses `values` (and, with claims, a word after them: the next block to claim, set to
+        0 here): through `blas_level1_thread` on both threads when OpenBLAS is set to two or
+        more now and the entry was found, else on this thread alone."""
         low, b = self.low, self.low.b
         with b.goto_block(low.entry):  # on gir_main's stack: the arena is memplan's (and per call anyway)
             b.position_at_start(low.entry)
-            words = b.alloca(I64, size=ir.Constant(I64, len(values)))
+            words = b.alloca(I64, size=ir.Constant(I64, len(values) + int(claims)))
         for i, p in enumerate(values):
             b.store(b.ptrtoint(p, I64), b.gep(words, [ir.Constant(I64, i)]))
+        if claims:
+            b.store_atomic(ir.Constant(I64, 0), b.gep(words, [ir.Constant(I64, len(values))]), "release", 8)
         args = b.bitcast(words, PTR)
-        entry = team.level1_entry()
+        entry = low.schedule.level1
         null, zero, count = ir.Constant(PTR, None), ir.Constant(I64, 0), ir.Constant(I64, rows)
         if entry is None or rows < 2:
             b.call(task, [count, count, zero, args, zero, null])
@@ -1335,7 +1346,7 @@ class _Split:
         sig = ir.FunctionType(I32, [I32, I64, I64, I64, PTR, PTR, I64, PTR, I64, PTR, I64, PTR, I32])
         with b.if_else(b.icmp_signed(">=", self._blas_threads(), ir.Constant(I32, 2))) as (both, alone):
             with both:
-                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[1]), count, count, zero,
+                call_external(low, "ob_level1_thread", sig, [ir.Constant(I32, entry[0]), count, count, zero,
                                                              self.alpha, args, zero, null, ir.Constant(I64, 1),
                                                              null, zero, task, ir.Constant(I32, 2)])
             with alone:  # OpenBLAS set to one thread now: the whole loop here
@@ -1350,7 +1361,13 @@ class _Split:
         return low.b.load(low.b.load(cell, typ=PTR), typ=I32)
 
     def _outline(self, op: Operation, n_values: int, unit: int) -> ir.Function:
-        """`gir_task<j>`: op's loop over rows [b / unit, b / unit + m). The pointers come from
+        """`gir_task<j>`: op's loop, in blocks of rows that the two threads claim (issue 28):
+        each call, whatever rows OpenBLAS gave it (`m` from `b / unit`), takes the next block by
+        an atomic add on the word after `args`' pointers until none is left. So when OpenBLAS's
+        pool thread starts late (its core busy) the calling thread runs the blocks it has not
+        claimed instead of leaving them to it; OpenBLAS still waits for the pool thread to
+        return (an empty call then), which no gir code can shorten. Blocks run by each side are
+        counted in counters[SPLIT_CALLER] and counters[SPLIT_POOL]. The pointers come from
         memory, so LLVM cannot tell the results from the operands and does not vectorize the
         loop (~4x slower than gir_main's); the task checks at run time that no result overlaps
         an operand and then runs a copy of the loop whose result pointers are `noalias`."""
@@ -1359,19 +1376,50 @@ class _Split:
                          name=f"gir_task{self.count}")
         self.count += 1
         b = ir.IRBuilder(fn.append_basic_block("entry"))
-        m, _, _, args, _, start = fn.args
+        _, rows, _, args, _, start = fn.args
         loaded = [b.inttoptr(b.load(b.gep(args, [ir.Constant(I64, 8 * i)], source_etype=I8), typ=I64), PTR)
                   for i in range(n_values)]
-        lo = b.udiv(b.ptrtoint(start, I64), ir.Constant(I64, unit))
-        call = [lo, b.add(lo, m), *loaded]
+        claim = b.gep(args, [ir.Constant(I64, 8 * n_values)], source_etype=I8)
+        counters, fns = loaded[-2], loaded[-1]
+        caller = b.icmp_unsigned("==", b.ptrtoint(start, I64), ir.Constant(I64, 0))  # OpenBLAS's first share
+        with b.if_then(b.not_(caller)):
+            self._pool_hook(b, fns, claim)
+        block = max(1, -(-int(op.results[0].tensor_type.shape[0]) // team.BLOCKS))  # type: ignore[arg-type]
+        slot = b.select(caller, ir.Constant(I64, self.SPLIT_CALLER), ir.Constant(I64, self.SPLIT_POOL))
+        ran = b.gep(counters, [slot], source_etype=I64)
         fast, slow = self._body(op, fn.name, True), self._body(op, fn.name, False)
-        with b.if_else(self._overlap(b, op, loaded)) as (overlap, apart):
-            with overlap:
-                b.call(slow, call)
-            with apart:
+        apart = b.not_(self._overlap(b, op, loaded))
+        head, body, done = (fn.append_basic_block(label) for label in ("claim", "claim.run", "claim.done"))
+        b.branch(head)
+        b.position_at_end(head)
+        index = b.atomic_rmw("add", claim, ir.Constant(I64, 1), "acq_rel")
+        lo = b.mul(index, ir.Constant(I64, block))
+        b.cbranch(b.icmp_signed("<", lo, rows), body, done)
+        b.position_at_end(body)
+        hi = b.add(lo, ir.Constant(I64, block))
+        hi = b.select(b.icmp_signed("<", hi, rows), hi, rows)
+        call = [lo, hi, *loaded]
+        with b.if_else(apart) as (no_alias, aliased):
+            with no_alias:
                 b.call(fast, call)
+            with aliased:
+                b.call(slow, call)
+        b.atomic_rmw("add", ran, ir.Constant(I64, 1), "monotonic")
+        b.branch(head)
+        b.position_at_end(done)
         b.ret_void()
         return fn
+
+    SPLIT_CALLER, SPLIT_POOL = 10, 11
+    """counters[] slots: blocks of split loops run by the calling thread, by OpenBLAS's pool."""
+
+    @staticmethod
+    def _pool_hook(b: ir.IRBuilder, fns: ir.Value, claim: ir.Value) -> None:
+        """Tests (team.pool_hook): on the pool thread, before it claims, call the hook if set."""
+        cell = b.load(b.gep(fns, [ir.Constant(I64, externals.index("split_hook"))], source_etype=PTR), typ=PTR)
+        hook = b.load(cell, typ=ir.FunctionType(ir.VoidType(), [PTR]).as_pointer())
+        with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(hook, I64), ir.Constant(I64, 0))):
+            b.call(hook, [claim])
 
     @staticmethod
     def _overlap(b: ir.IRBuilder, op: Operation, ptrs: list[ir.Value]) -> ir.Value:
@@ -1472,13 +1520,13 @@ LENGTH_AWARE = {lower_fused, lower_elementwise, lower_constant, lower_view, lowe
 """The lowerings that compute sizes that follow the run-time length from it (`Lowering.shape`);
 any other op reading or making such a value refuses (`_refuse_length`)."""
 
-
-def lower_function(function: Function, plan: MemoryPlan | None = None, quick: bool = False,
-                   lengths: LengthDims | None = None) -> tuple[ir.Module, Layout]:
-    """function as an LLVM module and the layout the runtime needs; quick: for the quick tier
-    (`Lowering.quick`); lengths: the dims that follow the run-time length (code for every
-    length; raises NotALength where some op cannot serve them)."""
-    low = Lowering(function, plan, quick, lengths)
+def lower_function(function: Function, plan: MemoryPlan | None, schedule: CpuSchedule,
+                   quick: bool = False, lengths: LengthDims | None = None) -> tuple[ir.Module, Layout]:
+    """function as an LLVM module and the layout the runtime needs, following schedule (a pure
+    function of the three); quick: for the quick tier (`Lowering.quick`); lengths: the dims that
+    follow the run-time length (code for every length; raises NotALength where some op cannot
+    serve them)."""
+    low = Lowering(function, plan, schedule, quick, lengths)
     body = function.body
     low.worker.begin()
     returned = low.block(body)

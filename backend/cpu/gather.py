@@ -11,18 +11,23 @@
 
 An index out of range flags the run-time error the runtime raises after the call (as `index`
 by a scalar does) and reads or writes row 0 instead, so no memory outside the tensor is touched.
-This module is imported by codegen's lowering table (codegen's helpers are defined by then).
+codegen's lowering table imports this module; it imports nothing of codegen's at run time (its
+types and helpers are llvm_types.py's, `low.scalar` makes its `Scalar`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from llvmlite import ir
 
 from ...ir.core import Operation
 from ...ir.ops import reduction_axes
-from .codegen import I1, I64, LLVM_TYPES, PTR, Lowering, Scalar, _i64, _static, _strides
+from .llvm_types import I1, I64, LLVM_TYPES, PTR, _i64, _static, _strides
+
+if TYPE_CHECKING:
+    from .codegen import Lowering
 
 
 def lower_gather(low: Lowering, op: Operation) -> None:
@@ -54,7 +59,7 @@ def lower_scatter_add(low: Lowering, op: Operation) -> None:
     low.slot(op.result, op)
     out = low.ptr[op.result]
     _memmove(low, out, low.ptr[base], low.nbytes(base, op))
-    add = Scalar(low, op, t.dtype)
+    add = low.scalar(op, t.dtype)
     with low.for_range(_i64(low.product(low.shape(i, op))), "s") as n:
         k = low.row_number(i, n, shape[0], op, "scatter_add index")
         dst = low.b.mul(k, ir.Constant(I64, row))
@@ -78,7 +83,7 @@ def lower_logsumexp(low: Lowering, op: Operation) -> None:
     red_strides = [strides[k] for k in axes]
     low.slot(op.result, op)
     ty = LLVM_TYPES[t.dtype]
-    s = Scalar(low, op, t.dtype, reassociate=True)
+    s = low.scalar(op, t.dtype, reassociate=True)
     with low.b.goto_block(low.entry):
         low.b.position_at_start(low.entry)
         peak, acc = low.b.alloca(ty), low.b.alloca(ty)

@@ -67,10 +67,13 @@ class Layout:
     """Run-time error code k (the value of counters[2]) is errors[k - 1]: (message, location)."""
     provisional: list[list] = field(default_factory=list)
     """GEMM shapes (blas.path_times' arguments) whose path or family came from the model, not a
-    measurement (measured in the background: a later compile refines them)."""
+    measurement (CpuSchedule.provisional; measured in the background: a later compile refines
+    them)."""
     schedule: dict[str, object] = field(default_factory=dict)
-    """How the work was laid out, for `fn.stats.schedule`: stacked values written in place
-    (their rows of the stack) or copied per step, and the two-core schedule (overlap.py)."""
+    """How the work was laid out, for `fn.stats.schedule`: the CpuSchedule's reasons (split
+    loops, the two-core schedule, pending thread times; schedule/), then what the lowering
+    counted: stacked values written in place (their rows of the stack) or copied per step,
+    `packed_gemm`, `quick_tier`."""
     externals: list[str] = field(default_factory=list)
     """The slots of the `fns` table the code calls (externals.SLOTS)."""
     lengths: LengthLayout | None = None

@@ -15,13 +15,15 @@ from llvmlite.binding.newpassmanagers import NewPassManager
 
 from ...analysis.lengths import LengthDims
 from ...analysis.memory.plan import MemoryPlan
+from ...config import current
 from ...ir.core import Function
 from ...support import cache as disk
 from ...support import timing
-from . import tiers
+from . import blas, snapshot, tiers
+from .code import Code, CompileInfo, cache_key, has_worker, host, opt_level, target_key
 from .codegen import lower_function
 from .layout import Layout
-from .runtime import Code, CompileInfo, cache_key, has_worker, opt_level, target_key
+from .schedule import CpuSchedule
 
 
 def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
@@ -32,14 +34,6 @@ def new_target_machine(opt: int | None = None) -> llvm.TargetMachine:
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=cpu, features=features, opt=opt_level() if opt is None else opt,
                                         reloc="pic", codemodel="jitdefault")
-
-
-@cache
-def host() -> tuple[str, str]:
-    """The host CPU's name and features (asking LLVM for the features costs ~25 ms: once)."""
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
 @cache
@@ -121,15 +115,22 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         if code is not None and not best:
             root = disk.cache_root()
             switches = target_key()
-            make = lambda: _final_code(*_lowered(function, plan, switches, lengths), key, root)  # noqa: E731
+            # a schedule of its own, from the measurements of when it runs
+            make = lambda: _final_code(*_lowered(function, plan, switches, None, lengths), key, root)  # noqa: E731
             code.final = tiers.FinalCompile(make, key, what="code with the measured GEMM paths")
             return code
     t0 = time.perf_counter()
     tiered = tiers.enabled() if tiered is None else tiered
+    with timing.phase("backend: schedule"):
+        schedule = snapshot.schedule(function, plan, current())
     with timing.phase("backend: lower to LLVM IR"):
-        module, layout = lower_function(function, plan, quick=tiered, lengths=lengths)
+        module, layout = lower_function(function, plan, schedule, quick=tiered, lengths=lengths)
         llvm_ir = str(module)
     lower = time.perf_counter() - t0
+    if best:  # a background job (better code for a cache hit): LLVM in a process of its own, as -O3's tier
+        code = _final_code(llvm_ir, layout, key, disk.cache_root() if disk.enabled() else None)
+        code.info.seconds["lower"] = lower
+        return code
     if not tiered:
         code = _llvm_compile(llvm_ir, layout, opt_level(), lower)
         if disk.enabled():
@@ -140,9 +141,9 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     # queued by CPUFunction once the quick code is loaded: llvmlite serialises every LLVM call
     # with one lock, so loading it while the background holds that lock would wait for -O3
     root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
-    if "quick_tier" in layout.schedule:  # the -O3 code takes gir-packed where the quick code did not
+    if schedule.quick_differs:  # the -O3 code takes gir-packed where the quick code did not
         switches = target_key()  # the environment `key` was made in: the job lowers under it or not at all
-        job = lambda: _final_code(*_lowered(function, plan, switches, lengths), key, root)  # noqa: E731
+        job = lambda: _final_code(*_lowered(function, plan, switches, schedule, lengths), key, root)  # noqa: E731
     else:
         job = lambda: _final_code(llvm_ir, layout, key, root)  # noqa: E731
     code.final = tiers.FinalCompile(job, key if root else None)
@@ -150,17 +151,20 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
 
 
 def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple,
-             lengths: LengthDims | None = None) -> tuple[str, Layout]:
+             schedule: CpuSchedule | None, lengths: LengthDims | None = None) -> tuple[str, Layout]:
     """function lowered for the -O3 tier (on the background thread: the IR is not changed once
-    compiled, and what lowering reads of BLAS measurements is under their locks). Lowering
-    reads the GIR_* switches of target_key (GIR_PACKED_GEMM, GIR_CPU_OVERLAP, ...) when the job
-    runs: if one changed since the quick compile (the job may wait behind others), code lowered
-    now would go into the caches under the key of another environment, so none is made (the
-    quick code keeps running; CPUFunction.final_error says why)."""
+    compiled), by the quick code's schedule, or (None: code whose GEMM paths were measured
+    since) a new one from the measurements of now. The schedule step reads the GIR_* switches
+    of target_key (GIR_PACKED_GEMM, GIR_CPU_OVERLAP, ...) and the cache key was made under them:
+    if one changed since the quick compile (the job may wait behind others), code lowered now
+    would go into the caches under the key of another environment, so none is made (the quick
+    code keeps running; CPUFunction.final_error says why)."""
     if target_key() != switches:
         raise RuntimeError("a switch of the cache key (GIR_*, BLAS threads) changed between the quick compile and "
                            "its -O3 job: the final code is not lowered under another environment")
-    module, layout = lower_function(function, plan, lengths=lengths)
+    if schedule is None:
+        schedule = snapshot.schedule(function, plan, current())
+    module, layout = lower_function(function, plan, schedule, lengths=lengths)
     return str(module), layout
 
 
@@ -185,32 +189,39 @@ def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
 
 
 def _final_code(llvm_ir: str, layout: Layout, key: str, root: str | None) -> Code:
-    """The -O3 code of llvm_ir, on the background thread: a target machine of its own; stored in
-    the object cache of folder root (None: not stored), the one the compile looked up, wherever
-    GIR_CACHE_DIR points when the job ends. LLVM's global context, as every compile: llvmlite serialises all LLVM calls
-    with one lock, so a context of its own would buy no concurrency, and Python may free such a
-    context before the module parsed into it (a use after free)."""
+    """The -O3 code of llvm_ir, on the background thread, compiled by a process of its own
+    (tiers.compile_in_child: no LLVM lock of this process is held meanwhile, so a quick compile
+    of another shape never waits behind it); stored in the object cache of folder root (None:
+    not stored), the one the compile looked up, wherever GIR_CACHE_DIR points when the job ends."""
     opt = opt_level()
+    cpu, features = host()
+    try:
+        optimized_ir, obj, seconds = tiers.compile_in_child(llvm_ir, cpu, features, opt)
+    except tiers.NoChild:
+        optimized_ir, obj, seconds = _compile_here(llvm_ir, opt)
+    seconds = {**seconds, "llvm_opt_cpu": seconds["llvm_opt"], "llvm_emit_cpu": seconds["llvm_emit"]}
+    # CPU seconds of the child (its wall clock is shared, at nice 19)
+    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
+    if root is not None:
+        disk.store("objects", key, *code.to_entry(), root=root)
+    return code
+
+
+def _compile_here(llvm_ir: str, opt: int) -> tuple[str, bytes, dict[str, float]]:
+    """-O<opt> of llvm_ir in this process, where no process could be started for it: a target
+    machine of its own, LLVM's global context (llvmlite's lock: other compiles wait meanwhile)."""
     tm = new_target_machine(opt)
     c0 = time.thread_time()
     mod = llvm.parse_assembly(llvm_ir)
     mod.verify()
     c1 = time.thread_time()
-    if tiers.stopping():
-        raise RuntimeError("process exiting")
     optimize(mod, opt, tm)
     optimized_ir = str(mod)
     c2 = time.thread_time()
     if tiers.stopping():
         raise RuntimeError("process exiting")
     obj = tm.emit_object(mod)
-    c3 = time.thread_time()
-    seconds = {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": c3 - c2, "llvm_opt_cpu": c2 - c1,
-               "llvm_emit_cpu": c3 - c2}  # CPU seconds of the background thread (its wall clock is shared)
-    code = Code(obj, layout, optimized_ir, llvm_ir, CompileInfo(opt, "", seconds, layout.measured, "final"))
-    if root is not None:
-        disk.store("objects", key, *code.to_entry(), root=root)
-    return code
+    return optimized_ir, obj, {"llvm_parse": c1 - c0, "llvm_opt": c2 - c1, "llvm_emit": time.thread_time() - c2}
 
 
 def load_object(code: Code) -> tuple[Any, Any, Any]:
@@ -227,6 +238,41 @@ def assembly(code: Code) -> str:
     """The host assembly of code's optimised LLVM IR (as costly as compiling it)."""
     opt = tiers.QUICK_CODEGEN if code.info.tier == "quick" else code.info.opt_level
     return _target_machine(opt).emit_assembly(llvm.parse_assembly(code.optimized_ir))
+
+
+def packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
+                  a: Any, b: Any, c: Any) -> Any:
+    """blas.gemm_caller's `gir-packed` (registered with blas below: blas.py is the floor under
+    this one and imports no LLVM): the weight packed once (not timed), each call run as compiled
+    code runs it: on both threads through OpenBLAS's blas_level1_thread when its pool and
+    setting have two, else on this thread (packed_gemm.py, codegen.py `_Split.dispatch`)."""
+    import ctypes
+
+    import numpy as np
+
+    from . import packed_gemm, team
+
+    entry = team.level1_entry()
+    shape = packed_gemm.Shape(dtype, m, n, k, ta, tb)
+    engine, pack, task = packed_functions(shape, entry[2] if entry is not None else 1)
+    packed = np.zeros(shape.packed_bytes // c.itemsize, c.dtype)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(pack)(
+        b.ctypes.data, packed.ctypes.data, n, k)
+    args = (ctypes.c_int64 * packed_gemm.TASK_ARGS)(c.ctypes.data, a.ctypes.data, packed.ctypes.data)
+    long = ctypes.c_int64
+    blocks = shape.blocks
+    keep = (engine, packed, args, a, c)
+    if entry is None or blocks < 2 or team.cpu_number() < 2:
+        alone = ctypes.CFUNCTYPE(None, long, long, long, ctypes.c_void_p, long, ctypes.c_void_p)(task)
+        return lambda: (alone(blocks, blocks, 0, ctypes.addressof(args), 0, None), keep)
+    both = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, long, long, long, ctypes.c_void_p, ctypes.c_void_p, long,
+                            ctypes.c_void_p, long, ctypes.c_void_p, long, ctypes.c_void_p, ctypes.c_int)(entry[0])
+    alpha = (ctypes.c_double * 4)()
+    call = (entry[1], blocks, blocks, 0, ctypes.addressof(alpha), ctypes.addressof(args), 0, None, 1, None, 0, task, 2)
+    return lambda: (both(*call), keep, alpha)
+
+
+blas.register_caller("gir-packed", packed_caller)
 
 
 def packed_functions(shape: Any, unit: int) -> tuple[Any, int, int]:

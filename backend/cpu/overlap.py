@@ -12,17 +12,20 @@ while the scan's own recurrence goes on. The compiled code then has a second ent
   per-thread setting of OpenBLAS and MKL), wakes the worker (a futex), and after every step
   publishes how many steps are done; at each deferred GEMM it waits until the worker has done
   all that GEMM's chunks, and after the scan it restores its BLAS threads.
-- `gir_worker` waits to be woken, sets its BLAS calls to one thread, then runs its static list
-  of chunks in order: each waits until its steps are done, runs one GEMM, and publishes that
-  it is done.
+- `gir_worker` waits to be woken, then claims chunks in order (a compare-and-swap of the next
+  chunk's index, codegen._Worker), setting its BLAS calls to one thread once it has one: each
+  waits until its steps and the chunk before it are done, runs one GEMM, and publishes that
+  it is done. At a deferred GEMM `gir_main` claims and runs the chunks the worker has not
+  claimed yet, so a worker whose core is busy costs a one-thread step, not a wait (issue 28).
 
 When the calling thread's other GEMMs (the forward pass's) measured faster on one thread
 than on all, its BLAS stays on one thread for the whole call (`main_blas_threads`): on a
 machine whose other core is busy, a 2-thread GEMM waits for that core.
 
 No Python runs per step or per chunk; the list of chunks is fixed when the code is compiled.
-Whether to do it at all is decided here, from the GEMM times blas.py measures (see `decide`),
-and recorded with the reasons in `fn.stats.schedule`.
+Whether to do it at all is decided by the schedule step (schedule/overlap.py), from the GEMM
+thread times blas_threads.py measures, and recorded with the reasons in the CpuSchedule and
+`fn.stats.schedule`.
 
 This module is the analysis (IR only): which GEMMs can be deferred, and how they are chunked.
 codegen.py emits the code.
@@ -184,10 +187,10 @@ def mode() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Deciding: the measured model
+# What the decision (schedule/overlap.py) weighs: the calling thread's GEMMs
 
 
-def _outside_gemms(function: Function, windows: list[Window]) -> list[tuple[int, int, int, bool, bool]]:
+def outside_gemms(function: Function, windows: list[Window]) -> list[tuple[int, int, int, bool, bool]]:
     """The GEMMs the calling thread runs outside the windows (each once per run: a scan's body
     GEMMs as many times as it has steps), as (m, n, k, ta, tb)."""
     skip = {d.op for w in windows for d in w.deferred}
@@ -196,13 +199,13 @@ def _outside_gemms(function: Function, windows: list[Window]) -> list[tuple[int,
         if op in skip or any(op is w.scan for w in windows):
             continue
         if op.name == "scan":
-            out += _body_gemms(op) * (LoopView(op).trip_count or 1)
+            out += body_gemms(op) * (LoopView(op).trip_count or 1)
         else:
-            out += _body_gemms(op, [op])
+            out += body_gemms(op, [op])
     return out
 
 
-def _body_gemms(scan: Operation, ops: list[Operation] | None = None) -> list[tuple[int, int, int, bool, bool]]:
+def body_gemms(scan: Operation, ops: list[Operation] | None = None) -> list[tuple[int, int, int, bool, bool]]:
     """(m, n, k, ta, tb) of every float32 GEMM with a 2-D right operand in the scan's body (or ops)."""
     out = []
     for op in ops if ops is not None else scan.body:
@@ -215,125 +218,3 @@ def _body_gemms(scan: Operation, ops: list[Operation] | None = None) -> list[tup
         shape = [int(x) for x in op.result.tensor_type.shape]  # type: ignore[arg-type]
         out.append((math.prod(shape[:-1]), shape[-1], int(a.tensor_type.shape[-1]), ta, tb))  # type: ignore[arg-type]
     return out
-
-
-class _Times:
-    """blas_threads.seconds for one family, asked for every shape a decision needs: a shape not
-    measured yet counts 0 and is noted, and `check` then raises NotMeasured naming them all
-    (so all of them are queued for the background measurer at once)."""
-
-    def __init__(self, family: str):
-        self.family = family
-        self.missing: list[tuple] = []
-
-    def __call__(self, *g: object, threads: int) -> float:
-        from . import blas_threads
-
-        try:
-            return blas_threads.seconds(self.family, *g, threads=threads)  # type: ignore[arg-type]
-        except blas_threads.NotMeasured as e:
-            self.missing.append(e.params)
-            return 0.0
-
-    def check(self) -> None:
-        from . import blas_threads
-
-        if self.missing:
-            raise blas_threads.NotMeasured(tuple(dict.fromkeys(self.missing)))
-
-
-def estimate(window: Window, family: str) -> dict[str, float]:
-    """Milliseconds of the window's GEMMs: `without` (2-thread GEMMs, the deferred ones after the
-    scan) and `with` (the scan's GEMMs on one thread here, the chunks on one thread on the
-    worker, whichever is longer, plus the last chunk, which can only start after the last step).
-    Elementwise work and waiting are not in the model: it decides between the two GEMM
-    schedules, measured on this machine (blas_threads.py)."""
-    seconds = _Times(family)
-    steps = LoopView(window.scan).trip_count or 0
-    body = _body_gemms(window.scan)
-    main1 = steps * sum(seconds(*g, threads=1) for g in body)
-    main2 = steps * sum(seconds(*g, threads=0) for g in body)
-    after2 = sum(seconds(d.m, d.n, d.k, True, False, threads=0) for d in window.deferred)
-    worker, last = 0.0, 0.0
-    for d in window.deferred:
-        for c in d.chunks:
-            last = seconds(d.m, d.n, c.k1 - c.k0, True, False, threads=1)
-            worker += last
-    seconds.check()
-    return {"without_ms": 1e3 * (main2 + after2), "with_ms": 1e3 * max(main1 + last, worker),
-            "scan_gemms_1thread_ms": 1e3 * main1, "scan_gemms_ms": 1e3 * main2,
-            "deferred_ms": 1e3 * after2, "worker_1thread_ms": 1e3 * worker}
-
-
-MARGIN = 0.5
-"""The schedule is used when the model predicts it at least 2x faster. The model counts GEMM
-times only, each measured alone; with the worker running, both threads' 1-thread GEMMs and
-OpenBLAS's own pool thread share the 2 cores, which the model does not see. Forced on, on a
-quiet machine (`GIR_CPU_OVERLAP=0|1 python bench/rnn.py --models rnn,gru,lstm --sizes S
---threads 2 --peers numpy`): rnn-S 8.1 -> 12.1 ms, gru-S 25.3 -> 37.7, lstm-S 34.8 -> 51.3;
-a two-layer GRU the model gave 27.8 against 29.4 ms ran 1.44x slower with it
-(bench/generic_cell.py). The margin was 25 % until a quiet machine's thread times gave rnn-S
-4.64 against 7.12 ms (a predicted 1.53x gain, `fn.stats.schedule`), and the step ran 12.5-13.4
-ms with the schedule against 7.3 ms without (`GIR_CPU_OVERLAP=auto|0 python bench/rnn_steps.py
-rnn 100`, alternated, 2026-11-24; re-run later with `=1|0`: 17.7-19.7 against 9.5-13.5 ms).
-Where it won, on a loaded machine, the predicted gain was 1.3x-60x: only the large ones stay."""
-
-
-def plan(function: Function, family: str, schedule: dict[str, object]) -> list[Window]:
-    """The windows to run with the worker, the decision and its reasons written to schedule."""
-    from . import blas_threads  # lazily: it loads BLAS
-
-    windows = find_windows(function)
-    if not windows:
-        return []
-    chosen = mode()
-    why = blas_threads.unavailable(family)
-    if chosen == "0" or why is not None:
-        schedule["overlap"] = "off: " + ("GIR_CPU_OVERLAP=0" if chosen == "0" else why)  # type: ignore[operator]
-        return []
-    kept, notes = [], []
-    pending: list[tuple] = []
-    for w in windows:
-        try:
-            est = {k: round(v, 3) for k, v in estimate(w, family).items()} if chosen == "auto" else {}
-        except blas_threads.NotMeasured as e:  # decided without the worker; compiled again once measured
-            pending += e.params
-            notes.append({"scan": str(w.scan.loc), "used": False,
-                          "why": "GEMM thread times not measured yet (measuring in the background)"})
-            continue
-        use = chosen in ("1", "whole") or est["with_ms"] < MARGIN * est["without_ms"]
-        notes.append({"scan": str(w.scan.loc), "deferred_gemms": len(w.deferred),
-                      "chunks": sum(len(d.chunks) for d in w.deferred), "used": use,
-                      "why": "measured model" if chosen == "auto" else f"GIR_CPU_OVERLAP={chosen}", **est})
-        if use:
-            kept.append(w)
-    schedule["overlap"] = notes
-    if kept and chosen == "auto":
-        try:
-            schedule["main_blas_threads"] = _main_threads(function, kept, family)
-        except blas_threads.NotMeasured as e:
-            pending += e.params
-            schedule["main_blas_threads"] = {"threads": "all", "why": "GEMM thread times not measured yet"}
-    elif kept and chosen == "whole":
-        schedule["main_blas_threads"] = {"threads": 1, "why": "GIR_CPU_OVERLAP=whole"}
-    if pending and blas_threads.blas.measure_mode() == "background":  # refined later (=off: never)
-        schedule["overlap_pending"] = [list(p) for p in dict.fromkeys(pending)]
-    return kept
-
-
-def _main_threads(function: Function, kept: list[Window], family: str) -> dict[str, object]:
-    """The calling thread's other GEMMs: on one thread for the whole call when that measured
-    faster (on a machine whose other core is busy, 2-thread GEMMs wait for it)."""
-    seconds = _Times(family)
-    outside = _outside_gemms(function, kept)
-    one = sum(seconds(*g, threads=1) for g in outside)
-    both = sum(seconds(*g, threads=0) for g in outside)
-    seconds.check()
-    return {"threads": 1 if one <= both else "all", "why": "measured model",
-            "outside_1thread_ms": round(1e3 * one, 3), "outside_ms": round(1e3 * both, 3)}
-
-
-def whole_call_one_thread(schedule: dict[str, object]) -> bool:
-    """Whether the calling thread's BLAS runs on one thread for the whole call (`plan`)."""
-    main = schedule.get("main_blas_threads")
-    return isinstance(main, dict) and main.get("threads") == 1

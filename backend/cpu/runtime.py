@@ -19,38 +19,35 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 import numpy as np
 
 from ...analysis.lengths import LengthDims
 from ...analysis.memory.plan import MemoryPlan
-from ...config import code_key, current
+from ...config import current
 from ...errors import GirArgumentError, GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ...ir.types import TensorType
 from ...support import timing
-from ...support.cache import build_fingerprint, digest
-from . import blas, externals, native, team, tiers
+from . import blas, blas_threads, externals, native, quiet_timing, tiers
+from .code import (  # noqa: F401 - what runtime.py has always offered
+    _CODEGEN_VERSION,
+    DEFAULT_OPT,
+    Code,
+    CompileInfo,
+    cache_key,
+    has_worker,
+    host_id,
+    opt_level,
+    target_key,
+)
 from .layout import GemmSite, Layout, LengthLayout
-
-
-def opt_level() -> int:
-    """LLVM's optimisation level for compiled code: GIR_LLVM_OPT (0-3), default DEFAULT_OPT."""
-    level = current().llvm_opt
-    return DEFAULT_OPT if level is None else level
-
-
-DEFAULT_OPT = 3
-"""Chosen by measurement (docs/performance.md, "Compile time"): compile seconds against the
-run time of the bench/rnn.py training steps."""
 
 
 @dataclass
@@ -67,81 +64,47 @@ class Stats:
     schedule: dict[str, object] = field(default_factory=dict)
     """How the compiled code lays out its work (Layout.schedule): stacked values written in
     place or copied, and the two-core schedule with the reasons for it."""
+    quiet_seconds: float = 0.0
+    """The fastest call of this code in this process so far: its quiet time."""
+    slower_because: list[str] = field(default_factory=list)
+    """When this call took more than SLOW_FACTOR times the quiet time: what competed with it
+    (quiet_timing.competitors: background work of this process, other processes, the switches
+    the call suffered); empty otherwise."""
+    source: Any = field(default=None, repr=False, compare=False)
+    """The CPUFunction that made the call: `background` and `blas_threads` are read from it
+    when asked (computing them at every call cost microseconds a call)."""
+    split_blocks: tuple[int, int] = (0, 0)
+    """Split schedule: blocks of split loops run by (the calling thread, OpenBLAS's pool thread)."""
+    worker_chunks: int = 0
+    """Two-core schedule: chunks of the deferred GEMMs the worker thread ran (the calling thread
+    ran the others: those the worker had not claimed when it needed them, codegen._Worker)."""
+
+    @property
+    def background(self) -> list[str]:
+        """Background work of this process pending or running now (GEMM measurements, better
+        code being compiled), as `gir run -v` says it."""
+        preparing = getattr(self.source, "preparing", "")
+        return quiet_timing.background_work() + ([f"preparing {preparing}"] if preparing else [])
+
+    @property
+    def blas_threads(self) -> str:
+        """How calls run BLAS now: 'all threads', or 'one thread (...)' while the second core
+        is busy (blas_threads.Governor, GIR_CPU_ADAPT); '' without the governor."""
+        governor = getattr(self.source, "governor", None)
+        return governor.describe() if governor is not None else ""
+
+    def slow_note(self) -> str:
+        """One line on a slow call ('' when it was not slow)."""
+        if not self.slower_because:
+            return ""
+        return (f"this call took {self.seconds * 1e3:.2f} ms against {self.quiet_seconds * 1e3:.2f} ms quiet; "
+                "competing: " + "; ".join(self.slower_because))
 
 
-@dataclass
-class CompileInfo:
-    opt_level: int = DEFAULT_OPT
-    """LLVM's optimisation level (GIR_LLVM_OPT; the default is chosen by measurement)."""
-    from_cache: str = ""
-    """'' compiled here; 'compiled' a hit in the compile cache (nothing ran but loading);
-    'objects' a hit in the object cache (the passes ran, LLVM did not)."""
-    seconds: dict[str, float] = field(default_factory=dict)
-    """Seconds of lowering, LLVM's passes and code emission when it was compiled; of loading now."""
-    gemm_measured: bool = True
-    """False when some GEMM path came from the model (it is refined by a later compile)."""
-    tier: str = ""
-    """'' compiled once (tiering off, an explicit GIR_LLVM_OPT, or final code loaded from a
-    cache); 'quick' the cheap first code while -O3 compiles in the background (tiers.py), or
-    quick code loaded from the compile cache (stored at once: what ran); 'final' the better
-    code that replaced it (-O3, or measured GEMM paths)."""
-
-
-@dataclass
-class Code:
-    """What compiling a function produced: everything a process needs to run it and show it."""
-
-    obj: bytes
-    layout: Layout
-    optimized_ir: str
-    llvm_ir: str
-    info: CompileInfo
-    final: tiers.FinalCompile | None = None
-    """Quick code's background -O3 compile (its `code` is this function's final Code)."""
-    shared: bytes | None = None
-    """obj linked into a shared library (native.py), when it came from a cache entry that has one."""
-
-    def to_entry(self, shared: bool = False) -> tuple[dict, bytes]:
-        """(meta, blob) of a cache entry; shared: the blob adds the object linked into a shared
-        library (where a linker is found), which a hit in a new process loads without LLVM.
-        The IR texts are parts of the blob, not of the JSON meta: decoding them costs nothing."""
-        library = native.link(self.obj) if shared else None
-        parts = {"object": self.obj, "llvm_ir": self.llvm_ir.encode(), "optimized_ir": self.optimized_ir.encode()}
-        if library is not None:
-            parts["shared"] = library
-        meta = {"layout": self.layout.to_json(), "opt_level": self.info.opt_level, "seconds": self.info.seconds,
-                "parts": [[name, len(data)] for name, data in parts.items()], "state": self.state()}
-        return meta, b"".join(parts.values())
-
-    def state(self) -> dict[str, Any]:
-        """What a cache entry of this code says of it (`gir cache info`): 'quick' code (the -O3
-        code is better) or 'final', and whether its GEMM paths and schedule were measured."""
-        return {"tier": "quick" if self.info.tier == "quick" else "final", "measured": self.layout.measured}
-
-    @classmethod
-    def from_entry(cls, meta: dict, blob: bytes, source: str) -> Code:
-        layout = Layout.from_json(meta["layout"])
-        tier = "quick" if (meta.get("state") or {}).get("tier") == "quick" else ""  # quick code stays quick
-        info = CompileInfo(int(meta["opt_level"]), source, dict(meta.get("seconds", {})), layout.measured, tier)
-        parts, at = {}, 0
-        for name, size in meta["parts"]:
-            parts[str(name)], at = blob[at : at + int(size)], at + int(size)
-        if at != len(blob):
-            raise ValueError("parts do not add up to the blob")
-        return cls(parts["object"], layout, parts["optimized_ir"].decode(), parts["llvm_ir"].decode(), info,
-                   shared=parts.get("shared"))
-
-    def stale(self) -> bool:
-        """Its GEMM paths came from the model, or its two-core schedule was decided without
-        GEMM thread times, and every such shape is measured now."""
-        from . import blas_threads
-
-        pending = self.layout.schedule.get("overlap_pending") or []
-        provisional = self.layout.provisional
-        if not pending and not provisional:
-            return False
-        return (blas_threads.is_measured([tuple(p) for p in pending])  # type: ignore[union-attr]
-                and (not provisional or blas.is_measured([tuple(p) for p in provisional])))
+SLOW_FACTOR = 2.0
+"""A call slower than this many times its code's quiet time gets `Stats.slower_because`."""
+SLOW_FLOOR = 1e-4
+"""Seconds below which a call is never called slow (jitter of microseconds is no news)."""
 
 
 @dataclass
@@ -210,6 +173,10 @@ class CPUFunction:
         self._fns_ptr = ctypes.cast(externals.table(), ctypes.c_void_p)
         self._local = threading.local()
         """This thread's `Workspace` (`.workspace`) and `Stats` (`.stats`)."""
+        self.governor = blas_threads.Governor() if current().cpu_adapt_threads else None
+        """One BLAS thread while the second core is busy (GIR_CPU_ADAPT; blas_threads.Governor)."""
+        self._quiet: dict[int, float] = {}
+        """Fastest call seconds per code (id of its CompileInfo: the quick and the final code differ)."""
         self._last_stats: Stats | None = None
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
         self.compile_seconds["load"] = time.perf_counter() - clock
@@ -368,6 +335,7 @@ class CPUFunction:
         ws = getattr(self._local, "workspace", None)
         if ws is None or not ws.fits(layout):
             ws = self._local.workspace = Workspace(layout)
+            self._local.switches = quiet_timing.thread_switches()  # the mark a slow call counts from
         return ws
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
@@ -400,17 +368,25 @@ class CPUFunction:
         if layout.lengths is not None:
             ptrs += ws.for_length(length, layout.lengths)  # type: ignore[arg-type]
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        ws.join_worker()  # a late worker of this thread's last call (it claims nothing more)
         counters = ws.counters
         counters[:] = 0
-        start = time.perf_counter()
-        worker = None
-        if entry.worker is not None:  # ctypes releases the GIL: the two run at once
-            worker = threading.Thread(target=entry.worker, args=(buffers, ws.counters_ptr, self._fns_ptr))
-            worker.start()
-        entry.native(buffers, ws.counters_ptr, self._fns_ptr)
-        if worker is not None:
-            worker.join()
-        seconds = time.perf_counter() - start
+        one = self._setter(layout) if self.governor is not None and self.governor.use_one_thread() else None
+        quiet_timing.call_began()
+        try:
+            before = one.enter() if one is not None else 0
+            start = time.perf_counter()
+            if entry.worker is not None and one is None:  # ctypes releases the GIL: the two run at once
+                ws.start_worker(entry, buffers, self._fns_ptr)
+            # on one thread, no worker: gir_main claims and runs every chunk itself
+            entry.native(buffers, ws.counters_ptr, self._fns_ptr)
+            seconds = time.perf_counter() - start
+            if one is not None:
+                one.leave(before)
+        finally:
+            quiet_timing.call_ended()
+        # gir_main returns once every chunk is done, by whichever thread: a worker that has not
+        # run yet finds them all claimed, and is joined before the workspace is used again
         if counters[2]:
             message, loc = layout.errors[int(counters[2]) - 1]
             message = message.replace("{value}", str(int(counters[3])))  # the offending index (flag_error)
@@ -418,9 +394,48 @@ class CPUFunction:
         paths: dict[str, int] = {}
         for g in layout.gemms:
             paths[g.path] = paths.get(g.path, 0) + 1
-        self._local.stats = self._last_stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths,
-                                                     entry.code.info, layout.schedule)
+        stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths, entry.code.info,
+                      layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0,
+                      split_blocks=(int(counters[10]), int(counters[11])), source=self)
+        switches = self._note_quiet_time(stats)
+        if self.governor is not None:
+            self.governor.record(seconds, switches, one is not None)
+        self._local.stats = self._last_stats = stats
         return outs
+
+    def _setter(self, layout: Layout) -> blas_threads.OneThread | None:
+        """What sets BLAS to one thread for the code's GEMM family (None: nothing here, or BLAS
+        on one thread anyway: the call runs as compiled)."""
+        family = "mkl" if any(g.path in blas.FAMILIES["mkl"] for g in layout.gemms) else "openblas"
+        return blas_threads.one_thread(family)
+
+    def _note_quiet_time(self, stats: Stats) -> int:
+        """Keeps the fastest call as the quiet time; a call much slower says what competed.
+        Returns the involuntary switches this thread suffered since it last looked, read only
+        for a slow call (a look costs ~1 us: the fast path does not pay it), 0 otherwise."""
+        key = id(stats.compile)
+        quiet = self._quiet.get(key, 0.0)
+        if not quiet or stats.seconds < quiet:
+            self._quiet[key] = quiet = stats.seconds
+        stats.quiet_seconds = quiet
+        if stats.seconds <= SLOW_FACTOR * quiet or stats.seconds <= SLOW_FLOOR:
+            return 0
+        now = quiet_timing.thread_switches()
+        switches = now - getattr(self._local, "switches", now)
+        self._local.switches = now
+        stats.slower_because = quiet_timing.competitors(switches) or ["nothing seen (a page fault, a timer?)"]
+        return switches
+
+
+worker_hook: Any = None
+"""Tests: called on the worker's thread before `gir_worker` runs (a test delays the worker,
+as a busy second core would, and counts who ran the chunks)."""
+
+
+def _run_worker(entry: _Entry, buffers: Any, ws: Workspace, fns: Any) -> None:
+    if worker_hook is not None:
+        worker_hook()
+    entry.worker(buffers, ws.counters_ptr, fns)
 
 
 class Workspace:
@@ -431,11 +446,12 @@ class Workspace:
         self.sizes = (layout.arena_bytes, layout.pinned_bytes)
         self.arena = _aligned(layout.arena_bytes)
         self.pinned = _aligned(layout.pinned_bytes)
-        self.counters = np.zeros(8, np.int64)
+        self.counters = np.zeros(12, np.int64)
         """GEMM calls, pack calls, the error code (layout.errors[code - 1]), the value its message
         names (an index out of range), and the
         two-core schedule's words (codegen._Worker): futex, steps done, chunks done, the
-        worker's GEMM calls."""
+        worker's GEMM calls, chunks the calling thread ran, the next chunk to claim; and the
+        split loops' blocks run by the calling thread and by OpenBLAS's pool (codegen._Split)."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
         """The last two entries of the native function's `buffers` (four for code for every
         length: `for_length`)."""
@@ -443,6 +459,21 @@ class Workspace:
         self.length_area = _aligned(0)
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
+        self._worker: threading.Thread | None = None
+
+    def start_worker(self, entry: _Entry, buffers: Any, fns: Any) -> None:
+        """Starts `gir_worker` on a thread of its own for this call. It holds the entry (its code:
+        a swap to the final code may drop the old one before a late worker runs), the buffers
+        and this workspace alive until it has run, however late."""
+        self._worker = threading.Thread(target=_run_worker, args=(entry, buffers, self, fns), daemon=True)
+        self._worker.start()
+
+    def join_worker(self) -> None:
+        """Waits for the last call's worker: it has claimed nothing left (gir_main returned),
+        but it reads the counters, which the next call sets to zero."""
+        if self._worker is not None:
+            self._worker.join()
+            self._worker = None
 
     def for_length(self, t: int, lengths: LengthLayout) -> list[int]:
         """The two more `buffers` entries of code for every length at length t: the length and
@@ -455,73 +486,6 @@ class Workspace:
 
     def fits(self, layout: Layout) -> bool:
         return layout.arena_bytes <= self.sizes[0] and layout.pinned_bytes <= self.sizes[1]
-
-
-# ---------------------------------------------------------------------------------------------
-# The disk cache of compiled code
-
-
-def cache_key(function: Function, plan: MemoryPlan | None = None, lengths: LengthDims | None = None) -> str:
-    """Content key of the object cache: the printed function (after every pass), the memory
-    plan's strategy, the dims that follow a run-time length, the target (`target_key`) and gir's code."""
-    from ...ir.printer import print_function
-
-    return digest(print_function(function, print_locations=True), plan.strategy if plan is not None else "default",
-                  lengths.describe() if lengths is not None else "", target_key(), build_fingerprint())
-
-
-def target_key() -> tuple:
-    """What the same IR compiles differently for: gir and llvmlite versions, LLVM's level, the
-    host CPU and its features, and what decides GEMM paths (MKL present, threads, a forced
-    path, the arena switch). Computed without loading LLVM, as a cache hit needs it."""
-    from ...version import __version__
-
-    return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
-            blas.openblas_int_bits(),
-            blas.openblas().name if blas.openblas() else "cython_blas",
-            team.pool_threads(), opt_level(), code_key(current()))
-
-
-@cache
-def host_id() -> tuple[str, ...]:
-    """The host as the caches key it: llvmlite's version (it fixes LLVM's), the OS and machine,
-    and the CPU: its /proc/cpuinfo entry (vendor, model, flags; on ARM implementer, part and
-    features) without the fields that change while it runs, read without loading LLVM (a cache
-    hit never does); where there is no /proc/cpuinfo, LLVM's host CPU name and features (code
-    compiled for the host CPU must never be loaded on another one)."""
-    import platform
-
-    import llvmlite
-
-    cpu = _cpuinfo()
-    if not cpu:
-        from .llvm_jit import host
-
-        cpu = host()
-    return (llvmlite.__version__, sys.platform, platform.machine(), *cpu)
-
-
-_VOLATILE_CPUINFO = ("cpu mhz", "bogomips", "processor", "core id", "apicid", "initial apicid")
-
-
-def _cpuinfo() -> tuple[str, ...]:
-    """The first CPU's /proc/cpuinfo entry as sorted `key=value` strings (() where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            first = f.read(1 << 17).strip().split("\n\n", 1)[0]
-    except OSError:
-        return ()
-    pairs = (line.split(":", 1) for line in first.splitlines() if ":" in line)
-    return tuple(sorted(f"{k.strip()}={v.strip()}" for k, v in pairs if k.strip().lower() not in _VOLATILE_CPUINFO))
-
-
-_CODEGEN_VERSION = "19"
-"""Bump when the code the backend generates changes meaning, to retire cached objects."""
-
-
-def has_worker(layout: Layout) -> bool:
-    notes = layout.schedule.get("overlap")
-    return isinstance(notes, list) and any(n.get("used") for n in notes)
 
 
 def host_memory_bytes() -> int | None:

@@ -5,9 +5,11 @@ A recurrent step is a few per-step GEMMs and elementwise loops over a small batc
 run on OpenBLAS's two threads; the elementwise loops ran on the calling thread alone while
 OpenBLAS's second thread spun, waiting for the next GEMM (about 5 ms of a 32 ms LSTM-S
 step, docs/performance-rnn.md). Here a split loop is handed to OpenBLAS's `blas_level1_thread`
-(the entry its own level-1 routines use to run on its pool): the calling thread runs the
-first half of the loop's rows, OpenBLAS's pool thread, already spinning between GEMMs, the
-rest. No third thread: a first design with a worker thread of gir's own ran slower (56 against
+(the entry its own level-1 routines use to run on its pool): the calling thread and
+OpenBLAS's pool thread, already spinning between GEMMs, each run the loop's rows in BLOCKS
+blocks claimed by an atomic add, so a pool thread that starts late (its core busy) leaves its
+blocks to the calling thread (issue 28; OpenBLAS still waits for its now empty call).
+No third thread: a first design with a worker thread of gir's own ran slower (56 against
 36 ms per LSTM-S step), because on a 2-core machine three spinning threads (the caller,
 gir's worker, OpenBLAS's pool thread) take turns on two cores (docs/performance-rnn.md,
 "Splitting the step across two threads").
@@ -24,7 +26,7 @@ import math
 from functools import cache
 
 from ...config import current
-from ...ir.core import Function, Operation
+from ...ir.core import Operation
 from ...ir.types import FLOAT_DTYPES
 
 MIN_ELEMENTS = 1024
@@ -104,11 +106,29 @@ def _probe() -> tuple[int, int, int] | None:
     return None
 
 
-EXTERNALS = ("ob_level1_thread", "ob_cpu_number")
+EXTERNALS = ("ob_level1_thread", "ob_cpu_number", "split_hook")
 """The split schedule's entries of the externals table (externals.py): OpenBLAS's
 blas_level1_thread, and the address of its `blas_cpu_number`, the thread count set now
 (threadpoolctl, openblas_set_num_threads), which the code reads before each split loop: at 1
-it runs the loop on the calling thread alone."""
+it runs the loop on the calling thread alone; and the address of `_pool_hook`, a pointer the
+pool thread's share calls when it is not null (tests: `set_pool_hook`)."""
+
+BLOCKS = 8
+"""Blocks a split loop's rows are claimed in (codegen._Split._outline): a thread takes the next
+block by an atomic add, so a pool thread that starts late leaves its blocks to the calling
+thread, in pieces small enough that the two still share the loop when both run."""
+
+_pool_hook = ctypes.c_void_p(0)
+_pool_hook_keep: object = None
+
+
+def set_pool_hook(hook: object) -> None:
+    """Tests: a ctypes CFUNCTYPE(None, c_void_p) the pool thread's share of each split loop calls
+    (with the address of the loop's claim word) before it claims a block, as a busy core would
+    delay it; None removes it."""
+    global _pool_hook_keep
+    _pool_hook_keep = hook
+    _pool_hook.value = ctypes.cast(hook, ctypes.c_void_p).value if hook is not None else 0
 
 
 def addresses() -> list[int]:
@@ -118,14 +138,15 @@ def addresses() -> list[int]:
     with was probed on the same library, which is in the cache key, as is the pool's size."""
     from . import blas
 
+    hook = ctypes.addressof(_pool_hook)
     found = blas.openblas()
     if found is None or pool_threads() < 2 or not hasattr(found.lib, "blas_level1_thread"):
-        return [0, 0]
+        return [0, 0, hook]
     try:
         setting = ctypes.addressof(ctypes.c_int.in_dll(found.lib, "blas_cpu_number"))
     except ValueError:  # not exported
-        return [0, 0]
-    return [ctypes.cast(found.lib.blas_level1_thread, ctypes.c_void_p).value or 0, setting]
+        return [0, 0, hook]
+    return [ctypes.cast(found.lib.blas_level1_thread, ctypes.c_void_p).value or 0, setting, hook]
 
 
 def splittable(op: Operation) -> bool:
@@ -147,38 +168,3 @@ def splittable(op: Operation) -> bool:
 
 def elements(op: Operation) -> int:
     return math.prod(int(d) for d in op.results[0].tensor_type.shape)  # type: ignore[arg-type]
-
-
-def plan(function: Function, family: str | None, schedule: dict[str, object]) -> set[Operation]:
-    """The loops in scan bodies to split (family: the function's GEMM provider, None without
-    GEMMs); the decision and its reasons in schedule["split"].
-    Asked before the two-core schedule (overlap.py): where both apply, the split measured
-    faster (gru-S 1.045x, gru-M 1.03x, rnn-S even; bench/rnn_split.py, docs/performance-rnn.md),
-    unless GIR_CPU_OVERLAP asks for that schedule."""
-    from . import blas, overlap  # lazily: they load BLAS
-
-    scans = [op for op in function.body if op.name == "scan"]
-    if not scans:
-        return set()
-    chosen = mode()
-    why = ("GIR_CPU_SPLIT=0" if chosen == "0"
-           else f"GIR_CPU_OVERLAP={overlap.mode()} asks for the two-core schedule" if overlap.mode() in ("1", "whole")
-           else "the function's GEMMs run on MKL (its threads would spin beside OpenBLAS's)" if family == "mkl"
-           else f"BLAS runs on {blas.threads()} thread" if blas.threads() < 2
-           else "OpenBLAS's blas_level1_thread is not usable here (not exported, or a pool of one thread)"
-           if level1_entry() is None
-           else None)
-    if why is not None:
-        schedule["split"] = "off: " + why
-        return set()
-    out: set[Operation] = set()
-    notes = []
-    for scan in scans:
-        loops = [op for op in scan.body if splittable(op)]
-        large = [op for op in loops if chosen == "1" or elements(op) >= MIN_ELEMENTS]
-        out.update(large)
-        notes.append({"scan": str(scan.loc), "used": bool(large), "split_loops": len(large),
-                      "loops": [f"{op.loc} {op.name} {elements(op)}" for op in large],
-                      "why": "GIR_CPU_SPLIT=1" if chosen == "1" else f"loops of at least {MIN_ELEMENTS} elements"})
-    schedule["split"] = notes
-    return out

@@ -14,31 +14,40 @@ stored at once (compile_cache.store_what_runs). The same queue makes the better 
 specialisation loaded from the cache as quick code, or with GEMM paths measured since
 (compile_cache.better_code_for): `FinalCompile.what` names what a job makes.
 
-llvmlite serialises every call into LLVM with one process-wide lock (llvmlite.binding.ffi), so
-the background compile overlaps the caller's Python and native code (calls of compiled
-functions, the passes, NumPy), not its LLVM calls: the quick code is loaded before its job is
-queued, and a compile started while a job runs waits for that job's current stage (LLVM's
-passes or code emission, up to about 0.6 s for the LSTM step) at its first LLVM call.
+llvmlite serialises every call into LLVM with one process-wide lock (llvmlite.binding.ffi), and
+-O3's pass pipeline is one call of seconds: run on this thread, it made a new shape's quick
+compile wait for it (issue 28: 7-9 s per new sequence length). So the thread lowers here (pure
+Python) and hands LLVM's part to a process of its own at nice 19 (`compile_in_child`,
+final_child.py): this process's LLVM lock stays free, and the job takes a core only when the
+step and other work leave one. It is bounded (FINAL_BUDGET) and runs under the options of the
+compile that made it (`FinalCompile.options`). `child_hook` lets a test hold a job mid-compile.
 
 `GIR_LLVM_TIER=0` turns tiering off (one -O3 compile, as before); an explicit `GIR_LLVM_OPT`
 level also does. At process exit, jobs whose code a cache will store are finished first, for
 up to `exit_finish()` seconds in all (GIR_LLVM_EXIT_WAIT, default 3), so a short script's next
 run loads its -O3 code from the compile cache (a shared library: ~16 ms) rather than the quick
-code stored at once; then the queue is dropped and a job still running is given `EXIT_WAIT` seconds to stop
-at its next stage; past that, exit still waits for the LLVM call in progress (llvm_exit.py: a
-process exiting inside LLVM crashed), never for the rest of the job. `gir run` waits for every
+code stored at once; then the queue is dropped, the compiles' processes still running are killed, and a job still
+running is given `EXIT_WAIT` seconds to stop; past that, exit still waits for an LLVM call in
+progress on this process's threads (llvm_exit.py: a process exiting inside LLVM crashed; the
+measurer's gir-packed kernels still compile in-process), never for the rest of the job. `gir run` waits for every
 job (`wait_all`).
 """
 
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import queue
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ... import config
 from ...config import current
 
 QUICK_PASSES = "cheap"
@@ -49,6 +58,9 @@ cheap passes + level 1 costs 0.10 of -O3's LLVM time and runs steps 1.4x slower;
 instruction selection) 0.02-0.03 and 1.8-1.9x slower; the -O1 pipeline 0.25-0.45 and 1.4-1.5x."""
 EXIT_WAIT = 0.5
 """Seconds process exit waits for a running background compile to stop."""
+FINAL_BUDGET = 600.0
+"""Seconds an -O3 compile's process may take (at nice 19 on a busy machine it can take long);
+past that it is killed and the quick code keeps running (its `error` says why)."""
 
 
 def exit_finish() -> float:
@@ -69,6 +81,10 @@ class FinalCompile:
 
     def __init__(self, make: Callable[[], Any], key: str | None = None, what: str = "-O3 code"):
         self._make = make
+        self.options = current()
+        """The options in force when the job was made: it runs under them (the environment may
+        have changed by the time it runs: a test's GIR_* switches undone, GIR_CACHE_DIR moved), so
+        it makes the code its cache key names."""
         self.key = key
         """The cache key the job stores (a lookup of it waits: `wait_for_key`)."""
         self.what = what
@@ -85,7 +101,8 @@ class FinalCompile:
 
     def run_job(self) -> None:
         try:
-            self.code = self._make()
+            with config.override(**{f.name: getattr(self.options, f.name) for f in config.FIELDS}):
+                self.code = self._make()
         except BaseException as e:  # noqa: BLE001 - the quick code keeps running; the error is kept
             self.error = e
         self._finish()
@@ -196,6 +213,58 @@ def _serve() -> None:
             _running = None
 
 
+class NoChild(RuntimeError):
+    """No process could be started for an -O3 compile (llvm_jit compiles it in-process)."""
+
+
+_children: set[subprocess.Popen] = set()
+"""The -O3 compiles' processes now running (killed at exit)."""
+child_hook: Callable[[subprocess.Popen], None] | None = None
+"""Tests: called on the background thread once a child is started, before its output is read
+(a test holds the job there, mid-compile, deterministically)."""
+
+
+def compile_in_child(llvm_ir: str, cpu: str, features: str, opt: int) -> tuple[str, bytes, dict[str, float]]:
+    """(optimised IR, object, CPU seconds per stage) of llvm_ir at -O<opt>, made by a process of
+    its own at nice 19 (final_child.py): it holds no LLVM lock of this process, so a quick
+    compile of another shape never waits behind it, and it takes a core only when the step and
+    everything else at normal priority leave one. At most FINAL_BUDGET seconds."""
+    if _stopping:
+        raise RuntimeError("process exiting")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "final_child.py")
+    try:
+        child = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+    except OSError as e:  # no interpreter to start (an embedded Python): the caller compiles here
+        raise NoChild(str(e)) from None
+    _children.add(child)
+    try:
+        if child_hook is not None:
+            child_hook(child)
+        request = json.dumps({"cpu": cpu, "features": features, "opt": opt}).encode() + b"\n"
+        try:
+            out, err = child.communicate(request + llvm_ir.encode(), timeout=FINAL_BUDGET)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise RuntimeError(f"the -O3 compile took more than {FINAL_BUDGET:.0f} s: stopped") from None
+    finally:
+        _children.discard(child)
+    if child.returncode != 0 or _stopping:
+        raise RuntimeError(f"the -O3 compile's process ended with {child.returncode}: "
+                           f"{err.decode(errors='replace')[-2000:]}")
+    return _parse_child(out)
+
+
+def _parse_child(out: bytes) -> tuple[str, bytes, dict[str, float]]:
+    parts, at = [], 0
+    for _ in range(2):
+        (size,) = struct.unpack_from(">Q", out, at)
+        parts.append(out[at + 8: at + 8 + size])
+        at += 8 + size
+    return parts[0].decode(), parts[1], json.loads(out[at:])
+
+
 def stopping() -> bool:
     """True once the process is exiting: a running job stops at its next stage."""
     return _stopping
@@ -214,6 +283,11 @@ def _at_exit() -> None:
     for job in list(_pending_keys.values()):
         job.wait(max(0.0, deadline - time.monotonic()))
     _stopping = True
+    for child in list(_children):  # a compile not finished in time: nothing of it is stored
+        try:
+            child.kill()
+        except OSError:
+            pass
     deadline = time.monotonic() + EXIT_WAIT
     while _running is not None and time.monotonic() < deadline:
         time.sleep(0.005)
