@@ -8,6 +8,9 @@ ten lengths, and `fn.stats.compile.lengths`, which says which dims are read at r
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+
 import gir
 import numpy as np
 import pytest
@@ -23,9 +26,16 @@ B, IN, H = 3, 4, 5
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cache of its own: what a test counts was compiled here, not loaded."""
+def _fresh_cache(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A cache of its own: what a test counts was compiled here, not loaded. Afterwards the
+    functions it made are collected (with the libraries a cache hit mapped), here and not in a
+    later test that counts mapped libraries (test_native_load.py)."""
     monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path / "cache"))
+    yield
+    from gir.backend.cpu import tiers
+
+    tiers.wait_all(120)
+    gc.collect()
 
 
 def _training_step(model: str) -> tuple[str, str]:
