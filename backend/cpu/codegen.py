@@ -27,7 +27,7 @@ packed weights, the split loops and the two-core windows come from the CpuSchedu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -353,7 +353,7 @@ def _results(function: Function) -> list[Value]:
     return list(term.operands) if term is not None else []
 
 
-def _length_dims(lengths: LengthDims, values: list[Value]) -> list[list[int]]:
+def _length_dims(lengths: LengthDims, values: Sequence[Value]) -> list[list[int]]:
     """[index, axis, per_step, offset] of each dim of values that follows the length."""
     return [[i, axis, e.per_step, e.offset] for i, v in enumerate(values) for axis, e in lengths.dims(v).items()]
 
@@ -384,7 +384,7 @@ def _nest(low: Lowering, shape: list, idx: list[ir.Value]) -> Iterator[list[ir.V
 
 def _bcast_strides(t: TensorType, out_shape: tuple[int, ...]) -> list[int]:
     shape = tuple(t.shape)
-    strides = _strides(shape)  # type: ignore[arg-type]
+    strides = _strides(shape)
     lead = len(out_shape) - len(shape)
     out = [0] * lead
     for d, s in zip(shape, strides):
@@ -614,7 +614,7 @@ def lower_transpose(low: Lowering, op: Operation) -> None:
     src_t = op.operands[0].tensor_type
     out_shape = low.shape(op.result, op)
     perm = op.attrs["perm"] or list(range(src_t.rank))[::-1]
-    src_strides = _strides(tuple(src_t.shape))  # type: ignore[arg-type]
+    src_strides = _strides(tuple(src_t.shape))
     low.slot(op.result, op)
     _copy(low, low.ptr[op.result], _strides(out_shape), low.ptr[op.operands[0]], [src_strides[p] for p in perm],
           out_shape, src_t.dtype)
