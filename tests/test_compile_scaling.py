@@ -71,3 +71,68 @@ def test_llvm_functions_stay_small_as_pytree_leaves_grow() -> None:
 def test_few_loops_stay_in_gir_main() -> None:
     sizes, _ = _compiled(codegen.OUTLINE_AFTER // 8)
     assert not any(name.startswith("gir_kernel") for name in sizes)
+
+
+# -- closed-over arrays ---------------------------------------------------------------------------
+
+
+def _closure(n: int, rng: np.random.Generator) -> tuple[np.ndarray, object]:
+    w = rng.standard_normal((n, n))
+
+    def loss(x: object) -> object:
+        return gir.sum(gir.tanh(x @ w))
+
+    return w, loss
+
+
+def test_a_large_closed_over_array_is_passed_not_printed() -> None:
+    rng = np.random.default_rng(0)
+    sizes = {}
+    for n in (10, 1000):
+        w, loss = _closure(n, rng)
+        fn = gir.jit(loss)
+        x = rng.standard_normal((3, n))
+        np.testing.assert_allclose(fn(x), np.tanh(x @ w).sum(), rtol=1e-12)
+        sizes[n] = len(str(fn.module))
+        w_at_trace = w.copy()
+        w[:] = 0.0  # read when traced, as JAX does: a later change is not seen
+        np.testing.assert_allclose(fn(x), np.tanh(x @ w_at_trace).sum(), rtol=1e-12)
+    # 10x10 (100 elements) is printed as a constant, 1000x1000 passed: no bigger a module
+    assert "constant [[" in str(gir.jit(_closure(10, rng)[1]).trace(np.ones((3, 10))).module)
+    assert sizes[1000] <= sizes[10]
+
+
+def test_gradient_through_a_hidden_argument_and_inside_a_scan() -> None:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((40, 40))
+    x = rng.standard_normal((3, 40))
+
+    def loss(x: object) -> object:
+        def step(h: object, _: object) -> tuple:
+            return gir.tanh(h @ w), gir.sum(h)
+        h, _ = gir.scan(step, x, None, length=2)
+        return gir.sum(h * h) + gir.sum(x @ w)  # w read in the step and in the entry: one argument
+
+    traced = gir.jit(loss).trace(x)
+    assert len(traced.hidden) == 1 and len(traced.module.functions[traced.entry].args) == 2
+    grad = gir.jit(gir.grad(loss))(x)
+
+    def reference(x: np.ndarray) -> float:
+        h = x
+        for _ in range(2):
+            h = np.tanh(h @ w)
+        return float((h * h).sum() + (x @ w).sum())
+
+    eps, numeric = 1e-6, np.zeros_like(x)
+    for i in np.ndindex(*x.shape):
+        d = np.zeros_like(x)
+        d[i] = eps
+        numeric[i] = (reference(x + d) - reference(x - d)) / (2 * eps)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(gir.jit(loss, device="interp")(x), reference(x), rtol=1e-12)
+
+
+def test_gir_trace_prints_the_array() -> None:
+    w = np.arange(2000.0).reshape(40, 50)
+    module = gir.trace(lambda x: x @ w, np.ones((2, 40)))
+    assert "constant [[0.0, 1.0" in str(module) and len(module.functions[list(module.functions)[-1]].args) == 1
