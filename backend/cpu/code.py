@@ -170,7 +170,8 @@ def _cpuinfo() -> tuple[str, ...]:
     return tuple(sorted(f"{k.strip()}={v.strip()}" for k, v in pairs if k.strip().lower() not in _VOLATILE_CPUINFO))
 
 
-_CODEGEN_VERSION = "20"  # 19: chunks and split blocks claimed by either thread (issue 28); 20: the schedule as data
+_CODEGEN_VERSION = "21"  # 19: chunks and split blocks claimed by either thread (issue 28); 20: the schedule as data;
+# 21: loop nests outlined past OUTLINE_AFTER (issue 30)
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 
