@@ -701,7 +701,8 @@ def _infer_reshape(ctx: InferContext) -> list[Type]:
 
 register(OpSpec("reshape", "same elements, new shape (one dim may be -1, a `?` keeps the input's dim there)",
                 ("x",), _infer_reshape, attrs={"shape": REQUIRED}, category="layout", gpu=True, view=lambda op: 0,
-                kernel=lambda op, x: np.reshape(x, reshape_dims(op.attrs, x.shape)).copy()))
+                kernel=lambda op, x: np.reshape(x, [-1 if d is None else d for d in reshape_dims(op.attrs, x.shape)])
+                .copy()))  # on an array every dim is known: no None is left
 
 
 def _infer_broadcast(ctx: InferContext) -> list[Type]:

@@ -218,9 +218,10 @@ class VJPContext:
         steps = self.op.attrs["steps"] or [1] * t.rank
         out = g
         for axis, (start, limit, _) in enumerate(slice_bounds(self.op.attrs, t.shape)):  # `?` limits: the axis's size
-            if limit is None or t.shape[axis] is None:
-                raise GirTypeError("the gradient of 'slice' needs the sizes of its input (autodiff runs on specialised "
-                               "shapes: under gir.jit, gir.interpret or gir run)", self.loc)
+            size = t.shape[axis]
+            if limit is None or size is None:
+                raise GirTypeError("the gradient of 'slice' needs the sizes of its input (autodiff runs on "
+                                   "specialised shapes: under gir.jit, gir.interpret or gir run)", self.loc)
             out = self._unstride(out, axis, steps[axis], limit - start)
             pieces = []
             shape = list(out.tensor_type.shape)
@@ -228,9 +229,9 @@ class VJPContext:
                 pieces.append(self.emit.zeros(out.tensor_type.with_shape(tuple(
                     shape[:axis] + [start] + shape[axis + 1:])), self.loc))
             pieces.append(out)
-            if t.shape[axis] - limit:
+            if size - limit:
                 pieces.append(self.emit.zeros(out.tensor_type.with_shape(tuple(
-                    shape[:axis] + [t.shape[axis] - limit] + shape[axis + 1:])), self.loc))
+                    shape[:axis] + [size - limit] + shape[axis + 1:])), self.loc))
             if len(pieces) > 1:
                 out = self._v("concat", *pieces, attrs={"axis": axis})
         return out
