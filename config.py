@@ -140,6 +140,8 @@ class Options:
                           doc="never load MKL")
     gpu_arena: bool = _field("GIR_GPU_ARENA", _flag(True), True, code=True,
                              doc="GPU buffers from one arena (0: one allocation each)")
+    gpu_graphs: bool = _field("GIR_GPU_GRAPHS", _flag(True), True, code=True,
+                              doc="GPU functions captured once as a CUDA graph and replayed per call (0: eager)")
 
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Options)

@@ -245,10 +245,11 @@ class _FunctionEmitter:
     def return_(self, s: ast.Return) -> None:
         with self.located(s.loc):
             values = [self.expr(e) for e in s.values]
-            types = [v.type for v in values]
+            # a variable returned is `return`'s own error ("is a variable; read it with load")
+            types = [v.type.held if isinstance(v.type, VarType) else v.type for v in values]
             if types != self.function.result_types and declared_matches(types, self.function.result_types):
                 # a `?` result made precise (a specialised signature); they match: tensors
-                self.function.result_types = [v.tensor_type for v in values]
+                self.function.result_types = [t for t in types if isinstance(t, TensorType)]
             if types != self.function.result_types:
                 want = ", ".join(map(str, self.function.result_types)) or "nothing"
                 got = ", ".join(map(str, types)) or "nothing"

@@ -210,7 +210,7 @@ def _attr_key(value: Any) -> Any:
     return None
 
 
-def declared_matches(types: list[Type], declared: Sequence[TensorType]) -> bool:
+def declared_matches(types: Sequence[Type], declared: Sequence[TensorType]) -> bool:
     if len(types) != len(declared):
         return False
     return all(refines(t.held if isinstance(t, VarType) else t, d) for t, d in zip(types, declared))

@@ -96,10 +96,11 @@ class Code:
         from . import blas_threads
 
         pending = self.layout.schedule.get("overlap_pending") or []
+        assert isinstance(pending, list)  # the CpuSchedule's thread shapes, as lists (JSON)
         provisional = self.layout.provisional
         if not pending and not provisional:
             return False
-        return (blas_threads.is_measured([tuple(p) for p in pending])  # type: ignore[union-attr]
+        return (blas_threads.is_measured([tuple(p) for p in pending])
                 and (not provisional or blas.is_measured([tuple(p) for p in provisional])))
 
 
@@ -124,7 +125,7 @@ def target_key() -> tuple:
 
     return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
             blas.openblas_int_bits(),
-            blas.openblas().name if blas.openblas() else "cython_blas",
+            found.name if (found := blas.openblas()) else "cython_blas",
             team.pool_threads(), opt_level(), code_key(current()))
 
 

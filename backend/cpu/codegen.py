@@ -503,7 +503,7 @@ def lower_constant(low: Lowering, op: Operation) -> None:
         with low.for_range(math.prod(shape)) as i:
             low.store(v, low.ptr[op.result], t.dtype, i)
         return
-    if op.spec.splat(op) is None:  # a list literal: a global constant
+    if op.spec.splat is None or op.spec.splat(op) is None:  # a list literal: a global constant
         data = np.asarray(op.attrs["value"], dtype=t.numpy_dtype).reshape(-1)
         ty = ir.ArrayType(MEM_TYPES[t.dtype], data.size)
         const = ir.Constant(ty, [ir.Constant(MEM_TYPES[t.dtype], float(x) if t.is_float else int(x)) for x in data])
@@ -882,7 +882,7 @@ def _gir_packed_gemm(low: Lowering, op: Operation, shape: packed_gemm.Shape, pa:
                else "the calling thread (OpenBLAS's blas_level1_thread is not usable here)"
                if low.schedule.level1 is None
                else "both, through blas_level1_thread, while OpenBLAS is set to two or more threads at run time")
-    low.layout.schedule.setdefault("packed_gemm", []).append(
+    low.layout.append_note("packed_gemm",
         {"gemm": f"{op.loc}", "shape": f"{shape.m}x{shape.k} @ {shape.k}x{shape.n}", "row_blocks": shape.blocks,
          "threads": threads})
 

@@ -49,6 +49,12 @@ class Layout:
         """Every GEMM path and the two-core schedule were decided from measured times."""
         return not self.provisional and not self.schedule.get("overlap_pending")
 
+    def append_note(self, key: str, entry: object) -> None:
+        """Adds entry to the list `schedule[key]` (started empty), as the lowering counts."""
+        notes = self.schedule.setdefault(key, [])
+        assert isinstance(notes, list), f"schedule[{key!r}] is a list of notes"
+        notes.append(entry)
+
     def to_json(self) -> dict:
         return {"arena_bytes": self.arena_bytes, "pinned_bytes": self.pinned_bytes, "planned_bytes": self.planned_bytes,
                 "gemms": [g.__dict__ for g in self.gemms],

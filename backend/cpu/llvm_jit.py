@@ -112,7 +112,7 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         if code is not None and not code.stale():
             return code
         if code is not None and not best:
-            root = disk.cache_root()
+            root: str | None = disk.cache_root()
             switches = target_key()
             # a schedule of its own, from the measurements of when it runs
             make = lambda: _final_code(*_lowered(function, plan, switches, None), key, root)  # noqa: E731

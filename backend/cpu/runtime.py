@@ -21,7 +21,8 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,9 +70,12 @@ class Stats:
     """When this call took more than SLOW_FACTOR times the quiet time: what competed with it
     (quiet_timing.competitors: background work of this process, other processes, the switches
     the call suffered); empty otherwise."""
-    source: Any = field(default=None, repr=False, compare=False)
-    """The CPUFunction that made the call: `background` and `blas_threads` are read from it
-    when asked (computing them at every call cost microseconds a call)."""
+    source: Callable[[], CPUFunction | None] = field(default=lambda: None, repr=False, compare=False)
+    """A weak reference to the CPUFunction that made the call: `background` and `blas_threads`
+    are read from it when asked (computing them at every call cost microseconds a call). Weak:
+    these stats live in the function's thread-local storage, which the garbage collector does
+    not traverse, so a strong reference back would keep every function (and its loaded
+    library) alive for as long as the calling thread lives."""
     split_blocks: tuple[int, int] = (0, 0)
     """Split schedule: blocks of split loops run by (the calling thread, OpenBLAS's pool thread)."""
     worker_chunks: int = 0
@@ -82,14 +86,16 @@ class Stats:
     def background(self) -> list[str]:
         """Background work of this process pending or running now (GEMM measurements, better
         code being compiled), as `gir run -v` says it."""
-        preparing = getattr(self.source, "preparing", "")
+        source = self.source()
+        preparing = source.preparing if source is not None else ""
         return quiet_timing.background_work() + ([f"preparing {preparing}"] if preparing else [])
 
     @property
     def blas_threads(self) -> str:
         """How calls run BLAS now: 'all threads', or 'one thread (...)' while the second core
         is busy (blas_threads.Governor, GIR_CPU_ADAPT); '' without the governor."""
-        governor = getattr(self.source, "governor", None)
+        source = self.source()
+        governor = source.governor if source is not None else None
         return governor.describe() if governor is not None else ""
 
     def slow_note(self) -> str:
@@ -345,7 +351,7 @@ class CPUFunction:
             paths[g.path] = paths.get(g.path, 0) + 1
         stats = Stats(int(counters[0] + counters[7]), int(counters[1]), seconds, paths, entry.code.info,
                       layout.schedule, worker_chunks=int(counters[6] - counters[8]) if entry.worker is not None else 0,
-                      split_blocks=(int(counters[10]), int(counters[11])), source=self)
+                      split_blocks=(int(counters[10]), int(counters[11])), source=weakref.ref(self))
         switches = self._note_quiet_time(stats)
         if self.governor is not None:
             self.governor.record(seconds, switches, one is not None)
