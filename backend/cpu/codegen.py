@@ -118,7 +118,7 @@ class Lowering:
         n_outs = len(function.result_types)
         self.arena = self._load_ptr(self.buffers, n_args + n_outs)
         self.pinned = self._load_ptr(self.buffers, n_args + n_outs + 1)
-        self.arg_index = {arg: i for i, arg in enumerate(function.args)}
+        self.arg_index: dict[Value, int] = {arg: i for i, arg in enumerate(function.args)}
         """Argument -> its slot in `buffers`: its pointer is loaded again before each top-level
         op that reads it (`reload_arguments`), not once at entry."""
         for arg in function.args:
