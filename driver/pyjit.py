@@ -89,7 +89,7 @@ class PythonJit:
             return self._compile(unflatten(tree, examples))
 
         traced, compiled = self._compiled.get(key, make)
-        return unflatten(traced.out_tree, compiled(*arrays))
+        return unflatten(traced.out_tree, compiled(*arrays, *traced.hidden))
 
     def _relaxed(self) -> bool:
         return self._traced_jit is not None and self.device == "cpu" and current().lengths
@@ -207,7 +207,7 @@ def run_eager(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     f = traced.module.functions[traced.entry]
     pipeline = get_mode(DEFAULT_MODE).pipeline("interp")
     executable = compile_entry(traced.module, traced.entry, f.arg_types, "interp", pipeline)
-    out = executable(*arrays)
+    out = executable(*arrays, *traced.hidden)
     return unflatten(traced.out_tree, out)
 
 

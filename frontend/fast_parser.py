@@ -45,6 +45,7 @@ class Fallback(Exception):
 _EXPR_START = frozenset(("VALUE", "INT", "FLOAT", "inf", "nan", "NAME", "stack", "FUNC_NAME", "(", "-"))
 """Kinds a surface expression may start with (`atom` and `unary` of the grammar)."""
 _LITERAL_START = frozenset(("INT", "FLOAT", "inf", "nan", "-", "true", "false", "["))
+_LIST_ITEM_START = _LITERAL_START | {"?"}
 _VALUE = frozenset(("VALUE",))
 _NAME = frozenset(("NAME",))
 _TYPE = frozenset(("TYPE",))
@@ -453,13 +454,20 @@ class FastParser:
             return kind == "true"
         if kind == "[":
             self.i += 1
-            items = self.separated(self.literal, _LITERAL_START)
+            items = self.separated(self.list_item, _LIST_ITEM_START)
             self.skip("]")
             return items
         if kind == "-":  # number: MINUS unsigned
             self.i += 1
             return -self.unsigned().value
         return self.unsigned().value
+
+    def list_item(self) -> Any:
+        """list_item: literal | "?" (kept_dim: None)"""
+        if self.kinds[self.i] == "?":
+            self.i += 1
+            return None
+        return self.literal()
 
     def unsigned(self) -> ast.Num:
         """unsigned: INT | FLOAT | "inf" | "nan" """

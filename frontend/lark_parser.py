@@ -253,6 +253,9 @@ class _ToAst(Transformer):
     def number(self, c: list) -> int | float:
         return c[0].value
 
+    def kept_dim(self, c: list) -> None:
+        return None
+
     def negative(self, c: list) -> int | float:
         return -c[1].value
 

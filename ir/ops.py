@@ -647,28 +647,63 @@ register(OpSpec("transpose", "permutes axes (default: reverses them)", ("x",), _
                 kernel=lambda op, x: np.ascontiguousarray(np.transpose(x, _transpose_perm(op.attrs, x.ndim)))))
 
 
+def _kept_list(value: Any, what: str) -> list[int | None]:
+    """A list attribute whose entries are integers or `?` (None: a dim kept whole)."""
+    if not isinstance(value, (list, tuple)) or not all(v is None or _is_int(v) for v in value):
+        raise ShapeError(f"{what} must be a list of integers (or ?)")
+    return list(value)
+
+
+def reshape_dims(attrs: dict[str, Any], shape: tuple[Dim, ...]) -> list[Dim]:
+    """`reshape`'s `shape` attribute on an input of `shape`: each `?` entry (None) replaced by
+    the input's dim at that position (itself `?`, None, where unknown); -1 left to infer."""
+    dims = _kept_list(attrs["shape"], "shape")
+    for i, d in enumerate(dims):
+        if d is None:
+            if i >= len(shape):
+                raise ShapeError(f"shape {format_dims(dims)}: `?` at position {i} keeps an input dim, but the input "
+                                 f"has {len(shape)}")
+            dims[i] = shape[i]
+    return dims
+
+
+def format_dims(dims: Sequence[int | None]) -> str:
+    """[2, ?, -1]: an attribute list as the text writes it."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
 def _infer_reshape(ctx: InferContext) -> list[Type]:
     t = ctx.tensor(0)
-    shape = _int_list(ctx.attrs["shape"], "shape")
-    if shape.count(-1) > 1 or any(d < -1 for d in shape):
-        raise ShapeError(f"bad shape {shape}")
-    total = t.num_elements()
-    known = math.prod(d for d in shape if d != -1)
-    if -1 in shape:
+    written = _kept_list(ctx.attrs["shape"], "shape")
+    if written.count(-1) > 1 or any(d is not None and d < -1 for d in written):
+        raise ShapeError(f"bad shape {format_dims(written)}")
+    kept = {i for i, d in enumerate(written) if d is None}
+    dims = reshape_dims(ctx.attrs, t.shape)
+    # the kept dims are the same on both sides: the others hold the same number of elements
+    rest_in = [d for i, d in enumerate(t.shape) if i not in kept]
+    total = None if None in rest_in else math.prod(d for d in rest_in if d is not None)
+    known = math.prod(d for i, d in enumerate(dims) if i not in kept and d != -1 and d is not None)
+    if -1 in dims:
+        at = dims.index(-1)
         if total is None:
-            out: tuple[Dim, ...] = tuple(None if d == -1 else d for d in shape)
-            return [t.with_shape(out)]
-        if known == 0 or total % known:
-            raise ShapeError(f"cannot reshape {t} to {shape}")
-        shape[shape.index(-1)] = total // known
+            dims[at] = None
+        elif known == 0 or total % known:
+            raise ShapeError(f"cannot reshape {t} to {format_dims(written)}")
+        else:
+            dims[at] = total // known
+    elif total is not None and known != total and kept:
+        raise ShapeError(f"cannot reshape {t} to {format_dims(written)}: besides the kept dims, {total} elements "
+                         f"against {known}")
     elif total is not None and known != total:
-        raise ShapeError(f"cannot reshape {t} ({total} elements) to {shape} ({known} elements)")
-    return [t.with_shape(tuple(shape))]
+        raise ShapeError(f"cannot reshape {t} ({total} elements) to {format_dims(written)} ({known} elements)")
+    return [t.with_shape(tuple(dims))]
 
 
-register(OpSpec("reshape", "same elements, new shape (one dim may be -1)", ("x",), _infer_reshape,
-                attrs={"shape": REQUIRED}, category="layout", gpu=True, view=lambda op: 0, shape_attrs=("shape",),
-                kernel=lambda op, x: np.reshape(x, op.attrs["shape"]).copy()))  # -1 may stand for a `?` dim
+register(OpSpec("reshape", "same elements, new shape (one dim may be -1, a `?` keeps the input's dim there)",
+                ("x",), _infer_reshape, attrs={"shape": REQUIRED}, category="layout", gpu=True, view=lambda op: 0,
+                shape_attrs=("shape",),
+                kernel=lambda op, x: np.reshape(x, [-1 if d is None else d for d in reshape_dims(op.attrs, x.shape)])
+                .copy()))  # on an array every dim is known: no None is left
 
 
 def _infer_broadcast(ctx: InferContext) -> list[Type]:
@@ -708,22 +743,28 @@ register(OpSpec("concat", "joins tensors along an existing axis", ("inputs*",), 
                 kernel=lambda op, *xs: np.concatenate(xs, axis=op.attrs["axis"])))
 
 
-def _slice_bounds(attrs: dict[str, Any], shape: tuple[Dim, ...]) -> list[tuple[int, int, int]]:
+def slice_bounds(attrs: dict[str, Any], shape: tuple[Dim, ...]) -> list[tuple[int, Dim, int]]:
+    """`slice`'s (start, limit, step) per axis of an input of `shape`; a limit written `?`
+    (None) is the axis's size: the whole axis from start (itself None where the size is `?`)."""
     starts = _int_list(attrs["starts"], "starts")
-    limits = _int_list(attrs["limits"], "limits")
+    limits = _kept_list(attrs["limits"], "limits")
     steps = _int_list(attrs["steps"], "steps") if attrs["steps"] is not None else [1] * len(starts)
     if not len(starts) == len(limits) == len(steps) == len(shape):
         raise ShapeError(f"starts, limits and steps need one entry per axis ({len(shape)})")
+    bounds: list[tuple[int, Dim, int]] = []
     for s, lim, st, d in zip(starts, limits, steps, shape):
-        if st < 1 or s < 0 or lim < s or (d is not None and lim > d):
-            raise ShapeError(f"slice [{s}:{lim}:{st}] is out of range for a dim of size {d}")
-    return list(zip(starts, limits, steps))
+        limit = d if lim is None else lim
+        if st < 1 or s < 0 or (limit is not None and limit < s) or (d is not None and limit is not None and limit > d):
+            shown = "?" if lim is None else lim
+            raise ShapeError(f"slice [{s}:{shown}:{st}] is out of range for a dim of size {'?' if d is None else d}")
+        bounds.append((s, limit, st))
+    return bounds
 
 
 def _infer_slice(ctx: InferContext) -> list[Type]:
     t = ctx.tensor(0)
-    bounds = _slice_bounds(ctx.attrs, t.shape)
-    return [t.with_shape(tuple(-(-(lim - s) // st) for s, lim, st in bounds))]
+    bounds = slice_bounds(ctx.attrs, t.shape)
+    return [t.with_shape(tuple(None if lim is None else -(-(lim - s) // st) for s, lim, st in bounds))]
 
 
 def _slice_view(op: Operation) -> int | None:
@@ -739,7 +780,7 @@ def _slice_view(op: Operation) -> int | None:
 register(OpSpec("slice", "a strided box: `slice %x {starts = [0, 0], limits = [2, 4]}`", ("x",), _infer_slice,
                 attrs={"starts": REQUIRED, "limits": REQUIRED, "steps": None}, category="layout", gpu=True,
                 view=_slice_view, same_type_is_identity=True, shape_attrs=("limits",),
-                kernel=lambda op, x: x[tuple(slice(s, lim, st) for s, lim, st in _slice_bounds(op.attrs, x.shape))]
+                kernel=lambda op, x: x[tuple(slice(s, lim, st) for s, lim, st in slice_bounds(op.attrs, x.shape))]
                 .copy()))
 
 

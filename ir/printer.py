@@ -62,8 +62,8 @@ def format_attr(value: Any) -> str:
         return text if ("." in text or "e" in text) else text + ".0"
     if isinstance(value, str):
         return '"' + value + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(format_attr(v) for v in value) + "]"
+    if isinstance(value, (list, tuple)):  # None in a list: `?`, a dim kept whole (slice limits, reshape shape)
+        return "[" + ", ".join("?" if v is None else format_attr(v) for v in value) + "]"
     if hasattr(value, "tolist"):
         return format_attr(value.tolist())
     raise TypeError(f"cannot print attribute {value!r}")

@@ -482,7 +482,8 @@ def build_fingerprint() -> str:
     pass or backend (without a version bump) never gets an entry compiled by the old code."""
     global _fingerprint
     if _fingerprint is None:
-        here = os.path.dirname(os.path.abspath(__file__))
+        # the package root, not support/ (where this file moved): every pass and backend counts
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         stamps = []
         for folder, dirs, names in os.walk(here):
             dirs[:] = sorted(d for d in dirs if d not in ("tests", "bench", "docs", "examples", "__pycache__")

@@ -37,7 +37,7 @@ from typing import Any
 from ..errors import GirTypeError, Location
 from ..ir.core import Block, BlockArgument, Module, Operation, Region, Value
 from ..ir.loops import LoopView
-from ..ir.ops import REGISTRY, reduction_axes, splat_value
+from ..ir.ops import REGISTRY, reduction_axes, slice_bounds, splat_value
 from ..ir.types import TensorType
 from ..passes.base import Pass
 from ..passes.rewriter import PassStatistics, Rewriter
@@ -217,7 +217,11 @@ class VJPContext:
         t = self.type(0)
         steps = self.op.attrs["steps"] or [1] * t.rank
         out = g
-        for axis, (start, limit) in enumerate(zip(self.op.attrs["starts"], self.op.attrs["limits"])):
+        for axis, (start, limit, _) in enumerate(slice_bounds(self.op.attrs, t.shape)):  # `?` limits: the axis's size
+            size = t.shape[axis]
+            if limit is None or size is None:
+                raise GirTypeError("the gradient of 'slice' needs the sizes of its input (autodiff runs on "
+                                   "specialised shapes: under gir.jit, gir.interpret or gir run)", self.loc)
             out = self._unstride(out, axis, steps[axis], limit - start)
             pieces = []
             shape = list(out.tensor_type.shape)
@@ -225,9 +229,9 @@ class VJPContext:
                 pieces.append(self.emit.zeros(out.tensor_type.with_shape(tuple(
                     shape[:axis] + [start] + shape[axis + 1:])), self.loc))
             pieces.append(out)
-            if t.shape[axis] - limit:
+            if size - limit:
                 pieces.append(self.emit.zeros(out.tensor_type.with_shape(tuple(
-                    shape[:axis] + [t.shape[axis] - limit] + shape[axis + 1:])), self.loc))
+                    shape[:axis] + [size - limit] + shape[axis + 1:])), self.loc))
             if len(pieces) > 1:
                 out = self._v("concat", *pieces, attrs={"axis": axis})
         return out

@@ -159,8 +159,8 @@ class ReshapeReshape(_Identity):
         if _same(op, x):
             return self.forward(op, x, rw)
         inner = x.defining_op
-        if inner is None or inner.name != "reshape":
-            return False
+        if inner is None or inner.name != "reshape" or not op.result.tensor_type.is_static:
+            return False  # a `?` in the shape attribute means "keep the input's dim", not "unknown"
         shape = list(op.result.tensor_type.shape)
         rw.replace_op(op, [rw.value("reshape", [inner.operands[0]], before=op, attrs={"shape": shape})])
         return True

@@ -13,7 +13,8 @@ After:
     %2 = matmul %1, %w : tensor<32x256xf32>
 
 Greedy and linear: in each block, in order, an elementwise op joins the open group of one of
-its operands whose ops have the same result shape, else starts a group. A group closes as soon
+its operands whose ops have the same result shape, and that reads at most `MAX_INPUTS` outside
+values with it, else starts a group. A group closes as soon
 as an op outside it reads one of its values, so the fused op can stand where its last member
 stood (every outside reader comes later; every input was defined earlier). Splat constants
 read by a group are copied into it, so backends see literals. Values read after the group
@@ -27,10 +28,18 @@ elementwise) is left as it is, neither joined nor entered, so the pass is idempo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..ir.core import Block, Module, Operation, Region, Value
 from ..ir.ops import make_op, splat_value
 from ..passes.base import Pass
 from ..passes.rewriter import PassStatistics, Rewriter
+
+MAX_INPUTS = 64
+"""A group reading more outside values than this takes no more ops: the loss or norm of a
+pytree of thousands of leaves (a chain of adds over their sums) would otherwise be one fused op
+of thousands of inputs, one LLVM function growing with the leaves (issue 30). Fused code reads
+each input once an element anyway, so the cap costs a store and a load per extra group."""
 
 
 def _fusable(op: Operation) -> bool:
@@ -44,6 +53,15 @@ class _Group:
         self.device = first.attrs.get("device")
         """Placed IR: a group never mixes devices (its ops all carry this `device`, or none)."""
         self.open = True
+        self.inputs: set[Value] = set()
+        """Values from outside that its ops read (splat constants included: an upper bound)."""
+
+    def reads_with(self, op: Operation, other: _Group | None, group_of: Callable[[Value], _Group | None]) -> int:
+        """How many outside values the group would read with op (and other's ops) joined. Two
+        open groups never read each other's values (a reader outside a group closes it)."""
+        inputs = self.inputs | other.inputs if other is not None else self.inputs
+        extra = {v for v in op.operands if v not in inputs and group_of(v) not in (self, other)}
+        return len(inputs) + len(extra)
 
 
 def fuse_block(rw: Rewriter, block: Block) -> int:
@@ -66,12 +84,13 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
             for v in op.operands:
                 g = group_of_value(v)
                 if g is None or not g.open or g.shape != op.result.tensor_type.shape or g is joined \
-                        or g.device != op.attrs.get("device"):
+                        or g.device != op.attrs.get("device") or g.reads_with(op, joined, group_of_value) > MAX_INPUTS:
                     continue
                 if joined is None:
                     joined = g
                 else:
                     joined.ops = sorted(joined.ops + g.ops, key=position.__getitem__)
+                    joined.inputs |= g.inputs
                     for member in g.ops:
                         group_of[member] = joined
                     g.ops = []
@@ -84,8 +103,10 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
         if joined is not None:
             joined.ops.append(op)
             group_of[op] = joined
+            joined.inputs |= {v for v in op.operands if group_of_value(v) is not joined}
         elif _fusable(op):
             g = _Group(op)
+            g.inputs = set(op.operands)
             groups.append(g)
             group_of[op] = g
     live = [g for g in groups if g.ops]
@@ -97,8 +118,8 @@ def fuse_block(rw: Rewriter, block: Block) -> int:
 def _outline(rw: Rewriter, g: _Group) -> None:
     members = set(g.ops)
     last = g.ops[-1]
-    inputs: list[Value] = []
-    constants: list[Operation] = []
+    inputs: dict[Value, None] = {}  # ordered, and a set: a group of thousands of inputs (pytree leaves) stays linear
+    constants: dict[Operation, None] = {}
     for op in g.ops:
         for v in op.operands:
             owner = v.defining_op
@@ -107,10 +128,9 @@ def _outline(rw: Rewriter, g: _Group) -> None:
             # A scalar splat made from nothing (not a `fill` of an outer value) is copied in.
             if owner is not None and not owner.operands and splat_value(v) is not None \
                     and v.tensor_type.shape == ():
-                if owner not in constants:
-                    constants.append(owner)
+                constants[owner] = None
                 continue
-            inputs.append(v)
+            inputs[v] = None
     outputs = [r for op in g.ops for r in op.results if any(u not in members for u in r.users)]
     if not outputs:
         # Nothing reads the group (dead code that canonicalize keeps: an op in it may fail, an
@@ -120,13 +140,14 @@ def _outline(rw: Rewriter, g: _Group) -> None:
     parent = last.parent
     assert parent is not None and anchor is not None  # a terminator is never elementwise
     body = Block([v.type for v in inputs], [v.name_hint for v in inputs])
-    mapping: dict[Value, Value] = dict(zip(inputs, body.args))
+    operands = list(inputs)
+    mapping: dict[Value, Value] = dict(zip(operands, body.args))
     for c in constants:
         body.append(rw.clone(c, mapping))
     for op in g.ops:
         body.append(rw.clone(op, mapping))
     body.append(make_op("yield", [mapping[r] for r in outputs], loc=last.loc, segments=(len(outputs), 0)))
-    fused = make_op("fused", inputs, regions=[Region(body)], loc=g.ops[0].loc,
+    fused = make_op("fused", operands, regions=[Region(body)], loc=g.ops[0].loc,
                     result_names=[r.name_hint for r in outputs])
     parent.insert_before(anchor, fused)
     rw.adopt(fused)

@@ -173,7 +173,7 @@ def _cpuinfo() -> tuple[str, ...]:
 
 
 _CODEGEN_VERSION = "21"  # 19: chunks and split blocks claimed by either thread (issue 28); 20: the schedule as data;
-# 21: code for every length (analysis/lengths.py)
+# 21: code for every length (analysis/lengths.py); 22: loop nests outlined past OUTLINE_AFTER (issue 30)
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 

@@ -115,6 +115,10 @@ class Lowering:
         """A value stacked by the scan step being lowered -> its row of the stack (written in place)."""
         self.rows: tuple[ir.Value, ir.Value] | None = None
         """While a split loop's task is emitted: the range of the outer loop dimension it covers."""
+        self.outlined = _kernels_to_outline(function) if lengths is None else set()
+        """Top-level loop nests lowered in functions of their own (`_outline_kernels`); none in code
+        for every length, whose sizes are computed from T in gir_main (an outlined function could
+        not read them)."""
         self.team = _Split(self, {op for op, i in self.ids.items() if i in schedule.split_ids})
         """The split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
         windows = [w for w in overlap.find_windows(function) if self.ids[w.scan] in schedule.window_ids]
@@ -127,9 +131,11 @@ class Lowering:
         n_outs = len(function.result_types)
         self.arena = self._load_ptr(self.buffers, n_args + n_outs)
         self.pinned = self._load_ptr(self.buffers, n_args + n_outs + 1)
-        for i, arg in enumerate(function.args):
-            self.ptr[arg] = self._load_ptr(self.buffers, i)
-        self.out_ptrs = [self._load_ptr(self.buffers, n_args + i) for i in range(n_outs)]
+        self.arg_index: dict[Value, int] = {arg: i for i, arg in enumerate(function.args)}
+        """Argument -> its slot in `buffers`: its pointer is loaded again before each top-level
+        op that reads it (`reload_arguments`), not once at entry."""
+        for arg in function.args:
+            self.ptr[arg] = self._load_ptr(self.buffers, self.arg_index[arg])
         self.length: ir.Value | None = None
         """T, read at run time (code for every length)."""
         if lengths is not None:
@@ -306,28 +312,68 @@ class Lowering:
         p = self.b.gep(self.counters, [ir.Constant(I64, slot)], source_etype=I64)
         self.b.store(self.b.add(self.b.load(p, typ=I64), ir.Constant(I64, 1)), p)
 
+    def reload_arguments(self, op: Operation) -> None:
+        """Loads the pointers of the arguments op reads (its regions included) right before it.
+        Loaded once at entry, each would live across the whole function: a program of thousands
+        of ops on thousands of arguments (a pytree of small leaves) kept thousands of pointers
+        live at once, and LLVM's register allocation grew with their product (8,000 leaves: most
+        of 45 s). Reloaded per top-level op, each lives only through the op's code."""
+        reads = list(op.operands) + [v for r in op.regions for inner in r.block.walk() for v in inner.operands]
+        for v in reads:
+            i = self.arg_index.get(v)
+            if i is not None:
+                self.ptr[v] = self._load_ptr(self.buffers, i)
+
+    def pointer_here(self, v: Value) -> ir.Value:
+        """v's storage, its address computed again at the builder's position where it can be (an
+        argument, a slot of the arena), so that the pointer made at v's op need not stay live to
+        here: the results copied out at the end of a program of thousands of small ops were
+        thousands of pointers live across all of it (see `reload_arguments`)."""
+        i = self.arg_index.get(v)
+        if i is not None:
+            return self._load_ptr(self.buffers, i)
+        offset = self.offsets.get(v)
+        if offset is not None:
+            return self.b.gep(self.arena, [ir.Constant(I64, offset)], source_etype=I8)
+        return self.ptr[v]
+
     # -- driver -----------------------------------------------------------------------------
     def block(self, block: object) -> list[Value]:
+        pending: list[Operation] = []  # outlined loop nests not emitted yet: consecutive ones share a function
         for op in block:  # type: ignore[attr-defined]
-            if op.spec.terminator:
-                return list(op.operands)
             if op in self.folded:
                 continue
+            if op in self.outlined:  # top-level ops only
+                pending.append(op)
+                if len(pending) == KERNELS_PER_FUNCTION:
+                    _outline_kernels(self, pending)
+                    pending = []
+                continue
+            if pending:
+                _outline_kernels(self, pending)
+                pending = []
+            if op.spec.terminator:
+                return list(op.operands)
+            if block is self.function.body:
+                self.reload_arguments(op)
             if op in self.team.split:
                 self.team.run(op)
                 continue
-            lower = LOWER.get(op.name)
-            if lower is None:
-                raise GirError(f"the CPU backend cannot compile '{op.name}'", op.loc)
-            if lower not in LENGTH_AWARE:
-                _refuse_length(self, op, "this op")
-            try:
-                lower(self, op)
-            except GirError:
-                raise
-            except (ValueError, TypeError, KeyError, AssertionError) as e:
-                raise GirError(f"the CPU backend failed on '{op.name}': {type(e).__name__}: {e}", op.loc) from e
+            self.lower_op(op)
         return []
+
+    def lower_op(self, op: Operation) -> None:
+        lower = LOWER.get(op.name)
+        if lower is None:
+            raise GirError(f"the CPU backend cannot compile '{op.name}'", op.loc)
+        if lower not in LENGTH_AWARE:
+            _refuse_length(self, op, "this op")
+        try:
+            lower(self, op)
+        except GirError:
+            raise
+        except (ValueError, TypeError, KeyError, AssertionError) as e:
+            raise GirError(f"the CPU backend failed on '{op.name}': {type(e).__name__}: {e}", op.loc) from e
 
 
 def _imul(b: ir.IRBuilder, x: int | ir.Value, y: int | ir.Value) -> int | ir.Value:
@@ -1520,6 +1566,94 @@ LENGTH_AWARE = {lower_fused, lower_elementwise, lower_constant, lower_view, lowe
 """The lowerings that compute sizes that follow the run-time length from it (`Lowering.shape`);
 any other op reading or making such a value refuses (`_refuse_length`)."""
 
+OUTLINE_AFTER = 128
+"""A function with more top-level loop nests (fused groups, lone elementwise ops, reductions:
+ops whose lowering writes their own slots and aliases nothing) than this
+has each of them lowered as an internal function of its own, and its results copied out in
+calls of `COPY_CHUNK` copies. LLVM's codegen is superlinear in the size of one function: Loop
+Strength Reduction grows with the loops of the function times their number, the machine
+scheduler with the size of one basic block (the copies at the end are one). A pytree of 2,000
+two-element leaves, 2,000 fused loops in `gir_main`, took 6 s of LLVM (1,000: 1.9 s, 500: 0.6
+s); outlined, each function is small and LLVM's time linear in the leaves. Below this count,
+the loops stay in `gir_main`, where LLVM sees that slots of one arena do not overlap."""
+
+KERNELS_PER_FUNCTION = 32
+"""Consecutive outlined loop nests per function: fewer functions, less of LLVM's cost per
+function, each still small (see `OUTLINE_AFTER`)."""
+
+COPY_CHUNK = 64
+"""Results copied out per call of a `gir_copy_out<k>` function (see `OUTLINE_AFTER`)."""
+
+
+def _kernels_to_outline(function: Function) -> set[Operation]:
+    loops = [op for op in function.body
+             if op.name == "fused" or op.spec.is_elementwise or op.spec.reduction is not None]
+    return set(loops) if len(loops) > OUTLINE_AFTER else set()
+
+
+def _outline_kernels(low: Lowering, ops: list[Operation]) -> None:
+    """Consecutive top-level loop nests as `internal noinline void gir_kernel<k>(values...,
+    counters, fns)`, called here with the pointers of the values they read and write
+    (`OUTLINE_AFTER` says why)."""
+    for op in ops:
+        for r in op.results:
+            low.slot(r, op)
+    values = list(dict.fromkeys(v for op in ops for v in list(op.operands) + list(op.results)))
+    for v in values:  # arguments: loaded where the call is
+        i = low.arg_index.get(v)
+        if i is not None:
+            low.ptr[v] = low._load_ptr(low.buffers, i)
+    pointers = [low.ptr[v] for v in values]
+    saved = (low.fn, low.entry, low.b, low.counters, low.fns, low.ptr, low.stack_rows)
+    fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR] * (len(values) + 2)),
+                     name=f"gir_kernel{len(low.module.globals)}")
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    low.fn, low.entry = fn, fn.append_basic_block("entry")
+    low.b = ir.IRBuilder(low.entry)
+    *inner, low.counters, low.fns = fn.args
+    low.ptr, low.stack_rows = dict(low.ptr), {}
+    made = {r for op in ops for r in op.results}
+    for v, p in zip(values, inner):
+        low.ptr[v] = p
+        if v in made:
+            low.stack_rows[v] = p  # slot() returns it
+    try:
+        for op in ops:
+            low.lower_op(op)
+        low.b.ret_void()
+    finally:
+        low.fn, low.entry, low.b, low.counters, low.fns, low.ptr, low.stack_rows = saved
+    low.b.call(fn, pointers + [low.counters, low.fns])
+
+
+def _copy_out(low: Lowering, returned: list[Value]) -> None:
+    """The results copied into the caller's output buffers, each pointer made where its copy is
+    (`Lowering.pointer_here`); with many loops (`OUTLINE_AFTER`), in calls of `COPY_CHUNK`."""
+    n_args = len(low.function.args)
+    if not low.outlined:
+        term = low.function.body.terminator
+        assert term is not None
+        for i, v in enumerate(returned):  # a result may follow the run-time length (Lowering.nbytes)
+            low.memcpy(low._load_ptr(low.buffers, n_args + i), low.pointer_here(v), low.nbytes(v, term))
+        return
+    for start in range(0, len(returned), COPY_CHUNK):
+        chunk = returned[start:start + COPY_CHUNK]
+        sources = [low.pointer_here(v) for v in chunk]
+        fn = ir.Function(low.module, ir.FunctionType(ir.VoidType(), [PTR] * (len(chunk) + 1)),
+                         name=f"gir_copy_out{start}")
+        fn.linkage = "internal"
+        fn.attributes.add("noinline")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        buffers, *inner = fn.args
+        copy = low.module.declare_intrinsic("llvm.memcpy", [PTR, PTR, I64])
+        for i, (v, src) in enumerate(zip(chunk, inner)):
+            out = b.load(b.gep(buffers, [ir.Constant(I64, n_args + start + i)], source_etype=PTR), typ=PTR)
+            b.call(copy, [out, src, ir.Constant(I64, v.tensor_type.nbytes() or 0), ir.Constant(I1, 0)])
+        b.ret_void()
+        low.b.call(fn, [low.buffers] + sources)
+
+
 def lower_function(function: Function, plan: MemoryPlan | None, schedule: CpuSchedule,
                    quick: bool = False, lengths: LengthDims | None = None) -> tuple[ir.Module, Layout]:
     """function as an LLVM module and the layout the runtime needs, following schedule (a pure
@@ -1530,8 +1664,7 @@ def lower_function(function: Function, plan: MemoryPlan | None, schedule: CpuSch
     body = function.body
     low.worker.begin()
     returned = low.block(body)
-    for v, out in zip(returned, low.out_ptrs):
-        low.memcpy(out, low.ptr[v], low.nbytes(v, function.body.terminator))  # type: ignore[arg-type]
+    _copy_out(low, returned)
     low.worker.end()
     low.b.ret_void()
     low.worker.emit()

@@ -462,9 +462,8 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         raise GirTraceError("an integer tensor index (a gather, x[ids]) works on the leading axis, as the only "
                             "traced index", loc)
     out = x
-    if any(b is not None for b in bounds) and not t.is_static:
-        out = _slice_by_gathers(out, bounds, loc)
-    elif any(b is not None for b in bounds):
+    if any(b is not None for b in bounds):
+        # an axis kept whole has the limit `?` (None) where its size is `?`: the slice op takes it whole
         full = [b or (0, d, 1) for b, d in zip(bounds, t.shape)]
         steps = [s for _, _, s in full]
         out = emit1("slice", [out.value], attrs={"starts": [s for s, _, _ in full], "limits": [e for _, e, _ in full],
@@ -475,24 +474,6 @@ def _getitem(x: Tracer, key: Any, loc: Location) -> Tracer:
         axis -= builtins.sum(1 for a in drop if a < axis)
         out = _index(out, axis, k, loc)
     return out
-
-
-def _slice_by_gathers(x: Tracer, bounds: list[Any], loc: Location) -> Tracer:
-    """x sliced on its known axes while a `?` axis stays whole: the `slice` op needs every dim
-    known, so each sliced axis is moved to the front and gathered (`index` with a constant
-    range; its gradient is a scatter_add), then moved back."""
-    frame = current_frame()
-    assert frame is not None
-    for axis, b in enumerate(bounds):
-        if b is None:
-            continue
-        start, stop, step = b
-        rows = Tracer(to_value(np.arange(start, stop, step, dtype=np.int64), loc=loc), frame, frame.block)
-        x = _index(x, axis, rows, loc)
-        if axis:
-            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, x.type.rank))
-            x = emit1("transpose", [x.value], attrs={"perm": perm}, loc=loc)
-    return x
 
 
 def _constant_index(k: Any, loc: Location) -> Any:

@@ -165,6 +165,12 @@ class Frame:
         self.closed = False
         self.strict: bool = parent.strict if parent is not None else _strict_promotion()
         """GIR_PROMOTION=strict, read once per trace: tensors of different dtypes do not promote."""
+        self.hide_constants: bool = parent.hide_constants if parent is not None else True
+        """Large NumPy arrays become hidden arguments of the entry (`array_constant`); False:
+        printed as constants (`gir.trace`, whose module stands alone)."""
+        self.hidden: dict[int, tuple[np.ndarray, np.ndarray, Value]] = {}
+        """The entry's frame: id of a closed-over array -> (the array, its copy at trace time,
+        the hidden argument standing for it)."""
 
     @property
     def block(self) -> Block:
@@ -172,6 +178,20 @@ class Frame:
 
     def is_open(self, block: Block) -> bool:
         return block in self.blocks
+
+    def hidden_argument(self, a: np.ndarray, dtype: str) -> Value:
+        """The hidden argument of this (entry) frame's function that passes array a: one per
+        array object, its values copied now (read at trace time, as a printed constant is)."""
+        found = self.hidden.get(id(a))
+        if found is None:
+            arg = self.function.body.add_arg(TensorType(a.shape, dtype), f"closed{len(self.hidden)}")
+            found = self.hidden[id(a)] = (a, np.array(a, copy=True, order="C"), arg)
+        return found[2]
+
+    @property
+    def hidden_arrays(self) -> tuple[np.ndarray, ...]:
+        """What a call passes after the user's arguments, in the order of the hidden arguments."""
+        return tuple(copy for _, copy, _ in self.hidden.values())
 
     def capture(self, outer: Value) -> Value:
         arg = self.captures.get(outer)
@@ -388,14 +408,31 @@ def constant(value: Any, dtype: str, loc: Location | None = None) -> Value:
     return emit("constant", [], attrs={"value": value}, declared=[TensorType((), dtype)], loc=loc).result
 
 
+HIDDEN_ARGUMENT_ELEMENTS = 1024
+"""A NumPy array of more elements than this used inside a traced function (closed over) becomes
+a hidden argument of the entry rather than a printed `constant` (issue 30: a 1000x1000 array
+printed, parsed and lowered as a constant took 72 s to compile). Smaller ones stay constants,
+which the passes may fold and the backends see as literals."""
+
+
 def array_constant(a: np.ndarray, loc: Location | None = None) -> Value:
-    """A NumPy array used inside a traced function: a constant of its dtype (printed in full)."""
+    """A NumPy array used inside a traced function, read now (a later change to it is not
+    seen, as in JAX): a constant of its dtype (printed in full), or, with more than
+    HIDDEN_ARGUMENT_ELEMENTS elements, a hidden argument of the traced entry that each call
+    passes a copy taken now (`Frame.hidden_argument`)."""
     loc = loc or user_location(2)
     try:
         dtype = dtype_name(a.dtype)
     except KeyError:
         raise GirTraceError(f"unsupported array dtype {a.dtype}; use float32, float64, int32, int64 or bool",
                             loc) from None
+    frame = need_frame("a NumPy array")
+    entry = frame
+    while entry.parent is not None:
+        entry = entry.parent
+    if a.size > HIDDEN_ARGUMENT_ELEMENTS and entry.hide_constants:
+        arg = entry.hidden_argument(a, dtype)
+        return resolve(Tracer(arg, entry, entry.function.body), frame)
     value = a.tolist()
     return emit("constant", [], attrs={"value": value}, declared=[TensorType(a.shape, dtype)], loc=loc).result
 

@@ -165,9 +165,14 @@ class Traced:
     entry: str
     arg_trees: list[TreeDef]
     out_tree: TreeDef
+    hidden: tuple[np.ndarray, ...] = ()
+    """The values of the entry's hidden arguments, after the user's: the large NumPy arrays fn
+    closes over, copied when traced (tracer.py `array_constant`); each call passes them."""
 
 
-def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
+def trace_entry(fn: Callable[..., Any], args: Sequence[Any], hide_constants: bool = True) -> Traced:
+    """fn traced on args; hide_constants: large closed-over NumPy arrays become hidden arguments
+    after the user's (`Traced.hidden`, tracer.py `array_constant`), else printed constants."""
     if not callable(fn):
         raise GirTraceError(f"gir.trace takes a Python function, not {type(fn).__name__}", user_location())
     floc = function_location(fn)
@@ -177,13 +182,14 @@ def trace_entry(fn: Callable[..., Any], args: Sequence[Any]) -> Traced:
     module = Module(filename=floc.file)
     function = new_function(func_name(getattr(fn, "__name__", "f")), module, types, names, floc)
     frame = Frame(function, module, None)
+    frame.hide_constants = hide_constants
     with frame_scope(frame):
         tracers = [Tracer(a, frame, function.body, weak=is_weak(leaf) and not isinstance(leaf, np.generic))
                    for a, leaf in zip(function.args, leaves)]
         out = fn(*unflatten_args(trees, tracers))
         out_leaves, _, out_tree = flatten(out)
         finish_function(function, module, [to_value(leaf, loc=floc) for leaf in out_leaves], floc)
-    return Traced(module, function.name, trees, out_tree)
+    return Traced(module, function.name, trees, out_tree, frame.hidden_arrays)
 
 
 def _check_arity(fn: Callable[..., Any], args: Sequence[Any]) -> None:
@@ -203,7 +209,7 @@ def _check_arity(fn: Callable[..., Any], args: Sequence[Any]) -> None:
 def trace(fn: Callable[..., Any], *example_args: Any) -> Module:
     """fn traced on the example arguments' shapes and dtypes (arrays, gir.spec(...), scalars,
     nested in dicts/lists/tuples): a Module whose last function is fn; print it for `.gir` text."""
-    return trace_entry(fn, example_args).module
+    return trace_entry(fn, example_args, hide_constants=False).module
 
 
 # -- scan -----------------------------------------------------------------------------------------
