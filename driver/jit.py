@@ -305,8 +305,10 @@ class TracedJit(JitFunction):
     def __init__(self, retrace: Callable[[Shapes], Module], traced: Module, entry: str, pipeline: str,
                  weak: Sequence[bool]):
         f = traced.functions[entry]
+        # the hidden arguments after the user's (large closed-over arrays) keep their exact types
+        kept = list(weak) + [True] * (len(f.arg_types) - len(weak))
         types = [t if w or not t.rank else TensorType((None, *t.shape[1:]), t.dtype)
-                 for t, w in zip(f.arg_types, weak)]
+                 for t, w in zip(f.arg_types, kept)]
         signature = Function(f.name, types, f.result_types, [a.name_hint for a in f.args], f.loc)
         self._retrace = retrace
         self._checked: dict[tuple, bool] = {}
