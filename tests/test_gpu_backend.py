@@ -458,6 +458,31 @@ def test_reductions_read_by_one_kernel_are_computed_inside_it(dtype: str) -> Non
     assert any("cuda.shared.array" in k for k in fn.compiled.kernel_sources)
 
 
+WHOLES = """\
+func @f(%u: tensor<2x2x3xf64>, %s: tensor<2x3xf64>, %h: tensor<5xf32>) -> tensor<f64> {
+  %loss = sum(%u) + mean(%s) + cast(mean(%h), dtype="f64")
+  return %loss
+}
+"""
+
+
+def test_whole_reductions_folded_into_one_kernel_each_have_their_own_tree() -> None:
+    """Several sums or means to one element read by one kernel (a loss `sum(a) + mean(b)`, of
+    differently sized values and dtypes): one block, a shared-memory tree each; each reads its
+    own total, divided by its own count (fuzz seed 0 input 3: every read took the first tree's
+    total). Past kernels.MAX_WHOLE_READS the rest are CuPy reductions."""
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((2, 2, 3)), rng.standard_normal((2, 3)), rng.standard_normal(5).astype(np.float32)]
+    fn = assert_matches_interpreter(WHOLES, "f", args)
+    assert (fn.stats.kernel_launches, fn.stats.xp_launches) == (1, 0), fn.stats
+    many = kernels.MAX_WHOLE_READS + 1
+    params = ", ".join(f"%a{k}: tensor<{k + 2}xf64>" for k in range(many))
+    terms = " + ".join(f"mean(%a{k})" for k in range(many))
+    text = f"func @g({params}) -> tensor<f64> {{\n  %r = {terms}\n  return %r\n}}\n"
+    fn = assert_matches_interpreter(text, "g", [rng.standard_normal(k + 2) for k in range(many)])
+    assert (fn.stats.kernel_launches, fn.stats.xp_launches) == (1, 1), fn.stats
+
+
 SHIFTED = """\
 func @f(%xs: tensor<4x2xf32>, %h0: tensor<2xf32>, %c0: tensor<2xf32>)
     -> (tensor<2xf32>, tensor<2xf32>, tensor<4x2xf32>, tensor<4x2xf32>, tensor<4x2xf32>) {
