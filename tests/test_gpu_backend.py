@@ -393,6 +393,12 @@ def test_every_kernel_a_training_step_launches_compiles_to_ptx(tmp_path: Path) -
         for k in fn.compiled.lowering.kernels:
             sources[k.source.text] = k.source.signature
     assert any("i * " in t or "c0 * " in t for t in sources)  # strided reads are among them
+    assert_compiles_to_ptx(sources, tmp_path)
+
+
+def assert_compiles_to_ptx(sources: dict[str, str], tmp_path: Path) -> None:
+    """Each kernel source (-> its signature) through numba.cuda's real compiler, in a process
+    without the simulator (which runs Python and checks no types). Skips without NVVM/NVRTC."""
     listing = tmp_path / "kernels.json"
     listing.write_text(json.dumps(sorted(sources.items())))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
@@ -466,7 +472,7 @@ func @f(%u: tensor<2x2x3xf64>, %s: tensor<2x3xf64>, %h: tensor<5xf32>) -> tensor
 """
 
 
-def test_whole_reductions_folded_into_one_kernel_each_have_their_own_tree() -> None:
+def test_whole_reductions_folded_into_one_kernel_each_have_their_own_tree(tmp_path: Path) -> None:
     """Several sums or means to one element read by one kernel (a loss `sum(a) + mean(b)`, of
     differently sized values and dtypes): one block, a shared-memory tree each; each reads its
     own total, divided by its own count (fuzz seed 0 input 3: every read took the first tree's
@@ -475,6 +481,8 @@ def test_whole_reductions_folded_into_one_kernel_each_have_their_own_tree() -> N
     args = [rng.standard_normal((2, 2, 3)), rng.standard_normal((2, 3)), rng.standard_normal(5).astype(np.float32)]
     fn = assert_matches_interpreter(WHOLES, "f", args)
     assert (fn.stats.kernel_launches, fn.stats.xp_launches) == (1, 0), fn.stats
+    (kernel,) = fn.compiled.lowering.kernels
+    assert_compiles_to_ptx({kernel.source.text: kernel.source.signature}, tmp_path)  # f32 and f64 trees
     many = kernels.MAX_WHOLE_READS + 1
     params = ", ".join(f"%a{k}: tensor<{k + 2}xf64>" for k in range(many))
     terms = " + ".join(f"mean(%a{k})" for k in range(many))
