@@ -130,6 +130,9 @@ class Options:
                               doc="second-thread overlap windows: auto, 1, 0 or whole")
     cpu_split: str = _field("GIR_CPU_SPLIT", _choice("auto", ("auto", "0", "1")), "auto", code=True,
                             doc="split loops across two threads: auto, 1 or 0")
+    lengths: bool = _field("GIR_LENGTHS", _flag(True), True, code=True,
+                           doc="one compile for every sequence length: a `?` dim that only sets loop trip "
+                               "counts is read at run time (0: specialised per length)")
     cpu_adapt_threads: bool = _field("GIR_CPU_ADAPT", _flag(True), True, code=False,
                                      doc="calls go to one BLAS thread while the second core is busy (0: never)")
     cpu_shared: bool = _field("GIR_CPU_SHARED", _flag(True), True, code=False,
@@ -140,6 +143,8 @@ class Options:
                           doc="never load MKL")
     gpu_arena: bool = _field("GIR_GPU_ARENA", _flag(True), True, code=True,
                              doc="GPU buffers from one arena (0: one allocation each)")
+    gpu_graphs: bool = _field("GIR_GPU_GRAPHS", _flag(True), True, code=True,
+                              doc="GPU functions captured once as a CUDA graph and replayed per call (0: eager)")
 
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Options)

@@ -22,6 +22,14 @@ are the figure that other processes disturb least.
 
     python bench/compile_time.py [--runs 5] [--skip-opt] [--sizes 25000,50000,100000]
     python bench/compile_time.py --tiers gru,lstm --runs 5   # tiered compilation on/off, interleaved
+    python bench/compile_time.py --lengths gru,lstm --runs 5 # the cost of a new sequence length
+
+The cost of a new length (issue 28, target <= 50 ms): `examples/<model>.gir` with `%xs`'s
+leading dim written `?`, compiled at the first of `--steps-list` lengths in a fresh process
+(GEMM times measured, no compiled entry; its -O3 code waited for), then called at each
+further length: the first call's wall time there less the second call's (the step itself),
+with GIR_LENGTHS=1 (one compile for every length) and 0 (a specialisation per length),
+interleaved run by run.
 """
 
 from __future__ import annotations
@@ -79,6 +87,35 @@ for _ in range(int(sys.argv[3])):
     tiers.append(fn.stats.compile.tier)
 print(json.dumps({"steps_wall": time.perf_counter() - t0, "quick_steps": tiers.count("quick")}))
 fn.compiled.wait_for_final_code(600)
+"""
+
+
+LENGTHS_ONCE = """\
+import json, re, sys, time
+import numpy as np
+import gir
+from gir.backend.cpu import blas
+text = re.sub(r"%xs: tensor<\\d+x", "%xs: tensor<?x", open(sys.argv[1]).read())
+fn = gir.jit(text, sys.argv[2])
+rng = np.random.default_rng(0)
+costs, steps = [], []
+for i, t in enumerate(int(x) for x in sys.argv[3].split(",")):
+    args = [(0.1 * rng.standard_normal(tuple(t if d is None else d for d in a.shape))).astype(a.numpy_dtype)
+            for a in fn.signature.arg_types]
+    w = time.perf_counter()
+    fn(*args)
+    first = time.perf_counter() - w
+    w = time.perf_counter()
+    fn(*args)
+    again = time.perf_counter() - w
+    if i:  # the first length pays the compile
+        costs.append(first - again)
+        steps.append(again)
+    else:  # its -O3 code and GEMM measurements done: later lengths do not compete with them
+        fn.compiled.wait_for_final_code(600)
+        blas.wait_for_measurements()
+print(json.dumps({"costs": costs, "steps": steps, "specialisations": fn.specialisations,
+                  "lengths": fn.stats.compile.lengths}))
 """
 
 
@@ -175,6 +212,33 @@ def tier_table(base: Path, runs: int, models: list[str], steps: int = 10) -> lis
     return rows
 
 
+def lengths_table(base: Path, runs: int, models: list[str], lengths: str) -> list[str]:
+    """The cost of a new length (module docstring), GIR_LENGTHS=1 against 0, interleaved."""
+    rows = ["| model | GIR_LENGTHS | lengths | cost of a new length, median ms (max) | step at it, median ms | "
+            "specialisations |", "|---|---|---|---|---|---|"]
+    for model in models:
+        dirs = prepare(base, model)
+        got: dict[str, list[dict]] = {"1": [], "0": []}
+        for _ in range(runs):
+            for switch in ("1", "0"):
+                with tempfile.TemporaryDirectory() as tmp:
+                    cache_dir = Path(tmp) / "cache"
+                    shutil.copytree(dirs["measured"], cache_dir)
+                    env = {**environment(cache_dir), "GIR_LENGTHS": switch}
+                    text, _, _ = run_child([sys.executable, "-c", LENGTHS_ONCE, str(EXAMPLES / f"{model}.gir"),
+                                            f"{model}_grads", lengths], env)
+                    got[switch].append(json.loads(text))
+        for switch, rs in got.items():
+            costs = [c for r in rs for c in r["costs"]]
+            steps = [s for r in rs for s in r["steps"]]
+            rows.append(f"| {model} | {switch} | {lengths} | {1e3 * statistics.median(costs):.1f} "
+                        f"({1e3 * max(costs):.1f}) | {1e3 * statistics.median(steps):.1f} | "
+                        f"{rs[0]['specialisations']} |")
+        shutil.rmtree(dirs["measured"])
+        shutil.rmtree(dirs["compiled"])
+    return rows
+
+
 def jit_table(base: Path, runs: int) -> list[str]:
     rows = ["| case | model | wall s | CPU s | from cache | LLVM opt+emit s |",
             "|---|---|---|---|---|---|"]
@@ -232,9 +296,15 @@ def main() -> None:
     ap.add_argument("--skip-opt", action="store_true")
     ap.add_argument("--skip-jit", action="store_true")
     ap.add_argument("--tiers", default="", help="only the A/B of tiered compilation, for these models (gru,lstm)")
+    ap.add_argument("--lengths", default="", help="only the cost of a new sequence length, for these models")
+    ap.add_argument("--steps-list", default="40,41,42,43,57,100",
+                    help="--lengths: the sequence lengths called, in order (the first one compiles)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
+        if args.lengths:
+            print("\n".join(lengths_table(base, args.runs, args.lengths.split(","), args.steps_list)))
+            return
         if args.tiers:
             print("\n".join(tier_table(base, args.runs, args.tiers.split(","))))
             return

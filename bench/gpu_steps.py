@@ -67,10 +67,16 @@ def main() -> int:
             want = gir.jit(src, f"{model}_grads", device="cpu")(*call_args)
             assert_all_close(got, want, rtol=5e-3, what=f"{model} {size} gpu against cpu")
             ms = median_ms(lambda f=fn, a=call_args: f(*a), args.warmup, args.repeat)
+            replayed = fn(*call_args)  # a replayed call (the graph path), checked too
+            assert_all_close(replayed, want, rtol=5e-3, what=f"{model} {size} gpu, a replayed call, against cpu")
             s = fn.stats
+            with gir.config.override(gpu_graphs=False):  # the eager path on the same GPU, for the ratio
+                eager = gir.jit(src, f"{model}_grads", device="gpu")
+            eager_ms = median_ms(lambda f=eager, a=call_args: f(*a), args.warmup, args.repeat)
             print(f"{model} {size} (T={T} B={B} I={I} H={H}) on {s.device}: first call {first:.2f} s, "
-                  f"median {ms:.2f} ms; per call: {s.launches} launches = {s.kernel_launches} kernels + "
-                  f"{s.gemm_calls} GEMMs + {s.xp_launches} xp + {s.copies} copies, {s.graph_replays} graph replays",
+                  f"median {ms:.2f} ms ({s.graph}; eager: {eager_ms:.2f} ms); per call: {s.host_launches} launched "
+                  f"from Python; device work {s.kernel_launches} kernels + {s.gemm_calls} GEMMs + "
+                  f"{s.xp_launches} xp + {s.copies} copies, {s.graph_replays} graph replays",
                   flush=True)
             for label, counts in s.per_step.items():
                 print(f"    per step, {label}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()), flush=True)

@@ -52,6 +52,21 @@ Method
   at the same thread count (a 2048^3 sgemm, the best of MKL and OpenBLAS). The fraction
   floor / time says how close a peer comes to spending all its time in peak-speed GEMMs.
 
+On the GPU (`--device gpu`, or `--device auto` where there is one)
+------------------------------------------------------------------
+gir with `device="gpu"` (CuPy arrays in and out, so the parameters stay on the device; call 1
+eager, call 2 captures the CUDA graph every later call replays: both untimed warm-up) against
+PyTorch's cuDNN nn.RNN/GRU/LSTM (a Python loop of tensor ops for the peephole cell, which
+cuDNN lacks) and JAX (lax.scan + jit) on the same GPU, at S, M and L (T=100, batch 256,
+hidden 1024), rnn, gru, lstm and peephole; one process per peer, each step synchronised
+before the clock stops; gradients checked against gir's first (cuDNN and XLA may use TF32:
+the tolerance is the same 1e-3). Writes docs/performance-gpu.md with the GPU's name and the
+ratios against issue 26's targets. Without a GPU, `--device gpu` stops with the reason (no
+numba-cuda, no CuPy, no device) and `--device auto` runs the CPU benchmark.
+
+    python bench/rnn.py --device gpu                   # S, M, L; all four models
+    python bench/rnn.py --device gpu --sizes S --repeat 10 --out /tmp/performance-gpu.md
+
 Usage
 -----
     pip install -e '.[bench]'                    # torch==2.13.0 (CPU), jax, threadpoolctl, matplotlib
@@ -88,7 +103,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"S": (50, 32, 256, 256), "M": (100, 64, 512, 512)}  # T, batch, input, hidden
 QUICK_SIZES = {"S": (5, 3, 4, 6), "M": (7, 4, 6, 8)}
-MODELS = ("rnn", "gru", "lstm")
+GPU_SIZES = {**SIZES, "L": (100, 256, 1024, 1024)}  # issue 26's S, M, L
+GPU_QUICK_SIZES = {**QUICK_SIZES, "L": (6, 5, 7, 9)}
+GPU_PEERS = ("gir", "pytorch", "jax")
+"""On the GPU: gir (device="gpu", device arrays in and out), PyTorch (cuDNN's nn.RNN/GRU/LSTM),
+JAX (lax.scan + jit); PyTensor and NumPy have no GPU path here."""
+DEVICE = "cpu"
+"""The worker's device (`cpu` or `gpu`), from the job."""
+MODELS = ("rnn", "gru", "lstm", "peephole")
+"""peephole: an LSTM whose gates also read the cell (c * p_i, c * p_f, c_t * p_o), a cell cuDNN
+does not offer (issue 26): PyTorch runs it as a Python loop of tensor ops (`setup_pytorch_loop`),
+JAX and gir compile it; NumPy and PyTensor have no peephole form here."""
+CUSTOM = ("peephole",)
+"""Models cuDNN has no kernel for."""
 PEERS = ("gir", "pytorch", "jax", "pytensor", "numpy")
 PEER_TITLES = {"gir": "gir", "pytorch": "PyTorch", "jax": "JAX", "pytensor": "PyTensor", "numpy": "NumPy"}
 PEER_MODULES = {"pytorch": "torch", "jax": "jax", "numpy": "numpy"}
@@ -98,7 +125,9 @@ PEAK_N, PEAK_N_QUICK = 2048, 512
 # ---------------------------------------------------------------------------------------------
 # Models: parameter names (gir's layout), initial values, the fused layout, GEMM FLOPs
 
-GATES = {"rnn": ("h",), "gru": ("z", "r", "n"), "lstm": ("i", "f", "g", "o")}
+GATES = {"rnn": ("h",), "gru": ("z", "r", "n"), "lstm": ("i", "f", "g", "o"), "peephole": ("i", "f", "g", "o")}
+PEEPHOLES = ("p_i", "p_f", "p_o")
+"""The peephole LSTM's extra parameters (each of shape (H,))."""
 """Gate order of the fused layout used by NumPy, JAX and PyTensor (W = [w_z w_r w_n], ...)."""
 
 
@@ -115,7 +144,7 @@ def b_name(model: str, gate: str) -> str:
 
 
 def states(model: str) -> list[str]:
-    return ["h0", "c0"] if model == "lstm" else ["h0"]
+    return ["h0", "c0"] if model in ("lstm", "peephole") else ["h0"]
 
 
 def param_names(model: str) -> list[str]:
@@ -123,13 +152,13 @@ def param_names(model: str) -> list[str]:
     gates = GATES[model]
     names = states(model) + [w_name(model, g) for g in gates] + [u_name(model, g) for g in gates]
     names += [b_name(model, g) for g in gates]
-    return names + (["b_hn"] if model == "gru" else [])
+    return names + (["b_hn"] if model == "gru" else []) + (list(PEEPHOLES) if model == "peephole" else [])
 
 
 def param_shape(name: str, B: int, I: int, H: int) -> tuple[int, ...]:
     if name in ("h0", "c0"):
         return (B, H)
-    if name.startswith("b"):
+    if name.startswith("b") or name in PEEPHOLES:
         return (H,)
     return (I, H) if name in ("wx",) or name.startswith("w_") else (H, H)
 
@@ -155,11 +184,14 @@ def fuse(model: str, p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
              "b": np.concatenate([p[b_name(model, g)] for g in gates])}
     if model == "gru":
         fused["b_hn"] = p["b_hn"]
+    for name in PEEPHOLES if model == "peephole" else ():
+        fused[name] = p[name]
     return {n: np.ascontiguousarray(a) for n, a in fused.items()}
 
 
 def fused_names(model: str) -> list[str]:
-    return states(model) + ["Wx", "U", "b"] + (["b_hn"] if model == "gru" else [])
+    return states(model) + ["Wx", "U", "b"] + (["b_hn"] if model == "gru" else []) \
+        + (list(PEEPHOLES) if model == "peephole" else [])
 
 
 def unfuse_grads(model: str, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -171,6 +203,8 @@ def unfuse_grads(model: str, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[name(model, gate)] = part
     if model == "gru":
         out["b_hn"] = g["b_hn"]
+    for name in PEEPHOLES if model == "peephole" else ():
+        out[name] = g[name]
     return out
 
 
@@ -199,7 +233,7 @@ def compare(ref_loss: float, ref: dict[str, np.ndarray], loss: float, got: dict[
 # Thread settings (applied by the parent through the environment, by the worker in-process)
 
 
-def thread_env(threads: int) -> dict[str, str]:
+def thread_env(threads: int, device: str = "cpu") -> dict[str, str]:
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -208,7 +242,10 @@ def thread_env(threads: int) -> dict[str, str]:
     if threads == 1:
         xla += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
     env["XLA_FLAGS"] = xla.strip()
-    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_PLATFORMS"] = "cuda" if device == "gpu" else "cpu"
+    if device == "gpu":
+        env["NUMBA_ENABLE_CUDASIM"] = "0"  # the real GPU, never the simulator
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX beside CuPy and PyTorch
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTENSOR_FLAGS"] = ",".join(x for x in (env.get("PYTENSOR_FLAGS", ""), "floatX=float32") if x)
     return env
@@ -258,6 +295,12 @@ GIR_BODY = {
              "%o = sigmoid(%x @ %w_o + %h @ %u_o + %b_o)",
              "%c = %f * %c + %i * %g",
              "%h = %o * tanh(%c)"],
+    "peephole": ["%i = sigmoid(%x @ %w_i + %h @ %u_i + %c * %p_i + %b_i)",
+                 "%f = sigmoid(%x @ %w_f + %h @ %u_f + %c * %p_f + %b_f)",
+                 "%g = tanh(%x @ %w_g + %h @ %u_g + %b_g)",
+                 "%c = %f * %c + %i * %g",
+                 "%o = sigmoid(%x @ %w_o + %h @ %u_o + %c * %p_o + %b_o)",
+                 "%h = %o * tanh(%c)"],
 }
 
 
@@ -333,14 +376,83 @@ def setup_gir(model: str, p: dict[str, np.ndarray]):
     return (lambda: fn(*args)), (lambda out: (float(out[0]), dict(zip(names, out[1:]))))
 
 
+def setup_gir_gpu(model: str, p: dict[str, np.ndarray]):
+    """gir with device="gpu", the arguments as CuPy arrays (the parameters stay on the GPU, as
+    PyTorch's and JAX's do) and the results CuPy arrays; the step waits for the device. Call 1
+    runs eagerly, call 2 captures the CUDA graph that every later call replays (docs/gpu.md):
+    both are warm-up here."""
+    import cupy
+    import gir
+
+    T, B, I = p["xs"].shape
+    H = p["h0"].shape[1]
+    fn = gir.jit(gir_source(model, T, B, I, H), f"{model}_grads", device="gpu")
+    args = [cupy.asarray(p["xs"])] + [cupy.asarray(p[n]) for n in param_names(model)]
+    names = param_names(model)
+    setup_gir.fn = fn  # for fn.stats
+
+    def step():
+        out = fn(*args)
+        cupy.cuda.Device().synchronize()
+        return out
+
+    step()  # compiles, runs eagerly
+    return step, (lambda out: (float(cupy.asnumpy(out[0])), {n: cupy.asnumpy(g) for n, g in zip(names, out[1:])}))
+
+
+def setup_pytorch_loop(model: str, p: dict[str, np.ndarray]):
+    """A cell cuDNN does not offer, as a PyTorch user writes it: a Python loop over the steps of
+    tensor ops in the fused layout (one GEMM for every step's input projection first), autograd
+    for the gradients."""
+    from types import SimpleNamespace
+
+    import torch
+
+    if DEVICE == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("PyTorch sees no CUDA GPU (a CPU-only torch build?)")
+    dev = torch.device("cuda" if DEVICE == "gpu" else "cpu")
+    f = fuse(model, p)
+    names = fused_names(model)
+    leaves = {n: torch.from_numpy(f[n]).to(dev).requires_grad_() for n in names}
+    xs = torch.from_numpy(f["xs"]).to(dev)
+    T, B, I = f["xs"].shape
+    H = f["h0"].shape[1]
+    m = SimpleNamespace(tanh=torch.tanh, sigmoid=torch.sigmoid, dot=torch.matmul)
+    peep = tuple(leaves[n] for n in PEEPHOLES) if model == "peephole" else None
+
+    def step():
+        for t in leaves.values():
+            t.grad = None
+        A = (xs.reshape(T * B, I) @ leaves["Wx"] + leaves["b"]).reshape(T, B, -1)
+        h, c, loss = leaves["h0"], leaves.get("c0"), 0.0
+        for t in range(T):
+            h, c = cell(m, model, H, A[t], h, c, leaves["U"], leaves.get("b_hn"), peep)
+            loss = loss + (h * h).sum()
+        loss.backward()
+        if DEVICE == "gpu":
+            torch.cuda.synchronize()
+        return loss
+
+    def to_gir(loss):
+        return float(loss.detach().cpu()), unfuse_grads(model, {n: t.grad.cpu().numpy() for n, t in leaves.items()})
+
+    return step, to_gir
+
+
 def setup_pytorch(model: str, p: dict[str, np.ndarray]):
     import torch
+
+    if model in CUSTOM:
+        return setup_pytorch_loop(model, p)
 
     T, B, I = p["xs"].shape
     H = p["h0"].shape[1]
     cls = {"rnn": torch.nn.RNN, "gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[model]
     extra = {"nonlinearity": "tanh"} if model == "rnn" else {}
     net = cls(I, H, num_layers=1, bias=True, batch_first=False, **extra)
+    dev = torch.device("cuda" if DEVICE == "gpu" else "cpu")
+    if DEVICE == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("PyTorch sees no CUDA GPU (a CPU-only torch build?)")
     order = {"rnn": ("h",), "gru": ("r", "z", "n"), "lstm": ("i", "f", "g", "o")}[model]  # torch's gate order
     with torch.no_grad():
         net.weight_ih_l0.copy_(torch.from_numpy(np.concatenate([p[w_name(model, g)].T for g in order])))
@@ -349,8 +461,9 @@ def setup_pytorch(model: str, p: dict[str, np.ndarray]):
         net.bias_hh_l0.zero_()
         if model == "gru":
             net.bias_hh_l0[2 * H:] = torch.from_numpy(p["b_hn"])
-    xs = torch.from_numpy(p["xs"].copy())
-    init = [torch.from_numpy(p[s][None].copy()).requires_grad_() for s in states(model)]
+    net.to(dev)
+    xs = torch.from_numpy(p["xs"].copy()).to(dev)
+    init = [torch.from_numpy(p[s][None].copy()).to(dev).requires_grad_() for s in states(model)]
     leaves = list(net.parameters()) + init
 
     def step():
@@ -359,22 +472,24 @@ def setup_pytorch(model: str, p: dict[str, np.ndarray]):
         out, _ = net(xs, tuple(init) if model == "lstm" else init[0])
         loss = (out * out).sum()
         loss.backward()
+        if DEVICE == "gpu":
+            torch.cuda.synchronize()  # time the work, not its launch
         return loss
 
     def to_gir(loss):
-        g = {s: t.grad[0].numpy() for s, t in zip(states(model), init)}
-        parts = {k: np.split(getattr(net, f"{k}_l0").grad.numpy(), len(order))
+        g = {s: t.grad[0].cpu().numpy() for s, t in zip(states(model), init)}
+        parts = {k: np.split(getattr(net, f"{k}_l0").grad.cpu().numpy(), len(order))
                  for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
         for gate, wi, wh, bi in zip(order, parts["weight_ih"], parts["weight_hh"], parts["bias_ih"]):
             g[w_name(model, gate)], g[u_name(model, gate)], g[b_name(model, gate)] = wi.T, wh.T, bi
         if model == "gru":
             g["b_hn"] = parts["bias_hh"][2]
-        return float(loss.detach()), g
+        return float(loss.detach().cpu()), g
 
     return step, to_gir
 
 
-def cell(m, model: str, H: int, a, h, c, U, b_hn):
+def cell(m, model: str, H: int, a, h, c, U, b_hn, peep=None):
     """One step in the fused layout, shared by JAX and PyTensor: `a` is this step's input
     projection x W + b, `m` gives tanh, sigmoid and dot. Returns the new (h, c)."""
     hu = m.dot(h, U)
@@ -386,6 +501,11 @@ def cell(m, model: str, H: int, a, h, c, U, b_hn):
         n = m.tanh(a[:, 2 * H:] + r * (hu[:, 2 * H:] + b_hn))
         return (1.0 - z) * n + z * h, c
     s = a + hu
+    if model == "peephole":
+        p_i, p_f, p_o = peep
+        i, f = m.sigmoid(s[:, :H] + c * p_i), m.sigmoid(s[:, H:2 * H] + c * p_f)
+        c = f * c + i * m.tanh(s[:, 2 * H:3 * H])
+        return m.sigmoid(s[:, 3 * H:] + c * p_o) * m.tanh(c), c
     i, f, o = m.sigmoid(s[:, :H]), m.sigmoid(s[:, H:2 * H]), m.sigmoid(s[:, 3 * H:])
     c = f * c + i * m.tanh(s[:, 2 * H:3 * H])
     return o * m.tanh(c), c
@@ -397,6 +517,8 @@ def setup_jax(model: str, p: dict[str, np.ndarray]):
     import jax
     import jax.numpy as jnp
 
+    if DEVICE == "gpu" and jax.default_backend() != "gpu":
+        raise RuntimeError(f"JAX's backend is {jax.default_backend()!r}, not the GPU (pip install 'jax[cuda12]')")
     m = SimpleNamespace(tanh=jnp.tanh, sigmoid=jax.nn.sigmoid, dot=jnp.dot)
     f = fuse(model, p)
     names = fused_names(model)
@@ -409,7 +531,8 @@ def setup_jax(model: str, p: dict[str, np.ndarray]):
 
         def body(carry, a):
             h, c, loss = carry
-            h, c = cell(m, model, H, a, h, c, q["U"], q.get("b_hn"))
+            peep = tuple(q[n] for n in PEEPHOLES) if model == "peephole" else None
+            h, c = cell(m, model, H, a, h, c, q["U"], q.get("b_hn"), peep)
             return (h, c, loss + jnp.sum(h * h)), None
 
         (_, _, loss), _ = jax.lax.scan(body, (q["h0"], q.get("c0"), jnp.float32(0)), A)
@@ -608,7 +731,9 @@ def worker(peer: str, job_dir: Path, threads: int) -> None:
 
         torch.set_num_threads(threads)
     result: dict = {"version": peer_version(peer), "cases": {}}
-    if peer == "gir":
+    global DEVICE
+    DEVICE = job.get("device", "cpu")
+    if peer == "gir" and DEVICE == "cpu":
         n = PEAK_N_QUICK if job["quick"] else PEAK_N
         peak, provider = sgemm_peak(n)
         result["peak"] = {"flops": peak, "provider": provider, "n": n}
@@ -619,9 +744,13 @@ def worker(peer: str, job_dir: Path, threads: int) -> None:
         r: dict = {}
         result["cases"][name] = r
         try:
+            if model in CUSTOM and peer in ("numpy", "pytensor"):
+                r["status"], r["message"] = "skipped", f"no {model} form for {PEER_TITLES[peer]}"
+                continue
             inputs = dict(np.load(job_dir / f"inputs-{name}.npz"))
             started = time.perf_counter()
-            step, to_gir = SETUP[peer](model, inputs)
+            setup = setup_gir_gpu if (peer, DEVICE) == ("gir", "gpu") else SETUP[peer]
+            step, to_gir = setup(model, inputs)
             loss, grads = to_gir(step())
             r["first_call_s"] = time.perf_counter() - started
             np.savez(job_dir / f"{peer}-{name}.npz", loss=np.float64(loss), **grads)
@@ -640,7 +769,11 @@ def worker(peer: str, job_dir: Path, threads: int) -> None:
                     continue
             r["times"] = time_step(step, job["warmup"], job["repeat"])
             r["status"] = "ok"
-            if peer == "gir":
+            if peer == "gir" and DEVICE == "gpu":
+                st = setup_gir.fn.stats
+                r.update(kernel_launches=st.kernel_launches, gemm_calls=st.gemm_calls, copies=st.copies,
+                         xp_launches=st.xp_launches, graph_replays=st.graph_replays, graph=st.graph)
+            elif peer == "gir":
                 st = setup_gir.fn.stats
                 r["gemm_calls"], r["pack_calls"], r["gemm_paths"] = st.gemm_calls, st.pack_calls, st.gemm_paths
             check = "" if peer == "gir" else f", gradients match (rel. error {r['error']:.1e})"
@@ -681,13 +814,13 @@ def missing_notice(peer: str, pytensor_python: str | None) -> str | None:
     return None
 
 
-def run_worker(peer: str, job_dir: Path, threads: int, python: str) -> dict | None:
+def run_worker(peer: str, job_dir: Path, threads: int, python: str, device: str = "cpu") -> dict | None:
     log = job_dir / f"{peer}.log"
     cmd = [python, str(Path(__file__).resolve()), "--_worker", peer, "--_job", str(job_dir), "--_threads",
            str(threads)]
     started = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.run(cmd, env=thread_env(threads), stderr=err, cwd=ROOT)
+        proc = subprocess.run(cmd, env=thread_env(threads, device), stderr=err, cwd=ROOT)
     print(f"  ({PEER_TITLES[peer]}: {time.perf_counter() - started:.0f} s in all, compiling included)", flush=True)
     out = job_dir / f"{peer}.json"
     if proc.returncode != 0 or not out.exists():
@@ -697,6 +830,38 @@ def run_worker(peer: str, job_dir: Path, threads: int, python: str) -> dict | No
     data = json.loads(out.read_text())
     out.unlink()
     return data
+
+
+GPU_PROBE = """
+import os, sys
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+try:
+    from numba import cuda
+except ImportError as e:
+    sys.exit(f"numba-cuda is not installed ({e}): pip install 'gir[gpu]'")
+if not cuda.is_available():
+    sys.exit("numba-cuda finds no CUDA GPU (no NVIDIA driver or no device)")
+try:
+    import cupy
+except ImportError as e:
+    sys.exit(f"CuPy is not installed ({e}): pip install 'gir[gpu]'")
+name = cuda.get_current_device().name
+print(name.decode() if isinstance(name, bytes) else name)
+"""
+"""Prints the GPU's name, or exits non-zero saying what is missing (in a subprocess: the
+simulator switch must be set before numba is imported, and a failed CUDA init stays failed)."""
+
+
+def find_gpu() -> tuple[str | None, str]:
+    """(the GPU's name, "") where gir's GPU backend can run here, else (None, why not)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"the GPU probe failed: {e}"
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return None, lines[-1] if lines else f"the GPU probe exited with {proc.returncode}"
+    return proc.stdout.strip().splitlines()[-1], ""
 
 
 def cpu_name() -> str:
@@ -721,7 +886,7 @@ def cell_text(row: dict, peer: str) -> str:
     if r is None:
         return "—"
     if r["status"] == "skipped":
-        return "not installed"
+        return r.get("message", "not installed")
     if r["status"] == "mismatch":
         return f"grads differ ({r['error']:.1e}, {r['worst']})"
     if r["status"] != "ok":
@@ -827,6 +992,61 @@ def write_markdown(path: Path, rows: list[dict], peers: list[str], meta: dict) -
 KEEP_MARKER = "<!-- kept by bench/rnn.py: written by hand below -->"
 
 
+GPU_TARGETS = "every case at most 1.0x PyTorch cuDNN's time; LSTM-S and GRU-S at most 0.8x the faster of cuDNN and JAX"
+"""Issue 26's targets (docs/performance-gpu.md reports each row's ratios against them)."""
+
+
+def write_markdown_gpu(path: Path, rows: list[dict], peers: list[str], meta: dict) -> None:
+    """docs/performance-gpu.md: the GPU's name, the cases, each peer's median and ratio to gir."""
+    heads = ["model", "size"] + [PEER_TITLES[p] for p in peers] + ["gir / cuDNN", "gir / best peer"]
+    lines = [
+        f"# Training step of RNN, GRU and LSTM on the GPU ({meta['gpu']})",
+        "",
+        "Written by `bench/rnn.py --device gpu` (its docstring explains the method). One training step",
+        "(forward over T steps + BPTT, every gradient), float32, on one GPU: gir `device=\"gpu\"` (CuPy",
+        "arrays in and out, a CUDA graph replayed per call after two warm-up calls), PyTorch's cuDNN",
+        "nn.RNN/GRU/LSTM and JAX (lax.scan + jit), in the same run. Every peer's gradients were checked",
+        f"against gir's (relative error < {TOLERANCE:g}) before it was timed.",
+        "",
+    ]
+    if meta["quick"]:
+        lines += ["**A `--quick` run: tiny sizes, a smoke test of the peers; its times mean nothing.**", ""]
+    lines += [
+        f"- Command: `{meta['command']}`",
+        f"- GPU: {meta['gpu']}; host: {meta['cpu']}; {meta['platform']}",
+        f"- Versions: {'; '.join(meta['versions'])}",
+        f"- Timing: median of {meta['repeat']} steps after {meta['warmup']} warm-up steps, one process per peer",
+        "- Sizes: " + "; ".join(f"{k}: T={t} batch={b} input={i} hidden={h}"
+                                for k, (t, b, i, h) in meta["sizes"].items()),
+        f"- Targets (issue 26): {GPU_TARGETS}; the custom cell (peephole) within 1.5x of cuDNN's plain LSTM",
+        "",
+        "| " + " | ".join(heads) + " |",
+        "|" + "|".join(["---"] * 2 + ["---:"] * (len(heads) - 2)) + "|",
+    ]
+    cudnn_lstm = {row["size"]: row["peers"]["pytorch"]["median"] for row in rows
+                  if row["model"] == "lstm" and row["peers"].get("pytorch", {}).get("status") == "ok"}
+    for row in rows:
+        ok = {p: row["peers"][p]["median"] for p in peers if row["peers"].get(p, {}).get("status") == "ok"}
+        gir_t = ok.get("gir")
+        vs_cudnn = f"{gir_t / ok['pytorch']:.2f}" if gir_t and "pytorch" in ok else "—"
+        if row["model"] in CUSTOM:  # PyTorch's is a Python loop: the target is cuDNN's plain LSTM
+            lstm_t = cudnn_lstm.get(row["size"])
+            vs_cudnn = f"{gir_t / lstm_t:.2f} (vs the LSTM's)" if gir_t and lstm_t else "—"
+        best = min((t for p, t in ok.items() if p != "gir"), default=None)
+        vs_best = f"{gir_t / best:.2f}" if gir_t and best else "—"
+        lines.append("| " + " | ".join([row["model"], row["size"]] + [cell_text(row, p) for p in peers]
+                                       + [vs_cudnn, vs_best]) + " |")
+    if meta["notes"]:
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in meta["notes"]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = ""
+    if path.exists():
+        old = path.read_text()
+        if KEEP_MARKER in old:
+            kept = "\n" + old[old.index(KEEP_MARKER):]
+    path.write_text("\n".join(lines) + "\n" + kept)
+
+
 def write_plot(path: Path, rows: list[dict], peers: list[str]) -> None:
     import matplotlib
 
@@ -867,16 +1087,22 @@ def write_plot(path: Path, rows: list[dict], peers: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="rnn,gru,lstm", help="comma-separated: rnn,gru,lstm")
-    ap.add_argument("--sizes", default="S,M", help="comma-separated: S (T=50 B=32 256) and M (T=100 B=64 512)")
+    ap.add_argument("--models", default=None, help="comma-separated: rnn,gru,lstm,peephole (default rnn,gru,lstm "
+                    "on the CPU, rnn,gru,lstm,peephole on the GPU)")
+    ap.add_argument("--sizes", default=None, help="comma-separated: S (T=50 B=32 256), M (T=100 B=64 512) and, on "
+                    "the GPU, L (T=100 B=256 1024) (default S,M on the CPU, S,M,L on the GPU)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each in fresh processes")
-    ap.add_argument("--peers", default="pytorch,jax,pytensor,numpy",
-                    help="peers beside gir (gir always runs: it is the reference)")
+    ap.add_argument("--peers", default=None,
+                    help="peers beside gir (gir always runs: it is the reference; default pytorch,jax,pytensor,numpy "
+                    "on the CPU, pytorch,jax on the GPU)")
     ap.add_argument("--repeat", type=int, default=None, help="timed steps per case (default 15; 3 with --quick)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps before timing (default 3; 1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run that checks every peer")
-    ap.add_argument("--device", default="cpu", help="cpu (gpu is not supported yet)")
-    ap.add_argument("--out", default=None, help="markdown table (default docs/performance-rnn.md; none with --quick)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "gpu", "auto"),
+                    help="cpu; gpu: gir device='gpu' against PyTorch cuDNN and JAX on the same GPU (fails "
+                    "without one); auto: gpu where there is one, else cpu")
+    ap.add_argument("--out", default=None, help="markdown table (default docs/performance-rnn.md, on the GPU "
+                    "docs/performance-gpu.md; none with --quick)")
     ap.add_argument("--plot", default=None, help="PNG bar chart (default bench/rnn.png; none with --quick)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pytensor-python", default=None, help="python of a virtualenv with pytensor")
@@ -888,14 +1114,23 @@ def main(argv: list[str] | None = None) -> int:
     if args._worker:
         worker(args._worker, Path(args._job), args._threads)
         return 0
-    if args.device != "cpu":
-        ap.error(f"--device {args.device}: only 'cpu' is supported for now (the GPU benchmark is not written yet)")
-    models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
-    sizes = [s.strip().upper() for s in args.sizes.split(",") if s.strip()]
-    others = [p.strip().lower() for p in args.peers.split(",") if p.strip() and p.strip().lower() != "gir"]
+    device, gpu_name = args.device, None
+    if device in ("gpu", "auto"):
+        gpu_name, why = find_gpu()
+        if gpu_name is None and device == "gpu":
+            ap.error(f"--device gpu: no GPU for gir's GPU backend here: {why} (--device auto falls back to the CPU)")
+        device = "gpu" if gpu_name else "cpu"
+        print(f"device: {gpu_name or 'cpu (' + why + ')'}", flush=True)
+    on_gpu = device == "gpu"
+    all_sizes, all_peers = (GPU_SIZES, GPU_PEERS) if on_gpu else (SIZES, PEERS)
+    models = [m.strip().lower() for m in (args.models or ("rnn,gru,lstm,peephole" if on_gpu else "rnn,gru,lstm"))
+              .split(",") if m.strip()]
+    sizes = [s.strip().upper() for s in (args.sizes or ("S,M,L" if on_gpu else "S,M")).split(",") if s.strip()]
+    others = [p.strip().lower() for p in (args.peers or ("pytorch,jax" if on_gpu else "pytorch,jax,pytensor,numpy"))
+              .split(",") if p.strip() and p.strip().lower() != "gir"]
     for bad, allowed, what in ((set(models) - set(MODELS), MODELS, "--models"),
-                               (set(sizes) - set(SIZES), tuple(SIZES), "--sizes"),
-                               (set(others) - set(PEERS), PEERS, "--peers")):
+                               (set(sizes) - set(all_sizes), tuple(all_sizes), "--sizes"),
+                               (set(others) - set(all_peers), all_peers, "--peers")):
         if bad:
             ap.error(f"{what}: unknown {', '.join(sorted(bad))} (choose from {', '.join(allowed)})")
     try:
@@ -908,9 +1143,13 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     if repeat < 1 or warmup < 0:
         ap.error("--repeat must be >= 1 and --warmup >= 0")
-    out = Path(args.out) if args.out else (None if args.quick else ROOT / "docs" / "performance-rnn.md")
-    plot = Path(args.plot) if args.plot else (None if args.quick else ROOT / "bench" / "rnn.png")
-    size_table = {s: (QUICK_SIZES if args.quick else SIZES)[s] for s in sizes}
+    if on_gpu:
+        thread_counts = [1]  # the host side of a GPU step: one process, one thread count
+    default_out = "performance-gpu.md" if on_gpu else "performance-rnn.md"
+    out = Path(args.out) if args.out else (None if args.quick else ROOT / "docs" / default_out)
+    plot = Path(args.plot) if args.plot else (None if args.quick or on_gpu else ROOT / "bench" / "rnn.png")
+    quick_table, full_table = (GPU_QUICK_SIZES, GPU_SIZES) if on_gpu else (QUICK_SIZES, SIZES)
+    size_table = {s: (quick_table if args.quick else full_table)[s] for s in sizes}
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     notes: list[str] = []
     if max(thread_counts) > cpus:
@@ -938,7 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
             T, B, I, H = size_table[case["size"]]
             np.savez(job_dir / f"inputs-{case['name']}.npz", **make_inputs(case["model"], T, B, I, H, args.seed))
         (job_dir / "job.json").write_text(json.dumps({"cases": cases, "repeat": repeat, "warmup": warmup,
-                                                      "quick": args.quick}))
+                                                      "quick": args.quick, "device": device}))
         for threads in thread_counts:
             print(f"== {threads} thread{'s' * (threads > 1)} ==", flush=True)
             results: dict[str, dict | None] = {}
@@ -946,7 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
                 stale.unlink()
             for peer in peers:
                 python = pytensor_python if peer == "pytensor" else sys.executable
-                results[peer] = run_worker(peer, job_dir, threads, python)
+                results[peer] = run_worker(peer, job_dir, threads, python, device)
                 if results[peer]:
                     versions[peer] = results[peer]["version"]
                 if peer == "gir" and results["gir"] and "peak" in results["gir"]:
@@ -973,7 +1212,11 @@ def main(argv: list[str] | None = None) -> int:
                 for peer in skipped:
                     row["peers"][peer] = {"status": "skipped"}
                 gir_r = row["peers"]["gir"]
-                if gir_r.get("status") == "ok" and threads == thread_counts[0]:
+                if gir_r.get("status") == "ok" and on_gpu:
+                    notes.append(f"gir {case['name']}: {gir_r['graph']}; per call {gir_r['kernel_launches']} kernels, "
+                                 f"{gir_r['gemm_calls']} GEMMs, {gir_r['xp_launches']} other launches, "
+                                 f"{gir_r['copies']} device copies, {gir_r['graph_replays']} graph launch(es)")
+                elif gir_r.get("status") == "ok" and threads == thread_counts[0]:
                     notes.append(f"gir {case['name']}: {gir_r['gemm_calls']} GEMM calls and {gir_r['pack_calls']} "
                                  f"packs per training step; GEMM paths {gir_r['gemm_paths']}")
                 rows.append(row)
@@ -990,11 +1233,11 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         print(f"note: {n}")
     command = "python bench/rnn.py" + "".join(" " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    meta = {"command": command, "cpu": cpu_name(), "platform": platform.platform(), "repeat": repeat,
+    meta = {"command": command, "cpu": cpu_name(), "gpu": gpu_name, "platform": platform.platform(), "repeat": repeat,
             "warmup": warmup, "sizes": size_table, "quick": args.quick, "peaks": peaks, "notes": notes,
             "versions": [versions[p] for p in peers if p in versions]}
     if out:
-        write_markdown(out, rows, shown, meta)
+        (write_markdown_gpu if on_gpu else write_markdown)(out, rows, shown, meta)
         print(f"wrote {out}")
     if plot:
         try:

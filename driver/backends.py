@@ -48,9 +48,10 @@ class CpuBackend:
         if options.best:  # -O3 with the GEMM paths measured now (a cache hit's better code)
             from ..backend.cpu.llvm_jit import compile_code
 
-            compiled = CPUFunction(f, plan, code=compile_code(f, plan, tiered=False, best=True))
+            code = compile_code(f, plan, tiered=False, best=True, lengths=options.lengths)
+            compiled = CPUFunction(f, plan, code=code)
         else:
-            compiled = CPUFunction.compile(f, plan, tiered=options.tiered)
+            compiled = CPUFunction.compile(f, plan, tiered=options.tiered, lengths=options.lengths)
         with timing.phase("print IR (fn.ir)"):
             compiled.ir = print_module(module)
         return compiled

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..analysis.lengths import LengthDims
 from ..analysis.manager import Analyses
 from ..analysis.memory.plan import MemoryPlan
 from ..ir.core import Function, Module
@@ -116,6 +117,8 @@ class CompileOptions:
     background compile, which nobody waits for)."""
     on_report: Callable[[Report], None] | None = None
     """Given the pass manager's report once the pipeline has run (`gir run --timing`)."""
+    lengths: LengthDims | None = None
+    """CPU: code for every length of these dims (analysis/lengths.py, driver/lengths.py)."""
 
 
 class Backend(Protocol):

@@ -120,9 +120,19 @@ def store_compiled(key: str, compiled: CPUFunction, root: str | None = None, cod
     f = compiled.function
     meta["signature"] = signature_json(f)
     meta["ir"] = compiled.ir
-    meta["about"] = {"entry": f.name, "shapes": [list(t.shape) for t in f.arg_types]}
+    meta["about"] = {"entry": f.name, "shapes": _shapes_about(f, code.layout)}
     with timing.phase("cache: store"):
         disk.store("compiled", key, meta, obj, root=root)
+
+
+def _shapes_about(f: Function, layout: Any) -> list[list[Any]]:
+    """f's argument shapes for `gir cache info`; a dim read at run time (code for every
+    length, docs/backend.md) as its extent, `T` or `2*T+1`."""
+    shapes: list[list[Any]] = [list(t.shape) for t in f.arg_types]
+    lengths = layout.lengths  # backend/cpu/layout.py's Layout: the cache holds CPU code only
+    for i, axis, a, b in lengths.arguments if lengths is not None else ():
+        shapes[i][axis] = ("T" if a == 1 else f"{a}*T") + (f"{b:+d}" if b else "")
+    return shapes
 
 
 def _stored_state(key: str, root: str | None) -> dict[str, Any] | None:

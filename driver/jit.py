@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ..errors import GirArgumentError, Location, did_you_mean
+from ..analysis.lengths import conforms, module_extents
+from ..config import current
+from ..errors import GirArgumentError, GirError, Location, did_you_mean
 from ..frontend.parser import parse, read_source
 from ..ir.core import Function, Module
 from ..ir.interpreter import check_arguments
@@ -31,8 +33,16 @@ from ..support import timing
 from . import compile_cache
 from .backends import BACKENDS, backend_named
 from .calling import bind_arguments
-from .compile import CompileOptions, Executable, blas_threads, compile_entry
+from .compile import CompileOptions, Executable, blas_threads, compile_entry, specialised
 from .jitstats import CompileStats, CompileTimer
+from .lengths import (
+    REPRESENTATIVES,
+    LengthGroup,
+    candidate_groups,
+    compile_every_length,
+    find_length,
+    leading_free_dims,
+)
 from .results import result_names, results_class
 from .specialisations import Specialisations
 
@@ -68,9 +78,19 @@ class JitFunction:
         self.result_names = names if names is not None else result_names(self.signature)
         """The results' names (driver/results.py), as `fn(...)._fields` gives them."""
         self._results = results_class(entry, self.result_names)
-        self._compiled: Specialisations[Shapes, Executable] = Specialisations()
+        self._compiled: Specialisations[tuple, Executable] = Specialisations()
         """Each specialisation compiled once (the compiled function itself is safe to call
-        from several threads); `last()` is what the inspection properties show."""
+        from several threads); `last()` is what the inspection properties show. Keyed by the
+        argument shapes; code for every length (driver/lengths.py) also by the shapes with the
+        length's dims as None (`LengthGroup.generic`), which later lengths use."""
+        self._every_length: dict[tuple, Any] = {}
+        """Code for every length, by its key (the shapes with the length's dims as None)."""
+        self._length_groups: list[LengthGroup] = []
+        """The groups of `?` dims that code for every length reads at run time."""
+        self._served: dict[Shapes, tuple] = {}
+        """Argument shapes -> the key of the code for every length that serves them (checked once)."""
+        self._made = 0
+        """Specialisations compiled or loaded (code for every length once)."""
         if all(t.is_static for t in self.signature.arg_types):
             self._compiled.get(tuple(t.static_shape for t in self.signature.arg_types), self._compile)
 
@@ -84,8 +104,35 @@ class JitFunction:
 
     @property
     def specialisations(self) -> int:
-        """How many argument shapes have been compiled (as `PythonJit.specialisations`)."""
-        return len(self._compiled)
+        """How many specialisations were compiled or loaded (code for every length counts once)."""
+        return self._made
+
+    def _key(self, shapes: Shapes) -> tuple:
+        """The key of the specialisation that runs these shapes: code for every length that
+        serves them (its key), else the shapes."""
+        found = self._served.get(shapes)
+        if found is not None:
+            return found
+        for group in self._length_groups:
+            generic = group.generic(shapes)
+            compiled = self._every_length.get(generic)
+            if compiled is not None and self._serves(compiled, shapes, group):
+                self._served[shapes] = generic
+                return generic
+        return shapes
+
+    def _serves(self, compiled: Any, shapes: Shapes, group: LengthGroup) -> bool:
+        """Whether code for every length of group runs these shapes (TracedJit also checks that
+        the Python function traces to the same program at this length)."""
+        return compiled.length_of(shapes) is not None
+
+    def _length_candidates(self, shapes: Shapes) -> list[LengthGroup]:
+        """The groups of `?` leading dims that may be a length (none off the CPU, with GIR_LENGTHS=0,
+        or where code for every length of the group exists and does not serve these shapes)."""
+        if self.device != "cpu" or not current().lengths:
+            return []
+        groups = candidate_groups(shapes, leading_free_dims(self.signature.arg_types))
+        return [g for g in groups if g.generic(shapes) not in self._every_length]
 
     @property
     def source(self) -> Module:
@@ -96,35 +143,100 @@ class JitFunction:
             self._source = parse(*self._text)
         return self._source
 
-    def _compile(self, shapes: Shapes) -> Executable:
-        """The specialisation for shapes: from the compile cache (CPU), else compiled and stored."""
-        key = compile_cache.specialisation_key(self._cache_key, shapes) if self._cache_key else None
-        if key is not None:  # never waits for a better version: loads the best entry there is
-            timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
-            with timer.stage("cache-load"):
-                found = compile_cache.load_compiled(key)
+    def _compile(self, key: tuple) -> Executable:
+        """The specialisation for key: code for every length made already (key is its key),
+        else for the shapes key: from the compile cache (CPU; code for every length first,
+        stored under the shapes with the length's dims as None), else compiled and stored."""
+        if key in self._every_length:
+            return self._every_length[key]
+        shapes: Shapes = key
+        groups = self._length_candidates(shapes)
+        for group in groups:
+            found = self._load(("every length", group.generic(shapes)), shapes, group)
             if found is not None:
-                found.compile_seconds = {}  # nothing was compiled: the time is the load's
-                if compile_cache.needs_better_code(found):
-                    compile_cache.better_code_for(key, found, lambda: self._better_code(shapes))
-                # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
-                # which a hit's code does only at its first call
-                found.compile_stats = timer.finish(found)
-                return found
-            timer.cancel()
-        compiled = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline)
-        if key is not None:  # what runs now (quick code too), then the final code once swapped
-            compile_cache.store_what_runs(key, compiled)
+                return self._made_for_every_length(found, shapes, group)
+        found = self._load(shapes, shapes, None)
+        if found is not None:
+            self._made += 1
+            return found
+        compiled, length = self._compile_now(shapes, groups)
+        cached = shapes if length is None else ("every length", length.generic(shapes))
+        cache_key = compile_cache.specialisation_key(self._cache_key, cached) if self._cache_key else None
+        if cache_key is not None:  # what runs now (quick code too), then the final code once swapped
+            compile_cache.store_what_runs(cache_key, compiled)
+        if length is not None:
+            return self._made_for_every_length(compiled, shapes, length)
+        self._made += 1
         return compiled
 
-    def _better_code(self, shapes: Shapes) -> Any:
+    def _made_for_every_length(self, compiled: Any, shapes: Shapes, group: LengthGroup) -> Any:
+        self._every_length[group.generic(shapes)] = compiled
+        if group not in self._length_groups:
+            self._length_groups.append(group)
+        self._made += 1
+        lengths = compiled.layout.lengths
+        compiled.compile_stats.lengths = f"every length: {lengths.describe}"
+        return compiled
+
+    def _compile_now(self, shapes: Shapes, groups: list[LengthGroup]) -> tuple[Executable, LengthGroup | None]:
+        """Compiled for every length of one of groups, else for shapes (with the reason why not
+        in its stats)."""
+        every = compile_every_length(self._specialised_module, self.entry, self.backend, self.pipeline, shapes,
+                                     groups, self._serves)
+        if not isinstance(every, str):
+            return every
+        compiled = compile_entry(self._module_for(shapes), self.entry, self._arg_types(shapes), self.backend,
+                                 self.pipeline)
+        if every and compiled.compile_stats is not None:
+            compiled.compile_stats.lengths = f"specialised: {every}"
+        return compiled, None
+
+    def _specialised_module(self, shapes: Shapes) -> Module:
+        """The source specialised on shapes (a Python function's TracedJit traces it again)."""
+        return specialised(self.source, self.entry, self._arg_types(shapes))
+
+    def _module_for(self, shapes: Shapes) -> Module:
+        """The module compile_entry specialises on shapes: the source (TracedJit: fn traced at them)."""
+        return self.source
+
+    def _load(self, cached: tuple, shapes: Shapes, group: LengthGroup | None) -> Any:
+        """The specialisation stored in the compile cache under `cached` (shapes, or the key of
+        code for every length, which must serve shapes), or None. Never waits for a better
+        version: loads the best entry there is, and makes the better code in the background."""
+        if not self._cache_key:
+            return None
+        key = compile_cache.specialisation_key(self._cache_key, cached)
+        timer = CompileTimer(CompileStats(self.entry, self.device, shapes))
+        with timer.stage("cache-load"):
+            found = compile_cache.load_compiled(key)
+        if found is None or (group is not None and not self._serves(found, shapes, group)):
+            timer.cancel()
+            return None
+        found.compile_seconds = {}  # nothing was compiled: the time is the load's
+        if compile_cache.needs_better_code(found):
+            compile_cache.better_code_for(key, found, lambda: self._better_code(shapes, group))
+        # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
+        # which a hit's code does only at its first call
+        found.compile_stats = timer.finish(found)
+        return found
+
+    def _better_code(self, shapes: Shapes, group: LengthGroup | None = None) -> Any:
         """The best code for shapes (-O3, the GEMM paths measured now), for a specialisation
         loaded from the cache as quick code or with the model's paths: on the background
-        thread (tiers.py), so the passes run there too; the object cache may skip LLVM."""
+        thread (tiers.py), so the passes run there too; the object cache may skip LLVM.
+        group: the code serves every length of it (the length dims are found again)."""
         from ..backend.cpu.runtime import CPUFunction
 
         options = CompileOptions(tiered=False, best=True, progress=False)
-        better = compile_entry(self.source, self.entry, self._arg_types(shapes), self.backend, self.pipeline, options)
+        if group is not None:
+            found = find_length(self._specialised_module, self.entry, self.pipeline, shapes, [group])
+            if isinstance(found, str):
+                raise RuntimeError(f"the length dims are not found again: {found}")
+            better = self.backend.compile(found.module, self.entry, found.report.analyses,
+                                          replace(options, lengths=found.lengths))
+        else:
+            better = compile_entry(self._module_for(shapes), self.entry, self._arg_types(shapes), self.backend,
+                                   self.pipeline, options)
         assert isinstance(better, CPUFunction)  # the compile cache holds CPU code only
         code = better.code
         code.info.tier = "final"  # what replaced the loaded code (runtime.CompileInfo.tier)
@@ -135,7 +247,7 @@ class JitFunction:
         results as a named tuple (driver/results.py)."""
         device = _gpu_device_arrays() if self.device == "gpu" else (None, None)  # taken as they are
         arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs, device[0]), device[1])
-        compiled = self._compiled.get(self.specialisation_key(arrays), self._compile)
+        compiled = self._compiled.get(self._key(self.specialisation_key(arrays)), self._compile)
         return self._results(*compiled.run(arrays))  # checked: the backend does not check again
 
     # -- inspection (of the specialisation this thread called last; else the last one any
@@ -181,6 +293,66 @@ class JitFunction:
     @property
     def asm(self) -> str:
         return self._current().asm
+
+
+class TracedJit(JitFunction):
+    """`gir.jit` of a Python function on the CPU (driver/pyjit.py), for one argument structure
+    and dtypes and every leading dim: its signature has `?` leading dims, and each
+    specialisation traces fn again at its shapes (`retrace`), so a Python value read from a
+    shape (`xs.shape[0]`) is right in each, and the two representative lengths a length is
+    found with are traces (driver/lengths.py)."""
+
+    def __init__(self, retrace: Callable[[Shapes], Module], traced: Module, entry: str, pipeline: str,
+                 weak: Sequence[bool]):
+        f = traced.functions[entry]
+        types = [t if w or not t.rank else TensorType((None, *t.shape[1:]), t.dtype)
+                 for t, w in zip(f.arg_types, weak)]
+        signature = Function(f.name, types, f.result_types, [a.name_hint for a in f.args], f.loc)
+        self._retrace = retrace
+        self._checked: dict[tuple, bool] = {}
+        """(shapes without the length, length) -> whether the code for every length serves it."""
+        self._references: dict[tuple, tuple[Module | None, Any]] = {}
+        """shapes without the length -> fn traced at the first representative and its extents."""
+        key = compile_cache.module_key(traced, entry, "cpu", pipeline)
+        super().__init__(None, entry, "cpu", pipeline, cache_key=key, signature=signature, names=result_names(f))
+        self._source = traced
+
+    def _specialised_module(self, shapes: Shapes) -> Module:
+        return self._retrace(shapes)
+
+    def _module_for(self, shapes: Shapes) -> Module:
+        return self._retrace(shapes)
+
+    def _serves(self, compiled: Any, shapes: Shapes, group: LengthGroup) -> bool:
+        """As JitFunction's, and fn traces at this length to the program traced at the first
+        representative, with every dim where the two representatives put it (analysis/lengths.py
+        `conforms`: a Python `if` on `xs.shape[0]`, a size T*T): checked once per length."""
+        t = compiled.length_of(shapes)
+        if t is None:
+            return False
+        key = (group.generic(shapes), t)
+        if key not in self._checked:
+            self._checked[key] = self._conforms(shapes, group, t)
+        return self._checked[key]
+
+    def _conforms(self, shapes: Shapes, group: LengthGroup, t: int) -> bool:
+        ta, tb = REPRESENTATIVES
+        reference = self._references.get(group.generic(shapes))
+        if reference is None:
+            a: Module | None = None
+            try:
+                a = self._retrace(group.at(shapes, ta))
+                extents = module_extents(a, self._retrace(group.at(shapes, tb)), ta, tb)
+            except Exception:  # noqa: BLE001 - fn traced at a length it was not called with may raise anything
+                extents = None
+            reference = self._references[group.generic(shapes)] = (a, extents)
+        a, extents = reference
+        if a is None or extents is None:
+            return False
+        try:
+            return conforms(a, extents, self._retrace(shapes), ta, t) is None
+        except GirError:
+            return False
 
 
 @overload
@@ -277,7 +449,8 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
     if callable(source_or_module) and not isinstance(source_or_module, (str, Module)):
         from .pyjit import jit_python
 
-        return jit_python(source_or_module, jit, entry, device=device, pipeline=pipeline, mode=mode)
+        return jit_python(source_or_module, jit, entry, device=device, pipeline=pipeline, mode=mode,
+                          traced_jit=TracedJit)
     backend_named(device)  # an unknown device: a GirArgumentError naming the known ones
     if pipeline is not None and mode is not None:
         raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")

@@ -97,6 +97,10 @@ class CompileStats:
     (tiering off, an explicit GIR_LLVM_OPT, a cache hit: -O3)."""
     gemm_measured: bool | None = None
     """False when a GEMM path came from the model, not yet measured here (a later compile refines it)."""
+    lengths: str = ""
+    """Which `?` dims are read at run time (driver/lengths.py): 'every length: %xs dim 0 = T; ...'
+    when the code serves every sequence length, 'specialised: <why not>' when a signature's `?`
+    leading dims were tried and are not a length, '' otherwise (no `?` leading dim, not the CPU)."""
     preparing: str = ""
     """Better code being made in the background, to replace the code that runs ('' none): '-O3
     code' (quick code, compiled here or loaded from the cache) or 'code with the measured GEMM
@@ -131,6 +135,8 @@ class CompileStats:
                  + ("; GEMM paths from the model" if self.gemm_measured is False else "")
                  + (f"; preparing {self.preparing} in the background" if self.preparing else "")]
         lines.append("  stages: " + ", ".join(f"{k} {v:.3f} s" for k, v in self.stages.items()))
+        if self.lengths:
+            lines.append(f"  lengths: {self.lengths}")
         if self.passes:
             top = sorted(self.passes.items(), key=lambda kv: -kv[1])[:5]
             lines.append("  slowest passes: " + ", ".join(f"{k} {v:.3f} s" for k, v in top))

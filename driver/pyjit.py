@@ -8,6 +8,12 @@ shapes or dtypes traces fn (frontend/python) and compiles the module with `gir.j
 calls with the same key reuse that compiled specialisation (driver/specialisations.py). Results are rebuilt into the
 structure fn returned.
 
+On the CPU the key leaves out the leading dim of every array argument: one `TracedJit`
+(driver/jit.py: a `JitFunction` whose specialisations trace fn again at their shapes) serves
+them all, and where one of those dims is a sequence length (driver/lengths.py, found by
+tracing at two lengths), one compile serves every length; any other leading dim (a batch) is
+traced and compiled per value, as before.
+
 Like driver/jit.py and cli.py, this module wires stages together (frontend -> jit), which no stage may.
 """
 
@@ -19,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import current
 from ..errors import GirArgumentError
 from ..frontend.python import numpy_api
 from ..frontend.python.pytree import TreeDef, flatten, unflatten
@@ -51,8 +58,10 @@ class PythonJit:
     """A Python function compiled once per distinct (argument structure, shapes, dtypes)."""
 
     def __init__(self, fn: Callable[..., Any], device: str, pipeline: str | None, compile_module: CompileModule,
-                 **options: Any):
+                 traced_jit: Any = None, **options: Any):
+        """traced_jit: driver/jit.py's `TracedJit` (given by it), for one compile per length."""
         self.fn = fn
+        self._traced_jit = traced_jit
         self.device = device
         self.pipeline = pipeline
         self.options = options
@@ -72,7 +81,8 @@ class PythonJit:
         # A Python scalar is traced weakly typed (as in JAX: a float `lr` meets f64 params as f64),
         # so the key tells it from a 0-d array of the same dtype.
         weak = tuple(_is_python_scalar(leaf) for leaf in leaves)
-        key: Key = (tree, tuple((tuple(a.shape), str(a.dtype)) for a in arrays), weak)
+        relax = self._relaxed()  # one TracedJit for every leading dim
+        key: Key = (tree, tuple((_key_shape(a, w, relax), str(a.dtype)) for a, w in zip(arrays, weak)), weak)
 
         def make(_: Key) -> tuple[Traced, Any]:
             examples = [leaf if w else a for leaf, a, w in zip(leaves, arrays, weak)]
@@ -81,8 +91,21 @@ class PythonJit:
         traced, compiled = self._compiled.get(key, make)
         return unflatten(traced.out_tree, compiled(*arrays))
 
+    def _relaxed(self) -> bool:
+        return self._traced_jit is not None and self.device == "cpu" and current().lengths
+
     def _compile(self, args: tuple[Any, ...]) -> tuple[Traced, Any]:
         traced = trace_entry(self.fn, args)
+        if self._relaxed():
+            leaves, _, tree = flatten(args)
+            weak = [_is_python_scalar(leaf) for leaf in leaves]
+
+            def retrace(shapes: tuple) -> Module:
+                examples = [leaf if w else np.zeros(shape, leaf.dtype) for leaf, w, shape in zip(leaves, weak, shapes)]
+                return trace_entry(self.fn, unflatten(tree, examples)).module
+
+            full = self.pipeline or get_mode(self.options.get("mode") or DEFAULT_MODE).pipeline("cpu")
+            return traced, self._traced_jit(retrace, traced.module, traced.entry, full, weak)
         return traced, self._compile_module(traced.module, traced.entry, device=self.device, pipeline=self.pipeline,
                                             **self.options)
 
@@ -92,7 +115,8 @@ class PythonJit:
 
     @property
     def specialisations(self) -> int:
-        return len(self._compiled)
+        """Specialisations compiled (code for every length counts once)."""
+        return sum(c.specialisations for _, c in self._compiled.values())
 
     def _last(self) -> tuple[Traced, Any]:
         found = self._compiled.last()
@@ -119,6 +143,12 @@ class PythonJit:
     @property
     def compiled(self) -> Any:
         return self._current().compiled
+
+
+def _key_shape(a: Any, weak: bool, relax: bool) -> tuple:
+    """a's shape in PythonJit's key: without its leading dim where relax (TracedJit specialises it)."""
+    shape = tuple(a.shape)
+    return (None, *shape[1:]) if relax and shape and not weak else shape
 
 
 def _bind(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

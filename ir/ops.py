@@ -210,7 +210,7 @@ def _attr_key(value: Any) -> Any:
     return None
 
 
-def declared_matches(types: list[Type], declared: Sequence[TensorType]) -> bool:
+def declared_matches(types: Sequence[Type], declared: Sequence[TensorType]) -> bool:
     if len(types) != len(declared):
         return False
     return all(refines(t.held if isinstance(t, VarType) else t, d) for t, d in zip(types, declared))
@@ -667,7 +667,7 @@ def _infer_reshape(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("reshape", "same elements, new shape (one dim may be -1)", ("x",), _infer_reshape,
-                attrs={"shape": REQUIRED}, category="layout", gpu=True, view=lambda op: 0,
+                attrs={"shape": REQUIRED}, category="layout", gpu=True, view=lambda op: 0, shape_attrs=("shape",),
                 kernel=lambda op, x: np.reshape(x, op.attrs["shape"]).copy()))  # -1 may stand for a `?` dim
 
 
@@ -681,7 +681,7 @@ def _infer_broadcast(ctx: InferContext) -> list[Type]:
 
 register(OpSpec("broadcast", "NumPy broadcast_to a shape", ("x",), _infer_broadcast,
                 attrs={"shape": REQUIRED}, category="layout", gpu=True, same_type_is_identity=True,
-                kernel=lambda op, x: np.broadcast_to(x, op.result.tensor_type.shape).copy()))
+                shape_attrs=("shape",), kernel=lambda op, x: np.broadcast_to(x, op.result.tensor_type.shape).copy()))
 
 
 def _infer_concat(ctx: InferContext) -> list[Type]:
@@ -738,7 +738,7 @@ def _slice_view(op: Operation) -> int | None:
 
 register(OpSpec("slice", "a strided box: `slice %x {starts = [0, 0], limits = [2, 4]}`", ("x",), _infer_slice,
                 attrs={"starts": REQUIRED, "limits": REQUIRED, "steps": None}, category="layout", gpu=True,
-                view=_slice_view, same_type_is_identity=True,
+                view=_slice_view, same_type_is_identity=True, shape_attrs=("limits",),
                 kernel=lambda op, x: x[tuple(slice(s, lim, st) for s, lim, st in _slice_bounds(op.attrs, x.shape))]
                 .copy()))
 

@@ -174,6 +174,9 @@ class OpSpec:
     variable_operands: tuple[str, ...] = ()
     """Fixed operands that take a variable made by `var` (`load`, `store`): the only places a
     variable may be used (the verifier checks it)."""
+    shape_attrs: tuple[str, ...] = ()
+    """Attributes that only restate the result's shape (reshape's `shape`, slice's `limits`):
+    where the shape follows a run-time length, they may too (analysis/lengths.py)."""
 
     @cached_property
     def arity(self) -> tuple[int, int]:

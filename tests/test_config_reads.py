@@ -19,7 +19,8 @@ def test_every_code_field_changes_the_object_cache_key() -> None:
     code-changing option set to a non-default value, and not for a non-code one."""
     base = runtime.target_key()
     changes = {"llvm_opt": 1, "gemm_path": "openblas", "packed_gemm": False, "cpu_arena": False,
-               "cpu_overlap": "0", "cpu_split": "0", "openblas": "scipy", "no_mkl": True, "gpu_arena": False}
+               "cpu_overlap": "0", "cpu_split": "0", "openblas": "scipy", "no_mkl": True, "gpu_arena": False,
+               "gpu_graphs": False, "lengths": False}
     assert set(changes) == set(config.CODE_FIELDS), "a new code field: give it a value here"
     for name, value in changes.items():
         with config.override(**{name: value}):

@@ -246,7 +246,7 @@ def machine_key() -> str:
             mkl_version = buf.value.decode(errors="replace")
         except AttributeError:
             mkl_version = "mkl"
-    return digest(model, os.cpu_count(), mkl_version, openblas().name if openblas() else "cython_blas")[:16]
+    return digest(model, os.cpu_count(), mkl_version, found.name if (found := openblas()) else "cython_blas")[:16]
 
 
 _choices: dict[str, dict[str, float]] | None = None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from ...analysis.lengths import LengthDims
 from ...analysis.memory.plan import MemoryPlan
 from ...config import code_key, current
 from ...ir.core import Function
@@ -96,10 +97,11 @@ class Code:
         from . import blas_threads
 
         pending = self.layout.schedule.get("overlap_pending") or []
+        assert isinstance(pending, list)  # the CpuSchedule's thread shapes, as lists (JSON)
         provisional = self.layout.provisional
         if not pending and not provisional:
             return False
-        return (blas_threads.is_measured([tuple(p) for p in pending])  # type: ignore[union-attr]
+        return (blas_threads.is_measured([tuple(p) for p in pending])
                 and (not provisional or blas.is_measured([tuple(p) for p in provisional])))
 
 
@@ -107,13 +109,13 @@ class Code:
 # The disk cache of compiled code
 
 
-def cache_key(function: Function, plan: MemoryPlan | None = None) -> str:
+def cache_key(function: Function, plan: MemoryPlan | None = None, lengths: LengthDims | None = None) -> str:
     """Content key of the object cache: the printed function (after every pass), the memory
-    plan's strategy, the target (`target_key`) and gir's code."""
+    plan's strategy, the dims that follow a run-time length, the target (`target_key`) and gir's code."""
     from ...ir.printer import print_function
 
     return digest(print_function(function, print_locations=True), plan.strategy if plan is not None else "default",
-                  target_key(), build_fingerprint())
+                  lengths.describe() if lengths is not None else "", target_key(), build_fingerprint())
 
 
 def target_key() -> tuple:
@@ -124,7 +126,7 @@ def target_key() -> tuple:
 
     return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
             blas.openblas_int_bits(),
-            blas.openblas().name if blas.openblas() else "cython_blas",
+            found.name if (found := blas.openblas()) else "cython_blas",
             team.pool_threads(), opt_level(), code_key(current()))
 
 
@@ -170,7 +172,8 @@ def _cpuinfo() -> tuple[str, ...]:
     return tuple(sorted(f"{k.strip()}={v.strip()}" for k, v in pairs if k.strip().lower() not in _VOLATILE_CPUINFO))
 
 
-_CODEGEN_VERSION = "20"  # 19: chunks and split blocks claimed by either thread (issue 28); 20: the schedule as data
+_CODEGEN_VERSION = "21"  # 19: chunks and split blocks claimed by either thread (issue 28); 20: the schedule as data;
+# 21: code for every length (analysis/lengths.py)
 """Bump when the code the backend generates changes meaning, to retire cached objects."""
 
 

@@ -10,7 +10,11 @@ libc's and libm's: it is cached on disk, and links as it is into a shared librar
 cache hit loads without LLVM (runtime.py).
 
 Storage: every value that needs memory gets a 64-byte aligned slot in the arena (one per value;
-the memory plan of memplan can replace this layout). Views need none: `reshape`, contiguous
+the memory plan of memplan can replace this layout). Code that serves every length (one `?`
+dim read at run time, analysis/lengths.py) takes two more `buffers` entries: a pointer to the
+length T (an i64) and the *length area*, where every value whose leading dim follows T has a
+block of its own, placed per call (`Lowering.length_slot`); its loops, trip counts and GEMM
+sizes are computed from T (`Lowering.shape`). Views need none: `reshape`, contiguous
 `slice`, `index`, sequence elements of a scan, `transfer`. Values inside `fused` ops live in
 registers. A `transpose` read only by matmuls is folded into the GEMM's transpose flag.
 
@@ -23,13 +27,14 @@ packed weights, the split loops and the two-core windows come from the CpuSchedu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
 
+from ...analysis.lengths import Extent, LengthDims, NotALength
 from ...analysis.memory.plan import MemoryPlan
 from ...analysis.memory.planner import plan_memory
 from ...errors import GirError
@@ -41,8 +46,8 @@ from ...ir.ops import REGISTRY, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact, view_source
 from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
-from .layout import GemmSite, Layout
-from .llvm_types import ALIGN, I1, I8, I32, I64, LLVM_TYPES, MEM_TYPES, PTR, _static, _strides
+from .layout import GemmSite, Layout, LengthLayout
+from .llvm_types import ALIGN, I1, I8, I32, I64, LLVM_TYPES, MEM_TYPES, PTR, _i64, _static, _strides
 from .schedule import CpuSchedule, op_ids
 from .schedule.gemms import gemm_operand as _gemm_operand
 from .schedule.gemms import is_gemm as _is_gemm
@@ -61,12 +66,15 @@ def _memory_plan(function: Function, plan: MemoryPlan | None, schedule: CpuSched
 
 
 class Lowering:
-    def __init__(self, function: Function, plan: MemoryPlan | None, schedule: CpuSchedule, quick: bool = False):
+    def __init__(self, function: Function, plan: MemoryPlan | None, schedule: CpuSchedule, quick: bool = False,
+                 lengths: LengthDims | None = None):
         self.function = function
         self.schedule = schedule
         """Every decision this lowering follows (schedule/): it decides nothing itself."""
         self.ids = op_ids(function)
         """op -> its id in the schedule."""
+        self.lengths = lengths
+        """The dims that follow the run-time length T (None: every dim is static)."""
         self.quick = quick
         """Lowered for the quick tier (tiers.py): each GEMM on its `quick_path` (no `gir-packed`
         GEMMs, whose kernels cost the quick compile ~40 ms and pay only in long runs); the -O3
@@ -110,6 +118,9 @@ class Lowering:
         self.team = _Split(self, {op for op, i in self.ids.items() if i in schedule.split_ids})
         """The split schedule: large elementwise loops of scan bodies on both cores (team.py)."""
         windows = [w for w in overlap.find_windows(function) if self.ids[w.scan] in schedule.window_ids]
+        if lengths is not None and windows:  # its deferred GEMMs' chunks are laid out by static sizes
+            windows = []
+            self.layout.schedule["overlap"] = "off: the code serves every length (analysis/lengths.py)"
         self.worker = _Worker(self, windows)
         """Or the second thread's schedule: GEMMs deferred into a scan (overlap.py); empty if none."""
         n_args = len(function.args)
@@ -119,6 +130,60 @@ class Lowering:
         for i, arg in enumerate(function.args):
             self.ptr[arg] = self._load_ptr(self.buffers, i)
         self.out_ptrs = [self._load_ptr(self.buffers, n_args + i) for i in range(n_outs)]
+        self.length: ir.Value | None = None
+        """T, read at run time (code for every length)."""
+        if lengths is not None:
+            self.length = self.b.load(self._load_ptr(self.buffers, n_args + n_outs + 2), typ=I64)
+            self.length_area = self._load_ptr(self.buffers, n_args + n_outs + 3)
+            self.length_end: ir.Value = ir.Constant(I64, 0)
+            self.layout.lengths = LengthLayout(
+                lengths.min_length, _length_dims(lengths, function.args), _length_dims(lengths, _results(function)),
+                describe=lengths.describe())
+
+    # -- sizes that follow the length -----------------------------------------------------------
+    def extent(self, e: Extent) -> ir.Value:
+        """e at this call's length (an i64)."""
+        assert self.length is not None
+        return self.b.add(self.b.mul(self.length, ir.Constant(I64, e.per_step)), ir.Constant(I64, e.offset))
+
+    def follows_length(self, v: Value) -> bool:
+        return self.lengths is not None and bool(self.lengths.dims(v))
+
+    def shape(self, v: Value, op: Operation) -> tuple:
+        """v's shape, a dim that follows the length as an i64 computed from it at run time."""
+        shape: list = list(_static(v.tensor_type, op))
+        if self.lengths is not None:
+            for axis, e in self.lengths.dims(v).items():
+                shape[axis] = self.extent(e)
+        return tuple(shape)
+
+    def product(self, dims: tuple | list) -> int | ir.Value:
+        """The product of dims (an int when all are)."""
+        out: int | ir.Value = 1
+        for d in dims:
+            out = _imul(self.b, out, d)
+        return out
+
+    def nbytes(self, v: Value, op: Operation) -> int | ir.Value:
+        return _imul(self.b, self.product(self.shape(v, op)), v.tensor_type.numpy_dtype.itemsize)
+
+    def length_slot(self, v: Value, op: Operation) -> ir.Value:
+        """v's block in the length area, placed after the blocks before it: its offset is computed
+        from T in the entry block (memplan's plan, made at one length, does not hold for others)."""
+        t = v.tensor_type
+        (axis, e), = self.lengths.dims(v).items()  # type: ignore[union-attr]
+        if axis != 0:
+            raise NotALength(f"'{op.name}' at {op.loc} would store {t} with the length in dim {axis}")
+        row = t.numpy_dtype.itemsize * math.prod(_static(t, op)[1:])
+        self.layout.lengths.blocks.append([e.per_step * row, e.offset * row])  # type: ignore[union-attr]
+        with self.b.goto_block(self.entry):
+            b = self.b
+            size = b.add(b.mul(self.length, ir.Constant(I64, e.per_step * row)), ir.Constant(I64, e.offset * row))
+            offset = self.length_end
+            self.length_end = b.and_(b.add(b.add(offset, size), ir.Constant(I64, ALIGN - 1)), ir.Constant(I64, -ALIGN))
+            p = b.gep(self.length_area, [offset], source_etype=I8)
+        self.ptr[v] = p
+        return p
 
     def scalar(self, op: Operation, dtype: str, reassociate: bool = False) -> Scalar:
         """Where one element of op is computed in dtype (gather.py builds its sums with it)."""
@@ -159,6 +224,8 @@ class Lowering:
         if direct is not None:
             self.ptr[v] = direct
             return direct
+        if self.follows_length(v):
+            return self.length_slot(v, op)
         private = v.defining_op in self.worker.deferred  # written during its scan: outside the plan
         if self.plan is not None and v in self.plan.slots and not private:
             offset = self.plan.offset(v)
@@ -223,15 +290,16 @@ class Lowering:
                 if value is not None:
                     self.b.store(value, self.b.gep(self.counters, [ir.Constant(I64, 3)], source_etype=I64))
 
-    def row_number(self, i: Value, n: ir.Value, rows: int, op: Operation, what: str = "index") -> ir.Value:
+    def row_number(self, i: Value, n: ir.Value, rows: int | ir.Value, op: Operation, what: str = "index") -> ir.Value:
         """Element n of the integer tensor i as an i64 row number; outside [0, rows) it flags
         the error, worded as the interpreter's (ir/ops.py), and row 0 is read instead."""
         k = self.load(self.ptr[i], i.tensor_type.dtype, n)
         k = self.b.sext(k, I64) if k.type != I64 else k
         bad = self.b.or_(self.b.icmp_signed("<", k, ir.Constant(I64, 0)),
-                         self.b.icmp_signed(">=", k, ir.Constant(I64, rows)))
+                         self.b.icmp_signed(">=", k, _i64(rows)))
+        of = f"of {rows}" if isinstance(rows, int) else "(the sequence's length)"
         self.flag_error(bad, f"'{op.name}' failed at run time: {what} {{value}} is out of range for a leading dim "
-                        f"of {rows}", op, k)
+                        f"{of}", op, k)
         return self.b.select(bad, ir.Constant(I64, 0), k)
 
     def count(self, slot: int) -> None:
@@ -251,6 +319,8 @@ class Lowering:
             lower = LOWER.get(op.name)
             if lower is None:
                 raise GirError(f"the CPU backend cannot compile '{op.name}'", op.loc)
+            if lower not in LENGTH_AWARE:
+                _refuse_length(self, op, "this op")
             try:
                 lower(self, op)
             except GirError:
@@ -260,6 +330,34 @@ class Lowering:
         return []
 
 
+def _imul(b: ir.IRBuilder, x: int | ir.Value, y: int | ir.Value) -> int | ir.Value:
+    """x * y: an int when both are, else an i64 computed at run time."""
+    if isinstance(x, int) and isinstance(y, int):
+        return x * y
+    if isinstance(x, int) and x == 1:
+        return y
+    if isinstance(y, int) and y == 1:
+        return x
+    return b.mul(_i64(x), _i64(y))
+
+
+def _iadd(b: ir.IRBuilder, x: int | ir.Value, y: int | ir.Value) -> int | ir.Value:
+    if isinstance(x, int) and isinstance(y, int):
+        return x + y
+    return b.add(_i64(x), _i64(y))
+
+
+def _results(function: Function) -> list[Value]:
+    """The values function returns, in order."""
+    term = function.body.terminator
+    return list(term.operands) if term is not None else []
+
+
+def _length_dims(lengths: LengthDims, values: Sequence[Value]) -> list[list[int]]:
+    """[index, axis, per_step, offset] of each dim of values that follows the length."""
+    return [[i, axis, e.per_step, e.offset] for i, v in enumerate(values) for axis, e in lengths.dims(v).items()]
+
+
 def _notes(schedule: CpuSchedule) -> dict[str, object]:
     """Layout.schedule (`fn.stats.schedule`) as the schedule starts it: its reasons, then what
     the lowering counts."""
@@ -267,7 +365,7 @@ def _notes(schedule: CpuSchedule) -> dict[str, object]:
 
 
 @contextmanager
-def _nest(low: Lowering, shape: list[int], idx: list[ir.Value]) -> Iterator[list[ir.Value]]:
+def _nest(low: Lowering, shape: list, idx: list[ir.Value]) -> Iterator[list[ir.Value]]:
     if not shape:
         yield idx
         return
@@ -286,7 +384,7 @@ def _nest(low: Lowering, shape: list[int], idx: list[ir.Value]) -> Iterator[list
 
 def _bcast_strides(t: TensorType, out_shape: tuple[int, ...]) -> list[int]:
     shape = tuple(t.shape)
-    strides = _strides(shape)  # type: ignore[arg-type]
+    strides = _strides(shape)
     lead = len(out_shape) - len(shape)
     out = [0] * lead
     for d, s in zip(shape, strides):
@@ -326,6 +424,9 @@ class Scalar:
 def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
     """One element of op from its operands' elements (ir/scalar.py describes every op)."""
     if op.spec.splat is not None:  # a constant: every element is one scalar
+        follows = low.lengths.constants.get(op.result) if low.lengths is not None else None
+        if follows is not None:
+            return _length_constant(low, op, *follows)
         value = op.spec.splat(op)
         if value is None:
             raise GirError(f"the CPU backend has no scalar for '{op.name}' (not one value for every element)", op.loc)
@@ -336,6 +437,23 @@ def _scalar(low: Lowering, op: Operation, args: list[ir.Value]) -> ir.Value:
     if expr is None:
         raise GirError(f"the CPU backend has no scalar code for '{op.name}' on {dtype}", op.loc)
     return Scalar(low, op, dtype).build(expr, args)
+
+
+def _length_constant(low: Lowering, op: Operation, e: Extent, reciprocal: bool) -> ir.Value:
+    """A splat constant that follows the length (analysis/lengths.py): e at T, or 1/e, computed
+    in double and rounded to the constant's dtype, as its literal was."""
+    dtype = op.result.tensor_type.dtype
+    if low.fn.name != "gir_main":  # T is read in gir_main only (not in a split loop's task)
+        raise NotALength(f"the constant at {op.loc} follows the length in a loop split across two cores")
+    n = low.extent(e)
+    if dtype in INT_DTYPES and not reciprocal:
+        return low.b.trunc(n, LLVM_TYPES[dtype]) if dtype != "i64" else n
+    if dtype not in FLOAT_DTYPES:
+        raise NotALength(f"a {dtype} constant at {op.loc} follows the length")
+    f = low.b.sitofp(n, ir.DoubleType())
+    if reciprocal:
+        f = low.b.fdiv(ir.Constant(ir.DoubleType(), 1.0), f)
+    return low.b.fptrunc(f, LLVM_TYPES[dtype]) if dtype == "f32" else f
 
 
 def _compare(kind: str) -> Callable[[Scalar, list[ir.Value]], ir.Value]:
@@ -419,7 +537,7 @@ PRIMITIVES: dict[str, Callable[[Scalar, list[ir.Value]], ir.Value]] = {
 def lower_fused(low: Lowering, op: Operation) -> None:
     body = op.body
     outs = op.results
-    shape = _static(outs[0].tensor_type, op) if outs else ()
+    shape = low.shape(outs[0], op) if outs else ()
     for r in outs:
         low.slot(r, op)
     term = body.terminator
@@ -440,7 +558,7 @@ def lower_fused(low: Lowering, op: Operation) -> None:
 
 def lower_elementwise(low: Lowering, op: Operation) -> None:
     """An elementwise op outside a fused group: a loop of one op."""
-    shape = _static(op.result.tensor_type, op)
+    shape = low.shape(op.result, op)
     low.slot(op.result, op)
     with low.loop_nest(shape) as idx:
         args = [low.load(low.ptr[v], v.tensor_type.dtype, low.linear(idx, _bcast_strides(v.tensor_type, shape)))
@@ -451,15 +569,15 @@ def lower_elementwise(low: Lowering, op: Operation) -> None:
 
 def lower_constant(low: Lowering, op: Operation) -> None:
     t = op.result.tensor_type
-    shape = _static(t, op)
+    shape = low.shape(op.result, op)
     if op.operands:  # `fill`: a scalar known at run time
         src = low.ptr[op.operands[0]]
         low.slot(op.result, op)
         v = low.load(src, t.dtype, ir.Constant(I64, 0))
-        with low.for_range(math.prod(shape)) as i:
+        with low.for_range(low.product(shape)) as i:
             low.store(v, low.ptr[op.result], t.dtype, i)
         return
-    if op.spec.splat(op) is None:  # a list literal: a global constant
+    if op.spec.splat is None or op.spec.splat(op) is None:  # a list literal: a global constant
         data = np.asarray(op.attrs["value"], dtype=t.numpy_dtype).reshape(-1)
         ty = ir.ArrayType(MEM_TYPES[t.dtype], data.size)
         const = ir.Constant(ty, [ir.Constant(MEM_TYPES[t.dtype], float(x) if t.is_float else int(x)) for x in data])
@@ -471,7 +589,7 @@ def lower_constant(low: Lowering, op: Operation) -> None:
         return
     low.slot(op.result, op)
     scalar = _scalar(low, op, [])
-    with low.for_range(math.prod(shape)) as i:
+    with low.for_range(low.product(shape)) as i:
         low.store(scalar, low.ptr[op.result], t.dtype, i)
 
 
@@ -480,7 +598,7 @@ def lower_constant(low: Lowering, op: Operation) -> None:
 
 
 def _copy(low: Lowering, dst: ir.Value, dst_strides: list[int], src: ir.Value, src_strides: list[int],
-          shape: tuple[int, ...], dtype: str) -> None:
+          shape: tuple, dtype: str) -> None:
     with low.loop_nest(shape) as idx:
         low.store(low.load(src, dtype, low.linear(idx, src_strides)), dst, dtype, low.linear(idx, dst_strides))
 
@@ -494,16 +612,16 @@ def lower_transpose(low: Lowering, op: Operation) -> None:
         low.ptr[op.result] = low.ptr[op.operands[0]]  # folded into the GEMM's flags (see _gemm_operand)
         return
     src_t = op.operands[0].tensor_type
-    out_shape = _static(op.result.tensor_type, op)
+    out_shape = low.shape(op.result, op)
     perm = op.attrs["perm"] or list(range(src_t.rank))[::-1]
-    src_strides = _strides(tuple(src_t.shape))  # type: ignore[arg-type]
+    src_strides = _strides(tuple(src_t.shape))
     low.slot(op.result, op)
     _copy(low, low.ptr[op.result], _strides(out_shape), low.ptr[op.operands[0]], [src_strides[p] for p in perm],
           out_shape, src_t.dtype)
 
 
 def lower_broadcast(low: Lowering, op: Operation) -> None:
-    out_shape = _static(op.result.tensor_type, op)
+    out_shape = low.shape(op.result, op)
     low.slot(op.result, op)
     src = op.operands[0]
     _copy(low, low.ptr[op.result], _strides(out_shape), low.ptr[src], _bcast_strides(src.tensor_type, out_shape),
@@ -512,8 +630,8 @@ def lower_broadcast(low: Lowering, op: Operation) -> None:
 
 def lower_slice(low: Lowering, op: Operation) -> None:
     src_t = op.operands[0].tensor_type
-    src_shape = _static(src_t, op)
-    out_shape = _static(op.result.tensor_type, op)
+    src_shape = _static(src_t, op)  # for its strides, which the leading dim (maybe the length) is in none of
+    out_shape = low.shape(op.result, op)
     starts = list(op.attrs["starts"])
     steps = list(op.attrs["steps"] or [1] * len(starts))
     strides = _strides(src_shape)
@@ -528,17 +646,17 @@ def lower_slice(low: Lowering, op: Operation) -> None:
 
 
 def _join(low: Lowering, op: Operation, axis: int, new_axis: bool) -> None:
-    out_shape = _static(op.result.tensor_type, op)
+    out_shape = low.shape(op.result, op)
     low.slot(op.result, op)
     out_strides = _strides(out_shape)
-    start = 0
+    start: int | ir.Value = 0
     for v in op.operands:
         t = v.tensor_type
-        shape = _static(t, op)
+        shape = low.shape(v, op)
         piece = shape[:axis] + (1,) + shape[axis:] if new_axis else shape
-        dst = low.elem_ptr(low.ptr[op.result], t.dtype, ir.Constant(I64, start * out_strides[axis]))
+        dst = low.elem_ptr(low.ptr[op.result], t.dtype, _i64(_imul(low.b, start, out_strides[axis])))
         _copy(low, dst, out_strides, low.ptr[v], _strides(piece), piece, t.dtype)
-        start += 1 if new_axis else shape[axis]
+        start = _iadd(low.b, start, 1 if new_axis else shape[axis])
 
 
 def lower_concat(low: Lowering, op: Operation) -> None:
@@ -557,7 +675,7 @@ def lower_index(low: Lowering, op: Operation) -> None:
         lower_gather(low, op)
         return
     t = x.tensor_type
-    shape = _static(t, op)
+    shape = low.shape(x, op)
     k = low.row_number(i, ir.Constant(I64, 0), shape[0], op)
     row = math.prod(shape[1:])
     low.alias(op.result, x, low.elem_ptr(low.ptr[x], t.dtype, low.b.mul(k, ir.Constant(I64, row))))
@@ -583,11 +701,15 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
     assert reduction is not None
     x = op.operands[0]
     t = x.tensor_type
-    shape = _static(t, op)
-    empty = empty_reduction(op, shape)
+    shape = low.shape(x, op)
+    axes = reduction_axes(op.attrs, t.rank)
+    empty = empty_reduction(op, _static(t, op))
     if empty is not None:
         low.flag_error(ir.Constant(I1, 1), empty, op)
-    axes = reduction_axes(op.attrs, t.rank)
+    for axis, e in low.lengths.dims(x).items() if low.lengths is not None else ():
+        message = empty_reduction(op, tuple(0 if a == axis else d for a, d in enumerate(_static(t, op))))
+        if axis in axes and message is not None:  # empty at lengths where its extent is 0
+            low.flag_error(low.b.icmp_signed("==", low.extent(e), ir.Constant(I64, 0)), message, op)
     kept = [d for i, d in enumerate(shape) if i not in axes]
     strides = _strides(shape)
     low.slot(op.result, op)
@@ -612,8 +734,10 @@ def lower_reduce(low: Lowering, op: Operation) -> None:
             a = low.b.load(acc, typ=ty)
             low.b.store(element.build(combine_expr, [a, v]), acc)
         result = low.b.load(acc, typ=ty)
-        if reduction.divide_by_count:
-            count = math.prod(red_shape)
+        count = low.product(red_shape)
+        if reduction.divide_by_count and not isinstance(count, int):  # over the length: 0/0 is nan
+            result = low.b.fdiv(result, low.b.sitofp(count, ty))
+        elif reduction.divide_by_count:
             result = low.b.fmul(result, ir.Constant(ty, 1.0 / count if count else math.nan))  # 0 * nan: 0/0
         low.store(result, low.ptr[op.result], t.dtype, low.linear(oidx, _strides(tuple(kept))))
 
@@ -628,12 +752,14 @@ def lower_matmul(low: Lowering, op: Operation) -> None:
     out_shape = _static(op.result.tensor_type, op)
     _static(ta_t, op)
     _static(tb_t, op)
+    sizes = _gemm_sizes(low, op)
     low.slot(op.result, op)
     dtype = op.result.tensor_type.dtype
     if op in low.worker.deferred:  # computed by the worker during its scan: wait for it
         low.worker.wait_for(op)
         return
     if not _is_gemm(op):
+        _refuse_length(low, op, "an integer matmul")
         return _naive_matmul(low, op)
     a_src, ta = _gemm_operand(a_val)
     b_src, tb = _gemm_operand(b_val)
@@ -644,9 +770,10 @@ def lower_matmul(low: Lowering, op: Operation) -> None:
         m = math.prod(out_shape[:-1])
         if ta and ta_t.rank != 2:
             raise GirError("a transposed batched left operand is not supported", op.loc)
-        _emit_gemm(low, op, dtype, m, n, k, ta, tb, pa, pb, pc, _packable(op))  # type: ignore[arg-type]
+        _emit_gemm(low, op, dtype, m, n, k, ta, tb, pa, pb, pc, _packable(op), sizes=sizes)  # type: ignore[arg-type]
         return
     # Batched right operand: one GEMM per batch element, broadcasting batch dims.
+    _refuse_length(low, op, "a batched matmul")
     batch = out_shape[:-2]
     m = out_shape[-2]
     a_batch = _bcast_strides(TensorType(tuple(ta_t.shape[:-2]), dtype), batch) if ta_t.rank > 2 else [0] * len(batch)
@@ -684,6 +811,22 @@ def _naive_matmul(low: Lowering, op: Operation) -> None:
         low.store(low.b.load(cell, typ=ty), low.ptr[op.result], dtype, low.linear(idx, _strides(out_shape)))
 
 
+def _gemm_sizes(low: Lowering, op: Operation) -> tuple | None:
+    """(m, n, k) of op's GEMM at this call's length, where one of them follows it (else None)."""
+    if low.lengths is None or not any(low.follows_length(v) for v in (*op.operands, op.result)):
+        return None
+    a, b = (low.shape(v, op) for v in op.operands)
+    out = low.shape(op.result, op)
+    return (low.product(out[:-1]) if len(b) == 2 else out[-2]), b[-1], a[-1]
+
+
+def _refuse_length(low: Lowering, op: Operation, what: str) -> None:
+    """Raises NotALength where op reads or makes a value that follows the length: `what` is
+    lowered for static sizes only (the driver then specialises the length)."""
+    if low.lengths is not None and any(low.follows_length(v) for v in (*op.operands, *op.results)):
+        raise NotALength(f"{what} ('{op.name}' at {op.loc}) is lowered for static sizes only")
+
+
 def call_external(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.Value]) -> ir.Value:
     """Calls external `slot` through the table `fns` (module docstring); the layout lists the
     slots the code uses, so the runtime refuses to run it where one of them is missing."""
@@ -695,14 +838,20 @@ def call_external(low: Lowering, slot: str, sig: ir.FunctionType, args: list[ir.
 
 def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
                pa: ir.Value, pb: ir.Value, pc: ir.Value, packable: bool, beta: float = 0.0,
-               counter: int = 0, site: str | None = None) -> None:
+               counter: int = 0, site: str | None = None, sizes: tuple | None = None) -> None:
     """C = A B (+ C when beta is 1) through the path the schedule chose for the call site (op's
-    id, or site: a worker's chunk); counts the call in counters[counter]."""
+    id, or site: a worker's chunk); counts the call in counters[counter]. sizes: (m, n, k) at
+    this call's length, some computed at run time (`_gemm_sizes`); m, n, k are the sizes at the
+    representative length, as the schedule saw them."""
     path = low.path(site if site is not None else low.ids[op])
     low.layout.gemms.append(GemmSite(f"{op.loc}", path, dtype, m, n, k, ta, tb))
     fty = LLVM_TYPES[dtype]
     s = "s" if dtype == "f32" else "d"
-    i32 = lambda x: ir.Constant(I32, x)  # noqa: E731
+    i32 = lambda x: ir.Constant(I32, x) if isinstance(x, int) else low.b.trunc(x, I32)  # noqa: E731
+    if sizes is not None:
+        if path not in ("mkl", "openblas"):  # the packed paths lay weights out by static sizes
+            raise NotALength(f"the GEMM at {op.loc} takes path {path}, which needs static sizes")
+        m, n, k = sizes
     lda = m if ta else k
     ldb = k if tb else n
     t_a = blas.CBLAS_TRANS if ta else blas.CBLAS_NO_TRANS
@@ -741,7 +890,8 @@ def _emit_gemm(low: Lowering, op: Operation, dtype: str, m: int, n: int, k: int,
     for cell, value in ((tra, ord("T" if tb else "N")), (trb, ord("T" if ta else "N"))):
         low.b.store(ir.Constant(I8, value), cell)
     for cell, value in ((cn, n), (cm, m), (ck, k), (cldb, ldb), (clda, lda), (cldc, n)):
-        low.b.store(ir.Constant(fint, value), cell)
+        low.b.store(ir.Constant(fint, value) if isinstance(value, int) else low.b.sext(value, fint)
+                    if fint.width > 64 else low.b.trunc(value, fint) if fint.width < 64 else value, cell)
     low.b.store(ir.Constant(fty, 1.0), one)
     low.b.store(ir.Constant(fty, beta), zero)
     sig = ir.FunctionType(ir.VoidType(), [PTR] * 13)
@@ -838,7 +988,7 @@ def _gir_packed_gemm(low: Lowering, op: Operation, shape: packed_gemm.Shape, pa:
                else "the calling thread (OpenBLAS's blas_level1_thread is not usable here)"
                if low.schedule.level1 is None
                else "both, through blas_level1_thread, while OpenBLAS is set to two or more threads at run time")
-    low.layout.schedule.setdefault("packed_gemm", []).append(
+    low.layout.append_note("packed_gemm",
         {"gemm": f"{op.loc}", "shape": f"{shape.m}x{shape.k} @ {shape.k}x{shape.n}", "row_blocks": shape.blocks,
          "threads": threads})
 
@@ -879,9 +1029,11 @@ def _transpose_copy(low: Lowering, dtype: str, rows: int, cols: int, src: ir.Val
 
 def lower_scan(low: Lowering, op: Operation) -> None:
     loop = LoopView(op)
-    steps = loop.trip_count
+    steps: int | ir.Value | None = loop.trip_count
     if steps is None:
         raise GirError("the CPU backend needs a static trip count", op.loc)
+    if loop.sequences:  # the sequences' leading dim: the length T where it follows it
+        steps = low.shape(loop.sequences[0], op)[0]
     for c in loop.carries:
         p = low.slot(c.arg, op)
         low.memcpy(p, low.ptr[c.init], c.init.tensor_type.nbytes() or 0)
@@ -891,7 +1043,7 @@ def lower_scan(low: Lowering, op: Operation) -> None:
     carry_args = loop.carry_args
     low.worker.enter(op)
     with low.for_range(steps, "t") as i:
-        t = low.b.sub(ir.Constant(I64, steps - 1), i) if loop.reverse else i
+        t = low.b.sub(low.b.sub(_i64(steps), ir.Constant(I64, 1)), i) if loop.reverse else i
         for arg, seq in zip(loop.element_args, loop.sequences):
             st = seq.tensor_type
             row = math.prod(_static(st, op)[1:])
@@ -1159,6 +1311,7 @@ class _Split:
     def run(self, op: Operation) -> None:
         """A split loop in the scan body."""
         low = self.low
+        _refuse_length(low, op, "a loop split across two cores")
         for r in op.results:
             low.slot(r, op)
         values = [low.ptr[v] for v in op.operands] + [low.ptr[r] for r in op.results] + [low.counters, low.fns]
@@ -1361,17 +1514,24 @@ def _lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
 LOWER = _lowerings()
 """Op kind -> lowering function."""
 
+LENGTH_AWARE = {lower_fused, lower_elementwise, lower_constant, lower_view, lower_transpose, lower_broadcast,
+                lower_slice, lower_concat, lower_stack, lower_index, lower_reduce, lower_matmul, lower_scan,
+                LOWER["scatter_add"]}
+"""The lowerings that compute sizes that follow the run-time length from it (`Lowering.shape`);
+any other op reading or making such a value refuses (`_refuse_length`)."""
 
 def lower_function(function: Function, plan: MemoryPlan | None, schedule: CpuSchedule,
-                   quick: bool = False) -> tuple[ir.Module, Layout]:
+                   quick: bool = False, lengths: LengthDims | None = None) -> tuple[ir.Module, Layout]:
     """function as an LLVM module and the layout the runtime needs, following schedule (a pure
-    function of the three); quick: for the quick tier (`Lowering.quick`)."""
-    low = Lowering(function, plan, schedule, quick)
+    function of the three); quick: for the quick tier (`Lowering.quick`); lengths: the dims that
+    follow the run-time length (code for every length; raises NotALength where some op cannot
+    serve them)."""
+    low = Lowering(function, plan, schedule, quick, lengths)
     body = function.body
     low.worker.begin()
     returned = low.block(body)
     for v, out in zip(returned, low.out_ptrs):
-        low.memcpy(out, low.ptr[v], v.tensor_type.nbytes() or 0)
+        low.memcpy(out, low.ptr[v], low.nbytes(v, function.body.terminator))  # type: ignore[arg-type]
     low.worker.end()
     low.b.ret_void()
     low.worker.emit()

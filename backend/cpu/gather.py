@@ -24,41 +24,43 @@ from llvmlite import ir
 
 from ...ir.core import Operation
 from ...ir.ops import reduction_axes
-from .llvm_types import I1, I64, LLVM_TYPES, PTR, _static, _strides
+from .llvm_types import I1, I64, LLVM_TYPES, PTR, _i64, _static, _strides
 
 if TYPE_CHECKING:
     from .codegen import Lowering
 
 
 def lower_gather(low: Lowering, op: Operation) -> None:
+    """Rows of x by the integers of i; x's rows or i's leading dim may follow the run-time
+    length (`Lowering.shape`): a row's size never does."""
     x, i = op.operands
-    shape = _static(x.tensor_type, op)
+    shape = low.shape(x, op)
     row = math.prod(shape[1:])
     itemsize = x.tensor_type.numpy_dtype.itemsize
     low.slot(op.result, op)
     dtype = x.tensor_type.dtype
-    with low.for_range(math.prod(_static(i.tensor_type, op)), "g") as n:
+    with low.for_range(_i64(low.product(low.shape(i, op))), "g") as n:
         k = low.row_number(i, n, shape[0], op)
         src = low.elem_ptr(low.ptr[x], dtype, low.b.mul(k, ir.Constant(I64, row)))
         dst = low.elem_ptr(low.ptr[op.result], dtype, low.b.mul(n, ir.Constant(I64, row)))
         low.memcpy(dst, src, row * itemsize)
 
 
-def _memmove(low: Lowering, dst: ir.Value, src: ir.Value, nbytes: int) -> None:
+def _memmove(low: Lowering, dst: ir.Value, src: ir.Value, nbytes: int | ir.Value) -> None:
     fn = low.module.declare_intrinsic("llvm.memmove", [PTR, PTR, I64])
-    low.b.call(fn, [dst, src, ir.Constant(I64, nbytes), ir.Constant(I1, 0)])
+    low.b.call(fn, [dst, src, _i64(nbytes), ir.Constant(I1, 0)])
 
 
 def lower_scatter_add(low: Lowering, op: Operation) -> None:
     base, i, updates = op.operands
     t = base.tensor_type
-    shape = _static(t, op)
+    shape = low.shape(base, op)  # its rows, or i's leading dim, may follow the length
     row = math.prod(shape[1:])
     low.slot(op.result, op)
     out = low.ptr[op.result]
-    _memmove(low, out, low.ptr[base], (t.nbytes() or 0))
+    _memmove(low, out, low.ptr[base], low.nbytes(base, op))
     add = low.scalar(op, t.dtype)
-    with low.for_range(math.prod(_static(i.tensor_type, op)), "s") as n:
+    with low.for_range(_i64(low.product(low.shape(i, op))), "s") as n:
         k = low.row_number(i, n, shape[0], op, "scatter_add index")
         dst = low.b.mul(k, ir.Constant(I64, row))
         src = low.b.mul(n, ir.Constant(I64, row))

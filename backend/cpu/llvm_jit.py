@@ -13,6 +13,7 @@ import llvmlite.binding as llvm
 from llvmlite.binding.ffi import ObjectRef
 from llvmlite.binding.newpassmanagers import NewPassManager
 
+from ...analysis.lengths import LengthDims
 from ...analysis.memory.plan import MemoryPlan
 from ...config import current
 from ...ir.core import Function
@@ -93,14 +94,14 @@ def run_and_free(pm: Any, mod: llvm.ModuleRef, pb: Any) -> None:
 
 
 def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None,
-                 best: bool = False) -> Code:
+                 best: bool = False, lengths: LengthDims | None = None) -> Code:
     """Lowers function to LLVM, optimises and emits an object: or loads the object of the same
     function (printed after the passes) from the object cache. tiered (default: tiers.enabled())
     and a miss: quick code now, and the -O3 compile as `code.final` (tiers.py; CPUFunction
     queues it). An object whose GEMM paths came from the model, measured since, is used all the
     same, its better code made in the background as its `final`; best: compiled again instead
-    (what that background job does)."""
-    key = cache_key(function, plan)
+    (what that background job does). lengths: code for every length (analysis/lengths.py)."""
+    key = cache_key(function, plan, lengths)
     tiers.wait_for_key(key)
     with timing.phase("cache: object lookup"):
         found = disk.load("objects", key) if disk.enabled() else None
@@ -112,10 +113,10 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
         if code is not None and not code.stale():
             return code
         if code is not None and not best:
-            root = disk.cache_root()
+            root: str | None = disk.cache_root()
             switches = target_key()
             # a schedule of its own, from the measurements of when it runs
-            make = lambda: _final_code(*_lowered(function, plan, switches, None), key, root)  # noqa: E731
+            make = lambda: _final_code(*_lowered(function, plan, switches, None, lengths), key, root)  # noqa: E731
             code.final = tiers.FinalCompile(make, key, what="code with the measured GEMM paths")
             return code
     t0 = time.perf_counter()
@@ -123,7 +124,7 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     with timing.phase("backend: schedule"):
         schedule = snapshot.schedule(function, plan, current())
     with timing.phase("backend: lower to LLVM IR"):
-        module, layout = lower_function(function, plan, schedule, quick=tiered)
+        module, layout = lower_function(function, plan, schedule, quick=tiered, lengths=lengths)
         llvm_ir = str(module)
     lower = time.perf_counter() - t0
     if best:  # a background job (better code for a cache hit): LLVM in a process of its own, as -O3's tier
@@ -142,7 +143,7 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
     root = disk.cache_root() if disk.enabled() else None  # the cache this compile looked up, for its -O3 object
     if schedule.quick_differs:  # the -O3 code takes gir-packed where the quick code did not
         switches = target_key()  # the environment `key` was made in: the job lowers under it or not at all
-        job = lambda: _final_code(*_lowered(function, plan, switches, schedule), key, root)  # noqa: E731
+        job = lambda: _final_code(*_lowered(function, plan, switches, schedule, lengths), key, root)  # noqa: E731
     else:
         job = lambda: _final_code(llvm_ir, layout, key, root)  # noqa: E731
     code.final = tiers.FinalCompile(job, key if root else None)
@@ -150,7 +151,7 @@ def compile_code(function: Function, plan: MemoryPlan | None = None, tiered: boo
 
 
 def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple,
-             schedule: CpuSchedule | None) -> tuple[str, Layout]:
+             schedule: CpuSchedule | None, lengths: LengthDims | None = None) -> tuple[str, Layout]:
     """function lowered for the -O3 tier (on the background thread: the IR is not changed once
     compiled), by the quick code's schedule, or (None: code whose GEMM paths were measured
     since) a new one from the measurements of now. The schedule step reads the GIR_* switches
@@ -163,7 +164,7 @@ def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple,
                            "its -O3 job: the final code is not lowered under another environment")
     if schedule is None:
         schedule = snapshot.schedule(function, plan, current())
-    module, layout = lower_function(function, plan, schedule)
+    module, layout = lower_function(function, plan, schedule, lengths=lengths)
     return str(module), layout
 
 

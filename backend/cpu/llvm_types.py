@@ -16,12 +16,19 @@ MEM_TYPES = {**LLVM_TYPES, "i1": I8}  # NumPy stores bools as bytes
 ALIGN = 64
 
 
-def _strides(shape: tuple[int, ...]) -> list[int]:
+def _i64(x: int | ir.Value) -> ir.Value:
+    """x as an i64 (a constant when it is an int)."""
+    return ir.Constant(I64, x) if isinstance(x, int) else x
+
+
+def _strides(shape: tuple) -> list[int]:
+    """Row-major strides; the leading dim is in none of them (it may be a run-time length,
+    analysis/lengths.py)."""
     out, acc = [], 1
-    for d in reversed(shape):
+    for d in reversed(shape[1:]):
         out.append(acc)
         acc *= d
-    return out[::-1]
+    return [acc, *out[::-1]] if shape else []
 
 
 def _static(t: TensorType, op: Operation) -> tuple[int, ...]:

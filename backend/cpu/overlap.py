@@ -96,7 +96,7 @@ def address(v: Value) -> Address:
             return Address(v, offset)
         if "starts" in d.attrs:  # a contiguous slice
             src = d.operands[0]
-            shape = [int(x) for x in src.tensor_type.shape]  # type: ignore[arg-type]
+            shape = src.tensor_type.static_shape
             strides, acc = [], 1
             for dim in reversed(shape):
                 strides.append(acc)
@@ -127,12 +127,12 @@ def _deferrable(op: Operation, scan: Operation, stacks: set[Value], before: set[
     a, b = address(a_src), address(b_val)
     if b.root not in stacks or a.root not in before:
         return None
-    k, m = (int(x) for x in a_src.tensor_type.shape)  # type: ignore[arg-type]
-    n = int(b_val.tensor_type.shape[1])  # type: ignore[arg-type]
+    k, m = a_src.tensor_type.static_shape
+    n = b_val.tensor_type.static_shape[1]
     rt = b.root.tensor_type
     item = rt.numpy_dtype.itemsize
-    step_elems = math.prod(int(x) for x in rt.shape[1:])  # type: ignore[arg-type]
-    if int(rt.shape[-1]) != n or step_elems % n or b.offset % (n * item):  # type: ignore[arg-type]
+    step_elems = math.prod(rt.static_shape[1:])
+    if rt.static_shape[-1] != n or step_elems % n or b.offset % (n * item):
         return None
     return Deferred(op, a, b, m, n, k)
 
@@ -141,7 +141,7 @@ def _chunk(d: Deferred, scan: Operation, steps: int) -> None:
     """Splits d along K by the steps whose rows it reads, in the order the scan finishes them."""
     loop = LoopView(scan)
     rt = d.b.root.tensor_type
-    rows_per_step = math.prod(int(x) for x in rt.shape[1:]) // d.n  # type: ignore[arg-type]
+    rows_per_step = math.prod(rt.static_shape[1:]) // d.n
     row0 = d.b.offset // (d.n * rt.numpy_dtype.itemsize)
     per = max(1, -(-steps // CHUNKS))
     first = True
@@ -166,7 +166,7 @@ def find_windows(function: Function) -> list[Window]:
         if op.name == "scan":
             loop = LoopView(op)
             steps = loop.trip_count
-            stacks = set(loop.stacked_results)
+            stacks: set[Value] = set(loop.stacked_results)
             if steps is not None and steps >= 2 and stacks:
                 found = [d for later in ops[i + 1:]
                          if later not in claimed and (d := _deferrable(later, op, stacks, before)) is not None]
@@ -215,6 +215,6 @@ def body_gemms(scan: Operation, ops: list[Operation] | None = None) -> list[tupl
             continue
         a, b = op.operands
         ta, tb = _transposed(a) is not None, _transposed(b) is not None
-        shape = [int(x) for x in op.result.tensor_type.shape]  # type: ignore[arg-type]
-        out.append((math.prod(shape[:-1]), shape[-1], int(a.tensor_type.shape[-1]), ta, tb))  # type: ignore[arg-type]
+        shape = op.result.tensor_type.static_shape
+        out.append((math.prod(shape[:-1]), shape[-1], a.tensor_type.static_shape[-1], ta, tb))
     return out

@@ -85,7 +85,7 @@ def _const(x: int) -> ir.Constant:
 
 def _function(module: ir.Module, name: str, args: list[ir.Type], internal: bool = True) -> ir.Function:
     if name in module.globals:
-        return module.globals[name]  # type: ignore[return-value]
+        return module.globals[name]
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
     if internal:
         fn.linkage = "internal"
@@ -95,7 +95,7 @@ def _function(module: ir.Module, name: str, args: list[ir.Type], internal: bool 
 def _fma(module: ir.Module, vec: ir.VectorType) -> ir.Function:
     name = f"llvm.fma.v{vec.count}{'f32' if vec.element == ir.FloatType() else 'f64'}"
     if name in module.globals:
-        return module.globals[name]  # type: ignore[return-value]
+        return module.globals[name]
     return ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name=name)
 
 
@@ -258,7 +258,7 @@ def emit_task(module: ir.Module, s: Shape, unit: int, internal: bool = True) -> 
     blocks [b / unit, b / unit + m) of the product whose C, A and packed weight are `args`."""
     name = f"gir_ptask_{s.tag}"
     if name in module.globals:
-        return module.globals[name]  # type: ignore[return-value]
+        return module.globals[name]
     fn = _function(module, name, [I64, I64, I64, PTR, I64, PTR], internal)
     count, _, _, args, _, start = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))

@@ -230,8 +230,8 @@ def merge(old: dict[str, float] | None, new: dict[str, float], disturbed: bool,
         out[DISTURBED] = previous + 1.0
         return out
     out = dict(new)
-    if previous and MODEL not in old:  # type: ignore[operator]
-        for name, seconds in old.items():  # type: ignore[union-attr]
+    if old is not None and previous and MODEL not in old:  # previous > 0 only with an old entry
+        for name, seconds in old.items():
             if name not in (DISTURBED, MODEL) and name in out:
                 out[name] = min(out[name], seconds)
     if disturbed:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.lengths import LengthDims
 from ...analysis.memory.plan import MemoryPlan
 from ...config import current
 from ...errors import GirArgumentError, GirError
@@ -47,7 +48,7 @@ from .code import (  # noqa: F401 - what runtime.py has always offered
     opt_level,
     target_key,
 )
-from .layout import GemmSite, Layout
+from .layout import GemmSite, Layout, LengthLayout
 
 
 @dataclass
@@ -144,9 +145,10 @@ class CPUFunction:
     """A function compiled for this CPU; cached on disk by content (see `cache_key`)."""
 
     def __init__(self, function: Function, plan: MemoryPlan | None = None, code: Code | None = None,
-                 tiered: bool | None = None):
+                 tiered: bool | None = None, lengths: LengthDims | None = None):
         """Compiles function (or takes `code` compiled before: then function may be a signature
-        without a body, as the compile cache rebuilds it). tiered: see compile_code."""
+        without a body, as the compile cache rebuilds it). tiered: see compile_code; lengths:
+        code for every length of the dims that follow it (`length_of`)."""
         self.function = function
         self.ir = ""
         """The IR compiled, after the passes (set by the driver: `fn.ir`)."""
@@ -157,7 +159,7 @@ class CPUFunction:
         if code is None:
             from .llvm_jit import compile_code
 
-            code = compile_code(function, plan, tiered)
+            code = compile_code(function, plan, tiered, lengths=lengths)
         self.from_cache = bool(code.info.from_cache)
         s = {} if self.from_cache else code.info.seconds
         self.compile_seconds: dict[str, float] = {} if not s else {
@@ -284,10 +286,45 @@ class CPUFunction:
         return entry.asm
 
     @classmethod
-    def compile(cls, function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None) -> CPUFunction:
+    def compile(cls, function: Function, plan: MemoryPlan | None = None, tiered: bool | None = None,
+                lengths: LengthDims | None = None) -> CPUFunction:
         """Compiles function, laying its arena out by plan (the pipeline's `memplan` result;
-        memplan's default plan when None); tiered=False: the final code only (tiers.py)."""
-        return cls(function, plan, tiered=tiered)
+        memplan's default plan when None); tiered=False: the final code only (tiers.py);
+        lengths: the code serves every length (analysis/lengths.py)."""
+        return cls(function, plan, tiered=tiered, lengths=lengths)
+
+    def length_of(self, shapes: Sequence[Sequence[int]]) -> int | None:
+        """The length T these argument shapes have, where the code serves every length and
+        they fit it (every other dim as compiled, one T for all, T >= min_length); else None."""
+        lengths = self.layout.lengths
+        if lengths is None or len(shapes) != len(self.function.args):
+            return None
+        free = {(i, axis): (a, b) for i, axis, a, b in lengths.arguments}
+        found: set[int] = set()
+        for i, (shape, t) in enumerate(zip(shapes, self.function.arg_types)):
+            if len(shape) != t.rank:
+                return None
+            for axis, (d, compiled) in enumerate(zip(shape, t.shape)):
+                if (i, axis) not in free:
+                    if d != compiled:
+                        return None
+                    continue
+                a, b = free[(i, axis)]
+                if (d - b) % a:
+                    return None
+                found.add((d - b) // a)
+        if len(found) != 1 or min(found) < lengths.min_length:
+            return None
+        return found.pop()
+
+    def _result_shapes(self, lengths: LengthLayout | None, t: int | None) -> list[tuple[tuple[int, ...], Any]]:
+        """Each result's shape and dtype at length t (code for every length), else as compiled."""
+        if lengths is None or t is None:
+            return self._results
+        shapes = [list(shape) for shape, _ in self._results]
+        for i, axis, a, b in lengths.results:
+            shapes[i][axis] = a * t + b
+        return [(tuple(s), dtype) for s, (_, dtype) in zip(shapes, self._results)]
 
     @property
     def stats(self) -> Stats:
@@ -308,7 +345,13 @@ class CPUFunction:
         return ws
 
     def __call__(self, *args: Any) -> list[np.ndarray]:
-        return self.run(check_arguments(self.function, args))
+        f = self.function
+        if self.layout.lengths is None:
+            return self.run(check_arguments(f, args))
+        arrays = [np.asarray(a) for a in args]  # code for every length: T from the shapes (`run`)
+        if any(a.dtype != t.numpy_dtype for a, t in zip(arrays, f.arg_types)):
+            check_arguments(f, arrays)  # its error names the argument
+        return self.run(arrays)
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """A call on arguments checked already (count, dtype, shape: `check_arguments`)."""
@@ -319,9 +362,17 @@ class CPUFunction:
                                        "(use np.ascontiguousarray)", f.loc)
         entry = self._entry  # once: both entry points and the layout of this call come from the same code
         layout = entry.code.layout
+        length = None
+        if layout.lengths is not None:
+            length = self.length_of([a.shape for a in arrays])
+            if length is None:
+                raise GirArgumentError(f"@{f.name}: arguments of shapes {[a.shape for a in arrays]} do not fit the "
+                                       f"code compiled for every length ({layout.lengths.describe})", f.loc)
         ws = self.workspace(layout)
-        outs = [np.empty(shape, dtype) for shape, dtype in self._results]
+        outs = [np.empty(shape, dtype) for shape, dtype in self._result_shapes(layout.lengths, length)]
         ptrs = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + ws.pointers
+        if layout.lengths is not None:
+            ptrs += ws.for_length(length, layout.lengths)  # type: ignore[arg-type]
         buffers = (ctypes.c_void_p * len(ptrs))(*ptrs)
         ws.join_worker()  # a late worker of this thread's last call (it claims nothing more)
         counters = ws.counters
@@ -408,6 +459,10 @@ class Workspace:
         worker's GEMM calls, chunks the calling thread ran, the next chunk to claim; and the
         split loops' blocks run by the calling thread and by OpenBLAS's pool (codegen._Split)."""
         self.pointers = [self.arena.ctypes.data, self.pinned.ctypes.data]
+        """The last two entries of the native function's `buffers` (four for code for every
+        length: `for_length`)."""
+        self.length = np.zeros(1, np.int64)
+        self.length_area = _aligned(0)
         """The last two entries of the native function's `buffers`."""
         self.counters_ptr = self.counters.ctypes.data
         self._worker: threading.Thread | None = None
@@ -425,6 +480,15 @@ class Workspace:
         if self._worker is not None:
             self._worker.join()
             self._worker = None
+
+    def for_length(self, t: int, lengths: LengthLayout) -> list[int]:
+        """The two more `buffers` entries of code for every length at length t: the length and
+        the length area, grown when t needs more than an earlier call did."""
+        self.length[0] = t
+        need = lengths.area_bytes(t)
+        if need > self.length_area.size:
+            self.length_area = _aligned(max(need, 2 * self.length_area.size))
+        return [self.length.ctypes.data, self.length_area.ctypes.data]
 
     def fits(self, layout: Layout) -> bool:
         return layout.arena_bytes <= self.sizes[0] and layout.pinned_bytes <= self.sizes[1]

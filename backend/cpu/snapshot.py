@@ -77,10 +77,10 @@ def schedule(function: Function, memory: MemoryPlan | None, options: Options) ->
         result = plan(function, memory, measured, options)
         for p in _consulted(function, result, measured, options) & set(missing):
             blas.measure_later(p)  # only in the background mode
-        lacking = [p for p in result.thread_shapes if p not in measured.thread_times]
-        for p in result.thread_shapes:
+        lacking = [t for t in result.thread_shapes if t not in measured.thread_times]
+        for t in result.thread_shapes:
             try:  # queues what is missing (background), measures it (now), or neither (off)
-                blas_threads.seconds(*p, threads=0)
+                blas_threads.seconds(*t, threads=0)
             except blas_threads.NotMeasured:
                 pass
         if options.gemm_measure != "now" or not lacking:

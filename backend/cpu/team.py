@@ -24,10 +24,14 @@ from __future__ import annotations
 import ctypes
 import math
 from functools import cache
+from typing import TYPE_CHECKING
 
 from ...config import current
 from ...ir.core import Operation
 from ...ir.types import FLOAT_DTYPES
+
+if TYPE_CHECKING:
+    from _ctypes import CFuncPtr  # a CFUNCTYPE instance's base
 
 MIN_ELEMENTS = 1024
 """A loop is split only from this many elements. `python bench/split_loops.py` (an LSTM-like
@@ -122,7 +126,7 @@ _pool_hook = ctypes.c_void_p(0)
 _pool_hook_keep: object = None
 
 
-def set_pool_hook(hook: object) -> None:
+def set_pool_hook(hook: CFuncPtr | None) -> None:
     """Tests: a ctypes CFUNCTYPE(None, c_void_p) the pool thread's share of each split loop calls
     (with the address of the loop's claim word) before it claims a block, as a busy core would
     delay it; None removes it."""
@@ -157,8 +161,8 @@ def splittable(op: Operation) -> bool:
     types = [r.tensor_type for r in op.results]
     if not types or not all(t.is_static and t.rank >= 1 for t in types):
         return False
-    shape = tuple(types[0].shape)
-    if any(tuple(t.shape) != shape for t in types) or int(shape[0]) < 2:  # type: ignore[arg-type]
+    shape = types[0].static_shape
+    if any(t.static_shape != shape for t in types) or shape[0] < 2:
         return False
     # Float results only: integer ops can flag errors (division by zero), and one error slot
     # is shared by both threads.
@@ -167,4 +171,4 @@ def splittable(op: Operation) -> bool:
 
 
 def elements(op: Operation) -> int:
-    return math.prod(int(d) for d in op.results[0].tensor_type.shape)  # type: ignore[arg-type]
+    return math.prod(op.results[0].tensor_type.static_shape)

@@ -91,7 +91,7 @@ class FinalCompile:
         """What the job makes, as `fn.stats.compile.preparing` says it."""
         self.submitted = False
         self._lock = threading.Lock()
-        self._callbacks: list[Callable[[FinalCompile], None]] = []
+        self._callbacks: list[Callable[[FinalCompile], object]] = []
         self._ended = False
         self.done = threading.Event()
         """Set when the job has ended (code or error) and every callback has run."""
@@ -119,7 +119,7 @@ class FinalCompile:
             _run_callback(callback, self)
         self.done.set()
 
-    def add_done_callback(self, callback: Callable[[FinalCompile], None]) -> None:
+    def add_done_callback(self, callback: Callable[[FinalCompile], object]) -> None:
         """Runs callback(job) when the job ends: now, in this thread, if it has ended."""
         with self._lock:
             if not self._ended:
@@ -131,7 +131,7 @@ class FinalCompile:
         return self.done.wait(timeout)
 
 
-def _run_callback(callback: Callable[[FinalCompile], None], job: FinalCompile) -> None:
+def _run_callback(callback: Callable[[FinalCompile], object], job: FinalCompile) -> None:
     try:
         callback(job)
     except Exception:  # noqa: BLE001 - a failed swap or store leaves the quick code running

@@ -54,6 +54,7 @@ from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
+from .graphs import gemm_call
 from .kernels import (
     MAX_WHOLE_READS,
     ElementwiseKernel,
@@ -79,7 +80,7 @@ COUNTED = ("kernel_launches", "gemm_calls", "xp_launches", "copies", "graph_repl
 """What a call does on the device, each counted at the one place it happens: generated kernel
 launches (`ElementwiseKernel.launch`), GEMMs (`Lowering.gemm`), other xp work that launches
 kernels (reductions, gathers, scatters, logsumexp: `Lowering.xp_call`), device-to-device copies
-(`Lowering.copy`) and CUDA graph replays (none yet: no capture path)."""
+(`Lowering.copy`) and CUDA graph replays (runtime.py: one per call on the graph path)."""
 
 
 @dataclass
@@ -145,6 +146,10 @@ class Lowering:
     redirectable: set[Value] = field(default_factory=set)
     """Values whose step writes wherever env says at run time (kernel outputs, GEMM results):
     a scan may place them in a stack row or a carry buffer instead of their storage."""
+    blas: Any = None
+    """cuBLAS's C API on the capturing stream while a CUDA graph is captured, else None."""
+    captured_arrays: list[Any] = field(default_factory=list)
+    """Arrays allocated while capturing (copies), kept alive with the graph that uses them."""
     _args: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -193,20 +198,32 @@ class Lowering:
             self.counters.kernel_launches += 1
 
     def duplicate(self, a: Any) -> Any:
-        """A new device array holding a copy of a (counted as a copy)."""
+        """A new device array holding a copy of a (counted as a copy). While capturing, kept
+        alive as long as the graph that writes it (graphs.py)."""
         self.counters.copies += 1
-        return a.copy()
+        copy = a.copy()
+        if self.blas is not None:
+            self.captured_arrays.append(copy)
+        return copy
 
     def gemm(self, a: Any, b: Any, out: Any) -> None:
-        """out = a @ b (cuBLAS through CuPy): every GEMM goes through here."""
-        self.dev.xp.matmul(a, b, out=out)
+        """out = a @ b: every GEMM goes through here. cuBLAS through CuPy, or, while a CUDA
+        graph is captured (CuPy refuses cuBLAS then), through cuBLAS's C API (graphs.py)."""
+        if self.blas is None:
+            self.dev.xp.matmul(a, b, out=out)
+        else:
+            self.blas.gemm(out.dtype, gemm_call(a, b, out, self.dev.address))
         self.counters.gemm_calls += 1
 
     def xp_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs), an xp function launching device work (a reduction, a gather):
-        every such launch goes through here (logsumexp, a few in one step, counts each)."""
+        every such launch goes through here (logsumexp, a few in one step, counts each). While
+        capturing, what it returns is kept alive with the graph (its address is in the graph)."""
         self.counters.xp_launches += 1
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        if self.blas is not None and result is not None:  # a new array the graph writes: keep it
+            self.captured_arrays.append(result)
+        return result
 
     def error_codes(self, sites: list[tuple[str, Operation]]) -> int:
         """The first of len(sites) new run-time error codes."""

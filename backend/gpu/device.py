@@ -17,7 +17,8 @@ Terms.
 - The mode is fixed when numba.cuda is first imported: NUMBA_ENABLE_CUDASIM=1 must be set
   before that (tests set it at the top of their module).
 
-Known gaps: the current device only, the default stream only.
+Known gaps: the current device only; one stream per function (the default one, or the
+function's own while it is captured and replayed as a CUDA graph: graphs.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,11 +61,34 @@ class Device:
     """The simulator's FakeCUDAArray (None on a GPU)."""
     _scatter_add: Any = None
     """cupyx.scatter_add (simcupy's in the simulator)."""
+    _numba_streams: dict[int, Any] = field(default_factory=dict)
+    """CuPy stream pointer -> numba's external stream on it (made once each)."""
 
     def launch_shape(self, n: int) -> tuple[int, int]:
         """(blocks, threads per block) for n elements."""
         blocks = min(max(1, -(-n // self.threads_per_block)), self.max_blocks)
         return blocks, self.threads_per_block
+
+    def launch(self, kernel: Any, shape: tuple[int, int], args: tuple) -> None:
+        """A numba.cuda kernel on xp's current stream (the capturing one while a graph is
+        captured: graphs.py). In the simulator through simcupy.issue, so that a capture records
+        it; on a GPU on `cuda.external_stream(ptr)` of CuPy's current stream (the default stream
+        where that is CuPy's null stream, as before)."""
+        if self.simulated:
+            def run() -> None:
+                with SIMULATOR_LAUNCHES:  # the simulator's launches share process state
+                    kernel[shape](*args)
+
+            self.xp.issue(run)
+            return
+        ptr = int(self.xp.cuda.get_current_stream().ptr)
+        if not ptr:
+            kernel[shape](*args)
+            return
+        stream = self._numba_streams.get(ptr)
+        if stream is None:
+            stream = self._numba_streams[ptr] = self.cuda.external_stream(ptr)
+        kernel[tuple(shape) + (stream,)](*args)
 
     def address(self, a: Any) -> int:
         """The device address of a's first element."""

@@ -42,7 +42,7 @@ from ...errors import GirError
 from ...ir import scalar
 from ...ir.core import Operation, Value
 from ...ir.types import FLOAT_DTYPES, TensorType
-from .device import SIMULATOR_LAUNCHES, Device
+from .device import Device
 
 INDENT = " " * 8
 """Statements of the body sit inside `def` and the grid-stride `for`."""
@@ -88,11 +88,7 @@ class ElementwiseKernel:
         if not n and not self.source.single_block:
             return
         shape = (1, min(dev.threads_per_block, SHARED)) if self.source.single_block else dev.launch_shape(n)
-        if dev.simulated:
-            with SIMULATOR_LAUNCHES:  # the simulator's launches share process state (device.py)
-                self.kernel[shape](n, *args)
-        else:
-            self.kernel[shape](n, *args)
+        dev.launch(self.kernel, shape, (n, *args))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,12 +28,14 @@ from typing import Any
 import numpy as np
 
 from ...analysis.memory.plan import MemoryPlan
+from ...config import current
 from ...errors import GirError
 from ...ir.core import Function
 from ...ir.interpreter import check_arguments
 from ..cpu.runtime import check_fits, host_memory_bytes
 from .codegen import lower_function, run_steps
 from .device import get_device, is_device_array
+from .graphs import CallGraph
 
 
 @dataclass
@@ -62,7 +64,12 @@ class Stats:
     xp_launches: int = 0
     """Other xp calls that launch device work: reductions, gathers, scatters, logsumexp's parts."""
     graph_replays: int = 0
-    """CUDA graph launches (0: no capture path yet, docs/gpu.md)."""
+    """CUDA graph launches: 1 per call on the graph path (docs/gpu.md), else 0. On that path
+    the other counts are the graph's work (captured once, replayed by this call), not Python
+    calls: `host_launches` is what Python issued."""
+    graph: str = ""
+    """The call's path: `replayed` (a CUDA graph captured at the first call), `eager: WHY`
+    (capture refused for this function, and why), or `off` (GIR_GPU_GRAPHS=0)."""
     per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per scan (`scan forward|reverse at FILE:LINE:COL`), per time step: kernel_launches,
     gemm_calls, xp_launches, copies, graph_replays (nested loops' work included)."""
@@ -72,6 +79,17 @@ class Stats:
         """Everything that puts work on the device: kernels, GEMMs, other xp launches and copies
         (each a kernel or a memcpy on a GPU; graph replays one each)."""
         return self.kernel_launches + self.gemm_calls + self.xp_launches + self.copies + self.graph_replays
+
+    @property
+    def host_launches(self) -> int:
+        """Device work issued from Python in this call: everything on the eager path; on the
+        graph path one graph launch plus the copies of device-array arguments into their buffers."""
+        if not self.graph_replays:
+            return self.launches
+        return self.graph_replays + self.device_arg_copies
+
+    device_arg_copies: int = 0
+    """Device-array arguments copied into their buffers before the graph ran (in `copies`)."""
 
 
 class GPUFunction:
@@ -101,6 +119,8 @@ class GPUFunction:
         """No second tier: the code compiled is the code that runs."""
         self.code_info: Any = None
         self.gemms: list[Any] = []
+        self.graphs = CallGraph(self, current().gpu_graphs)
+        """The CUDA-graph path: captured at the first call, replayed by every call (graphs.py)."""
         self.workspace_bytes: int | None = None
         """Device memory is the device's: no per-thread workspace to report."""
         """GEMMs run through CuPy: no BLAS path to choose."""
@@ -149,7 +169,7 @@ class GPUFunction:
 
     def run(self, arrays: Sequence[Any]) -> list[Any]:
         """A call on arguments checked already (count, dtype, shape: `check_arguments`)."""
-        with self._lock:
+        with self._lock, self.graphs.stream_context():
             return self._run(list(arrays))
 
     def _run(self, arrays: list[Any]) -> list[Any]:
@@ -161,7 +181,7 @@ class GPUFunction:
                 buffer[...] = dev.as_device(a)  # device to device (counted below)
             else:
                 dev.upload(buffer, a)
-        results = self.run_on_device()
+        results = self.graphs.run()
         c = self.lowering.counters
         if any(on_device):
             outs = [self.lowering.duplicate(r) for r in results]  # the arena is reused by the next call
@@ -171,7 +191,8 @@ class GPUFunction:
             c.kernel_launches, c.gemm_calls, c.copies + sum(on_device), time.perf_counter() - start,
             self.memory.describe(), dev.name, h2d=len(arrays) - sum(on_device),
             d2h=(0 if any(on_device) else len(outs)) + c.read_backs, xp_launches=c.xp_launches,
-            graph_replays=c.graph_replays, per_step=dict(c.per_step))
+            graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
+            device_arg_copies=sum(on_device))
         return outs
 
     # -- for an executor that keeps values on the device between functions (backend/split.py) --
@@ -186,16 +207,10 @@ class GPUFunction:
         this function's own memory (arena, constants, argument buffers), valid until its next
         call. Moves nothing between host and device but the error flag and `index` by a
         computed index. The caller serialises calls (`__call__` holds the lock)."""
-        low, dev = self.lowering, self.dev
-        low.err[...] = 0
+        low = self.lowering
         low.counters.reset()
-        env = dict(low.static)
         try:
-            if dev.simulated:
-                with np.errstate(all="ignore"):  # inf and nan as on a GPU (this thread's xp work)
-                    run_steps(self.steps, env)
-            else:
-                run_steps(self.steps, env)
+            env = self.issue_steps()
         except GirError:
             # A check on the host (an `index` out of range, a `max` over no element) raises at
             # once, but a kernel launched before it may have flagged an error (a division by
@@ -204,6 +219,20 @@ class GPUFunction:
             raise
         self._raise_flagged()
         return [env[v] for v in self.results]
+
+    def issue_steps(self) -> dict[Any, Any]:
+        """Issues the whole call's device work (the error flag's reset, then the steps) on the
+        current stream, and returns the values' device arrays. Run eagerly, or once while a
+        CUDA graph is captured (graphs.CallGraph)."""
+        low = self.lowering
+        low.err[...] = 0
+        env = dict(low.static)
+        if self.dev.simulated:
+            with np.errstate(all="ignore"):  # inf and nan as on a GPU (this thread's xp work)
+                run_steps(self.steps, env)
+        else:
+            run_steps(self.steps, env)
+        return env
 
     def _raise_flagged(self) -> None:
         """Raises the run-time error a kernel recorded in the error flag, if any."""

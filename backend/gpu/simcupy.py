@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import builtins  # this module's max/min/sum are CuPy's
 import ctypes
+import itertools
 import math
 import numbers
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -93,8 +95,33 @@ def _call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     out = kwargs.get("out")
     if out is not None and not isinstance(out, ndarray):
         raise TypeError(f"out must be a device array, not {type(out).__name__}")
-    result = fn(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
-    return out if out is not None else _wrap(result)
+    host_args, host_kwargs = _unwrap(args), {k: _unwrap(v) for k, v in kwargs.items()}
+    if _capturing() is None:
+        result = fn(*host_args, **host_kwargs)
+        return out if out is not None else _wrap(result)
+    if out is not None:  # captured: runs when the graph does
+        issue(lambda: fn(*host_args, **host_kwargs))
+        return out
+    # A new array: its shape from a probe now, its values when the graph runs (garbage until then).
+    probe = fn(*host_args, **host_kwargs)
+    if probe is None:
+        issue(lambda: fn(*host_args, **host_kwargs))
+        return None
+    buffer = _garbage_like(np.asarray(probe))
+
+    def fill() -> None:
+        buffer[...] = fn(*host_args, **host_kwargs)
+
+    issue(fill)
+    return ndarray(buffer)
+
+
+def _garbage_like(a: np.ndarray) -> np.ndarray:
+    """A new array like a, holding what uninitialised device memory might: nan for floats (so a
+    graph that was never launched shows in a test), a large value for integers."""
+    buffer = np.empty_like(a)
+    buffer.fill(np.nan if buffer.dtype.kind in "fc" else 123456789 % (1 << 7))
+    return buffer
 
 
 def _device_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -161,6 +188,7 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 (CuPy's name)
 
     def get(self, stream: Any = None, order: Any = "C", out: np.ndarray | None = None) -> np.ndarray:
         """A new NumPy array holding a copy (CuPy's only way back to the host)."""
+        _refuse_during_capture("a copy to the host (ndarray.get)")
         if out is not None:
             np.copyto(out, self._host)
             return out
@@ -176,6 +204,7 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 (CuPy's name)
             raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
         if not (self.flags.c_contiguous or self.flags.f_contiguous):
             raise RuntimeError("Cannot set to non-contiguous array")
+        _refuse_during_capture("a copy from pageable host memory (ndarray.set)")
         self._host[...] = arr
 
     # -- NumPy interoperation, as CuPy does it ---------------------------------------------
@@ -204,7 +233,12 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 (CuPy's name)
     def __setitem__(self, key: Any, value: Any) -> None:
         if isinstance(value, np.ndarray):
             raise _unsupported(value)
-        self._host[_unwrap(key)] = _unwrap(value)
+        host, where, v = self._host, _unwrap(key), _unwrap(value)
+
+        def assign() -> None:
+            host[where] = v
+
+        issue(assign)
 
     def __iter__(self) -> Any:
         if not self.ndim:
@@ -224,13 +258,16 @@ class ndarray(np.lib.mixins.NDArrayOperatorsMixin):  # noqa: N801 (CuPy's name)
         return ndarray(self._host.ravel())
 
     def copy(self, order: Any = "C") -> ndarray:
-        return ndarray(self._host.copy(order=order))
+        return _new_array(lambda h: h.copy(order=order), self._host)
 
     def astype(self, dtype: Any, copy: bool = True) -> ndarray:
-        return ndarray(self._host.astype(dtype, copy=copy))
+        if not copy and self.dtype == np.dtype(dtype):
+            return self
+        return _new_array(lambda h: h.astype(dtype), self._host)
 
     def fill(self, value: Any) -> None:
-        self._host.fill(_unwrap(value))
+        host, v = self._host, _unwrap(value)
+        issue(lambda: host.fill(v))
 
     def sum(self, *args: Any, **kwargs: Any) -> ndarray:
         return sum(self, *args, **kwargs)
@@ -276,6 +313,7 @@ def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     CuPy)."""
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+    _refuse_during_capture("a copy from pageable host memory (asarray)")
     if hasattr(a, "__cuda_array_interface__"):
         view = ndarray(_from_interface(a.__cuda_array_interface__))
         return view if dtype is None or view.dtype == np.dtype(dtype) else view.astype(dtype)
@@ -308,7 +346,23 @@ array = asarray
 def ascontiguousarray(a: ndarray, dtype: Any = None) -> ndarray:
     if not isinstance(a, ndarray):
         raise _unsupported(a)
-    return ndarray(np.ascontiguousarray(a._host, dtype=dtype))
+    if a.flags.c_contiguous and (dtype is None or a.dtype == np.dtype(dtype)):
+        return a
+    return _new_array(lambda h: np.ascontiguousarray(h, dtype=dtype), a._host)
+
+
+def _new_array(make: Callable[[np.ndarray], np.ndarray], source: np.ndarray) -> ndarray:
+    """A new device array make(source) (a device copy): made now, or, while capturing, made
+    with the right shape now and filled when the graph runs."""
+    if _capturing() is None:
+        return ndarray(make(source))
+    buffer = _garbage_like(make(source))
+
+    def fill() -> None:
+        buffer[...] = make(source)
+
+    issue(fill)
+    return ndarray(buffer)
 
 
 def asnumpy(a: ndarray) -> np.ndarray:
@@ -317,12 +371,22 @@ def asnumpy(a: ndarray) -> np.ndarray:
 
 def scatter_add(a: ndarray, slices: Any, value: Any) -> None:
     """cupyx.scatter_add: a[slices] += value, repeated indices accumulating."""
-    np.add.at(a._host, _unwrap(slices), _unwrap(value))
+    host, where, v = a._host, _unwrap(slices), _unwrap(value)
+    issue(lambda: np.add.at(host, where, v))
 
 
 # -- the xp functions the backend calls (CuPy has each under this name) -----------------------
 
-matmul = _device_function(np.matmul)
+def matmul(*args: Any, **kwargs: Any) -> Any:
+    """cuBLAS through CuPy: refused while a stream captures, as CuPy 14 refuses it (a GEMM in a
+    captured region goes through cuBLAS's C API: `cublas_gemm` here, graphs.py on a GPU)."""
+    if _capturing() is not None:
+        raise NotImplementedError(CUBLAS_CAPTURE)
+    return _call(np.matmul, args, kwargs)
+
+
+CUBLAS_CAPTURE = "calling cuBLAS API during stream capture is currently unsupported"
+"""CuPy's message for a cuBLAS call (matmul, cupy_backends' cublas) while a stream captures."""
 sum = _device_function(np.sum)  # noqa: A001 (CuPy's name)
 mean = _device_function(np.mean)
 max = amax = _device_function(np.max)  # noqa: A001
@@ -343,3 +407,156 @@ copyto = _device_function(np.copyto)
 
 inf, nan = np.inf, np.nan
 float32, float64, int32, int64, bool_ = np.float32, np.float64, np.int32, np.int64, np.bool_
+
+
+# -- streams and CUDA graphs (cupy.cuda.Stream / cupy.cuda.Graph) ---------------------------
+#
+# CuPy's capture contract, kept here so that the simulator runs the capture path: between
+# `stream.begin_capture()` and `stream.end_capture()` device work issued on the capturing stream
+# (the thread's current stream: `with stream:`) is recorded, not run; `end_capture()` gives a
+# Graph whose `launch()` runs it all again, on the memory it was recorded with. While capturing,
+# a cuBLAS call through CuPy raises NotImplementedError (CuPy 14), and so does anything that
+# synchronises with the host or copies from pageable host memory (`get`, `set`, `asarray` of
+# host data, `synchronize`: CUDA's cudaErrorStreamCaptureUnsupported); work issued on another
+# stream in the capturing thread is refused too (cudaErrorStreamCaptureImplicit).
+
+class CaptureError(RuntimeError):
+    """What CUDA answers an operation that a capturing stream does not allow (CuPy raises it as
+    cupy_backends.cuda.api.runtime.CUDARuntimeError)."""
+
+
+_STREAMS = threading.local()
+_NEXT_PTR = itertools.count(0x1000, 0x10)
+
+
+class Stream:
+    """cupy.cuda.Stream: `ptr` (the cudaStream_t), `with stream:` makes it the thread's current
+    stream, `begin_capture` / `end_capture` / `is_capturing`, `synchronize`."""
+
+    def __init__(self, null: bool = False, non_blocking: bool = False, ptr: int | None = None):
+        self.ptr = 0 if null else next(_NEXT_PTR) if ptr is None else ptr
+        self._graph: Graph | None = None
+
+    def __enter__(self) -> Stream:
+        _stack().append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _stack().pop()
+
+    def begin_capture(self, mode: Any = None) -> None:
+        if self.ptr == 0:
+            raise CaptureError("cudaErrorStreamCaptureUnsupported: the null stream cannot be captured")
+        if self._graph is not None:
+            raise CaptureError("cudaErrorIllegalState: the stream is capturing already")
+        self._graph = Graph()
+
+    def end_capture(self) -> Graph:
+        if self._graph is None:
+            raise CaptureError("cudaErrorIllegalState: the stream is not capturing")
+        graph, self._graph = self._graph, None
+        return graph
+
+    def is_capturing(self) -> bool:
+        return self._graph is not None
+
+    def synchronize(self) -> None:
+        _refuse_during_capture("a stream synchronisation")
+
+
+class Graph:
+    """cupy.cuda.Graph: the work recorded while a stream captured; `launch` runs it again."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Callable[[], None]] = []
+
+    def launch(self, stream: Stream | None = None) -> None:
+        if _capturing() is not None:
+            raise CaptureError("the stand-in does not nest graphs: launch outside a capture")
+        for node in self.nodes:
+            node()
+
+    def upload(self, stream: Stream | None = None) -> None:
+        """Instantiation happens at end_capture here: nothing to upload."""
+
+
+NULL_STREAM = Stream(null=True)
+
+
+def _stack() -> list[Stream]:
+    stack = getattr(_STREAMS, "stack", None)
+    if stack is None:
+        stack = _STREAMS.stack = []
+    return stack
+
+
+def get_current_stream() -> Stream:
+    stack = _stack()
+    return stack[-1] if stack else NULL_STREAM
+
+
+def _capturing() -> Stream | None:
+    """The stream capturing in this thread, if any (a capture is this thread's: thread-local
+    capture mode)."""
+    for stream in _stack():
+        if stream._graph is not None:
+            return stream
+    return None
+
+
+def issue(work: Callable[[], None]) -> None:
+    """Device work on the current stream: run now, or recorded when the stream captures."""
+    capturing = _capturing()
+    if capturing is None:
+        work()
+        return
+    if get_current_stream() is not capturing:
+        raise CaptureError("cudaErrorStreamCaptureImplicit: work on another stream while one captures")
+    assert capturing._graph is not None
+    capturing._graph.nodes.append(work)
+
+
+def _refuse_during_capture(what: str) -> None:
+    if _capturing() is not None:
+        raise CaptureError(f"cudaErrorStreamCaptureUnsupported: {what} while a stream captures")
+
+
+class _CudaNamespace:
+    """`cupy.cuda`, the parts the backend uses."""
+
+    Stream = Stream
+    Graph = Graph
+    get_current_stream = staticmethod(get_current_stream)
+
+
+cuda = _CudaNamespace()
+
+
+# -- cuBLAS's C API (graphs.py calls cuBLAS through ctypes on a GPU; this is that call here) --
+
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+
+
+def cublas_gemm(dtype: np.dtype, transa: int, transb: int, m: int, n: int, k: int, a_ptr: int, lda: int,
+                b_ptr: int, ldb: int, c_ptr: int, ldc: int) -> None:
+    """cublas{S,D}gemm_v2 with alpha 1 and beta 0, on the current stream: C (m x n) =
+    op(A) (m x k) @ op(B) (k x n), every matrix column-major at its address with its leading
+    dimension, as cuBLAS reads them (the row-major translation is graphs.py's, tested here)."""
+    def col_major(ptr: int, rows: int, cols: int, ld: int) -> np.ndarray:
+        if ld < builtins.max(1, rows):
+            raise ValueError(f"cuBLAS: leading dimension {ld} < {rows} rows")
+        item = dtype.itemsize
+        extent = ((cols - 1) * ld + rows) * item if rows and cols else 0
+        buffer = (ctypes.c_char * builtins.max(extent, 1)).from_address(ptr)
+        return np.ndarray((rows, cols), dtype, buffer=cast(Any, buffer), strides=(item, ld * item))
+
+    a = col_major(a_ptr, *((m, k) if transa == CUBLAS_OP_N else (k, m)), lda)
+    b = col_major(b_ptr, *((k, n) if transb == CUBLAS_OP_N else (n, k)), ldb)
+    c = col_major(c_ptr, m, n, ldc)
+    op_a = a if transa == CUBLAS_OP_N else a.T
+    op_b = b if transb == CUBLAS_OP_N else b.T
+
+    def gemm() -> None:
+        np.matmul(op_a, op_b, out=c)
+
+    issue(gemm)

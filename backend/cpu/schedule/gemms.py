@@ -62,7 +62,8 @@ def sites(function: Function) -> list[tuple[GemmParams, int]]:
     for op in function.walk():
         if not _static_gemm(op):
             continue
-        ta_t, tb_t, res = op.operands[0].tensor_type, op.operands[1].tensor_type, op.result.tensor_type
+        a_shape, b_shape = op.operands[0].tensor_type.static_shape, op.operands[1].tensor_type.static_shape
+        res, shape = op.result.tensor_type, op.result.tensor_type.static_shape
         _, ta = gemm_operand(op.operands[0])
         _, tb = gemm_operand(op.operands[1])
         count, parent = 1, op.parent_op
@@ -71,12 +72,12 @@ def sites(function: Function) -> list[tuple[GemmParams, int]]:
             if loop is not None:
                 count *= loop.trip_count or 1
             parent = parent.parent_op
-        if tb_t.rank == 2:
-            m = math.prod(res.shape[:-1])  # type: ignore[arg-type]
+        if len(b_shape) == 2:
+            m = math.prod(shape[:-1])
         else:
-            m = res.shape[-2]  # type: ignore[assignment]
-            count *= math.prod(res.shape[:-2])  # type: ignore[arg-type]
-        out.append(((res.dtype, m, tb_t.shape[-1], ta_t.shape[-1], ta, tb, packable(op)), count))  # type: ignore[misc]
+            m = shape[-2]
+            count *= math.prod(shape[:-2])
+        out.append(((res.dtype, m, b_shape[-1], a_shape[-1], ta, tb, packable(op)), count))
     return out
 
 
@@ -86,8 +87,8 @@ def call_params(op: Operation) -> GemmParams:
     ta_t, tb_t, res = op.operands[0].tensor_type, op.operands[1].tensor_type, op.result.tensor_type
     _, ta = gemm_operand(op.operands[0])
     _, tb = gemm_operand(op.operands[1])
-    shape = tuple(int(d) for d in res.shape)  # type: ignore[arg-type]
-    k, n = int(ta_t.shape[-1]), int(tb_t.shape[-1])  # type: ignore[arg-type]
+    shape = res.static_shape
+    k, n = ta_t.static_shape[-1], tb_t.static_shape[-1]
     if tb_t.rank == 2:
         return (res.dtype, math.prod(shape[:-1]), n, k, ta, tb, packable(op))
     return (res.dtype, shape[-2], n, k, ta, tb, False)

@@ -108,7 +108,9 @@ def plan(function: Function, ids: dict[Operation, str], family: str, measured: M
     if chosen == "0" or why is not None:
         notes["overlap"] = "off: " + ("GIR_CPU_OVERLAP=0" if chosen == "0" else str(why))
         return [], notes, seconds
-    kept, notes_list, pending = [], [], []
+    kept: list[overlap.Window] = []
+    notes_list: list[dict[str, object]] = []
+    pending: list[ThreadParams] = []
     for w in windows:
         try:
             est = {k: round(v, 3) for k, v in estimate(w, seconds).items()} if chosen == "auto" else {}

@@ -45,12 +45,13 @@ def plan(function: Function, memory: MemoryPlan | None, measured: Measurements, 
     provisional = [p for p, _ in sites] + [g.params for g in choices]
     provisional = [p for p in dict.fromkeys(provisional) if not gemms.is_measured(p, measured, options)]
     pending = notes.get("overlap_pending") or []
+    assert isinstance(pending, list)  # overlap_decision.plan's thread shapes, as lists
     main = notes.get("main_blas_threads")
     return CpuSchedule(
         function.name, family, family_reason, tuple(sorted(choices, key=lambda g: _order(g.op_id))),
         loops, overlap_decision.windows_of(function, ids, kept),
         bool(kept) and isinstance(main, dict) and main.get("threads") == 1, notes,
-        tuple(provisional), tuple(tuple(p) for p in pending),  # type: ignore[arg-type]
+        tuple(provisional), tuple(tuple(p) for p in pending),
         tuple(dict.fromkeys(seconds.asked)), measured.level1, measured.openblas_int_bits, options.cpu_arena)
 
 
