@@ -393,6 +393,12 @@ def test_every_kernel_a_training_step_launches_compiles_to_ptx(tmp_path: Path) -
         for k in fn.compiled.lowering.kernels:
             sources[k.source.text] = k.source.signature
     assert any("i * " in t or "c0 * " in t for t in sources)  # strided reads are among them
+    assert_compiles_to_ptx(sources, tmp_path)
+
+
+def assert_compiles_to_ptx(sources: dict[str, str], tmp_path: Path) -> None:
+    """Each kernel source (-> its signature) through numba.cuda's real compiler, in a process
+    without the simulator (which runs Python and checks no types). Skips without NVVM/NVRTC."""
     listing = tmp_path / "kernels.json"
     listing.write_text(json.dumps(sorted(sources.items())))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
@@ -456,6 +462,33 @@ def test_reductions_read_by_one_kernel_are_computed_inside_it(dtype: str) -> Non
     fn = assert_matches_interpreter(FOLDED.replace("DT", dtype), "f", args)
     assert fn.stats.xp_launches == 0, fn.stats
     assert any("cuda.shared.array" in k for k in fn.compiled.kernel_sources)
+
+
+WHOLES = """\
+func @f(%u: tensor<2x2x3xf64>, %s: tensor<2x3xf64>, %h: tensor<5xf32>) -> tensor<f64> {
+  %loss = sum(%u) + mean(%s) + cast(mean(%h), dtype="f64")
+  return %loss
+}
+"""
+
+
+def test_whole_reductions_folded_into_one_kernel_each_have_their_own_tree(tmp_path: Path) -> None:
+    """Several sums or means to one element read by one kernel (a loss `sum(a) + mean(b)`, of
+    differently sized values and dtypes): one block, a shared-memory tree each; each reads its
+    own total, divided by its own count (fuzz seed 0 input 3: every read took the first tree's
+    total). Past kernels.MAX_WHOLE_READS the rest are CuPy reductions."""
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((2, 2, 3)), rng.standard_normal((2, 3)), rng.standard_normal(5).astype(np.float32)]
+    fn = assert_matches_interpreter(WHOLES, "f", args)
+    assert (fn.stats.kernel_launches, fn.stats.xp_launches) == (1, 0), fn.stats
+    (kernel,) = fn.compiled.lowering.kernels
+    assert_compiles_to_ptx({kernel.source.text: kernel.source.signature}, tmp_path)  # f32 and f64 trees
+    many = kernels.MAX_WHOLE_READS + 1
+    params = ", ".join(f"%a{k}: tensor<{k + 2}xf64>" for k in range(many))
+    terms = " + ".join(f"mean(%a{k})" for k in range(many))
+    text = f"func @g({params}) -> tensor<f64> {{\n  %r = {terms}\n  return %r\n}}\n"
+    fn = assert_matches_interpreter(text, "g", [rng.standard_normal(k + 2) for k in range(many)])
+    assert (fn.stats.kernel_launches, fn.stats.xp_launches) == (1, 1), fn.stats
 
 
 SHIFTED = """\

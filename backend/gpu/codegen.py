@@ -56,6 +56,7 @@ from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .graphs import gemm_call
 from .kernels import (
+    MAX_WHOLE_READS,
     ElementwiseKernel,
     GridTotal,
     InputLayout,
@@ -588,6 +589,8 @@ def _foldable(low: Lowering, op: Operation, axes: tuple[int, ...]) -> tuple[Valu
         return None
     rows = math.prod(shape[: len(axes)])
     columns = math.prod(shape[len(axes):])
+    if columns == 1 and sum(v in low.folded for v in users[0].operands) >= MAX_WHOLE_READS:
+        return None  # the consumer's one block holds a shared-memory tree per whole reduction
     mean = reduction.divide_by_count
     if x in low.absorbed:
         source, layout = low.absorbed[x]

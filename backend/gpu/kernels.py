@@ -307,26 +307,32 @@ SHARED = 256
 """Threads (and shared-memory slots) of a whole-array reduction's one block, at most: a power
 of two, as the tree needs (Device.threads_per_block is 256 on a GPU, 4 in the simulator)."""
 
+MAX_WHOLE_READS = 8
+"""Whole-array reductions one kernel folds, at most: each takes SHARED slots of shared memory
+(8 x 256 x 8 bytes = 16 KiB, well under the 48 KiB a block may declare statically)."""
+
 
 def _reduction_lines(k: int, red: ReductionRead, dtype: str) -> list[str]:
     """The statements giving x{k}: the column sum (in the grid-stride loop), or, for a whole
     array, the block's sum (before it: `if t == 0:` then runs the rest)."""
     scale = [f"x{k} = {dtype}(x{k} / {dtype}({red.rows}))"] if red.mean else []
     if red.whole:
-        return [f"x{k} = sm[0]", *scale]
+        return [f"x{k} = sm{k}[0]", *scale]
     lay = red.layout
     at = f"r * {red.columns} + i" if lay is None else f"{lay.offset} + r * {lay.strides[0]} + i * {lay.strides[1]}"
     return [f"x{k} = {dtype}(0)", f"for r in range({red.rows}):", f"    x{k} = {dtype}(x{k} + in{k}[{at}])", *scale]
 
 
 def _whole_head(k: int, red: ReductionRead, dtype: str) -> list[str]:
-    """A one-block kernel's sum of in{k} into sm[0] (a tree over the block's threads)."""
-    return [f"    sm = cuda.shared.array({SHARED}, {dtype})", "    t = cuda.threadIdx.x",
-            f"    acc = {dtype}(0)", f"    for r in range(t, {red.rows}, cuda.blockDim.x):",
-            f"        acc = {dtype}(acc + in{k}[r])", "    sm[t] = acc", "    cuda.syncthreads()",
+    """A one-block kernel's sum of in{k} into sm{k}[0] (a tree over the block's threads). Each
+    whole reduction has its own shared array: a kernel may fold several (`sum(a) + mean(b)`),
+    and each tree's total must outlive the trees after it (its accumulator is its own too: the
+    trees' dtypes may differ, and a numba variable has one type)."""
+    return [f"    sm{k} = cuda.shared.array({SHARED}, {dtype})", "    t = cuda.threadIdx.x",
+            f"    acc{k} = {dtype}(0)", f"    for r in range(t, {red.rows}, cuda.blockDim.x):",
+            f"        acc{k} = {dtype}(acc{k} + in{k}[r])", f"    sm{k}[t] = acc{k}", "    cuda.syncthreads()",
             "    s = cuda.blockDim.x // 2", "    while s > 0:", "        if t < s:",
-            f"            sm[t] = {dtype}(sm[t] + sm[t + s])", "        cuda.syncthreads()", "        s //= 2",
-            "    if t == 0:", "        i = 0"]
+            f"            sm{k}[t] = {dtype}(sm{k}[t] + sm{k}[t + s])", "        cuda.syncthreads()", "        s //= 2"]
 
 
 def _part_lines(src: _Source, inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequence[Value],
@@ -373,13 +379,15 @@ def generate(inputs: Sequence[Value], ops: Sequence[Operation], outputs: Sequenc
     the inputs, which broadcast; input k is read through layouts[k] where given (a strided
     view of the buffer it is launched with), else it is its own flat buffer; output k likewise
     written through out_layouts[k] (a piece of a concat written in place); input k is
-    reductions[k] computed from its buffer where given (at most one whole-array reduction)."""
+    reductions[k] computed from its buffer where given (whole-array reductions: one block, a
+    tree each, at most MAX_WHOLE_READS)."""
     src = _Source(out_shape)
     reductions = reductions or {}
     reads, writes = _part_lines(src, inputs, ops, outputs, layouts or {}, out_layouts or {}, reductions)
     params, types = _signature(outputs, inputs, bool(src.error_sites))
     whole = [(k, r) for k, r in reductions.items() if r.whole]
-    loop = (_whole_head(whole[0][0], whole[0][1], inputs[whole[0][0]].tensor_type.dtype) if whole
+    trees = [line for k, r in whole for line in _whole_head(k, r, inputs[k].tensor_type.dtype)]
+    loop = (trees + ["    if t == 0:", "        i = 0"] if whole
             else ["    for i in range(cuda.grid(1), n, cuda.gridsize(1)):"])
     head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):", *loop]
     body = src.coordinate_lines() + reads + src.lines + writes or [INDENT + "pass"]
