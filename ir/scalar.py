@@ -5,7 +5,7 @@ once as a small expression over primitives that both backends emit directly.
     add on i1:       or(x0, x1)                                        NumPy's + on booleans
 
 `install` puts each op's description in its spec's `scalar` field (as ir/vjp.py installs VJPs);
-the CPU backend (backend/cpu/codegen.py) and the GPU backend (backend/gpu/kernels.py) each keep
+the CPU backend (backend/cpu/lower/elementwise.py) and the GPU backend (backend/gpu/kernels.py) each keep
 only a table from primitive to emitter (LLVM builder calls; Python expression text) and build
 every elementwise op, and the CPU's reduction loops, from these descriptions. The NumPy
 interpreter (the kernels in ir/ops.py) does not read them: it stays an independent oracle, and

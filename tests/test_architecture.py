@@ -255,7 +255,7 @@ def test_one_compile_path() -> None:
 CPU_LAYERS = {
     "runtime": 4,
     "llvm_jit": 3, "code": 3,
-    "codegen": 2, "gather": 2, "llvm_types": 2, "snapshot": 2,
+    "lower": 2, "gather": 2, "llvm_types": 2, "snapshot": 2,
     "schedule": 1,
 }
 """backend/cpu, one way (docs/backend.md, "The schedule"): runtime -> llvm -> lower -> schedule ->

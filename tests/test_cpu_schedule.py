@@ -22,7 +22,7 @@ from pathlib import Path
 import gir
 import pytest
 from gir.backend.cpu import blas, blas_threads, snapshot, team
-from gir.backend.cpu.codegen import lower_function
+from gir.backend.cpu.lower import lower_function
 from gir.backend.cpu.schedule import Measurements, needed_shapes, plan
 from gir.config import current, override
 from gir.passes.pass_manager import PassManager

@@ -685,7 +685,7 @@ def test_ops_only_a_pass_makes_name_that_pass(example: str) -> None:
 def test_the_cpu_compile_cache_keeps_the_origin_of_run_time_error_locations():
     """A run-time error of a cached compile (a reduction of no element in a gradient op, say)
     still has its note: the layout's JSON keeps the origin chain."""
-    from gir.backend.cpu.codegen import Layout
+    from gir.backend.cpu.layout import Layout
     from gir.errors import Location, Origin
 
     loc = Location("rnn.gir", 4, 3, Origin("scan-grad", "from", Origin("autodiff", "in the gradient of")))

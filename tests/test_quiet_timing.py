@@ -160,7 +160,7 @@ def test_a_first_compile_decides_the_two_core_schedule_without_waiting(monkeypat
     a later compile waits for (Code.stale: compiled again once measured)."""
     import gir
     from gir.backend.cpu import snapshot
-    from gir.backend.cpu.codegen import lower_function
+    from gir.backend.cpu.lower import lower_function
     from gir.config import current
     from gir.passes.pass_manager import PassManager
     from gir.passes.pipeline import DEFAULT_PIPELINE

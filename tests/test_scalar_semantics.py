@@ -18,7 +18,7 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports nu
 import gir  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from gir.backend.cpu import codegen as cpu_codegen  # noqa: E402
+from gir.backend.cpu import lower as cpu_lower  # noqa: E402
 from gir.backend.gpu import kernels as gpu_kernels  # noqa: E402
 from gir.errors import GirError  # noqa: E402
 from gir.ir import scalar  # noqa: E402
@@ -71,7 +71,7 @@ def test_descriptions_use_only_primitives_and_both_backends_emit_every_primitive
         for expr in REGISTRY[name].scalar.by_class.values():  # type: ignore[union-attr]
             used |= _primitives(expr)
     assert used <= set(scalar.PRIMITIVES)
-    assert set(cpu_codegen.PRIMITIVES) == set(scalar.PRIMITIVES)
+    assert set(cpu_lower.PRIMITIVES) == set(scalar.PRIMITIVES)
     assert set(gpu_kernels.PRIMITIVES) == set(scalar.PRIMITIVES)
 
 

@@ -1,7 +1,7 @@
 """CPU lowerings of the row ops and of `logsumexp`: loops over rows, no BLAS.
 
 - `index` by an integer tensor (a gather): one bounds check and one row copy (memcpy) per index.
-  By a scalar it is a view (codegen.lower_index).
+  By a scalar it is a view (lower/views.py `lower_index`).
 - `scatter_add`: the base copied into the result (memmove: memplan may give the result the
   base's buffer, `inplace=0`), then each update row added to its row, in index order, so
   repeated rows accumulate.
@@ -11,7 +11,7 @@
 
 An index out of range flags the run-time error the runtime raises after the call (as `index`
 by a scalar does) and reads or writes row 0 instead, so no memory outside the tensor is touched.
-codegen's lowering table imports this module; it imports nothing of codegen's at run time (its
+lower/table.py imports this module; it imports nothing of lower/'s at run time (its
 types and helpers are llvm_types.py's, `low.scalar` makes its `Scalar`).
 """
 
@@ -27,7 +27,7 @@ from ...ir.ops import reduction_axes
 from .llvm_types import I1, I64, LLVM_TYPES, PTR, _i64, _static, _strides
 
 if TYPE_CHECKING:
-    from .codegen import Lowering
+    from .lower.base import Lowering
 
 
 def lower_gather(low: Lowering, op: Operation) -> None:

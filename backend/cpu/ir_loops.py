@@ -1,4 +1,4 @@
-"""A counted loop in LLVM IR (llvmlite.ir only): the one loop shape codegen.py and
+"""A counted loop in LLVM IR (llvmlite.ir only): the one loop shape lower/ and
 packed_gemm.py emit."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class LengthLayout:
     """Which dims follow the length (LengthDims.describe), for `fn.stats.compile.lengths`."""
 
     def area_bytes(self, t: int) -> int:
-        """The length area's size at length t (codegen's `Lowering.length_slot` adds them alike)."""
+        """The length area's size at length t (lower/base.py `Lowering.length_slot` adds them alike)."""
         return sum(align(a * t + b) for a, b in self.blocks)
 
     def to_json(self) -> dict:

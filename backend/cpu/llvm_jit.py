@@ -1,4 +1,4 @@
-"""LLVM's part of the CPU backend: lowering to LLVM IR (codegen.py), LLVM's passes, emitting an
+"""LLVM's part of the CPU backend: lowering to LLVM IR (lower/), LLVM's passes, emitting an
 object, and loading one with LLVM's JIT linker. Imported only when something is compiled or
 a cached object cannot be loaded as a shared library: a compile-cache hit runs without
 loading LLVM (runtime.py, native.py)."""
@@ -21,8 +21,8 @@ from ...support import cache as disk
 from ...support import timing
 from . import blas, snapshot, tiers
 from .code import Code, CompileInfo, cache_key, has_worker, host, opt_level, target_key
-from .codegen import lower_function
 from .layout import Layout
+from .lower import lower_function
 from .schedule import CpuSchedule
 
 
@@ -245,7 +245,7 @@ def packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
     """blas.gemm_caller's `gir-packed` (registered with blas below: blas.py is the floor under
     this one and imports no LLVM): the weight packed once (not timed), each call run as compiled
     code runs it: on both threads through OpenBLAS's blas_level1_thread when its pool and
-    setting have two, else on this thread (packed_gemm.py, codegen.py `_Split.dispatch`)."""
+    setting have two, else on this thread (packed_gemm.py, lower/two_core.py `_Split.dispatch`)."""
     import ctypes
 
     import numpy as np

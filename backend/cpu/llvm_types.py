@@ -1,5 +1,5 @@
-"""The LLVM types and shape helpers every lowering module uses (codegen.py, gather.py): a leaf,
-so that gather.py needs nothing of codegen.py at run time."""
+"""The LLVM types and shape helpers every lowering module uses (lower/, gather.py): a leaf,
+so that gather.py needs nothing of lower/ at run time."""
 
 from __future__ import annotations
 

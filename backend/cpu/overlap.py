@@ -28,7 +28,7 @@ thread times blas_threads.py measures, and recorded with the reasons in the CpuS
 `fn.stats.schedule`.
 
 This module is the analysis (IR only): which GEMMs can be deferred, and how they are chunked.
-codegen.py emits the code.
+lower/two_core.py emits the code.
 """
 
 from __future__ import annotations

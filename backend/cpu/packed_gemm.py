@@ -12,11 +12,11 @@ this EPYC it runs at 84-92 GFLOP/s on one core where OpenBLAS's one-thread GEMM 
 (blas.py).
 
 The work splits by blocks of MR rows: `task` has the signature of OpenBLAS's level-1 routines,
-so codegen.py hands it to `blas_level1_thread` (team.py), which runs half the blocks on the
+so lower/gemm.py hands it to `blas_level1_thread` (team.py), which runs half the blocks on the
 calling thread and half on OpenBLAS's pool thread; every thread reads the whole packed weight
 and writes its own rows of C.
 
-Only LLVM IR builders here (llvmlite.ir, no LLVM library): codegen.py emits these functions
+Only LLVM IR builders here (llvmlite.ir, no LLVM library): lower/gemm.py emits these functions
 into the compiled function's module, blas.py into a module of their own to measure them.
 """
 

@@ -14,7 +14,7 @@ No third thread: a first design with a worker thread of gir's own ran slower (56
 gir's worker, OpenBLAS's pool thread) take turns on two cores (docs/performance-rnn.md,
 "Splitting the step across two threads").
 
-This module is the analysis (IR only) and the probe of the OpenBLAS entry; codegen.py
+This module is the analysis (IR only) and the probe of the OpenBLAS entry; lower/two_core.py
 (`_Split`) emits the calls. The decision per loop and its reason are in
 `fn.stats.schedule["split"]`.
 """

@@ -1,5 +1,5 @@
 """The CPU backend's decisions as data (docs/backend.md, "The schedule"): `plan` is the pure
-step (Function, MemoryPlan, Measurements, Options) -> CpuSchedule; the lowering (codegen.py)
+step (Function, MemoryPlan, Measurements, Options) -> CpuSchedule; the lowering (lower/)
 follows the schedule and decides nothing. Imports: schedule -> blas, team, overlap (their
 analyses and constants), never the lowering or the runtime."""
 

@@ -2,7 +2,7 @@
 of this machine's BLAS facts and measured times) and what it decides (`CpuSchedule`).
 
 Both are values: the schedule step (plan.py) is a pure function of (Function, MemoryPlan,
-Measurements, Options), and the lowering (codegen.py) a pure function of (Function,
+Measurements, Options), and the lowering (lower/) a pure function of (Function,
 MemoryPlan, CpuSchedule). Who takes the snapshot, and queues measurements for the shapes a
 schedule took from the model, is the caller's business (snapshot.py, called by llvm_jit.py).
 """

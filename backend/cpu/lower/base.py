@@ -34,24 +34,24 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from ...analysis.lengths import Extent, LengthDims, NotALength
-from ...analysis.memory.plan import MemoryPlan
-from ...analysis.memory.planner import plan_memory
-from ...errors import GirError
-from ...ir import scalar
-from ...ir.core import Function, Operation, Value
-from ...ir.interpreter import empty_reduction
-from ...ir.loops import LoopView
-from ...ir.ops import REGISTRY, reduction_axes
-from ...ir.spec import OpSpec, dispatch_by_fact, view_source
-from ...ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
-from . import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
-from .layout import GemmSite, Layout, LengthLayout
-from .llvm_types import ALIGN, I1, I8, I32, I64, LLVM_TYPES, MEM_TYPES, PTR, _i64, _static, _strides
-from .schedule import CpuSchedule, op_ids
-from .schedule.gemms import gemm_operand as _gemm_operand
-from .schedule.gemms import is_gemm as _is_gemm
-from .schedule.gemms import packable as _packable
+from ....analysis.lengths import Extent, LengthDims, NotALength
+from ....analysis.memory.plan import MemoryPlan
+from ....analysis.memory.planner import plan_memory
+from ....errors import GirError
+from ....ir import scalar
+from ....ir.core import Function, Operation, Value
+from ....ir.interpreter import empty_reduction
+from ....ir.loops import LoopView
+from ....ir.ops import REGISTRY, reduction_axes
+from ....ir.spec import OpSpec, dispatch_by_fact, view_source
+from ....ir.types import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
+from .. import blas, externals, ir_loops, mathlib, overlap, packed_gemm, team
+from ..layout import GemmSite, Layout, LengthLayout
+from ..llvm_types import ALIGN, I1, I8, I32, I64, LLVM_TYPES, MEM_TYPES, PTR, _i64, _static, _strides
+from ..schedule import CpuSchedule, op_ids
+from ..schedule.gemms import gemm_operand as _gemm_operand
+from ..schedule.gemms import is_gemm as _is_gemm
+from ..schedule.gemms import packable as _packable
 
 
 def _memory_plan(function: Function, plan: MemoryPlan | None, schedule: CpuSchedule) -> MemoryPlan | None:
@@ -717,7 +717,7 @@ def lower_index(low: Lowering, op: Operation) -> None:
     """By a scalar: a view of one row. By a tensor: a gather (gather.py)."""
     x, i = op.operands
     if i.tensor_type.rank:
-        from .gather import lower_gather
+        from ..gather import lower_gather
         lower_gather(low, op)
         return
     t = x.tensor_type
@@ -1124,7 +1124,7 @@ def lower_scan(low: Lowering, op: Operation) -> None:
 
 
 def _row_and_softmax_lowerings() -> dict[str, Callable[[Lowering, Operation], None]]:
-    from .gather import lower_logsumexp, lower_scatter_add  # a module of its own; it imports this one
+    from ..gather import lower_logsumexp, lower_scatter_add  # a module of its own; it imports this one
     return {"scatter_add": lower_scatter_add, "logsumexp": lower_logsumexp}
 
 
