@@ -1,5 +1,5 @@
 """Compile cost linear in the size of what the user traces (issue 30): a pytree of thousands of
-small leaves (backend/cpu/codegen.py `OUTLINE_AFTER`: top-level loop nests outlined, so no one
+small leaves (backend/cpu/lower/outline.py `OUTLINE_AFTER`: top-level loop nests outlined, so no one
 LLVM function grows with the leaves), and a large NumPy array a traced function closes over
 (frontend/python/tracer.py `array_constant`: passed as a hidden argument, not printed).
 
@@ -13,7 +13,7 @@ import re
 import gir
 import numpy as np
 import pytest
-from gir.backend.cpu import codegen
+from gir.backend.cpu.lower import outline
 
 
 def _step(params: dict, lr: float) -> tuple:
@@ -69,7 +69,7 @@ def test_llvm_functions_stay_small_as_pytree_leaves_grow() -> None:
 
 
 def test_few_loops_stay_in_gir_main() -> None:
-    sizes, _ = _compiled(codegen.OUTLINE_AFTER // 8)
+    sizes, _ = _compiled(outline.OUTLINE_AFTER // 8)
     assert not any(name.startswith("gir_kernel") for name in sizes)
 
 
