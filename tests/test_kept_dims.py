@@ -91,9 +91,7 @@ def test_values_against_numpy(device: str, batch: int) -> None:
     assert r.shape == (4, batch, 1) and b.shape == (len(range(1, batch, 2)), 12)
 
 
-@pytest.mark.parametrize("device", ["interp", "cpu", pytest.param("gpu", marks=pytest.mark.xfail(
-    reason="a GPU bug of main, not of `?` dims: `sum(%mask * %x) + sum(%x)` (mask 4x3x1, x 4x3x4) differs from "
-           "the interpreter with static shapes too (seen on numba's CUDA simulator)"))])
+@pytest.mark.parametrize("device", ["interp", "cpu", "gpu"])  # gpu: two whole sums in one kernel (each its own tree)
 def test_gradient_against_finite_differences(device: str) -> None:
     _need(device)
     rng = np.random.default_rng(7)
