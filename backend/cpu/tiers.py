@@ -40,14 +40,16 @@ import json
 import os
 import queue
 import struct
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import config
+
+if TYPE_CHECKING:  # imported where a child is started: ~4 ms of a cache hit's import otherwise
+    import subprocess
 from ...config import current
 
 QUICK_PASSES = "cheap"
@@ -231,6 +233,8 @@ def compile_in_child(llvm_ir: str, cpu: str, features: str, opt: int) -> tuple[s
     everything else at normal priority leave one. At most FINAL_BUDGET seconds."""
     if _stopping:
         raise RuntimeError("process exiting")
+    import subprocess
+
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "final_child.py")
     try:
         child = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
