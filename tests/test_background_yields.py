@@ -13,6 +13,7 @@ Every case forces its order with hooks and events or a fake clock, never with a 
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from pathlib import Path
 
@@ -250,7 +251,7 @@ def test_without_a_process_the_final_code_is_compiled_here(monkeypatch: pytest.M
 
     monkeypatch.setenv("GIR_CACHE", "0")
     with monkeypatch.context() as patched:
-        patched.setattr(tiers.subprocess, "Popen", refuse)
+        patched.setattr(subprocess, "Popen", refuse)
         here = gir.jit(RNN.format(t=5), "loss")
         assert here.compiled.wait_for_final_code(300), here.compiled.final_error
     monkeypatch.setenv("GIR_LLVM_TIER", "0")
