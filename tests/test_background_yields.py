@@ -286,6 +286,32 @@ def test_the_governor_goes_to_one_thread_under_load_and_back_when_quiet() -> Non
     assert not g.one_thread and not g.use_one_thread()
 
 
+def test_a_process_started_on_a_busy_machine_finds_one_thread_faster() -> None:
+    """No quiet all-thread call to be slower than: the probe on one thread at call FIRST_PROBE
+    decides (beside two busy processes LSTM-S took 265 ms on 2 threads, 53 ms on one)."""
+    from gir.backend.cpu.blas_threads import Governor
+
+    g = Governor()
+    ran = []
+    for _ in range(Governor.FIRST_PROBE - 1):  # slow from the start: never 2x its own best
+        ran.append(g.use_one_thread())
+        g.record(0.265, 4, False)
+    assert ran == [False] * (Governor.FIRST_PROBE - 1) and not g.one_thread
+    assert g.use_one_thread()  # the probe on one thread
+    g.record(0.053, 1, True)
+    assert g.one_thread and g.switches_to_one == 1
+
+    quiet = Governor()
+    for _ in range(Governor.FIRST_PROBE - 1):
+        quiet.use_one_thread()
+        quiet.record(0.016, 0, False)
+    assert quiet.use_one_thread()
+    quiet.record(0.0158, 0, True)  # one thread a little faster, not 2x: stays on all threads
+    assert not quiet.one_thread
+    probes = [quiet.use_one_thread() for _ in range(Governor.PROBE)]
+    assert probes == [False] * (Governor.PROBE - 1) + [True]  # the next probe, PROBE calls later
+
+
 def test_a_call_on_one_thread_runs_every_chunk_without_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     from gir.backend.cpu import blas_threads
 

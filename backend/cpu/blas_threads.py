@@ -208,14 +208,22 @@ class Governor:
     then one thread (the worker of the two-core schedule is not started: the calling thread
     claims every chunk; split loops run alone, OpenBLAS being set to one), and every PROBE calls
     one call on all threads again: back to all threads when it is no slower than the median of
-    the recent one-thread calls. The decision uses counts and the call's own times only, so a
-    test drives it with made-up ones."""
+    the recent one-thread calls. The other way too: on all threads, call FIRST_PROBE and then
+    every PROBE calls run on one thread, and the calls go to one thread when that one was
+    faster than the median of the recent all-thread calls by SLOW_FACTOR: a process that starts
+    on a busy machine has no quiet all-thread time to be slower than (measured: LSTM-S beside
+    two busy processes, 2 threads 265 ms median against 53 ms on one, and no strike in 120
+    calls). The decision uses counts and the call's own times only, so a test drives it with
+    made-up ones."""
 
     STRIKES = 3
     SLOW_FACTOR = 2.0
     PROBE = 32
     KEEP = 15
-    """One-thread calls whose median a probe is compared with."""
+    """One-thread calls whose median a probe is compared with (and all-thread calls, for a probe
+    on one thread)."""
+    FIRST_PROBE = 10
+    """The call that first tries one thread while the calls run on all."""
 
     def __init__(self) -> None:
         self.one_thread = False
@@ -224,13 +232,19 @@ class Governor:
         self.strikes = 0
         self.since_probe = 0
         self.recent_one: list[float] = []
+        self.recent_all: list[float] = []
+        self.calls_all = 0
+        """Calls on all threads since the last switch (FIRST_PROBE, PROBE)."""
         self.switches_to_one = 0
         """How many times the calls went to one thread (fn.stats)."""
 
     def use_one_thread(self) -> bool:
-        """Whether the next call runs on one thread (a probe every PROBE calls does not)."""
+        """Whether the next call runs on one thread (a probe every PROBE calls does not; on all
+        threads, a probe on one thread at call FIRST_PROBE and every PROBE calls after)."""
         if not self.one_thread:
-            return False
+            self.calls_all += 1
+            n = self.calls_all - self.FIRST_PROBE
+            return n >= 0 and n % self.PROBE == 0
         self.since_probe += 1
         self.probing = self.since_probe >= self.PROBE
         if self.probing:
@@ -239,30 +253,41 @@ class Governor:
 
     def record(self, seconds: float, switches: int, one_thread: bool) -> None:
         """A call's seconds, the involuntary switches it suffered, and how it ran."""
+        if one_thread and not self.one_thread:  # a probe on one thread
+            alls = sorted(self.recent_all)
+            if alls and seconds * self.SLOW_FACTOR < alls[len(alls) // 2]:
+                self._to_one_thread()
+                self.recent_one = [seconds]
+            return
         if one_thread:
             self.recent_one = (self.recent_one + [seconds])[-self.KEEP:]
             return
         if self.one_thread:  # a probe on all threads
             ones = sorted(self.recent_one)
             if not ones or seconds <= ones[len(ones) // 2]:
-                self.one_thread, self.strikes = False, 0
+                self.one_thread, self.strikes, self.calls_all, self.recent_all = False, 0, 0, []
                 self.quiet_all = min(self.quiet_all, seconds) if self.quiet_all else seconds
             return
+        self.recent_all = (self.recent_all + [seconds])[-self.KEEP:]
         if not self.quiet_all or seconds < self.quiet_all:
             self.quiet_all = seconds
         slow = seconds > self.SLOW_FACTOR * self.quiet_all and switches > 0
         self.strikes = self.strikes + 1 if slow else 0
         if self.strikes >= self.STRIKES:
-            self.one_thread, self.strikes, self.since_probe = True, 0, 0
-            self.recent_one = []
-            self.switches_to_one += 1
+            self._to_one_thread()
+
+    def _to_one_thread(self) -> None:
+        self.one_thread, self.strikes, self.since_probe = True, 0, 0
+        self.recent_one = []
+        self.switches_to_one += 1
 
     def describe(self) -> str:
         if not self.switches_to_one:
             return "all threads"
         now = "one thread" if self.one_thread else "all threads"
         return (f"{now} (went to one thread {self.switches_to_one} time(s): calls over "
-                f"{self.SLOW_FACTOR:g}x their quiet time while they lost their core; a probe every {self.PROBE} calls)")
+                f"{self.SLOW_FACTOR:g}x their quiet time while they lost their core, or a call on one thread "
+                f"{self.SLOW_FACTOR:g}x faster than those on all; a probe every {self.PROBE} calls)")
 
 
 class OneThread:
