@@ -55,7 +55,7 @@ first `scan-grad` stay T long (gir.jit's budgeted pipeline runs that `scan-grad`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as dataclasses_replace
 from typing import Any
@@ -316,19 +316,7 @@ def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int) -> None:
     def forward_rest(inits: list[Value]) -> Operation:
         return clone_scan(rw, f, [build.rows(x, m, t) for x in f_seqs], inits, list(range(n_stacks)), f, t - m)
 
-    first, second = (forward_main, forward_rest) if not fv.reverse else (forward_rest, forward_main)
-    outer_f = rest_f = None
-    inits = list(fv.inits)
-    for make in (first, second):
-        if make is forward_rest and m == t:
-            continue
-        op = make(inits)
-        inits = list(LoopView(op).final_carries)
-        if make is forward_main:
-            outer_f = op
-        else:
-            rest_f = op
-    assert outer_f is not None
+    outer_f, rest_f, inits = _chain(forward_main, forward_rest, fv.reverse, list(fv.inits), with_rest=m != t)
     for old, new in zip(fv.final_carries, inits):
         rw.replace_all_uses(old, new)
     n_carries = len(fv.inits)
@@ -341,6 +329,20 @@ def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int) -> None:
     _rewrite_backward(rw, pair, s, n, checkpoints, rest_f, build.made)
     rw.erase(b)
     rw.erase(f)
+
+
+def _chain(main: Callable[[list[Value]], Operation], rest: Callable[[list[Value]], Operation], reverse: bool,
+           inits: list[Value], with_rest: bool) -> tuple[Operation, Operation | None, list[Value]]:
+    """The segment loop and the remainder loop (when with_rest) built in the order the scan runs
+    (the remainder first for a reverse scan), each starting from the carries the other ended
+    with: (the segment loop, the remainder loop or None, the final carries)."""
+    made: dict[Callable[[list[Value]], Operation], Operation] = {}
+    for make in ((main, rest) if not reverse else (rest, main)):
+        if make is rest and not with_rest:
+            continue
+        made[make] = op = make(inits)
+        inits = list(LoopView(op).final_carries)
+    return made[main], made.get(rest), inits
 
 
 def _outer_forward(rw: Rewriter, f: Operation, build: _Builder, f_seqs: list[Value], inits: list[Value],
@@ -383,19 +385,8 @@ def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: Seq
     def backward_main(inits: list[Value]) -> Operation:
         return _outer_backward(rw, pair, build, checkpoints, inits, n, s)
 
-    first, second = (backward_main, backward_rest) if not bv.reverse else (backward_rest, backward_main)
-    inits = list(bv.inits)
-    outer_b = rest_b = None
-    for make in (first, second):
-        if make is backward_rest and rest_f is None:
-            continue
-        op = make(inits)
-        inits = list(LoopView(op).final_carries)
-        if make is backward_main:
-            outer_b = op
-        else:
-            rest_b = op
-    assert outer_b is not None
+    outer_b, rest_b, inits = _chain(backward_main, backward_rest, bv.reverse, list(bv.inits),
+                                    with_rest=rest_f is not None)
     for old, new in zip(bv.final_carries, inits):
         rw.replace_all_uses(old, new)
     main_stacks = LoopView(outer_b).stacked_results
