@@ -220,6 +220,8 @@ class NoChild(RuntimeError):
 
 
 _children: set[subprocess.Popen] = set()
+_children_lock = threading.Lock()
+"""Guards `_children`: a child started while exit kills them is killed by its starter."""
 """The -O3 compiles' processes now running (killed at exit)."""
 child_hook: Callable[[subprocess.Popen], None] | None = None
 """Tests: called on the background thread once a child is started, before its output is read
@@ -241,7 +243,10 @@ def compile_in_child(llvm_ir: str, cpu: str, features: str, opt: int) -> tuple[s
                                  stderr=subprocess.PIPE)
     except OSError as e:  # no interpreter to start (an embedded Python): the caller compiles here
         raise NoChild(str(e)) from None
-    _children.add(child)
+    with _children_lock:
+        _children.add(child)
+        if _stopping:  # exit began between the check above and Popen: it never saw this child
+            child.kill()
     try:
         if child_hook is not None:
             child_hook(child)
@@ -253,7 +258,8 @@ def compile_in_child(llvm_ir: str, cpu: str, features: str, opt: int) -> tuple[s
             child.communicate()
             raise RuntimeError(f"the -O3 compile took more than {FINAL_BUDGET:.0f} s: stopped") from None
     finally:
-        _children.discard(child)
+        with _children_lock:
+            _children.discard(child)
     if child.returncode != 0 or _stopping:
         raise RuntimeError(f"the -O3 compile's process ended with {child.returncode}: "
                            f"{err.decode(errors='replace')[-2000:]}")
@@ -286,8 +292,10 @@ def _at_exit() -> None:
     deadline = time.monotonic() + exit_finish()
     for job in list(_pending_keys.values()):
         job.wait(max(0.0, deadline - time.monotonic()))
-    _stopping = True
-    for child in list(_children):  # a compile not finished in time: nothing of it is stored
+    with _children_lock:
+        _stopping = True
+        children = list(_children)
+    for child in children:  # a compile not finished in time: nothing of it is stored
         try:
             child.kill()
         except OSError:
