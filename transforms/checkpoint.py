@@ -317,15 +317,11 @@ def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int) -> None:
         return clone_scan(rw, f, [build.rows(x, m, t) for x in f_seqs], inits, list(range(n_stacks)), f, t - m)
 
     outer_f, rest_f, inits = _chain(forward_main, forward_rest, fv.reverse, list(fv.inits), with_rest=m != t)
-    for old, new in zip(fv.final_carries, inits):
-        rw.replace_all_uses(old, new)
     n_carries = len(fv.inits)
     outer_stacks = LoopView(outer_f).stacked_results  # the checkpoints, then the kept stacks
     checkpoints, main_stacks = outer_stacks[:n_carries], outer_stacks[n_carries:]
-    rest_stacks = LoopView(rest_f).stacked_results if rest_f is not None else None
-    for j, i in enumerate(kept):
-        rest = rest_stacks[i] if rest_stacks is not None else None
-        rw.replace_all_uses(fv.stacked_results[i], build.join(build.unsegment(main_stacks[j]), rest))
+    kept_stacks = [(fv.stacked_results[i], j, i) for j, i in enumerate(kept)]
+    _replace_results(rw, build, fv, inits, main_stacks, rest_f, kept_stacks)
     _rewrite_backward(rw, pair, s, n, checkpoints, rest_f, build.made)
     rw.erase(b)
     rw.erase(f)
@@ -343,6 +339,19 @@ def _chain(main: Callable[[list[Value]], Operation], rest: Callable[[list[Value]
         made[make] = op = make(inits)
         inits = list(LoopView(op).final_carries)
     return made[main], made.get(rest), inits
+
+
+def _replace_results(rw: Rewriter, build: _Builder, old: LoopView, finals: list[Value], main_stacks: Sequence[Value],
+                     rest_op: Operation | None, stacks: Sequence[tuple[Value, int, int]]) -> None:
+    """The old loop's results replaced: its final carries by finals; each (old stack, its index
+    among main_stacks, its index among the remainder loop's stacks) by the segments' rows
+    unsegmented, joined to the remainder's."""
+    for o, new in zip(old.final_carries, finals):
+        rw.replace_all_uses(o, new)
+    rest_stacks = LoopView(rest_op).stacked_results if rest_op is not None else None
+    for stacked, j, i in stacks:
+        rest = rest_stacks[i] if rest_stacks is not None else None
+        rw.replace_all_uses(stacked, build.join(build.unsegment(main_stacks[j]), rest))
 
 
 def _outer_forward(rw: Rewriter, f: Operation, build: _Builder, f_seqs: list[Value], inits: list[Value],
@@ -387,13 +396,8 @@ def _rewrite_backward(rw: Rewriter, pair: Pair, s: int, n: int, checkpoints: Seq
 
     outer_b, rest_b, inits = _chain(backward_main, backward_rest, bv.reverse, list(bv.inits),
                                     with_rest=rest_f is not None)
-    for old, new in zip(bv.final_carries, inits):
-        rw.replace_all_uses(old, new)
-    main_stacks = LoopView(outer_b).stacked_results
-    rest_stacks = LoopView(rest_b).stacked_results if rest_b is not None else None
-    for i, old in enumerate(bv.stacked_results):
-        rest = rest_stacks[i] if rest_stacks is not None else None
-        rw.replace_all_uses(old, build.join(build.unsegment(main_stacks[i]), rest))
+    _replace_results(rw, build, bv, inits, LoopView(outer_b).stacked_results, rest_b,
+                     [(old, i, i) for i, old in enumerate(bv.stacked_results)])
 
 
 def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: Sequence[Value], inits: list[Value],
