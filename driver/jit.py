@@ -441,10 +441,11 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
         raise GirArgumentError("gir.jit has no option " + ", ".join(sorted(jax_options)) + " (it takes entry, device, "
                                "pipeline, mode, memory_budget); a value that must stay a Python value can be bound "
                                "with functools.partial or a closure")
+    backend_named(device)  # an unknown device: a GirArgumentError naming the known ones (Python functions too)
+    if pipeline is not None and mode is not None:
+        raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
     budget = parse_bytes(memory_budget)
     if budget is not None:
-        if pipeline is not None and mode is not None:
-            raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
         if pipeline is None:
             pipeline = get_mode(mode or DEFAULT_MODE).pipeline(usable_device(device) if device in DEVICES else "cpu")
         pipeline, mode = with_memory_budget(pipeline, budget), None
@@ -453,9 +454,6 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
 
         return jit_python(source_or_module, jit, entry, device=device, pipeline=pipeline, mode=mode,
                           traced_jit=TracedJit)
-    backend_named(device)  # an unknown device: a GirArgumentError naming the known ones
-    if pipeline is not None and mode is not None:
-        raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
     device = usable_device(device)
     full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)
     if isinstance(source_or_module, Module):
@@ -505,6 +503,8 @@ def usable_device(device: str) -> str:
 
 
 def _entry(module: Module, entry: str | None) -> str:
+    if not module.functions:
+        raise GirArgumentError(f"{module.filename} defines no function", Location(module.filename, 1, 1))
     if entry is None:
         entry = list(module.functions)[-1]
     if not isinstance(entry, str):

@@ -101,3 +101,18 @@ def test_static_shape_of_a_type_with_unknown_dims_is_a_located_error() -> None:
     with pytest.raises(gir.GirTypeError, match=r"tensor<\?x3xf32> has a `\?` dim") as info:
         f.arg_types[0].static_shape_at(f.loc)
     assert info.value.loc == f.loc
+
+
+@pytest.mark.parametrize("text", ["", "// nothing\n"])
+def test_a_program_without_functions_is_a_located_error(text: str) -> None:
+    with pytest.raises(gir.GirArgumentError, match="defines no function"):
+        gir.jit(text)
+
+
+def test_a_python_function_gets_the_same_argument_checks_as_text() -> None:
+    """The device and the mode/pipeline choice are checked in gir.jit for Python functions too,
+    not at the first call (they had drifted: a mode and a pipeline were both accepted)."""
+    with pytest.raises(gir.GirArgumentError, match="a mode or a pipeline, not both"):
+        gir.jit(lambda x: x * 2.0, pipeline="ssa", mode="fast-compile")
+    with pytest.raises(gir.GirArgumentError, match="unknown device 'cuda'"):
+        gir.jit(lambda x: x * 2.0, device="cuda")

@@ -329,3 +329,24 @@ def test_libcublas_lookup_says_what_is_missing() -> None:
         return
     for name in ("cublasCreate_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2", "cublasSgemm_v2", "cublasDgemm_v2"):
         assert hasattr(lib, name), name
+
+
+def test_host_launches_count_the_results_copied_out_for_device_arguments() -> None:
+    """Device-array arguments get device arrays back: on the graph path Python issues the
+    argument copies, the graph launch and one copy out per result (`Stats.host_launches`)."""
+    from gir.backend.gpu import simcupy
+
+    text = """func @f(%x: tensor<4x3xf32>) -> (tensor<4x3xf32>, tensor<f32>) {
+  %y = tanh(%x)
+  return %y, sum(%y)
+}
+"""
+    with gir.config.override(gpu_graphs=True):
+        fn = gir.jit(text, "f", device="gpu")
+    x = simcupy.asarray(np.arange(12, dtype=np.float32).reshape(4, 3) / 10)
+    for _ in range(3):
+        y, total = fn(x)
+    s = fn.stats
+    assert s.graph == "replayed", s.graph
+    assert (s.device_arg_copies, s.result_copies, s.host_launches) == (1, 2, 4), s
+    np.testing.assert_allclose(y.get(), np.tanh(np.arange(12, dtype=np.float32).reshape(4, 3) / 10), rtol=1e-6)

@@ -68,7 +68,8 @@ class Stats:
     the other counts are the graph's work (captured once, replayed by this call), not Python
     calls: `host_launches` is what Python issued."""
     graph: str = ""
-    """The call's path: `replayed` (a CUDA graph captured at the first call), `eager: WHY`
+    """The call's path: `replayed` (a CUDA graph captured at the second call, after one eager
+    call that compiles and allocates), `eager: WHY`
     (capture refused for this function, and why), or `off` (GIR_GPU_GRAPHS=0)."""
     per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per scan (`scan forward|reverse at FILE:LINE:COL`), per time step: kernel_launches,
@@ -83,13 +84,17 @@ class Stats:
     @property
     def host_launches(self) -> int:
         """Device work issued from Python in this call: everything on the eager path; on the
-        graph path one graph launch plus the copies of device-array arguments into their buffers."""
+        graph path one graph launch plus the copies of device-array arguments into their buffers
+        and of the results out of them."""
         if not self.graph_replays:
             return self.launches
-        return self.graph_replays + self.device_arg_copies
+        return self.graph_replays + self.device_arg_copies + self.result_copies
 
     device_arg_copies: int = 0
     """Device-array arguments copied into their buffers before the graph ran (in `copies`)."""
+    result_copies: int = 0
+    """Results copied out of the arena as fresh device arrays (a call with device-array
+    arguments), issued from Python after the graph ran."""
 
 
 class GPUFunction:
@@ -119,11 +124,11 @@ class GPUFunction:
         """No second tier: the code compiled is the code that runs."""
         self.code_info: Any = None
         self.gemms: list[Any] = []
+        """GEMMs run through CuPy: no BLAS path to choose."""
         self.graphs = CallGraph(self, current().gpu_graphs)
-        """The CUDA-graph path: captured at the first call, replayed by every call (graphs.py)."""
+        """The CUDA-graph path: captured at the second call, replayed by every later call (graphs.py)."""
         self.workspace_bytes: int | None = None
         """Device memory is the device's: no per-thread workspace to report."""
-        """GEMMs run through CuPy: no BLAS path to choose."""
 
     @classmethod
     def compile(cls, function: Function, plan: MemoryPlan | None = None) -> GPUFunction:
@@ -192,7 +197,7 @@ class GPUFunction:
             self.memory.describe(), dev.name, h2d=len(arrays) - sum(on_device),
             d2h=(0 if any(on_device) else len(outs)) + c.read_backs, xp_launches=c.xp_launches,
             graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
-            device_arg_copies=sum(on_device))
+            device_arg_copies=sum(on_device), result_copies=len(outs) if any(on_device) else 0)
         return outs
 
     # -- for an executor that keeps values on the device between functions (backend/split.py) --
