@@ -5,16 +5,14 @@
     gir.interpret(module, "rnn_loss", xs, h0, wx, wh, b)
 """
 
-import difflib
 import importlib
 import sys
 import types
-from collections.abc import Iterable
 from typing import cast
 
 from .driver.jit import jit  # `gir.jit` is the function: no module of gir is named jit
 from .driver.reference import interpret
-from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError
+from .errors import GirArgumentError, GirError, GirPassError, GirSyntaxError, GirTypeError, GirVerifyError, did_you_mean
 from .frontend import EAGER_LOADERS as _EAGER_LOADERS
 from .frontend.parser import load, parse
 from .ir.core import Module
@@ -58,7 +56,7 @@ def _lazy_namespace(short: str, target: str) -> types.ModuleType:
         if name in module.__dict__:
             return module.__dict__[name]
         raise AttributeError(f"module 'gir.{short}' has no attribute '{name}'"
-                             + _did_you_mean(name, real.__all__))
+                             + did_you_mean(name, real.__all__))
 
     module.__getattr__ = load  # type: ignore[method-assign]
     module.__dir__ = lambda: sorted(cast(list[str], load("__all__")))  # type: ignore[method-assign]
@@ -69,11 +67,6 @@ def _lazy_namespace(short: str, target: str) -> types.ModuleType:
 for _short, _target in _NAMESPACES.items():
     globals()[_short] = _lazy_namespace(_short, _target)
 __all__ += list(_NAMESPACES)
-
-
-def _did_you_mean(name: str, names: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(names), n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def _load_eager_runner() -> None:
@@ -88,7 +81,7 @@ _EAGER_LOADERS.append(_load_eager_runner)
 def __getattr__(name: str) -> object:
     """`gir.scan`, `gir.PythonJit`, ...: imports the Python frontend and binds all its names."""
     if name not in _PYTHON_FRONTEND and name != "PythonJit":
-        raise AttributeError(f"module 'gir' has no attribute '{name}'" + _did_you_mean(name, __all__))
+        raise AttributeError(f"module 'gir' has no attribute '{name}'" + did_you_mean(name, __all__))
     from .driver.pyjit import PythonJit  # installs the eager runner, as importing gir used to
     from .frontend import python
 

@@ -25,6 +25,7 @@ from ...errors import Location
 from ...ir.types import FLOAT_DTYPES, INT_DTYPES
 from .numpy_api import (
     _reshape,
+    _tracer,
     _transpose,
     astype,
     concatenate,
@@ -54,15 +55,8 @@ from .numpy_api import (
 from .pytree import flatten, unflatten
 from .tracer import GirTraceError, Tracer, current_frame, dtype_of, emit1, to_value, user_location
 
-
-def _t(x: Any, loc: Location) -> Tracer:
-    """x as a traced value (an array or scalar becomes a constant)."""
-    if isinstance(x, Tracer):
-        return x
-    frame = current_frame()
-    if frame is None:
-        raise GirTraceError("expected a traced value", loc)
-    return Tracer(to_value(x, loc=loc), frame, frame.block)
+_t = _tracer
+"""x as a traced value (numpy_api's `_tracer`, short here where every function calls it)."""
 
 
 def _axis(axis: Any, rank: int, loc: Location) -> int:
