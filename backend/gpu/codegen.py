@@ -409,7 +409,7 @@ def fused_totals(block: Block, runs: dict[Operation, list[Operation]]
         red = r.spec.reduction
         if f.name != "fused" or g.name != "fused" or not f.results or not g.results or f in in_runs \
                 or g in in_runs or red is None or red.combine != "add" or not r.operands \
-                or r.operands[0] not in f.results or r.operands[0].tensor_type.dtype not in ("f32", "f64"):
+                or r.operands[0] not in f.results or not r.operands[0].tensor_type.is_float:
             continue
         x = r.operands[0]
         axes = tuple(reduction_axes(r.attrs, x.tensor_type.rank))
@@ -581,7 +581,7 @@ def _foldable(low: Lowering, op: Operation, axes: tuple[int, ...]) -> tuple[Valu
     reduction = op.spec.reduction
     x, r = op.operands[0], op.result
     users, shape = r.users, _shape(x)
-    if reduction is None or reduction.combine != "add" or x.tensor_type.dtype not in ("f32", "f64") \
+    if reduction is None or reduction.combine != "add" or not x.tensor_type.is_float \
             or len(users) != 1 or users[0].name != "fused" or users[0].parent is not op.parent \
             or list(users[0].operands).count(r) != 1 or not math.prod(shape):
         return None
