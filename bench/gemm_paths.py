@@ -37,6 +37,7 @@ os.environ.setdefault("GIR_GEMM_MEASURE", "now")  # path_times measures here, no
 import gir  # noqa: E402
 from gir.backend.cpu import (
     blas,  # noqa: E402
+    llvm_jit,  # noqa: E402, F401  (registers the `gir-packed` path's caller, which runs through LLVM)
     snapshot,  # noqa: E402
 )
 from gir.backend.cpu.schedule import plan  # noqa: E402
