@@ -269,15 +269,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         call_stats = lambda: executable.stats  # noqa: E731
         if inputs is None:
             inputs = random_inputs(executable.function, args.random if args.random is not None else 0)
-    if args.verbose and args.device == "cpu":
-        from .backend.cpu.blas import providers
-
-        prov = providers()
-        print(prov.notice or "BLAS: MKL (cblas, packed GEMM) and OpenBLAS (SciPy)", file=sys.stderr)
     results = run(*inputs)
     compiled = compile_stats() if args.verbose else None
     if compiled is not None:
         print(compiled.describe(), file=sys.stderr)
+        if args.device == "cpu":
+            print(_blas_line(compiled.gemms), file=sys.stderr)
     if args.verbose and args.device == "auto":
         _describe_split(run)
     times = []
@@ -313,6 +310,17 @@ def _describe_split(run: Any) -> None:
         stats = run.stats
         print(f"transfers executed: {stats.h2d} h2d ({stats.h2d_bytes} bytes), {stats.d2h} d2h "
               f"({stats.d2h_bytes} bytes)", file=sys.stderr)
+
+
+def _blas_line(gemms: Sequence[Any]) -> str:
+    """`-v`'s BLAS line: the providers this function's GEMMs call (not what is installed), and
+    why MKL is not among them where it is not there to choose."""
+    from .backend.cpu.blas import provider_of, providers
+
+    called = sorted({provider_of(g.path) for g in gemms})
+    notice = providers().notice
+    return (f"BLAS: the code calls {', '.join(called) if called else 'none (no matrix product)'}"
+            + (f" ({notice})" if notice else ""))
 
 
 def _wait_for_final_code() -> None:

@@ -279,3 +279,7 @@ def test_run_verbose_reports_the_compile(tmp_path: Path) -> None:
     assert "compiled @f for cpu (3x3, 3x3, scalar)" in proc.stderr and "code cache: miss" in proc.stderr
     assert "BLAS threads:" in proc.stderr and "stages: specialize" in proc.stderr
     assert re.search(rf"GEMM {re.escape(str(path))}:4:\d+: f32 3x3 @ 3x3 -> (mkl|openblas)", proc.stderr), proc.stderr
+    # the providers this function calls, not the ones installed (issue 30)
+    path_of = re.search(r"f32 3x3 @ 3x3 -> (\S+)", proc.stderr).group(1)  # type: ignore[union-attr]
+    from gir.backend.cpu.blas import provider_of
+    assert f"BLAS: the code calls {provider_of(path_of)}" in proc.stderr, proc.stderr

@@ -534,6 +534,15 @@ FAMILIES = {"mkl": ("mkl", "mkl-packed"), "openblas": ("openblas", "openblas-cop
 """A compiled function calls one provider only: MKL's and OpenBLAS's thread pools, both
 spinning on 2 cores, slowed an LSTM step 4x when a function mixed them (docs/performance.md)."""
 
+PROVIDER_NAMES = {"mkl": "MKL", "mkl-packed": "MKL (packed)", "openblas": "OpenBLAS",
+                  "openblas-copy": "OpenBLAS (weight copied to the other orientation)",
+                  "gir-packed": "gir's packed kernel"}
+
+
+def provider_of(path: str) -> str:
+    """What a GEMM path calls, in words (`gir run -v`)."""
+    return PROVIDER_NAMES.get(path, path)
+
 
 # Choosing the family and each GEMM's path from these times is the schedule step's
 # (schedule/gemms.py), on a snapshot of them (snapshot.py).
