@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,26 @@ def test_budget_fits_and_keeps_gradients() -> None:
     assert fn.stats.compile.planned_peak <= peak // 2
     (line,) = fn.stats.compile.checkpoints
     assert "scan of 40 steps: segment" in line and "recompute factor" in line and "planned peak" in line
+
+
+@pytest.mark.parametrize("fraction", [0.9, 0.75])
+def test_budget_with_room_recomputes_less(fraction: float) -> None:
+    """A budget a little under the peak: fewer segments than fit in T, the rest of the steps
+    un-checkpointed (a remainder longer than a segment), so fewer steps are recomputed than
+    with every segment that fits; still within the budget, the same gradients."""
+    src, args = rnn_case("lstm", 40)
+    base = gir.jit(src, "lstm_grads", device="interp")
+    want = base(*args)
+    peak = base.stats.compile.planned_peak
+    budget = int(peak * fraction)
+    fn = gir.jit(src, "lstm_grads", device="interp", memory_budget=budget)
+    (line,) = fn.stats.compile.checkpoints
+    m = re.search(r"segment (\d+), (\d+) checkpoints, remainder (\d+)", line)
+    assert m, line
+    segment, segments, remainder = map(int, m.groups())
+    assert segments * segment + remainder == 40 and remainder > segment and segments < 40 // segment, line
+    assert fn.stats.compile.planned_peak <= budget
+    assert max_relative(list(fn(*args)), list(want)) < 1e-10
 
 
 def test_budget_that_fits_changes_nothing_but_the_pipeline() -> None:

@@ -4,8 +4,9 @@ Terms.
 - *Pair*: a forward scan F and the backward scan B that autodiff built for it (docs/autodiff.md):
   in the same block, B after F, running the other way, the same static trip count T, and F's
   *residual stacks* (stacked results read by B's sequences and by nothing else) non-empty.
-- *Segment* S: the steps recomputed together; N = T // S segments cover the *main* steps
-  [0, M), M = N·S; the *remainder* [M, T) (T not divisible by S) runs un-checkpointed.
+- *Segment* S: the steps recomputed together; N <= T // S segments cover the *main* steps
+  [0, M), M = N·S; the *remainder* [M, T) runs un-checkpointed (its residuals kept): shorter
+  than S where N = T // S (`segment=S`), longer where the budget leaves room for it.
 - *Checkpoints*: the carries at the start of each segment, N rows per carry.
 
 The rewrite (run after `autodiff`, before the second `scan-grad`):
@@ -26,9 +27,10 @@ The rewrite (run after `autodiff`, before the second `scan-grad`):
 
 Stacks of F that something else reads, and B's own stacks, are kept whole: the outer scans
 stack them per segment and a reshape (plus a concat with the remainder's rows) gives them
-their T rows back. Residual memory falls from T·r to S·r + (T/S)·c + R·r (r: residual bytes per
-step, c: carry bytes, R < S remainder steps); the price is one more forward pass over the M
-main steps (the *recompute factor*, forward steps run / T, is 1 + M/T).
+their T rows back. Residual memory falls from T·r to max(S, R)·r + N·c (r: residual bytes per
+step, c: carry bytes, R remainder steps: the backward loop holds the remainder's residuals, then
+one segment's at a time); the price is one more forward pass over the M main steps (the
+*recompute factor*, forward steps run / T, is 1 + M/T).
 
 Why after autodiff: autodiff of a scan whose body is a scan stacks the inner residuals and
 has the outer forward stack them again (docs/autodiff.md, "Through scan"): nesting the forward
@@ -39,8 +41,9 @@ segment out of the inner backward loop: one GEMM per segment (docs/memplan.md).
 
 Options: `segment=S` rewrites every pair whose trip count exceeds S; `budget=BYTES` ("256MB",
 "1GB", or an integer) rewrites only when the function's planned peak (analysis/memory/) exceeds
-it, pair by pair, largest residuals first, with the segment length chosen by planning the
-rewritten function for candidate lengths around √T: the one that fits with the least
+it, pair by pair, largest residuals first, with the segment length and count chosen by planning
+the rewritten function for candidate lengths around √T, each with as few segments as the
+budget allows (the rest of T un-checkpointed): the choice that fits with the least
 recomputation (in whole percents of T; ties: the longest segment), else the one with the
 smallest peak.
 
@@ -297,14 +300,15 @@ def _new_loop(args: list[TensorType], names: list[str | None]) -> tuple[Block, l
 # The rewrite
 
 
-def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int) -> None:
-    """Rewrites pair into checkpointed form with segments of `segment` steps (module docstring)."""
+def checkpoint_pair(rw: Rewriter, pair: Pair, segment: int, segments: int | None = None) -> None:
+    """Rewrites pair into checkpointed form with `segments` segments of `segment` steps (all
+    that fit when None), the remaining steps un-checkpointed (module docstring)."""
     f, b = pair.forward, pair.backward
     t, s = pair.trip_count, segment
-    n = t // s
+    n = t // s if segments is None else segments
     m = n * s
     fv = LoopView(f)
-    assert 2 <= s < t and n >= 1
+    assert 2 <= s < t and 1 <= n <= t // s
     build = _Builder(rw, f)
     f_seqs = list(fv.sequences)
     n_stacks = len(fv.stacked_results)
@@ -456,42 +460,79 @@ def candidate_segments(t: int) -> list[int]:
     return sorted(s for s in found if 2 <= s < t)
 
 
-def projected_peak(function: Function, position: int | None = None, segment: int = 0) -> int | None:
+def projected_peak(function: Function, position: int | None = None, segment: int = 0,
+                   segments: int | None = None) -> int | None:
     """The planned peak of a copy of function after what the budgeted pipeline runs next
     (canonicalize, scan-grad, canonicalize: scan-grad's push-out drops stacks, so planning
     the IR as it is now would overstate both peaks), with the pair whose forward scan is the
-    op at `position` checkpointed with `segment` first, if given."""
+    op at `position` checkpointed with `segments` segments of `segment` steps first, if given."""
     copy = function.clone()
     module = Module([copy])
     if position is not None:
         pair = _pair_of(copy.body.ops[position])
         assert isinstance(pair, Pair)
-        checkpoint_pair(Rewriter(), pair, segment)
+        checkpoint_pair(Rewriter(), pair, segment, segments)
     for p in (Canonicalize(), ScanGrad(), Canonicalize()):
         p.run(module, PassStatistics())
     return planned_peak(copy)
 
 
-def choose_segment(function: Function, pair: Pair, budget: int) -> tuple[int, int | None, bool]:
-    """(segment, its planned peak, whether it fits the budget): of the candidates that fit,
-    the one recomputing the fewest steps (in whole percents of T: S = 101 recomputing 9,999
-    steps of 10,000 is no better than S = 200 recomputing all of them), then the longest
-    (fewer outer steps, larger per-segment GEMMs); else the one with the smallest peak. The
-    candidates are planned in that order of preference, so the first that fits is the answer."""
+@dataclass(frozen=True)
+class Choice:
+    """A checkpointing of one pair: `segments` segments of `segment` steps, the rest of the
+    trip count un-checkpointed; its planned peak and whether that fits the budget."""
+
+    segment: int
+    segments: int
+    peak: int | None
+    fits: bool
+
+
+def choose_segment(function: Function, pair: Pair, budget: int) -> Choice:
+    """For each candidate length S, first with every segment that fits in T (N = T // S, a
+    remainder shorter than S), then, where that plan fits the budget, with fewer segments: the
+    steps left out run un-checkpointed, their residuals kept, so the budget's slack decides how
+    many (`_fewer_segments`). Of the choices that fit, the one recomputing the fewest steps
+    (N·S in whole percents of T: S = 101 recomputing 9,999 steps of 10,000 is no better than
+    S = 200 recomputing all of them), then the longest segment (fewer outer steps, larger
+    per-segment GEMMs); else the one with the smallest peak."""
     position = function.body.ops.index(pair.forward)
     t = pair.trip_count
-    tried: list[tuple[int, int]] = []
-    for s in sorted(candidate_segments(t), key=lambda s: (round(100 * (t // s) * s / t), -s)):
-        peak = projected_peak(function, position, s)
+    per_step = max(1, residual_bytes(pair) // t)
+    fitting: list[Choice] = []
+    tried: list[Choice] = []
+    for s in candidate_segments(t):
+        peak = projected_peak(function, position, s, t // s)
         if peak is None:
             continue
-        if peak <= budget:
-            return s, peak, True
-        tried.append((s, peak))
+        if peak > budget:
+            tried.append(Choice(s, t // s, peak, False))
+            continue
+        fitting.append(_fewer_segments(function, position, Choice(s, t // s, peak, True), budget, per_step, t))
+    if fitting:
+        return min(fitting, key=lambda c: (round(100 * c.segments * c.segment / t), -c.segment))
     if not tried:
-        return 0, None, False
-    s, peak = min(tried, key=lambda sp: (sp[1], -sp[0]))
-    return s, peak, False
+        return Choice(0, 0, None, False)
+    return min(tried, key=lambda c: (c.peak or 0, -c.segment))
+
+
+def _fewer_segments(function: Function, position: int, full: Choice, budget: int, per_step: int, t: int) -> Choice:
+    """The fewest segments of full.segment steps whose plan still fits, given that full (all
+    segments) fits: while the backward loop runs the un-checkpointed rest, its residuals
+    (per_step bytes a step) are live instead of one segment's, so the slack beside full's peak
+    holds that many more steps. That guess is planned; where it does not fit, the count halves
+    its distance to full's (three plans at most)."""
+    s = full.segment
+    rest = s + (budget - (full.peak or 0)) // per_step
+    guess = max(1, -(-(t - rest) // s))
+    for _ in range(3):
+        if guess >= full.segments:
+            break
+        peak = projected_peak(function, position, s, guess)
+        if peak is not None and peak <= budget:
+            return Choice(s, guess, peak, True)
+        guess = -(-(guess + full.segments) // 2)
+    return full
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,24 +588,26 @@ class Checkpoint(Pass):
         for pair in sorted(pairs, key=residual_bytes, reverse=True):
             if peak is None or peak <= budget:
                 break
-            segment, after, fits = choose_segment(f, pair, budget)
-            if not fits and (after is None or after >= peak):  # recomputing would cost time for nothing
+            choice = choose_segment(f, pair, budget)
+            after = choice.peak
+            if not choice.fits and (after is None or after >= peak):  # recomputing would cost time for nothing
                 report.decisions.append(CheckpointDecision(
                     f.name, pair.trip_count, 0, 0, 0, peak, peak,
                     reason="no segment length lowers the planned peak"))
                 continue
-            decision = self._apply(rw, f, pair, segment, peak, after)
-            if not fits:
+            decision = self._apply(rw, f, pair, choice.segment, peak, after, choice.segments)
+            if not choice.fits:
                 decision = dataclasses_replace(decision, reason="the budget is not met even so")
             report.decisions.append(decision)
             peak = after
 
     @staticmethod
     def _apply(rw: Rewriter, f: Function, pair: Pair, segment: int, before: int | None,
-               after: int | None) -> CheckpointDecision:
+               after: int | None, segments: int | None = None) -> CheckpointDecision:
         t = pair.trip_count
         if segment < 2 or segment >= t:
             return CheckpointDecision(f.name, t, 0, 0, 0, before, before,
                                       reason=f"{t} steps, not more than one segment of {segment}")
-        checkpoint_pair(rw, pair, segment)
-        return CheckpointDecision(f.name, t, segment, t // segment, t % segment, before, after)
+        n = t // segment if segments is None else segments
+        checkpoint_pair(rw, pair, segment, n)
+        return CheckpointDecision(f.name, t, segment, n, t - n * segment, before, after)
