@@ -89,6 +89,23 @@ def _parse_megabytes(text: str | None) -> int | None:
     return int(value * 1024 * 1024)
 
 
+def _count_or_none(default: int) -> Callable[[str | None], int | None]:
+    """A positive count; `0`, `inf`, `none` or a negative number: no bound (None); a value that
+    does not parse keeps the default."""
+    def parse(text: str | None) -> int | None:
+        value = (text or "").strip().lower()
+        if not value:
+            return default
+        if value in ("inf", "none", "unbounded"):
+            return None
+        try:
+            number = int(value)
+        except ValueError:
+            return default
+        return number if number > 0 else None
+    return parse
+
+
 def _field(env: str, parse: Callable[[str | None], Any], default: Any, *, code: bool, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"env": env, "parse": parse, "code": code, "doc": doc})
 
@@ -133,6 +150,9 @@ class Options:
     lengths: bool = _field("GIR_LENGTHS", _flag(True), True, code=True,
                            doc="one compile for every sequence length: a `?` dim that only sets loop trip "
                                "counts is read at run time (0: specialised per length)")
+    max_specialisations: int | None = _field(
+        "GIR_MAX_SPECIALISATIONS", _count_or_none(64), 64, code=False,
+        doc="specialisations a gir.jit function keeps in memory, least recently used evicted (0 or inf: all)")
     cpu_adapt_threads: bool = _field("GIR_CPU_ADAPT", _flag(True), True, code=False,
                                      doc="calls go to one BLAS thread while the second core is busy (0: never)")
     cpu_shared: bool = _field("GIR_CPU_SHARED", _flag(True), True, code=False,

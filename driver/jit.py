@@ -6,7 +6,8 @@
 
 Arguments are bound and converted (driver/calling.py) and checked (count, dtype, shape, contiguity)
 before any native code runs. A signature with `?` dims is specialised per distinct argument
-shape; every specialisation is compiled once and kept in memory. Results are named
+shape; every specialisation is compiled once and kept in memory, the least recently used
+evicted past GIR_MAX_SPECIALISATIONS (driver/specialisations.py). Results are named
 (driver/results.py); how each specialisation was compiled is in `fn.stats.compile` (driver/jitstats.py).
 See `help(gir.jit)`.
 """
@@ -78,17 +79,19 @@ class JitFunction:
         self.result_names = names if names is not None else result_names(self.signature)
         """The results' names (driver/results.py), as `fn(...)._fields` gives them."""
         self._results = results_class(entry, self.result_names)
-        self._compiled: Specialisations[tuple, Executable] = Specialisations()
+        self._compiled: Specialisations[tuple, Executable] = Specialisations(self._evicted)
         """Each specialisation compiled once (the compiled function itself is safe to call
-        from several threads); `last()` is what the inspection properties show. Keyed by the
-        argument shapes; code for every length (driver/lengths.py) also by the shapes with the
-        length's dims as None (`LengthGroup.generic`), which later lengths use."""
+        from several threads), the least recently used evicted past GIR_MAX_SPECIALISATIONS;
+        `last()` is what the inspection properties show. Keyed by the argument shapes; code for
+        every length (driver/lengths.py) by the shapes with the length's dims as None
+        (`LengthGroup.generic`), which later lengths use."""
         self._every_length: dict[tuple, Any] = {}
         """Code for every length, by its key (the shapes with the length's dims as None)."""
         self._length_groups: list[LengthGroup] = []
         """The groups of `?` dims that code for every length reads at run time."""
         self._served: dict[Shapes, tuple] = {}
-        """Argument shapes -> the key of the code for every length that serves them (checked once)."""
+        """Argument shapes -> the key of the code for every length that serves them (checked
+        once; emptied past SERVED_LIMIT entries, as a process may call with ever new lengths)."""
         self._made = 0
         """Specialisations compiled or loaded (code for every length once)."""
         if all(t.is_static for t in self.signature.arg_types):
@@ -104,8 +107,30 @@ class JitFunction:
 
     @property
     def specialisations(self) -> int:
-        """How many specialisations were compiled or loaded (code for every length counts once)."""
+        """How many specialisations were compiled or loaded (code for every length counts once;
+        one evicted and made again counts again)."""
         return self._made
+
+    @property
+    def specialisations_kept(self) -> int:
+        """How many specialisations are kept in memory now (at most GIR_MAX_SPECIALISATIONS)."""
+        return len(self._compiled)
+
+    @property
+    def specialisations_evicted(self) -> int:
+        """How many specialisations were evicted (least recently used, past the bound) so far."""
+        return self._compiled.evicted
+
+    def _evicted(self, key: tuple, compiled: Executable) -> None:
+        """Drops what else refers to an evicted specialisation: it as code for every length (it
+        may be kept under the shapes of its first call and under its generic key: the first
+        eviction drops it here, the other key is then a plain entry until evicted in turn)
+        and the shapes it served. Called under the specialisations' lock."""
+        generic = [k for k, code in self._every_length.items() if code is compiled]
+        for k in generic:
+            del self._every_length[k]
+        if generic:
+            self._served = {shapes: k for shapes, k in self._served.items() if k not in generic}
 
     def _key(self, shapes: Shapes) -> tuple:
         """The key of the specialisation that runs these shapes: code for every length that
@@ -117,6 +142,8 @@ class JitFunction:
             generic = group.generic(shapes)
             compiled = self._every_length.get(generic)
             if compiled is not None and self._serves(compiled, shapes, group):
+                if len(self._served) >= SERVED_LIMIT:
+                    self._served = {}
                 self._served[shapes] = generic
                 return generic
         return shapes
@@ -149,6 +176,8 @@ class JitFunction:
         stored under the shapes with the length's dims as None), else compiled and stored."""
         if key in self._every_length:
             return self._every_length[key]
+        if any(d is None for shape in key for d in shape):  # a generic key whose code was evicted meanwhile
+            raise _Evicted
         shapes: Shapes = key
         groups = self._length_candidates(shapes)
         for group in groups:
@@ -247,7 +276,11 @@ class JitFunction:
         results as a named tuple (driver/results.py)."""
         device = _gpu_device_arrays() if self.device == "gpu" else (None, None)  # taken as they are
         arrays = check_arguments(self.signature, bind_arguments(self.signature, args, kwargs, device[0]), device[1])
-        compiled = self._compiled.get(self._key(self.specialisation_key(arrays)), self._compile)
+        shapes = self.specialisation_key(arrays)
+        try:
+            compiled = self._compiled.get(self._key(shapes), self._compile)
+        except _Evicted:  # another thread evicted the code for every length found: look again
+            compiled = self._compiled.get(self._key(shapes), self._compile)
         return self._results(*compiled.run(arrays))  # checked: the backend does not check again
 
     # -- inspection (of the specialisation this thread called last; else the last one any
@@ -295,6 +328,16 @@ class JitFunction:
         return self._current().asm
 
 
+SERVED_LIMIT = 4096
+"""Entries of `JitFunction._served` (and `TracedJit._checked`) kept at most: they are memos of a
+check, so they are emptied rather than grown without bound by a process of many lengths."""
+
+
+class _Evicted(Exception):
+    """A generic key (code for every length) whose code was evicted by another thread between
+    finding the key and asking for its code; the call looks its key up again."""
+
+
 class TracedJit(JitFunction):
     """`gir.jit` of a Python function on the CPU (driver/pyjit.py), for one argument structure
     and dtypes and every leading dim: its signature has `?` leading dims, and each
@@ -322,6 +365,15 @@ class TracedJit(JitFunction):
     def _specialised_module(self, shapes: Shapes) -> Module:
         return self._retrace(shapes)
 
+    def _evicted(self, key: tuple, compiled: Executable) -> None:
+        """As JitFunction's, and the reference trace and checks of evicted code for every length."""
+        generic = [k for k, code in self._every_length.items() if code is compiled]
+        super()._evicted(key, compiled)
+        for k in generic:
+            self._references.pop(k, None)
+        if generic:
+            self._checked = {k: v for k, v in self._checked.items() if k[0] not in generic}
+
     def _module_for(self, shapes: Shapes) -> Module:
         return self._retrace(shapes)
 
@@ -334,6 +386,8 @@ class TracedJit(JitFunction):
             return False
         key = (group.generic(shapes), t)
         if key not in self._checked:
+            if len(self._checked) >= SERVED_LIMIT:
+                self._checked = {}
             self._checked[key] = self._conforms(shapes, group, t)
         return self._checked[key]
 
@@ -410,7 +464,9 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
     `?` dims: a signature such as `tensor<?x?x256xf32>` is compiled once per distinct
     argument shape, on first use, and kept: the module is specialised on the shapes
     (ir/specialize.py re-infers every type through loops, calls and `grad`), then the
-    pipeline runs on static shapes. A static signature is compiled here, at once.
+    pipeline runs on static shapes. A static signature is compiled here, at once. At most
+    GIR_MAX_SPECIALISATIONS (64) are kept, the least recently used evicted (and compiled or
+    loaded again if called again): `fn.specialisations_kept`, `fn.specialisations_evicted`.
 
     Results: a tuple subclass (namedtuple) named after the `return` operands: `return %loss,
     %dwx` gives `.loss` and `.dwx`; an unnamed, duplicate or unusable name is `out<i>`. It

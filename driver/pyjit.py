@@ -66,7 +66,13 @@ class PythonJit:
         self.pipeline = pipeline
         self.options = options
         self._compile_module = compile_module
-        self._compiled: Specialisations[Key, tuple[Traced, Any]] = Specialisations()
+        self._compiled: Specialisations[Key, tuple[Traced, Any]] = Specialisations(self._evicted)
+        """Per key, the trace and its `gir.jit` function (itself keeping its specialisations:
+        one, or on the CPU one per length group and other leading dims), the least recently
+        used evicted past GIR_MAX_SPECIALISATIONS."""
+        self._gone = (0, 0)
+        """(made, evicted) specialisations of the inner functions evicted since, which
+        `specialisations` and `specialisations_evicted` still count."""
         self._relax = traced_jit is not None and device == "cpu" and current().lengths
         """One TracedJit for every leading dim (GIR_LENGTHS), decided once: the environment is
         read per gir.jit, not per call (~20 us of a ~80 us call of a small function)."""
@@ -118,8 +124,25 @@ class PythonJit:
 
     @property
     def specialisations(self) -> int:
-        """Specialisations compiled (code for every length counts once)."""
-        return sum(c.specialisations for _, c in self._compiled.values())
+        """Specialisations compiled (code for every length counts once; one evicted and made
+        again counts again)."""
+        return self._gone[0] + sum(c.specialisations for _, c in self._compiled.values())
+
+    @property
+    def specialisations_kept(self) -> int:
+        """Specialisations kept in memory now (each key's, at most GIR_MAX_SPECIALISATIONS keys)."""
+        return sum(c.specialisations_kept for _, c in self._compiled.values())
+
+    @property
+    def specialisations_evicted(self) -> int:
+        """Specialisations evicted so far, within a key's function or with it."""
+        return self._gone[1] + sum(c.specialisations_evicted for _, c in self._compiled.values())
+
+    def _evicted(self, key: Key, value: tuple[Traced, Any]) -> None:
+        inner = value[1]
+        made, evicted = self._gone
+        gone = inner.specialisations_kept + inner.specialisations_evicted
+        self._gone = (made + inner.specialisations, evicted + gone)
 
     def _last(self) -> tuple[Traced, Any]:
         found = self._compiled.last()

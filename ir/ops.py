@@ -144,9 +144,11 @@ def _copy_attr(value: Any) -> Any:
 _INFERRED: dict[tuple, tuple[list[Type], bool]] = {}
 """Result types, and whether the rule read `declared`, by everything a type rule of an op
 without regions sees (`_infer_key`)."""
-_INFERRED_LIMIT = 1 << 16
-"""Entries kept at most: a program has few distinct (kind, types, attributes) combinations,
-so the memo stops growing, rather than evicting, past this many."""
+_INFERRED_LIMIT = 1 << 14
+"""Entries kept at most (about 0.5 KB each): a program has few distinct (kind, types,
+attributes) combinations, but a process compiling many shapes adds about ten per shape of a
+small function, so the memo starts again when full (issue 31: it had stopped growing at 65,536
+entries, about 32 MB, and then memoized nothing new)."""
 _ATTR_LIST_LIMIT = 64
 """Attributes holding longer lists (a list literal) are not memoized: the key would cost what
 the rule does."""
@@ -176,7 +178,9 @@ def infer_types_noting(spec: OpSpec, types: list[Type], attrs: dict[str, Any], d
             return list(hit[0]), hit[1]
     ctx = InferContext(spec, types, attrs, declared, regions, segments)
     inferred = spec.infer(ctx)
-    if key is not None and len(_INFERRED) < _INFERRED_LIMIT:
+    if key is not None:
+        if len(_INFERRED) >= _INFERRED_LIMIT:
+            _INFERRED.clear()
         _INFERRED[key] = (list(inferred), ctx.read_declared)
     return inferred, ctx.read_declared
 

@@ -168,11 +168,19 @@ def _lowered(function: Function, plan: MemoryPlan | None, switches: tuple,
     return str(module), layout
 
 
+def parse_own(llvm_ir: str) -> llvm.ModuleRef:
+    """llvm_ir parsed into an LLVM context of its own, freed with the module. In LLVM's global
+    context every compile left its uniqued constants, types and names behind for the life of
+    the process (about 3 KB per compile of a small function: each shape has constants of its
+    own; docs/reliability.md)."""
+    return llvm.parse_assembly(llvm_ir, context=llvm.create_context())
+
+
 def _llvm_compile(llvm_ir: str, layout: Layout, opt: int, lower: float) -> Code:
-    """Parses, optimises (opt -1: the quick tier) and emits llvm_ir (LLVM's global context)."""
+    """Parses, optimises (opt -1: the quick tier) and emits llvm_ir (a context of its own)."""
     t1 = time.perf_counter()
     with timing.phase("LLVM: parse and verify"):
-        mod = llvm.parse_assembly(llvm_ir)
+        mod = parse_own(llvm_ir)
         mod.verify()
     t2, c2 = time.perf_counter(), time.thread_time()
     with timing.phase(f"LLVM: optimise (-O{opt})" if opt >= 0 else "LLVM: optimise (quick tier)"):
@@ -209,10 +217,10 @@ def _final_code(llvm_ir: str, layout: Layout, key: str, root: str | None) -> Cod
 
 def _compile_here(llvm_ir: str, opt: int) -> tuple[str, bytes, dict[str, float]]:
     """-O<opt> of llvm_ir in this process, where no process could be started for it: a target
-    machine of its own, LLVM's global context (llvmlite's lock: other compiles wait meanwhile)."""
+    machine and an LLVM context of its own (llvmlite's lock: other compiles wait meanwhile)."""
     tm = new_target_machine(opt)
     c0 = time.thread_time()
-    mod = llvm.parse_assembly(llvm_ir)
+    mod = parse_own(llvm_ir)
     mod.verify()
     c1 = time.thread_time()
     optimize(mod, opt, tm)
@@ -226,7 +234,10 @@ def _compile_here(llvm_ir: str, opt: int) -> tuple[str, bytes, dict[str, float]]
 
 def load_object(code: Code) -> tuple[Any, Any, Any]:
     """Links code's object into this process with LLVM's JIT linker: (engine, gir_main, gir_worker
-    or None); the engine owns the code, so it lives as long as a call holds it."""
+    or None); the engine owns the code, so it lives as long as a call holds it. Its module is
+    empty and in the global context: it uniques nothing there, and a context of its own would
+    be freed before the engine's module (llvmlite drops an engine's modules, and with them their
+    contexts, before disposing of the engine)."""
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
     engine.add_object_file(llvm.ObjectFileRef.from_data(code.obj))
     engine.finalize_object()
@@ -237,7 +248,7 @@ def load_object(code: Code) -> tuple[Any, Any, Any]:
 def assembly(code: Code) -> str:
     """The host assembly of code's optimised LLVM IR (as costly as compiling it)."""
     opt = tiers.QUICK_CODEGEN if code.info.tier == "quick" else code.info.opt_level
-    return _target_machine(opt).emit_assembly(llvm.parse_assembly(code.optimized_ir))
+    return _target_machine(opt).emit_assembly(parse_own(code.optimized_ir))
 
 
 def packed_caller(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool,
