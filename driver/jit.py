@@ -113,8 +113,9 @@ class JitFunction:
 
     @property
     def specialisations_kept(self) -> int:
-        """How many specialisations are kept in memory now (at most GIR_MAX_SPECIALISATIONS)."""
-        return len(self._compiled)
+        """How many specialisations are kept in memory now (at most GIR_MAX_SPECIALISATIONS; code
+        for every length, kept under two keys once a second length called it, counts once)."""
+        return self._compiled.distinct()
 
     @property
     def specialisations_evicted(self) -> int:
@@ -122,15 +123,23 @@ class JitFunction:
         return self._compiled.evicted
 
     def _evicted(self, key: tuple, compiled: Executable) -> None:
-        """Drops what else refers to an evicted specialisation: it as code for every length (it
-        may be kept under the shapes of its first call and under its generic key: the first
-        eviction drops it here, the other key is then a plain entry until evicted in turn)
-        and the shapes it served. Called under the specialisations' lock."""
-        generic = [k for k, code in self._every_length.items() if code is compiled]
+        """Drops what else refers to an evicted specialisation: it as code for every length, and
+        the shapes it served, unless it is still kept under its other key (code for every length
+        is kept under the shapes of its first call and, once another length called it, under its
+        generic key: the first call's key, used once, is evicted first while the code is hot).
+        Called under the specialisations' lock."""
+        generic = self._generic_keys_of(compiled)
         for k in generic:
             del self._every_length[k]
         if generic:
             self._served = {shapes: k for shapes, k in self._served.items() if k not in generic}
+
+    def _generic_keys_of(self, compiled: Executable) -> list[tuple]:
+        """The generic keys under which compiled is code for every length, where no key of the
+        specialisations holds it any more."""
+        if self._compiled.holds(compiled):
+            return []
+        return [k for k, code in self._every_length.items() if code is compiled]
 
     def _key(self, shapes: Shapes) -> tuple:
         """The key of the specialisation that runs these shapes: code for every length that
@@ -367,7 +376,7 @@ class TracedJit(JitFunction):
 
     def _evicted(self, key: tuple, compiled: Executable) -> None:
         """As JitFunction's, and the reference trace and checks of evicted code for every length."""
-        generic = [k for k, code in self._every_length.items() if code is compiled]
+        generic = self._generic_keys_of(compiled)
         super()._evicted(key, compiled)
         for k in generic:
             self._references.pop(k, None)

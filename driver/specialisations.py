@@ -83,6 +83,15 @@ class Specialisations(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._found)
 
+    def holds(self, value: V) -> bool:
+        """Whether value is kept under some key (one value may be kept under two: code for every
+        length under the shapes of its first call and under its generic key)."""
+        return any(v is value for v in list(self._found.values()))
+
+    def distinct(self) -> int:
+        """How many distinct values are kept."""
+        return len({id(v) for v in list(self._found.values())})
+
     def values(self) -> list[V]:
         """Every specialisation kept, in the order they were made."""
         return list(self._found.values())
