@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import glob
 import json
 import math
 import os
@@ -63,9 +62,9 @@ class Providers:
 def _find_mkl() -> str | None:
     for prefix in {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(sys.executable))}:
         for lib in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"):
-            hits = glob.glob(os.path.join(prefix, "lib", lib))
-            if hits:
-                return hits[0]
+            path = os.path.join(prefix, "lib", lib)
+            if os.path.lexists(path):  # what glob.glob of a name without wildcards did
+                return path
     return None
 
 
@@ -159,26 +158,31 @@ class OpenBLAS:
         return os.path.basename(self.path)
 
 
-def _site_lib(package: str, folder: str, pattern: str) -> str | None:
-    """The one `pattern` library in `folder` beside `package` (found without importing it)."""
+def _site_lib(package: str, folder: str, prefix: str) -> str | None:
+    """The one library `<prefix>*.so*` in `folder` beside `package` (found without importing
+    it; matched by hand: glob's patterns cost a cache hit the `re` compiles of fnmatch)."""
     import importlib.util
 
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    site = os.path.dirname(list(spec.submodule_search_locations)[0])
-    hits = sorted(glob.glob(os.path.join(site, folder, pattern)))
-    return hits[0] if len(hits) == 1 else None
+    where = os.path.join(os.path.dirname(list(spec.submodule_search_locations)[0]), folder)
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return None
+    hits = [n for n in names if n.startswith(prefix) and ".so" in n[len(prefix):]]
+    return os.path.join(where, hits[0]) if len(hits) == 1 else None
 
 
 def _numpy_openblas() -> OpenBLAS | None:
-    path = _site_lib("numpy", "numpy.libs", "libscipy_openblas64_*.so*")
+    path = _site_lib("numpy", "numpy.libs", "libscipy_openblas64_")
     return OpenBLAS(path, "scipy_", "_64_", 64) if path else None
 
 
 def _scipy_openblas() -> OpenBLAS | None:
-    path = _site_lib("scipy", "scipy.libs", "libscipy_openblas-*.so*") or \
-        _site_lib("scipy", "scipy.libs", "libscipy_openblas*.so*")
+    path = _site_lib("scipy", "scipy.libs", "libscipy_openblas-") or \
+        _site_lib("scipy", "scipy.libs", "libscipy_openblas")
     return OpenBLAS(path, "scipy_", "_", 32) if path and "openblas64" not in path else None
 
 
