@@ -203,9 +203,11 @@ class CPUFunction:
             tiers.submit(job)
 
     def after_first_call(self, callback: Callable[[], object]) -> None:
-        """Runs callback() once the first call's native code has returned, on the calling thread
-        (background work that would compete with the first result, or load MKL before it, is
-        started there: compile_cache.better_code_if_measured)."""
+        """Runs callback() once the next call's native code has returned (the first call, for
+        code just loaded), on the calling thread: background work that would compete with the
+        first result, or load MKL before it, is started there
+        (compile_cache.better_code_if_measured). An exception it raises is kept in
+        `final_error`, never raised out of the call."""
         with self._after_call_lock:
             self._after_call.append(callback)
 
@@ -213,7 +215,10 @@ class CPUFunction:
         with self._after_call_lock:
             callbacks, self._after_call = self._after_call, []
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception as e:  # noqa: BLE001 - queueing better code never fails the call that ran
+                self.final_error = e
 
     @property
     def preparing(self) -> str:
