@@ -195,8 +195,9 @@ def max_relative_diff(a: str, b: str) -> float:
 def child(argv: list[str], timeout: float) -> dict:
     r = subprocess.run([sys.executable, __file__, "--child", json.dumps(argv)], capture_output=True, text=True,
                        timeout=timeout)
-    if r.returncode != 0:
-        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+    if r.returncode != 0:  # a GirError's message line, not its source line or caret after it
+        lines = r.stderr.strip().splitlines() or ["failed"]
+        return {"error": next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1])}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
