@@ -99,3 +99,30 @@ def test_tagger_training_steps_equal_optax() -> None:
         assert abs(float(loss) - float(j_loss)) <= 1e-12 * abs(float(j_loss))
     for a, b in zip(gir.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(jp)):
         assert max_rel(a, b) < 1e-10
+
+
+def test_charlm_loss_and_gradients_equal_jax() -> None:
+    """examples/train_charlm.py's loss (a GRU language model: embedding gather, scan, flat
+    target indexing, logsumexp), its own source under JAX, in float64."""
+    spec = importlib.util.spec_from_file_location("train_charlm_vs_jax", EXAMPLE.parent / "train_charlm.py")
+    assert spec is not None and spec.loader is not None
+    charlm = importlib.util.module_from_spec(spec)
+    sys.modules["train_charlm_vs_jax"] = charlm
+    spec.loader.exec_module(charlm)
+    shim = types.SimpleNamespace(sigmoid=jax.nn.sigmoid, tanh=jnp.tanh, scan=jax.lax.scan, mean=jnp.mean,
+                                 logsumexp=jax.scipy.special.logsumexp)
+    scope = {**charlm.__dict__, "gir": shim}
+    scope["gru_cell"] = under_jax(charlm.gru_cell, scope)
+    j_loss_fn = under_jax(charlm.loss, scope)
+    rng = np.random.default_rng(11)
+    V, E, H, T, B = 7, 5, 6, 8, 3
+    p = {k: v.astype(np.float64) for k, v in charlm.init(V, E, H, rng).items()}
+    inputs = rng.integers(0, V, (T, B)).astype(np.int32)
+    targets = charlm.flat_targets(rng.integers(0, V, (T, B)).astype(np.int32), V)
+    h0 = np.zeros((B, H))
+    value, grads = gir.jit(gir.value_and_grad(charlm.loss), device="cpu")(p, inputs, targets, h0)
+    j_value, j_grads = jax.jit(jax.value_and_grad(j_loss_fn))(p, inputs, targets, h0)
+    assert abs(float(value) - float(j_value)) <= 1e-12 * abs(float(j_value))
+    assert sorted(grads) == sorted(j_grads)
+    for name in grads:
+        assert max_rel(grads[name], j_grads[name]) < 1e-10, name
