@@ -365,6 +365,23 @@ def test_a_hit_whose_code_calls_no_mkl_loads_no_mkl(own_cache: Path, monkeypatch
     np.testing.assert_array_equal(np.array(got["out"], np.float32), want)
 
 
+def test_work_queued_after_the_first_call_runs_once_and_never_fails_the_call() -> None:
+    fn = gir.jit(SOURCE, "f")
+    want = fn(*_args())[0]
+    compiled = fn.compiled
+    ran: list[int] = []
+
+    def refused() -> None:
+        raise RuntimeError("the queue refused the job")
+
+    compiled.after_first_call(refused)
+    compiled.after_first_call(lambda: ran.append(1))
+    np.testing.assert_array_equal(fn(*_args())[0], want)
+    assert ran == [1] and isinstance(compiled.final_error, RuntimeError)
+    fn(*_args())
+    assert ran == [1]
+
+
 FAILING_PIPELINE = "ssa,canonicalize,test-crash-on-mul"
 
 
