@@ -211,9 +211,10 @@ def better_code_for(key: str, compiled: CPUFunction, make: Callable[[], Code]) -
 
 def better_code_if_measured(key: str, compiled: CPUFunction, make: Callable[[], Code]) -> None:
     """For final code whose GEMM paths or two-core schedule came from the model: whether they
-    are measured now (`Code.stale`) loads MKL (~6 ms) and reads the times files, so it is asked
-    on the background thread, queued once the first call has returned (a hit's first result
-    never waits for it, and code calling no MKL path has not loaded MKL by then). Measured: that
+    are measured now (`Code.stale`) loads and starts MKL (`machine_key` asks its version,
+    `threads` its thread count) and reads the times files, so it is asked on the background
+    thread, queued once the first call has returned (a hit's first result never waits for it,
+    and code calling no MKL path has not loaded MKL by then). Measured: that
     job makes the better code, swapped in and stored as `better_code_for` does; not yet: it ends
     without code and the entry stays (a later process asks again). The job is made now, under
     this lookup's options and cache folder."""

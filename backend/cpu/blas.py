@@ -79,7 +79,7 @@ def _capsule_pointer(capsule: object) -> int:
 def mkl_found() -> bool:
     """Whether MKL is there to be used (GIR_NO_MKL unset, `libmkl_rt` found), known from the
     file system without loading it: the cache keys ask this (`target_key`), so a compile-cache
-    hit whose code calls no MKL path never loads MKL (~6 ms). It differs from
+    hit whose code calls no MKL path never loads MKL. It differs from
     `providers().has_mkl` only where the library is found but cannot be loaded."""
     return not current().no_mkl and _mkl_path() is not None
 

@@ -22,8 +22,8 @@ schedule's."""
 
 MKL_SLOTS = frozenset(slot for slot in SLOTS if slot.startswith("mkl_"))
 """The slots whose addresses come from MKL: 0 until code calling one of them is loaded
-(`check`), so a process whose code calls only OpenBLAS never loads MKL (~6 ms of a
-compile-cache hit in a new process)."""
+(`check`), so a process whose code calls only OpenBLAS never loads MKL (a compile-cache hit in a
+new process asked it in the key and in `Code.stale`: docs/performance.md, "The hit path by counts")."""
 
 _mkl_lock = threading.Lock()
 _mkl_filled = False
