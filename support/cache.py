@@ -421,6 +421,7 @@ def _read_estimate(root: str | None) -> tuple[int | None, int] | None:
     total, stores = parsed.get("bytes"), parsed.get("stores")
     if not _count(stores) or not (total is None or _count(total)):
         return None
+    assert isinstance(stores, int) and (total is None or isinstance(total, int))  # _count's checks, for mypy
     return total, stores
 
 
