@@ -52,6 +52,7 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
+from .aliasing import carry_ends, returned_only, sequence_layout
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .graphs import gemm_call
@@ -141,6 +142,13 @@ class Lowering:
     folded: dict[Value, tuple[Value, ReductionRead]] = field(default_factory=dict)
     """Reduction results no step makes: the one fused kernel reading each computes it from the
     reduction's operand (value -> (that operand, how to reduce it): lower_reduce)."""
+    sequence_rows: dict[Value, tuple[Value, InputLayout]] = field(default_factory=dict)
+    """Slices no step makes that scans walk as sequences (aliasing.sequence_layout): slice ->
+    (its source, the layout of its element in the source's row t): the body's kernels read
+    that row in place."""
+    returned_views: dict[Value, tuple[Value, tuple]] = field(default_factory=dict)
+    """Slices read only by `return`, left strided views (aliasing.returned_only): slice -> (its
+    source, the box): a download reads the source once for all its slices."""
     owned: set[Value] = field(default_factory=set)
     """Values moved out of the arena (own_storage)."""
     redirectable: set[Value] = field(default_factory=set)
@@ -726,6 +734,18 @@ def lower_slice(low: Lowering, op: Operation) -> Run | None:
             env[r] = env[x][box]
 
         return view
+    rows = sequence_layout(op) if not low.memory.is_view(r, op) and x in low.redirectable else None
+    if rows is not None or (returned_only(op) and x in low.redirectable and not low.memory.is_view(r, op)):
+        if rows is not None:
+            low.sequence_rows[r] = (x, rows)
+        else:
+            low.returned_views[r] = (x, box)
+        low.own_storage(x)  # read later than the plan knows (aliasing.py)
+
+        def strided(env: Env) -> None:
+            env[r] = env[x][box]
+
+        return strided
     return _view_or_copy(low, op, lambda a: a[box])
 
 
@@ -957,6 +977,10 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     for c in loop.carries:
         low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
         final_storage.append(low.storage(c.result))
+    rows_of = {k: low.sequence_rows[s] for k, s in enumerate(seqs) if s in low.sequence_rows}
+    for k, (_, layout) in rows_of.items():  # read by the body's kernels in row t of the source
+        low.absorbed[seq_args[k]] = (seq_args[k], layout)
+    walked = [rows_of[k][0] if k in rows_of else s for k, s in enumerate(seqs)]
     body_steps, _ = low.block(loop.body)  # lowered first: `redirectable` then knows the body
     place = place_scan(low, loop)
     buffers = {j: (low.memory.own(c.shape, c.dtype), low.memory.own(c.shape, c.dtype))
@@ -974,15 +998,20 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
     label = f"scan {'reverse' if loop.reverse else 'forward'} at {op.loc}"
     copy_carries = _carry_copier(low, carries, place.copied_carries, yielded_carries)
+    ends = carry_ends(low, loop, place, buffers, hidden, stacks)
+    final_storage = [ends.left_in.get(j, f) for j, f in enumerate(final_storage)]
 
     def run(env: Env) -> None:
-        for init, arg, buffer in zip(inits, carry_args, first):
+        for j, (init, arg, buffer) in enumerate(zip(inits, carry_args, first)):
+            if j in ends.read_in_place:
+                env[arg] = env[init]
+                continue
             if not low.same_memory(env[init], buffer):
                 low.copy(buffer, env[init])
             env[arg] = buffer
         before = low.counters.snapshot()  # per step: the loop alone, not the carries in and out
         for i, t in enumerate(order):
-            for arg, seq in zip(seq_args, seqs):
+            for arg, seq in zip(seq_args, walked):
                 env[arg] = env[seq][t]
             for k, v in place.in_stack.items():
                 env[v] = stacks[k][t]
@@ -999,8 +1028,8 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
             for j in (*buffers, *hidden):
                 env[carry_args[j]] = env[yielded_carries[j]]
         low.counters.record_steps(label, before, steps)
-        for arg, final in zip(carry_args, final_storage):
-            if not low.same_memory(env[arg], final):
+        for j, (arg, final) in enumerate(zip(carry_args, final_storage)):
+            if j not in ends.unread and not low.same_memory(env[arg], final):
                 low.copy(final, env[arg])
 
     return run

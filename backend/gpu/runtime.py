@@ -94,7 +94,8 @@ class Stats:
     """Device-array arguments copied into their buffers before the graph ran (in `copies`)."""
     result_copies: int = 0
     """Results copied out of the arena as fresh device arrays (a call with device-array
-    arguments), issued from Python after the graph ran."""
+    arguments; else strided results made contiguous for their download), issued from Python
+    after the graph ran."""
 
 
 class GPUFunction:
@@ -188,17 +189,35 @@ class GPUFunction:
                 dev.upload(buffer, a)
         results = self.graphs.run()
         c = self.lowering.counters
+        copies_before, downloads = c.copies, 0
         if any(on_device):
             outs = [self.lowering.duplicate(r) for r in results]  # the arena is reused by the next call
         else:
-            outs = [dev.download(r) for r in results]
+            outs, downloads = self._download(results)
         self._local.stats = self._last_stats = Stats(
             c.kernel_launches, c.gemm_calls, c.copies + sum(on_device), time.perf_counter() - start,
             self.memory.describe(), dev.name, h2d=len(arrays) - sum(on_device),
-            d2h=(0 if any(on_device) else len(outs)) + c.read_backs, xp_launches=c.xp_launches,
+            d2h=(0 if any(on_device) else downloads) + c.read_backs, xp_launches=c.xp_launches,
             graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
-            device_arg_copies=sum(on_device), result_copies=len(outs) if any(on_device) else 0)
+            device_arg_copies=sum(on_device), result_copies=c.copies - copies_before)
         return outs
+
+    def _download(self, results: list[Any]) -> tuple[list[np.ndarray], int]:
+        """The results as new NumPy arrays. A returned slice (a strided view: aliasing.py) is cut
+        on the host from its source, downloaded once for all its slices, so that no device copy
+        makes it contiguous first. Also says how many downloads that took."""
+        views = self.lowering.returned_views
+        sources: dict[Any, np.ndarray] = {}
+        outs = []
+        for v, r in zip(self.results, results):
+            if v not in views:
+                outs.append(self.dev.download(r))
+                continue
+            x, box = views[v]
+            if x not in sources:
+                sources[x] = self.dev.download(self.lowering.static[x])
+            outs.append(np.array(sources[x][box], order="C"))  # its own memory, as other results
+        return outs, len(results) - len([v for v in self.results if v in views]) + len(sources)
 
     # -- for an executor that keeps values on the device between functions (backend/split.py) --
     @property

@@ -1,0 +1,120 @@
+"""Copies a call makes outside its loops, avoided by aliasing (docs/gpu.md, *Copies outside
+the loops*): where a value is read or left where it already is instead of being copied between
+buffers. Each decision is made once, when lowering; codegen.py asks for it.
+
+Terms.
+- *Carry ends* (`CarryEnds`): a scan's initial carries and final carries. An initial carry that
+  is a function argument or a constant (memory nobody writes during a call) is *read in place*
+  by the first step instead of copied into the carry's buffer, where the step writes its next
+  value elsewhere anyway (a double-buffered carry, or one taken from a stack row); a final
+  carry that nothing reads is not copied out; a final carry left by the last step in memory of
+  the loop's own (one of its two double buffers, a row of a stack outside the arena) *lives
+  there*: the scan result is that array, no copy.
+- *Returned slices*: a slice read only by `return` is a strided view of its source (which then
+  leaves the arena: the plan thought it dead at the slice); the copy that hands the result out
+  (a download, or the fresh device array of a call with device arrays) is the only one.
+- *Sequence slices*: a slice of a kernel or GEMM result (the column block of `%xs @ [w_i w_f
+  ...]` for one gate) that a scan only walks as a sequence, its element read only by kernels:
+  no copy; the step's kernels read row t of the source through the slice's strides (an
+  absorbed element, as codegen's absorbed slices).
+
+Known gaps: a final carry taken from a stack row in the arena is still copied (the plan may
+reuse the stack's slot before the final carry's last reader); initial carries computed in the
+function (not arguments or constants) and carries copied at the yield are still copied in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...ir.core import Operation, Value
+from ...ir.loops import LoopView
+from .kernels import InputLayout
+
+if TYPE_CHECKING:
+    from .codegen import Lowering, ScanPlacement
+
+
+@dataclass(frozen=True)
+class CarryEnds:
+    """Per carry j of a scan: how its initial value gets in and its final value out."""
+
+    read_in_place: frozenset[int]
+    """Initial carries the first step reads where they are (an argument's or constant's
+    buffer): no copy in."""
+    unread: frozenset[int]
+    """Final carries nothing reads: no copy out."""
+    left_in: dict[int, Any]
+    """Final carries whose scan result is the array the last step wrote them into: no copy out."""
+
+
+def carry_ends(low: Lowering, loop: LoopView, place: ScanPlacement, buffers: dict[int, tuple[Any, Any]],
+               hidden: dict[int, Any], stacks: list[Any]) -> CarryEnds:
+    """Decides CarryEnds for loop (lowered: place, its double buffers, its shifted rows and its
+    stacks known), and moves each final carry left in place out of the arena to that array."""
+    steps = loop.trip_count or 0
+    # Both kinds write the step's next value away from the carry's argument: the first step
+    # may read an argument or constant there, which no step then overwrites.
+    moved = {j for j in (*place.double_buffered, *place.carry_from_stack) if j not in place.shifted}
+    read_in_place = frozenset(j for j in moved if _unwritten(low, loop.inits[j]))
+    unread = frozenset(j for j, c in enumerate(loop.carries) if not c.result.users)
+    left_in: dict[int, Any] = {}
+    last = 0 if loop.reverse else steps - 1
+    for j in range(len(loop.carries)):
+        if not steps or j in unread:
+            continue  # with no step the final carry is the initial one: copied as before
+        if j in buffers:
+            left_in[j] = buffers[j][steps % 2]  # step i writes buffer (i + 1) % 2
+        elif j in hidden:
+            left_in[j] = hidden[j][last]
+        elif j in place.shifted and place.shifted[j][1] is not None:
+            left_in[j] = stacks[place.shifted[j][1]][last]  # the shifted buffer: outside the arena
+    for j, array in left_in.items():
+        r = loop.carries[j].result
+        low.static[r] = low.memory.move_out(r, array)
+    return CarryEnds(read_in_place, unread, left_in)
+
+
+def _unwritten(low: Lowering, v: Value) -> bool:
+    """Whether v's device array is written by no step of a call: an argument's buffer (the plan
+    never places arguments) or a constant's (uploaded when compiling)."""
+    made_by = v.defining_op
+    return v in low.function.args or (made_by is not None and made_by.spec.category == "constant"
+                                      and v in low.static)
+
+
+def returned_only(op: Operation) -> bool:
+    """Whether op's result is read only by its function's `return`."""
+    users = op.result.users
+    return bool(users) and all(u.spec.terminator and u.parent_op is None for u in users)
+
+
+def sequence_layout(op: Operation) -> InputLayout | None:
+    """For a slice op whose result only scans walk as a sequence (element t read only by
+    kernels) and which keeps every row of its source: where element t's elements sit in row t
+    of the source (`Lowering.sequence_rows`). None otherwise."""
+    x, r = op.operands[0], op.result
+    starts, limits = op.attrs["starts"], op.attrs["limits"]
+    steps = op.attrs["steps"] or [1] * len(starts)
+    shape = [int(d) for d in x.tensor_type.shape]  # type: ignore[union-attr]
+    if len(shape) < 2 or (starts[0], limits[0], steps[0]) != (0, shape[0], 1) or not r.users:
+        return None
+    for scan in r.users:
+        if scan.name != "scan":
+            return None
+        loop = LoopView(scan)
+        if r in loop.inits or any(not _read_by_kernels(a) for s, a in zip(loop.sequences, loop.element_args)
+                                  if s is r):
+            return None
+    row = [math.prod(shape[i + 1:]) for i in range(1, len(shape))]
+    return InputLayout(sum(s * e for s, e in zip(starts[1:], row)), tuple(e * k for e, k in zip(row, steps[1:])))
+
+
+def _read_by_kernels(v: Value) -> bool:
+    """Whether every reader of v is a generated kernel that takes an input layout."""
+    return bool(v.users) and all(u.name == "fused" or u.spec.is_elementwise for u in v.users)
+
+
+__all__ = ["CarryEnds", "carry_ends", "returned_only", "sequence_layout"]
