@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...ir.core import Operation, Value
 from ...ir.loops import LoopView
+from ...ir.ops import norm_axis
 from .kernels import InputLayout
 
 if TYPE_CHECKING:
@@ -51,9 +52,18 @@ class CarryEnds:
 
 
 def carry_ends(low: Lowering, loop: LoopView, place: ScanPlacement, buffers: dict[int, tuple[Any, Any]],
-               hidden: dict[int, Any], stacks: list[Any]) -> CarryEnds:
-    """Decides CarryEnds for loop (lowered: place, its double buffers, its shifted rows and its
-    stacks known), and moves each final carry left in place out of the arena to that array."""
+               hidden: dict[int, Any], stacks: list[Any], first: list[Any]) -> CarryEnds:
+    """Decides CarryEnds for loop (lowered: place, its double buffers, its shifted rows, its
+    stacks and the arrays the first step reads its carries from known), moves each final
+    carry left in place out of the arena to that array, and makes the buffer of an argument
+    that is the initial value of a shifted carry that carry's first row (the call's upload
+    writes it there: `stack (%h)` of a BPTT forward needs h0 as its row; no step writes that
+    row, so the argument's other readers read it there)."""
+    packed = {a for pack in low.packs for a in pack.args}
+    for j in place.shifted:
+        init = loop.inits[j]
+        if loop.op.parent_op is None and init in low.function.args and init not in packed:
+            low.static[init] = first[j]
     steps = loop.trip_count or 0
     # Both kinds write the step's next value away from the carry's argument: the first step
     # may read an argument or constant there, which no step then overwrites.
@@ -117,4 +127,60 @@ def _read_by_kernels(v: Value) -> bool:
     return bool(v.users) and all(u.name == "fused" or u.spec.is_elementwise for u in v.users)
 
 
-__all__ = ["CarryEnds", "carry_ends", "returned_only", "sequence_layout"]
+
+
+@dataclass(frozen=True)
+class PackedArguments:
+    """A `concat` or `stack` at the top of a function whose every operand is an argument read
+    by it alone: the arguments' buffers are its pieces (strided views of the result's buffer,
+    outside the arena), so a call's arguments land where the op would have copied them."""
+
+    op: Operation
+    args: tuple[Value, ...]
+    axis: int
+    new_axis: bool
+    """stack (a new axis) rather than concat."""
+
+    def places(self) -> list[tuple]:
+        """Per argument, its index into the result."""
+        out, start = [], 0
+        for v in self.args:
+            width = 1 if self.new_axis else int(v.tensor_type.shape[self.axis])  # type: ignore[arg-type]
+            where = start if self.new_axis else slice(start, start + width)
+            out.append((slice(None),) * self.axis + (where,))
+            start += width
+        return out
+
+    def place(self, low: Lowering) -> None:
+        """The result's buffer (its own, outside the arena: written when a call starts, before
+        the plan knows it) and the arguments' buffers as its pieces."""
+        r = self.op.result
+        t = r.tensor_type
+        buffer = low.memory.own(tuple(int(d) for d in t.shape), t.numpy_dtype)  # type: ignore[union-attr]
+        low.static[r] = low.memory.move_out(r, buffer)
+        low.owned.add(r)
+        for v, where in zip(self.args, self.places()):
+            low.static[v] = buffer[where]
+
+    def pack(self, hosts: list[Any]) -> Any:
+        """The result from the arguments' host arrays, put together on the host (one upload)."""
+        import numpy as np
+
+        return (np.stack if self.new_axis else np.concatenate)(hosts, axis=self.axis)
+
+
+def packed_arguments(function: Any, joins: Any) -> list[PackedArguments]:
+    """The top-level concat and stack ops of function whose operands are distinct arguments,
+    each read by that op alone; `joins(op)` says whether op is one (and if a stack)."""
+    found = []
+    for op in function.body:
+        kind = joins(op)
+        if kind is None or not op.operands or len(set(op.operands)) != len(op.operands):
+            continue
+        if all(v in function.args and v.users == [op] for v in op.operands):
+            axis = norm_axis(op.attrs["axis"], op.result.tensor_type.rank)
+            found.append(PackedArguments(op, tuple(op.operands), axis, kind))
+    return found
+
+
+__all__ = ["CarryEnds", "PackedArguments", "carry_ends", "packed_arguments", "returned_only", "sequence_layout"]

@@ -52,7 +52,7 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
-from .aliasing import carry_ends, returned_only, sequence_layout
+from .aliasing import PackedArguments, carry_ends, packed_arguments, returned_only, sequence_layout
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .graphs import gemm_call
@@ -149,6 +149,8 @@ class Lowering:
     returned_views: dict[Value, tuple[Value, tuple]] = field(default_factory=dict)
     """Slices read only by `return`, left strided views (aliasing.returned_only): slice -> (its
     source, the box): a download reads the source once for all its slices."""
+    packs: list[PackedArguments] = field(default_factory=list)
+    """Concats and stacks of arguments whose argument buffers are their pieces (aliasing.py)."""
     owned: set[Value] = field(default_factory=set)
     """Values moved out of the arena (own_storage)."""
     redirectable: set[Value] = field(default_factory=set)
@@ -164,9 +166,14 @@ class Lowering:
         self.memory = Memory(self.function, self.dev, self.plan)
         self.err = self.memory.own((1,), np.dtype(np.int32))
         self.err_arg = self.dev.kernel_arg(self.err)
+        self.packs = packed_arguments(self.function, lambda op: (LOWER.get(op.name) is lower_stack) if _joins(op)
+                                      else None)
+        for pack in self.packs:
+            pack.place(self)
         for arg in self.function.args:
             t = arg.tensor_type
-            self.static[arg] = self.memory.own(tuple(t.shape), t.numpy_dtype)  # type: ignore[arg-type]
+            if arg not in self.static:  # else a piece of a packed concat
+                self.static[arg] = self.memory.own(tuple(t.shape), t.numpy_dtype)  # type: ignore[arg-type]
 
     # -- helpers ----------------------------------------------------------------------------
     def storage(self, v: Value) -> Any:
@@ -825,6 +832,8 @@ def _join(low: Lowering, op: Operation, new_axis: bool) -> Run | None:
     result, wherever env has it (a scan may place it)."""
     r = op.result
     low.storage(r)
+    if any(pack.op is op for pack in low.packs):
+        return None  # its pieces are the arguments' buffers: filled when the call starts
     low.redirectable.add(r)
     def claimed(v: Value, where: tuple) -> bool:
         places = ([low.pieces[v]] if v in low.pieces else []) + low.extra_places.get(v, [])
@@ -998,7 +1007,7 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
     label = f"scan {'reverse' if loop.reverse else 'forward'} at {op.loc}"
     copy_carries = _carry_copier(low, carries, place.copied_carries, yielded_carries)
-    ends = carry_ends(low, loop, place, buffers, hidden, stacks)
+    ends = carry_ends(low, loop, place, buffers, hidden, stacks, first)
     final_storage = [ends.left_in.get(j, f) for j, f in enumerate(final_storage)]
 
     def run(env: Env) -> None:
