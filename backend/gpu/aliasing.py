@@ -122,6 +122,20 @@ def sequence_layout(op: Operation) -> InputLayout | None:
     return InputLayout(sum(s * e for s, e in zip(starts[1:], row)), tuple(e * k for e, k in zip(row, steps[1:])))
 
 
+def walked_sequences(low: Lowering, loop: LoopView) -> list[Value]:
+    """The arrays loop walks, per sequence: a sequence slice's source (Lowering.sequence_rows),
+    its element then read by the body's kernels in the source's row t through the slice's
+    layout; else the sequence itself."""
+    walked = []
+    for s, arg in zip(loop.sequences, loop.element_args):
+        if s in low.sequence_rows:
+            source, layout = low.sequence_rows[s]
+            low.absorbed[arg] = (arg, layout)  # env[arg] is row t of the source
+            s = source
+        walked.append(s)
+    return walked
+
+
 def _read_by_kernels(v: Value) -> bool:
     """Whether every reader of v is a generated kernel that takes an input layout."""
     return bool(v.users) and all(u.name == "fused" or u.spec.is_elementwise for u in v.users)
@@ -183,4 +197,5 @@ def packed_arguments(function: Any, joins: Any) -> list[PackedArguments]:
     return found
 
 
-__all__ = ["CarryEnds", "PackedArguments", "carry_ends", "packed_arguments", "returned_only", "sequence_layout"]
+__all__ = ["CarryEnds", "PackedArguments", "carry_ends", "packed_arguments", "returned_only", "sequence_layout",
+           "walked_sequences"]

@@ -52,7 +52,14 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
-from .aliasing import PackedArguments, carry_ends, packed_arguments, returned_only, sequence_layout
+from .aliasing import (
+    PackedArguments,
+    carry_ends,
+    packed_arguments,
+    returned_only,
+    sequence_layout,
+    walked_sequences,
+)
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .graphs import gemm_call
@@ -979,17 +986,14 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     steps = loop.trip_count
     if steps is None:
         raise GirError("the GPU backend needs a static trip count", op.loc)
-    seqs, seq_args, inits, carry_args = loop.sequences, loop.element_args, loop.inits, loop.carry_args
+    seq_args, inits, carry_args = loop.element_args, loop.inits, loop.carry_args
     carries = [low.storage(a) for a in carry_args]
     stacks = [low.storage(r) for r in loop.stacked_results]
     final_storage = []
     for c in loop.carries:
         low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
         final_storage.append(low.storage(c.result))
-    rows_of = {k: low.sequence_rows[s] for k, s in enumerate(seqs) if s in low.sequence_rows}
-    for k, (_, layout) in rows_of.items():  # read by the body's kernels in row t of the source
-        low.absorbed[seq_args[k]] = (seq_args[k], layout)
-    walked = [rows_of[k][0] if k in rows_of else s for k, s in enumerate(seqs)]
+    walked = walked_sequences(low, loop)  # a sequence slice's source, read in place
     body_steps, _ = low.block(loop.body)  # lowered first: `redirectable` then knows the body
     place = place_scan(low, loop)
     buffers = {j: (low.memory.own(c.shape, c.dtype), low.memory.own(c.shape, c.dtype))
@@ -1012,12 +1016,9 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
 
     def run(env: Env) -> None:
         for j, (init, arg, buffer) in enumerate(zip(inits, carry_args, first)):
-            if j in ends.read_in_place:
-                env[arg] = env[init]
-                continue
-            if not low.same_memory(env[init], buffer):
+            if j not in ends.read_in_place and not low.same_memory(env[init], buffer):
                 low.copy(buffer, env[init])
-            env[arg] = buffer
+            env[arg] = env[init] if j in ends.read_in_place else buffer
         before = low.counters.snapshot()  # per step: the loop alone, not the carries in and out
         for i, t in enumerate(order):
             for arg, seq in zip(seq_args, walked):
