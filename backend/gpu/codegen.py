@@ -15,7 +15,9 @@ Terms.
   kernel, which computes it (*folded*: `_foldable`). Layout: views where the memory plan has a
   view (memory.py); a slice read only by kernels and reductions *absorbed* (read in place
   through its strides); concat/stack operands made by kernels *claimed* (written in place by
-  them: `claim_pieces`); else an xp copy into the value's storage. Constants: uploaded once.
+  them: `claim_pieces`); slices read only by `return` or walked by a scan, concats of
+  arguments, initial and final carries aliased where aliasing.py decides; else an xp copy into
+  the value's storage. Constants: uploaded once.
 - *Placeable*: a value whose step writes wherever env says at run time (kernel outputs, GEMM
   results: `Lowering.redirectable`), so that a scan can put it in a stack row or a carry
   buffer instead of its storage.
