@@ -62,7 +62,9 @@ def carry_ends(low: Lowering, loop: LoopView, place: ScanPlacement, buffers: dic
     packed = {a for pack in low.packs for a in pack.args}
     for j in place.shifted:
         init = loop.inits[j]
-        if loop.op.parent_op is None and init in low.function.args and init not in packed:
+        if loop.op.parent_op is None and init in low.function.args and init not in packed \
+                and [u for u in init.users if u.name == "scan"] == [loop.op] and loop.inits.count(init) == 1:
+            low.memory.own_bytes -= low.static[init].nbytes  # its own buffer, dropped
             low.static[init] = first[j]
     steps = loop.trip_count or 0
     # Both kinds write the step's next value away from the carry's argument: the first step
