@@ -228,3 +228,24 @@ def test_sequence_slices_read_in_place(arena: str, monkeypatch: pytest.MonkeyPat
     _close(fn, source, "k", args)
     low = fn.compiled.lowering
     assert len(low.sequence_rows) >= 1, low.sequence_rows
+
+
+def test_a_call_without_error_sites_reads_nothing_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step (float: no kernel can flag an error) with device arrays in and out
+    downloads nothing, not even the error flag, eager or replayed; a function with an integer
+    division still reads its flag and raises."""
+    src, args, _ = _training_step("rnn")
+    fn = gir.jit(src, "rnn_grads", device="gpu")
+    xp = DEVICE.xp
+    on_device = [xp.asarray(a) for a in args]
+    downloads = []
+    real = DEVICE.download
+    monkeypatch.setattr(DEVICE, "download", lambda a: downloads.append(a.shape) or real(a))
+    for _ in range(3):
+        fn(*on_device)
+    assert downloads == [] and fn.stats.graph == "replayed", downloads
+    div = gir.jit("func @d(%a: tensor<2xi32>, %b: tensor<2xi32>) -> tensor<2xi32> {\n  return %a / %b\n}\n",
+                  "d", device="gpu")
+    with pytest.raises(gir.GirError, match="division by zero"):
+        div(np.array([1, 2], np.int32), np.array([1, 0], np.int32))
+    assert (1,) in downloads  # the flag

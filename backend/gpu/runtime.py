@@ -275,7 +275,8 @@ class GPUFunction:
         current stream, and returns the values' device arrays. Run eagerly, or once while a
         CUDA graph is captured (graphs.CallGraph)."""
         low = self.lowering
-        low.err[...] = 0
+        if low.errors:  # no kernel can flag one: nothing to reset (nor to read: _raise_flagged)
+            low.err[...] = 0
         env = dict(low.static)
         if self.dev.simulated:
             with np.errstate(all="ignore"):  # inf and nan as on a GPU (this thread's xp work)
@@ -285,8 +286,12 @@ class GPUFunction:
         return env
 
     def _raise_flagged(self) -> None:
-        """Raises the run-time error a kernel recorded in the error flag, if any."""
+        """Raises the run-time error a kernel recorded in the error flag, if any. Where no
+        kernel can record one (every float program: low.errors is empty), the flag is not read:
+        no read-back, so a call with device arrays in and out does not wait for the device."""
         low = self.lowering
+        if not low.errors:
+            return
         code = int(self.dev.download(low.err)[0])
         if code:
             message, loc = low.errors[code - 1]
