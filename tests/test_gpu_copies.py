@@ -249,3 +249,26 @@ def test_a_call_without_error_sites_reads_nothing_back(monkeypatch: pytest.Monke
     with pytest.raises(gir.GirError, match="division by zero"):
         div(np.array([1, 2], np.int32), np.array([1, 0], np.int32))
     assert (1,) in downloads  # the flag
+
+
+def test_split_style_calls_fill_packed_argument_buffers() -> None:
+    """The split executor fills `arg_buffers` itself (an upload or a device copy each) and calls
+    `run_on_device`: a packed argument's buffer is a strided piece of its concat, which an
+    upload reaches through a temporary (`Device.upload`; CuPy's `set` refuses strides)."""
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3), (2, 2), (3,), (3,), (2, 3))]
+    fn = gir.jit(PIECES, "h", device="gpu")
+    fn(*args)  # compiles
+    compiled = fn.compiled
+    buffers = compiled.arg_buffers
+    assert not buffers[0].flags.c_contiguous  # %a: columns 0-2 of %ab
+    for k, (buffer, a) in enumerate(zip(buffers, args)):
+        if k % 2:
+            buffer[...] = DEVICE.xp.asarray(a * 2)  # as a value of an earlier GPU segment
+        else:
+            DEVICE.upload(buffer, a * 2)
+    with compiled.graphs.stream_context():
+        got = [DEVICE.download(r) for r in compiled.run_on_device()]
+    want = gir.jit(PIECES, "h", device="interp")(*[a * 2 for a in args])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
