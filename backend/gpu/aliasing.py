@@ -81,8 +81,8 @@ def carry_ends(low: Lowering, loop: LoopView, place: ScanPlacement, buffers: dic
             left_in[j] = buffers[j][steps % 2]  # step i writes buffer (i + 1) % 2
         elif j in hidden:
             left_in[j] = hidden[j][last]
-        elif j in place.shifted and place.shifted[j][1] is not None:
-            left_in[j] = stacks[place.shifted[j][1]][last]  # the shifted buffer: outside the arena
+        elif (k := place.shifted.get(j, (0, None))[1]) is not None:
+            left_in[j] = stacks[k][last]  # the shifted buffer: outside the arena
     for j, array in left_in.items():
         r = loop.carries[j].result
         low.static[r] = low.memory.move_out(r, array)
@@ -110,7 +110,7 @@ def sequence_layout(op: Operation) -> InputLayout | None:
     x, r = op.operands[0], op.result
     starts, limits = op.attrs["starts"], op.attrs["limits"]
     steps = op.attrs["steps"] or [1] * len(starts)
-    shape = [int(d) for d in x.tensor_type.shape]  # type: ignore[union-attr]
+    shape = [int(d) for d in x.tensor_type.shape]  # type: ignore[arg-type]
     if len(shape) < 2 or (starts[0], limits[0], steps[0]) != (0, shape[0], 1) or not r.users:
         return None
     for scan in r.users:
@@ -172,7 +172,7 @@ class PackedArguments:
         the plan knows it) and the arguments' buffers as its pieces."""
         r = self.op.result
         t = r.tensor_type
-        buffer = low.memory.own(tuple(int(d) for d in t.shape), t.numpy_dtype)  # type: ignore[union-attr]
+        buffer = low.memory.own(tuple(int(d) for d in t.shape), t.numpy_dtype)  # type: ignore[arg-type]
         low.static[r] = low.memory.move_out(r, buffer)
         low.owned.add(r)
         for v, where in zip(self.args, self.places()):

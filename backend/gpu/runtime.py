@@ -205,7 +205,8 @@ class GPUFunction:
         """Copies the arguments into their buffers: (uploads, device-to-device copies). The
         arguments of a packed concat (aliasing.PackedArguments: their buffers are its pieces),
         all NumPy arrays, are put together on the host and uploaded as one."""
-        dev, index = self.dev, {a: k for k, a in enumerate(self.function.args)}
+        dev = self.dev
+        index: dict[Any, int] = {a: k for k, a in enumerate(self.function.args)}
         done: set[int] = set()
         uploads = copies = 0
         for pack in self.lowering.packs:
