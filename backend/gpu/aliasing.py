@@ -97,6 +97,23 @@ def _unwritten(low: Lowering, v: Value) -> bool:
                                       and v in low.static)
 
 
+def aliased_slice(low: Lowering, op: Operation, box: tuple) -> bool:
+    """Whether slice op (not a view in the plan, of a kernel or GEMM result) needs no copy: a
+    scan walks it (recorded in Lowering.sequence_rows) or only `return` reads it (recorded in
+    Lowering.returned_views); its source then leaves the arena (read later than the plan
+    knows). Its step is then a strided view."""
+    x, r = op.operands[0], op.result
+    rows = sequence_layout(op)
+    if rows is not None:
+        low.sequence_rows[r] = (x, rows)
+    elif returned_only(op):
+        low.returned_views[r] = (x, box)
+    else:
+        return False
+    low.own_storage(x)
+    return True
+
+
 def returned_only(op: Operation) -> bool:
     """Whether op's result is read only by its function's `return`."""
     users = op.result.users
@@ -185,9 +202,11 @@ class PackedArguments:
         return (np.stack if self.new_axis else np.concatenate)(hosts, axis=self.axis)
 
 
-def packed_arguments(function: Any, joins: Any) -> list[PackedArguments]:
-    """The top-level concat and stack ops of function whose operands are distinct arguments,
-    each read by that op alone; `joins(op)` says whether op is one (and if a stack)."""
+def packed_arguments(low: Lowering, joins: Any) -> list[PackedArguments]:
+    """The top-level concat and stack ops of the function whose operands are distinct
+    arguments, each read by that op alone (`joins(op)`: None for other ops, else whether a
+    stack), each placed (the arguments' buffers made its pieces)."""
+    function = low.function
     found = []
     for op in function.body:
         kind = joins(op)
@@ -196,8 +215,9 @@ def packed_arguments(function: Any, joins: Any) -> list[PackedArguments]:
         if all(v in function.args and v.users == [op] for v in op.operands):
             axis = norm_axis(op.attrs["axis"], op.result.tensor_type.rank)
             found.append(PackedArguments(op, tuple(op.operands), axis, kind))
+            found[-1].place(low)
     return found
 
 
-__all__ = ["CarryEnds", "PackedArguments", "carry_ends", "packed_arguments", "returned_only", "sequence_layout",
-           "walked_sequences"]
+__all__ = ["CarryEnds", "PackedArguments", "aliased_slice", "carry_ends", "packed_arguments", "returned_only",
+           "sequence_layout", "walked_sequences"]

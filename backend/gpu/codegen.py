@@ -54,14 +54,7 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
-from .aliasing import (
-    PackedArguments,
-    carry_ends,
-    packed_arguments,
-    returned_only,
-    sequence_layout,
-    walked_sequences,
-)
+from .aliasing import PackedArguments, aliased_slice, carry_ends, packed_arguments, walked_sequences
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .graphs import gemm_call
@@ -175,10 +168,7 @@ class Lowering:
         self.memory = Memory(self.function, self.dev, self.plan)
         self.err = self.memory.own((1,), np.dtype(np.int32))
         self.err_arg = self.dev.kernel_arg(self.err)
-        self.packs = packed_arguments(self.function, lambda op: (LOWER.get(op.name) is lower_stack) if _joins(op)
-                                      else None)
-        for pack in self.packs:
-            pack.place(self)
+        self.packs = packed_arguments(self, lambda op: LOWER.get(op.name) is lower_stack if _joins(op) else None)
         for arg in self.function.args:
             t = arg.tensor_type
             if arg not in self.static:  # else a piece of a packed concat
@@ -740,28 +730,18 @@ def lower_slice(low: Lowering, op: Operation) -> Run | None:
     steps = op.attrs["steps"] or [1] * len(starts)
     x, r = op.operands[0], op.result
     box = tuple(slice(s, lim, st) for s, lim, st in zip(starts, limits, steps))
+
+    def view(env: Env) -> None:
+        env[r] = env[x][box]
+
     if not low.memory.is_view(r, op) and x in low.redirectable and _read_by_kernels_and_reductions(r):
         element = _strides_of(_shape(x))
         low.absorbed[r] = (x, InputLayout(sum(s * e for s, e in zip(starts, element)),
                                           tuple(e * k for e, k in zip(element, steps))))
         low.own_storage(x)
-
-        def view(env: Env) -> None:
-            env[r] = env[x][box]
-
         return view
-    rows = sequence_layout(op) if not low.memory.is_view(r, op) and x in low.redirectable else None
-    if rows is not None or (returned_only(op) and x in low.redirectable and not low.memory.is_view(r, op)):
-        if rows is not None:
-            low.sequence_rows[r] = (x, rows)
-        else:
-            low.returned_views[r] = (x, box)
-        low.own_storage(x)  # read later than the plan knows (aliasing.py)
-
-        def strided(env: Env) -> None:
-            env[r] = env[x][box]
-
-        return strided
+    if not low.memory.is_view(r, op) and x in low.redirectable and aliased_slice(low, op, box):
+        return view  # walked by a scan or returned: a strided view (aliasing.py)
     return _view_or_copy(low, op, lambda a: a[box])
 
 
