@@ -237,3 +237,40 @@ def test_the_type_memo_starts_again_when_full(monkeypatch: pytest.MonkeyPatch) -
         assert 0 < len(ops._INFERRED) <= 4
     newest = gir.ir.types.TensorType((10,), "f32")
     assert any(newest in key[1] for key in ops._INFERRED), list(ops._INFERRED)
+
+
+def _mapped_libraries() -> int:
+    """How many of native.load's libraries (compile-cache hits) this process has mapped."""
+    with open("/proc/self/maps") as f:
+        return len({word for line in f for word in line.split() if "load.tmp." in word})
+
+
+def test_evicted_code_from_the_compile_cache_closes_its_library(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile-cache hit maps the entry's shared library (backend/cpu/native.py); evicting
+    the specialisation closes it (dlclose), so a process cycling through many cached shapes
+    maps at most the bound's libraries."""
+    from gir.backend.cpu import native
+
+    if native._linker() is None:
+        pytest.skip("no system linker: hits load objects with LLVM")
+    monkeypatch.setenv("GIR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("GIR_CACHE", raising=False)
+    monkeypatch.setenv("GIR_LENGTHS", "0")
+    monkeypatch.setenv("GIR_LLVM_TIER", "0")  # final code at once: stored with its library
+    monkeypatch.setenv("GIR_GEMM_MEASURE", "off")
+    w = np.ones(8, np.float32)
+    first = gir.jit(SHAPED, "f")
+    for n in range(1, 7):
+        first(np.ones((n, 8), np.float32), w)
+    del first
+    gc.collect()
+    before = _mapped_libraries()
+    monkeypatch.setenv("GIR_MAX_SPECIALISATIONS", "2")
+    fn = gir.jit(SHAPED, "f")
+    reference = gir.jit(SHAPED, "f", device="interp")
+    for n in range(1, 7):
+        x = np.linspace(-1, 1, n * 8, dtype=np.float32).reshape(n, 8)
+        assert_all_close(fn(x, w), reference(x, w))
+        assert fn.stats.compile.cache == "hit", fn.stats.compile.cache
+    gc.collect()
+    assert fn.specialisations_evicted == 4 and _mapped_libraries() - before == 2
