@@ -9,7 +9,8 @@ GIR_LENGTHS=0; GIR_MAX_SPECIALISATIONS bounds how many are kept). `objects`: n `
 functions, each called once and dropped. `stages`: the compile cut after each stage (parse and
 passes; + lowering to LLVM IR; + LLVM's parse, -O3 and emission; + loading; + a CPUFunction and a
 call), each run n times. RSS from /proc/self/statm after `gc.collect()`, after 20 warm-up
-compiles; malloc's bytes in use from mallinfo2 (glibc; the main arena). --collect: a full
+compiles (and once the background -O3 jobs of a tiered compile have swapped their code in);
+malloc's bytes in use from mallinfo2 (glibc; the main arena). --collect: a full
 collection after every compile (what stays, not what waits for CPython's collector). Linux only.
 Results are in docs/reliability.md ("The outside reliability campaign", item 7).
 """
@@ -20,6 +21,7 @@ import argparse
 import ctypes
 import gc
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -97,6 +99,8 @@ def measure(name: str, compile_once: Callable[[int], None], n: int, collect: boo
         compile_once(i)
         if collect:
             gc.collect()
+    if "gir.backend.cpu.tiers" in sys.modules:  # tiered: the -O3 jobs swap their code in first
+        sys.modules["gir.backend.cpu.tiers"].wait_all(1200)
     gc.collect()
     grown, grown_malloc = rss_mb() - rss, malloc_mb() - used
     print(f"{name:8s} n={n}: RSS +{grown:.1f} MB ({grown / n * 1024:.0f} KB a compile), malloc in use "
