@@ -15,8 +15,10 @@ again). A later call with its key compiles it again (or loads it from the compil
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -32,7 +34,9 @@ class Specialisations(Generic[K, V]):
 
     def __init__(self, on_evict: Callable[[K, V], object] | None = None) -> None:
         """on_evict(key, value): called (under the lock) for each specialisation evicted, so that
-        the owner drops what else refers to it."""
+        the owner drops what else refers to it. A bound method is held weakly: its owner holds
+        this cache, and a cycle would leave the owner, and the code it loaded, to the cyclic
+        collector instead of freeing them when the last reference goes."""
         self._found: dict[K, V] = {}
         self._used: dict[K, int] = {}
         """When each key was last asked for (a tick of `_clock`): a dict store on the lock-free
@@ -43,7 +47,9 @@ class Specialisations(Generic[K, V]):
         """`last`: the specialisation this thread used last."""
         self._last: V | None = None
         """The specialisation any thread used last (what a thread that used none sees)."""
-        self._on_evict = on_evict
+        self._on_evict: Callable[[], Callable[[K, V], object] | None] | None = None
+        if on_evict is not None:
+            self._on_evict = weakref.WeakMethod(on_evict) if inspect.ismethod(on_evict) else lambda: on_evict
         self.evicted = 0
         """Specialisations dropped to keep within the bound, so far."""
 
@@ -71,8 +77,9 @@ class Specialisations(Generic[K, V]):
         for key in order[: len(self._found) - bound]:
             value = self._found.pop(key)
             self.evicted += 1
-            if self._on_evict is not None:
-                self._on_evict(key, value)
+            told = self._on_evict() if self._on_evict is not None else None
+            if told is not None:
+                told(key, value)
         self._used = {k: self._used.get(k, -1) for k in self._found}  # stale ticks of evicted keys go
 
     def last(self) -> V | None:

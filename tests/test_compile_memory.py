@@ -274,3 +274,17 @@ def test_evicted_code_from_the_compile_cache_closes_its_library(tmp_path, monkey
         assert fn.stats.compile.cache == "hit", fn.stats.compile.cache
     gc.collect()
     assert fn.specialisations_evicted == 4 and _mapped_libraries() - before == 2
+
+
+def test_a_dropped_jit_function_is_freed_without_the_cyclic_collector(compiles_here: None) -> None:
+    """Its code is freed when the last reference goes, not at the collector's next full run
+    (the eviction callback is held weakly: a bound method held strongly made a cycle)."""
+    fn = gir.jit(SHAPED, "f")
+    fn(np.ones((3, 8), np.float32), np.ones(8, np.float32))
+    function, compiled = weakref.ref(fn), weakref.ref(fn.compiled)
+    gc.disable()
+    try:
+        del fn
+        assert function() is None and compiled() is None
+    finally:
+        gc.enable()
