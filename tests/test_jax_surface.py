@@ -1,17 +1,21 @@
 """The JAX surface of the Python frontend (issue 30): has_aux, stop_gradient, gir.numpy's
-functions, promotion, tree utilities, cond / fori_loop / while_loop / vmap, gir.optim.
+functions, promotion, tree utilities, cond / fori_loop / while_loop / vmap, gir.optim,
+`x.at[idx]` updates, `static_argnums`, jax.nn's activations.
 
 Values against NumPy; gradients against central finite differences in float64, on the
 interpreter and the CPU backend."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import gir
-import gir.numpy as gnp
-import numpy as np
-import pytest
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba: gpu cases simulate
+
+import gir  # noqa: E402
+import gir.numpy as gnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 DEVICES = ["interp", "cpu"]
 RNG = np.random.default_rng(7)
@@ -685,3 +689,147 @@ def test_per_example_gradients_with_vmap_of_value_and_grad(device) -> None:
         np.testing.assert_allclose(losses[k], one_loss, rtol=1e-12)
         for name in w:
             np.testing.assert_allclose(grads[name][k], one_grad[name], rtol=1e-10, atol=1e-14)
+
+
+# -- x.at[idx]: functional updates ------------------------------------------------------------------
+
+
+def _gpu_missing() -> str | None:
+    try:
+        import numba.cuda  # noqa: F401
+    except ImportError:
+        return "the GPU backend needs numba-cuda (pip install 'gir[gpu]')"
+    from gir.backend.gpu.device import get_device
+
+    try:
+        get_device()
+    except gir.GirError as e:
+        return f"no GPU backend here: {e.message}"
+    return None
+
+
+GPU_MISSING = _gpu_missing()
+GPU = pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu] + ([pytest.mark.skip(reason=GPU_MISSING)]
+                                                                if GPU_MISSING else []))
+
+
+def _np_set(x, idx, v):
+    y = x.copy()
+    y[idx] = v
+    return y
+
+
+def _np_add(x, idx, v):
+    y = x.copy()
+    np.add.at(y, idx, v)
+    return y
+
+
+def _np_mul(x, idx, v):
+    y = x.copy()
+    np.multiply.at(y, idx, v)
+    return y
+
+
+MASK = RNG.standard_normal((4, 5)) > 0
+ROWS = np.array([2, 0])  # the traced index argument (row ids); ROWS[0] a traced scalar
+AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
+    "set_strided": (lambda x, v, i: x.at[1:, ::2].set(v),
+                    lambda x, v, i: _np_set(x, (slice(1, None), slice(None, None, 2)), v), (3, 3)),
+    "set_reversed": (lambda x, v, i: x.at[::-1, 2].set(v),
+                     lambda x, v, i: _np_set(x, (slice(None, None, -1), 2), v), (4,)),
+    "set_broadcast": (lambda x, v, i: x.at[:, 1:3].set(v),
+                      lambda x, v, i: _np_set(x, (slice(None), slice(1, 3)), v), (2,)),
+    "set_repeated_last_wins": (lambda x, v, i: x.at[[0, 2, 0], 1].set(v),
+                               lambda x, v, i: _np_set(x, ([0, 2, 0], 1), v), (3,)),
+    "set_ellipsis": (lambda x, v, i: x.at[..., -1].set(v), lambda x, v, i: _np_set(x, (Ellipsis, -1), v), (4,)),
+    "add_repeated": (lambda x, v, i: x.at[[0, 2, 0]].add(v), lambda x, v, i: _np_add(x, [0, 2, 0], v), (3, 5)),
+    "add_bool_mask": (lambda x, v, i: x.at[MASK].add(v), lambda x, v, i: _np_add(x, MASK, v), ()),
+    "multiply_repeated": (lambda x, v, i: x.at[[1, 1, 3], [0, 0, 4]].multiply(v),
+                          lambda x, v, i: _np_mul(x, ([1, 1, 3], [0, 0, 4]), v), (3,)),
+    "get_fancy": (lambda x, v, i: x.at[[3, 0], ::-2].get() * v, lambda x, v, i: x[[3, 0], ::-2] * v, (2, 3)),
+    "get_slice": (lambda x, v, i: x.at[1:3, 2].get() * v, lambda x, v, i: x[1:3, 2] * v, (2,)),
+    "traced_set_row": (lambda x, v, i: x.at[i[0]].set(v), lambda x, v, i: _np_set(x, i[0], v), (5,)),
+    "traced_add_column": (lambda x, v, i: x.at[:, i[0]].add(v),
+                          lambda x, v, i: _np_add(x, (slice(None), i[0]), v), (4,)),
+    "traced_multiply_row": (lambda x, v, i: x.at[i[0]].multiply(v), lambda x, v, i: _np_mul(x, i[0], v), ()),
+    "traced_add_rows": (lambda x, v, i: x.at[i].add(v), lambda x, v, i: _np_add(x, i, v), (2, 5)),
+    "traced_set_rows": (lambda x, v, i: x.at[i].set(v), lambda x, v, i: _np_set(x, i, v), (2, 1)),
+    "traced_set_columns": (lambda x, v, i: x.at[..., i].set(v),
+                           lambda x, v, i: _np_set(x, (Ellipsis, i), v), (4, 2)),
+    "traced_get_columns": (lambda x, v, i: x.at[:, i].get() * v, lambda x, v, i: x[:, i] * v, (4, 2)),
+}
+
+
+def _at_inputs(name):
+    return RNG.standard_normal((4, 5)), RNG.standard_normal(AT_CASES[name][2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(AT_CASES))
+def test_at_updates_equal_numpy(name, device) -> None:
+    ours, theirs, _ = AT_CASES[name]
+    x, v = _at_inputs(name)
+    before = x.copy()
+    got = gir.jit(ours, device=device)(x, v, ROWS)
+    np.testing.assert_allclose(got, theirs(x, v, ROWS), rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(x, before)  # a functional update: the argument is not written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(AT_CASES))
+def test_at_update_gradients(name, device) -> None:
+    ours, theirs, _ = AT_CASES[name]
+    x, v = _at_inputs(name)
+    w = RNG.standard_normal(np.shape(theirs(x, v, ROWS)))
+    gx, gv = gir.jit(gir.grad(lambda x, v, i: gir.sum(ours(x, v, i) * w), argnums=(0, 1)), device=device)(x, v, ROWS)
+    np.testing.assert_allclose(gx, fd_grad(lambda x_: float((theirs(x_, v, ROWS) * w).sum()), x), atol=1e-8)
+    np.testing.assert_allclose(gv, fd_grad(lambda v_: float((theirs(x, v_, ROWS) * w).sum()), v), atol=1e-8)
+
+
+@pytest.mark.parametrize("device", ["interp", GPU])
+def test_at_updates_on_the_gpu(device) -> None:
+    x, v = RNG.standard_normal((4, 5)), RNG.standard_normal(5)
+
+    def f(x, v, i):
+        return x.at[[0, 2, 0], 1:].add(v[1:]).at[i[0]].set(v)
+
+    np.testing.assert_allclose(gir.jit(f, device=device)(x, v, ROWS), _np_set(_np_add(x, ([0, 2, 0], slice(1, None)),
+                                                                                   v[1:]), ROWS[0], v), rtol=1e-14)
+    w = RNG.standard_normal((4, 5))
+    gx = gir.jit(gir.grad(lambda x, v, i: gir.sum(f(x, v, i) * w)), device=device)(x, v, ROWS)
+    np.testing.assert_allclose(gx, np.where(np.arange(4)[:, None] == ROWS[0], 0.0, w), rtol=1e-14)
+
+
+def test_at_on_bools_and_a_variable_batch() -> None:
+    mask = np.array([[True, False], [True, True]])
+    f = gir.jit(lambda m, i: (m.at[0, 1].set(True), m.at[i[0]].set(False)), device="cpu")
+    a, b = f(mask, np.array([1]))
+    np.testing.assert_array_equal(a, [[True, True], [True, True]])
+    np.testing.assert_array_equal(b, [[True, False], [False, False]])
+    module = gir.trace(lambda x, t: x.at[:, t].set(0.0), gir.spec("?x5", "f64"), gir.spec((), "i64"))
+    x = RNG.standard_normal((3, 5))
+    (got,) = gir.interpret(module, list(module.functions)[-1], x, np.int64(2))
+    np.testing.assert_array_equal(got, _np_set(x, (slice(None), 2), 0.0))
+
+
+AT_ERRORS = {
+    "out of range": (lambda x, t: x.at[4].set(1.0), "out of bounds"),
+    "traced and sliced": (lambda x, t: x.at[t, 1:3].set(1.0), "alone on one axis"),
+    "multiply by ids": (lambda x, t: x.at[gnp.stack([t, t])].multiply(2.0), "repeated index"),
+    "shape": (lambda x, t: x.at[0].set(np.ones(4)), "does not broadcast"),
+    "mode": (lambda x, t: x.at[0].set(1.0, mode="drop"), "mode"),
+    "min": (lambda x, t: x.at[0].min(1.0), "not supported"),
+    "step 0": (lambda x, t: x.at[::0].add(1.0), "step"),
+    "bool add": (lambda x, t: (x > 0).at[0].add(True), "astype"),
+    "variable": (lambda x, t: x.at[:, 1].set(0.0), "`\\?` dims must be known"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AT_ERRORS))
+def test_at_errors_are_located(name) -> None:
+    fn, message = AT_ERRORS[name]
+    shape = "?x5" if name == "variable" else "4x5"
+    with pytest.raises(gir.GirError, match=message) as info:
+        gir.trace(fn, gir.spec(shape, "f64"), gir.spec((), "i64"))
+    assert info.value.loc.file == __file__
