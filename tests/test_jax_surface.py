@@ -833,3 +833,57 @@ def test_at_errors_are_located(name) -> None:
     with pytest.raises(gir.GirError, match=message) as info:
         gir.trace(fn, gir.spec(shape, "f64"), gir.spec((), "i64"))
     assert info.value.loc.file == __file__
+
+
+# -- gir.jit(f, static_argnums=..., static_argnames=...) --------------------------------------------
+
+
+def _layers(x, n, *, act="tanh", scale=2.0):
+    """n layers of act (a Python int and a name: static), scale a traced Python float."""
+    for _ in range(n):
+        x = getattr(gir, act)(x) * scale
+    return gir.sum(x * x)
+
+
+def _numpy_layers(x, n, act="tanh", scale=2.0):
+    f = np.tanh if act == "tanh" else (lambda v: 1 / (1 + np.exp(-v)))
+    for _ in range(n):
+        x = f(x) * scale
+    return float((x * x).sum())
+
+
+@pytest.mark.parametrize("device", [*DEVICES, GPU])
+def test_static_arguments_specialise_and_reach_python_as_values(device) -> None:
+    x = RNG.standard_normal(4)
+    f = gir.jit(_layers, static_argnums=1, static_argnames="act", device=device)
+    assert f(x, 2) == pytest.approx(_numpy_layers(x, 2), rel=1e-13)
+    assert f(x, n=3, act="sigmoid") == pytest.approx(_numpy_layers(x, 3, "sigmoid"), rel=1e-13)
+    assert f(x, 2, scale=0.5) == pytest.approx(_numpy_layers(x, 2, scale=0.5), rel=1e-13)
+    assert f.specialisations == 3  # (n=2, tanh), (n=3, sigmoid), (n=2, tanh) with a traced scale
+    assert sum(op.name == "tanh" for op in f.module.walk()) == 2  # the loop over n ran while tracing
+    assert f(x, 2, scale=0.25) == pytest.approx(_numpy_layers(x, 2, scale=0.25), rel=1e-13)
+    f(x * 2, 2)
+    assert f.specialisations == 3  # the same static values and shapes: no new compile
+    g = gir.jit(gir.grad(_layers), static_argnums=(1,), device=device)(x, 3)
+    np.testing.assert_allclose(g, fd_grad(lambda x_: _numpy_layers(x_, 3), x), rtol=1e-7, atol=1e-9)
+
+
+def test_static_argument_keys_compare_type_and_value() -> None:
+    f = gir.jit(lambda x, k: x * (k if isinstance(k, float) else 10), static_argnums=-1, device="interp")
+    np.testing.assert_array_equal(f(np.ones(2), 1), [10.0, 10.0])
+    np.testing.assert_array_equal(f(np.ones(2), 1.0), [1.0, 1.0])  # 1.0 == 1, but not the same specialisation
+    assert f.specialisations == 2
+
+
+def test_static_argument_errors() -> None:
+    f = gir.jit(_layers, static_argnums=1, device="interp")
+    with pytest.raises(gir.GirArgumentError, match="static argument 'n' of _layers is a list, which is not "
+                                                   "hashable") as info:
+        f(np.ones(2), [2])
+    assert info.value.loc.file == __file__
+    with pytest.raises(gir.GirArgumentError, match="static_argnums 2: _layers has 2 positional"):
+        gir.jit(_layers, static_argnums=2)
+    with pytest.raises(gir.GirArgumentError, match="static_argnames 'actv'"):
+        gir.jit(_layers, static_argnames=["actv"])
+    with pytest.raises(gir.GirArgumentError, match="_layers: missing a required argument: 'n'"):
+        f(np.ones(2))
