@@ -887,3 +887,70 @@ def test_static_argument_errors() -> None:
         gir.jit(_layers, static_argnames=["actv"])
     with pytest.raises(gir.GirArgumentError, match="_layers: missing a required argument: 'n'"):
         f(np.ones(2))
+
+
+# -- jax.nn's activations and erf ---------------------------------------------------------------------
+
+_np_erf = np.vectorize(__import__("math").erf)
+
+
+def _np_softplus(x):
+    return np.logaddexp(x, 0.0)
+
+
+ACTIVATIONS = {  # name: (gir's, NumPy's): JAX's definitions, written out in NumPy
+    "gelu_tanh": (lambda x: gir.nn.gelu(x),
+                  lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
+    "gelu_exact": (lambda x: gir.nn.gelu(x, approximate=False), lambda x: x * (1 + _np_erf(x / np.sqrt(2))) / 2),
+    "erf": (lambda x: gir.lax.erf(3 * x), lambda x: _np_erf(3 * x)),
+    "silu": (lambda x: gir.nn.silu(x), lambda x: x / (1 + np.exp(-x))),
+    "swish": (lambda x: gir.nn.swish(x), lambda x: x / (1 + np.exp(-x))),
+    "softplus": (lambda x: gir.nn.softplus(x * 400), lambda x: _np_softplus(x * 400)),  # |x| to ~1000: no overflow
+    "log_sigmoid": (lambda x: gir.nn.log_sigmoid(x * 400), lambda x: -_np_softplus(-x * 400)),
+    "relu6": (lambda x: gir.nn.relu6(4 * x), lambda x: np.clip(4 * x, 0, 6)),
+    "leaky_relu": (lambda x: gir.nn.leaky_relu(x, 0.2), lambda x: np.where(x >= 0, x, 0.2 * x)),
+    "elu": (lambda x: gir.nn.elu(x * 400, alpha=0.5), lambda x: np.where(x > 0, x * 400, 0.5 * np.expm1(
+        np.minimum(x * 400, 0)))),
+    "celu": (lambda x: gir.nn.celu(x, alpha=0.7), lambda x: np.maximum(x, 0) + 0.7 * np.expm1(np.minimum(x, 0) / 0.7)),
+    "selu": (lambda x: gir.nn.selu(x), lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772
+                                                                                * np.expm1(np.minimum(x, 0)))),
+    "soft_sign": (lambda x: gir.nn.soft_sign(x), lambda x: x / (np.abs(x) + 1)),
+    "hard_tanh": (lambda x: gir.nn.hard_tanh(2 * x), lambda x: np.clip(2 * x, -1, 1)),
+    "hard_silu": (lambda x: gir.nn.hard_swish(4 * x), lambda x: 4 * x * np.clip(4 * x + 3, 0, 6) / 6),
+    "mish": (lambda x: gir.nn.mish(x), lambda x: x * np.tanh(_np_softplus(x))),
+    "glu": (lambda x: gir.nn.glu(x, axis=1), lambda x: x[:, :2] / (1 + np.exp(-x[:, 2:]))),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_values_and_gradients(name, device) -> None:
+    ours, theirs = ACTIVATIONS[name]
+    x = RNG.standard_normal((3, 4))
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(gir.jit(ours, device=device)(x), theirs(x), rtol=1e-14, atol=1e-15)
+        w = RNG.standard_normal(theirs(x).shape)
+        g = gir.jit(gir.grad(lambda x: gir.sum(ours(x) * w)), device=device)(x)
+    np.testing.assert_allclose(g, fd_grad(lambda x_: float((theirs(x_) * w).sum()), x), rtol=1e-6, atol=1e-7)
+
+
+def test_erf_is_accurate_over_its_whole_range() -> None:
+    x = np.concatenate([np.linspace(-7, 7, 4001), [0.0, 1e-300, -1e-9, 2.5, -2.5, np.nextafter(2.5, 0), 30.0,
+                                                   -np.inf, np.inf]])
+    with np.errstate(over="ignore"):
+        got = gir.jit(gir.lax.erf, device="cpu")(x)
+        g = gir.jit(gir.grad(lambda x: gir.sum(gir.lax.erf(x))), device="cpu")(x[:-2])
+    np.testing.assert_allclose(got, _np_erf(x), rtol=1e-15, atol=0)
+    # the derivative of the composition, whose series cancels near |x| = 2.5: 1e-12, not 1e-15
+    np.testing.assert_allclose(g, 2 / np.sqrt(np.pi) * np.exp(-x[:-2] ** 2), rtol=2e-12, atol=1e-300)
+    assert np.all(np.isfinite(g))
+    f32 = gir.jit(gir.lax.erf, device="cpu")(x[:4001].astype(np.float32))
+    assert f32.dtype == np.float32
+    np.testing.assert_allclose(f32, _np_erf(x[:4001].astype(np.float32)), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["interp", GPU])
+def test_exact_gelu_on_the_gpu(device) -> None:
+    x = RNG.standard_normal(6) * 3
+    np.testing.assert_allclose(gir.jit(lambda x: gir.nn.gelu(x, approximate=False), device=device)(x),
+                               ACTIVATIONS["gelu_exact"][1](x), rtol=1e-14, atol=1e-15)
