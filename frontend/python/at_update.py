@@ -14,7 +14,7 @@ Terms.
   positions (a constant index tensor), then reshaped back:
     add       scatter_add(x, positions, v)          (a repeated position adds every update)
     set       select(mask, scatter_add(0, unique positions, v at each last occurrence), x)
-              (NumPy's and JAX-on-CPU's rule: the last update of a repeated position wins)
+              (NumPy's rule: the last update of a repeated position wins; JAX: implementation-defined)
     multiply  x * select(mask_k, scatter_add(0, positions_k, v_k), 1), one product per layer k
               of repeated positions (a repeated position multiplies by every update)
     get       a `slice` (basic indexing, as x[idx]) or an `index` gather at the positions.
