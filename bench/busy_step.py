@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import statistics
 import subprocess
 import sys
@@ -38,8 +37,10 @@ def child(model: str, size: str, threads: int, steps: int) -> None:
     sys.path.insert(0, str(HERE))
     import rnn
 
-    limits = rnn.limit_blas_threads(threads)  # noqa: F841 (kept alive while the steps run)
     T, B, I, H = rnn.SIZES[size]  # noqa: E741
+    # MKL's count too, through gir's handle: threadpoolctl alone, called before gir loads MKL,
+    # left MKL on every core, and "1 thread" ran the GEMMs on two.
+    limits = rnn.gir_set_threads(threads)  # noqa: F841 (kept alive while the steps run)
     step, _ = rnn.setup_gir(model, rnn.make_inputs(model, T, B, I, H, 0))
     step()
     from gir.backend.cpu import blas, tiers
@@ -58,8 +59,16 @@ def child(model: str, size: str, threads: int, steps: int) -> None:
 
 def _run(model: str, size: str, threads: int, steps: int) -> list[float]:
     out = subprocess.run([sys.executable, __file__, "--child", model, size, str(threads), str(steps)],
-                         capture_output=True, text=True, check=True, env=os.environ.copy())
+                         capture_output=True, text=True, check=True, env=rnn_thread_env(threads))
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rnn_thread_env(threads: int) -> dict[str, str]:
+    """bench/rnn.py's environment for `threads` (OMP/MKL/OpenBLAS counts), as a user sets it."""
+    sys.path.insert(0, str(HERE))
+    import rnn
+
+    return rnn.thread_env(threads)
 
 
 def _table(label: str, results: dict[int, list[float]]) -> None:

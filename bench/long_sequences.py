@@ -17,7 +17,8 @@ T and each budget: none (only where the planned peak fits --max-gb), 1 GB and 25
 - grad diff: the largest relative difference of the loss and every gradient against the
   un-checkpointed step at the same T, where that ran (float32; the float64 equality to 1e-10
   is tests/test_checkpoint.py's);
-- compile: seconds to compile (should not grow with T: nothing is unrolled).
+- compile: seconds to compile (should not grow with T: nothing is unrolled), the -O3 code,
+  GEMM paths from the model (`GIR_GEMM_MEASURE=off`: no measurement counted as compile time).
 
 JAX (`--jax`, where importable): `jax.checkpoint` around a `lax.scan` over segments of a
 `lax.scan` over steps (S the divisor of T nearest below √T), gates fused into one weight per
@@ -106,7 +107,9 @@ def run_gir(T: int, B: int, I: int, H: int, budget: str, repeat: int, max_bytes:
     cache = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, cache, True)
     os.environ["GIR_CACHE_DIR"] = cache  # compiled here: the passes' reports, the compile time
-    os.environ.setdefault("GIR_GEMM_MEASURE", "now")
+    # GEMM paths from the model, not measured: measuring a T-long GEMM through every path takes
+    # minutes at T = 100,000 and would be counted as compile time; every run gets the same choice.
+    os.environ.setdefault("GIR_GEMM_MEASURE", "off")
     import gir
 
     args, _ = inputs(T, B, I, H)
@@ -192,8 +195,9 @@ def max_relative_diff(a: str, b: str) -> float:
 def child(argv: list[str], timeout: float) -> dict:
     r = subprocess.run([sys.executable, __file__, "--child", json.dumps(argv)], capture_output=True, text=True,
                        timeout=timeout)
-    if r.returncode != 0:
-        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+    if r.returncode != 0:  # a GirError's message line, not its source line or caret after it
+        lines = r.stderr.strip().splitlines() or ["failed"]
+        return {"error": next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1])}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
