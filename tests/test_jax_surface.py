@@ -905,12 +905,12 @@ ACTIVATIONS = {  # name: (gir's, NumPy's): JAX's definitions, written out in Num
     "erf": (lambda x: gir.lax.erf(3 * x), lambda x: _np_erf(3 * x)),
     "silu": (lambda x: gir.nn.silu(x), lambda x: x / (1 + np.exp(-x))),
     "swish": (lambda x: gir.nn.swish(x), lambda x: x / (1 + np.exp(-x))),
-    "softplus": (lambda x: gir.nn.softplus(x * 400), lambda x: _np_softplus(x * 400)),  # |x| to ~1000: no overflow
-    "log_sigmoid": (lambda x: gir.nn.log_sigmoid(x * 400), lambda x: -_np_softplus(-x * 400)),
+    "softplus": (lambda x: gir.nn.softplus(x * 3), lambda x: _np_softplus(x * 3)),
+    "log_sigmoid": (lambda x: gir.nn.log_sigmoid(x * 3), lambda x: -_np_softplus(-x * 3)),
     "relu6": (lambda x: gir.nn.relu6(4 * x), lambda x: np.clip(4 * x, 0, 6)),
     "leaky_relu": (lambda x: gir.nn.leaky_relu(x, 0.2), lambda x: np.where(x >= 0, x, 0.2 * x)),
-    "elu": (lambda x: gir.nn.elu(x * 400, alpha=0.5), lambda x: np.where(x > 0, x * 400, 0.5 * np.expm1(
-        np.minimum(x * 400, 0)))),
+    "elu": (lambda x: gir.nn.elu(x * 3, alpha=0.5), lambda x: np.where(x > 0, x * 3, 0.5 * np.expm1(
+        np.minimum(x * 3, 0)))),
     "celu": (lambda x: gir.nn.celu(x, alpha=0.7), lambda x: np.maximum(x, 0) + 0.7 * np.expm1(np.minimum(x, 0) / 0.7)),
     "selu": (lambda x: gir.nn.selu(x), lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772
                                                                                 * np.expm1(np.minimum(x, 0)))),
@@ -932,6 +932,31 @@ def test_activation_values_and_gradients(name, device) -> None:
         w = RNG.standard_normal(theirs(x).shape)
         g = gir.jit(gir.grad(lambda x: gir.sum(ours(x) * w)), device=device)(x)
     np.testing.assert_allclose(g, fd_grad(lambda x_: float((theirs(x_) * w).sum()), x), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_activations_and_expm1_at_extreme_inputs(device) -> None:
+    """No overflow or NaN where exp(x) under- or overflows, in the values and the gradients."""
+    x = np.array([-1e300, -2000.0, -746.0, -720.0, -30.0, 0.0, 30.0, 700.0, 708.0, 712.0, 2000.0])
+
+    def fns(x):
+        return (gir.nn.softplus(x), gir.nn.log_sigmoid(x), gir.nn.elu(x), gir.nn.selu(x), gnp.expm1(x))
+
+    with np.errstate(over="ignore"):
+        got = gir.jit(fns, device=device)(x)
+        want = (_np_softplus(x), -_np_softplus(-x), np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+                1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(np.minimum(x, 0))), np.expm1(x))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-15, atol=0)
+    small = x[np.abs(x) < 1000]
+    g = gir.jit(gir.grad(lambda x: gir.sum(gir.nn.softplus(x) + gir.nn.elu(x) + gir.nn.log_sigmoid(x))),
+                device=device)(small)
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-small))
+        want = sig + np.where(small > 0, 1.0, np.exp(small)) + 1 / (1 + np.exp(small))
+    np.testing.assert_allclose(g, want, rtol=1e-14, atol=1e-300)
+    g1 = gir.jit(gir.grad(lambda x: gir.sum(gnp.expm1(x))), device=device)(small[:-1])
+    np.testing.assert_allclose(g1, np.exp(small[:-1]), rtol=1e-13, atol=1e-300)
 
 
 def test_erf_is_accurate_over_its_whole_range() -> None:
