@@ -114,9 +114,10 @@ def _positions(x: Tracer, key: tuple[Any, ...], loc: Location) -> np.ndarray:
         raise GirTraceError(f"x.at[...] with a static index on {x.type}: its `?` dims must be known; trace with "
                             "concrete sizes (gir.jit specialises on the arguments) or index one axis with a traced "
                             "integer", loc)
+    dims = tuple(d for d in shape if d is not None)
     key = tuple(np.asarray(k) if isinstance(k, list) else k for k in key)
     try:
-        return np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)[key]
+        return np.arange(int(np.prod(dims, dtype=np.int64)), dtype=np.int64).reshape(dims)[key]
     except (IndexError, ValueError, TypeError) as e:
         raise GirTraceError(f"x.at[{_show(key)}] on {x.type}: {e}", loc) from None
 
@@ -196,7 +197,7 @@ def _scatter(base: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> T
 
 def _select_at(base: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> Tracer:
     """base with the (distinct) positions replaced by v: a select on a constant mask."""
-    mask = np.zeros(base.type.shape[0], dtype=bool)
+    mask = np.zeros(base.type.num_elements() or 0, dtype=np.bool_)  # base: x flattened, its size known
     mask[positions] = True
     scattered = _scatter(_zeros(base, loc), positions, v, loc)
     return emit1("select", [to_value(mask, loc=loc), scattered.value, base.value], loc=loc)
@@ -233,8 +234,9 @@ def _updates(x: Tracer, values: Any, shape: tuple[Any, ...], loc: Location, like
     if any(d is None for d in (*have, *shape)):
         raise GirTraceError(f"the update {v.tensor_type} must have the selection's shape {list(shape)} when a dim "
                             "is `?` (no broadcasting over a `?` dim here)", loc)
+    known = tuple(d for d in shape if d is not None)  # none is `?` here
     try:
-        ok = np.broadcast_shapes(have, tuple(shape)) == tuple(shape)
+        ok = np.broadcast_shapes(tuple(d for d in have if d is not None), known) == known
     except ValueError:
         ok = False
     if not ok:
