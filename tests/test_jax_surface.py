@@ -731,6 +731,14 @@ def _np_mul(x, idx, v):
     return y
 
 
+def _np_ufunc_at(ufunc):
+    def update(x, idx, v):
+        y = x.copy()
+        ufunc.at(y, idx, v)
+        return y
+    return update
+
+
 MASK = RNG.standard_normal((4, 5)) > 0
 ROWS = np.array([2, 0])  # the traced index argument (row ids); ROWS[0] a traced scalar
 AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
@@ -747,6 +755,22 @@ AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
     "add_bool_mask": (lambda x, v, i: x.at[MASK].add(v), lambda x, v, i: _np_add(x, MASK, v), ()),
     "multiply_repeated": (lambda x, v, i: x.at[[1, 1, 3], [0, 0, 4]].multiply(v),
                           lambda x, v, i: _np_mul(x, ([1, 1, 3], [0, 0, 4]), v), (3,)),
+    "divide_repeated": (lambda x, v, i: x.at[[1, 1, 3], 2:4].divide(v + 3),
+                        lambda x, v, i: _np_ufunc_at(np.divide)(x, ([1, 1, 3], slice(2, 4)), v + 3), (3, 2)),
+    "min_repeated": (lambda x, v, i: x.at[[0, 2, 0]].min(v), lambda x, v, i: _np_ufunc_at(np.minimum)(x, [0, 2, 0], v),
+                     (3, 5)),
+    "max_broadcast": (lambda x, v, i: x.at[:, ::2].max(v), lambda x, v, i: _np_ufunc_at(np.maximum)(
+        x, (slice(None), slice(None, None, 2)), v), (3,)),
+    "traced_scalar_and_slice_set": (lambda x, v, i: x.at[i[0], 1:4].set(v),
+                                    lambda x, v, i: _np_set(x, (i[0], slice(1, 4)), v), (3,)),
+    "traced_scalar_and_list_add": (lambda x, v, i: x.at[[0, 0, 3], i[1]].add(v),
+                                   lambda x, v, i: _np_add(x, ([0, 0, 3], i[1]), v), (3,)),
+    "traced_scalar_and_slice_get": (lambda x, v, i: x.at[..., ::-2, i[0]].get() * v, lambda x, v, i: x[::-2, i[0]] * v,
+                                    (2,)),
+    "traced_divide_row": (lambda x, v, i: x.at[i[0]].divide(v + 3), lambda x, v, i: _np_ufunc_at(np.divide)(
+        x, i[0], v + 3), (5,)),
+    "traced_max_column": (lambda x, v, i: x.at[:, i[1]].max(v), lambda x, v, i: _np_ufunc_at(np.maximum)(
+        x, (slice(None), i[1]), v), (4,)),
     "get_fancy": (lambda x, v, i: x.at[[3, 0], ::-2].get() * v, lambda x, v, i: x[[3, 0], ::-2] * v, (2, 3)),
     "get_slice": (lambda x, v, i: x.at[1:3, 2].get() * v, lambda x, v, i: x[1:3, 2] * v, (2,)),
     "traced_set_row": (lambda x, v, i: x.at[i[0]].set(v), lambda x, v, i: _np_set(x, i[0], v), (5,)),
@@ -815,11 +839,13 @@ def test_at_on_bools_and_a_variable_batch() -> None:
 
 AT_ERRORS = {
     "out of range": (lambda x, t: x.at[4].set(1.0), "out of bounds"),
-    "traced and sliced": (lambda x, t: x.at[t, 1:3].set(1.0), "alone on one axis"),
+    "traced ids and sliced": (lambda x, t: x.at[gnp.stack([t, t]), 1:3].set(1.0), "alone on one axis"),
+    "two traced": (lambda x, t: x.at[t, t].set(1.0), "one traced index"),
     "multiply by ids": (lambda x, t: x.at[gnp.stack([t, t])].multiply(2.0), "repeated index"),
     "shape": (lambda x, t: x.at[0].set(np.ones(4)), "does not broadcast"),
     "mode": (lambda x, t: x.at[0].set(1.0, mode="drop"), "mode"),
-    "min": (lambda x, t: x.at[0].min(1.0), "not supported"),
+    "power": (lambda x, t: x.at[0].power(1.0), "not supported"),
+    "max by ids": (lambda x, t: x.at[gnp.stack([t, t])].max(2.0), "repeated index"),
     "step 0": (lambda x, t: x.at[::0].add(1.0), "step"),
     "bool add": (lambda x, t: (x > 0).at[0].add(True), "astype"),
     "variable": (lambda x, t: x.at[:, 1].set(0.0), "`\\?` dims must be known"),

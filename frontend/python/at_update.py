@@ -1,4 +1,5 @@
-"""JAX's functional updates on traced values: `x.at[idx].set(v)`, `.add(v)`, `.multiply(v)`, `.get()`.
+"""JAX's functional updates on traced values: `x.at[idx].set(v)`, `.add(v)`, `.multiply(v)`,
+`.divide(v)`, `.min(v)`, `.max(v)`, `.get()`.
 
 A traced value is never written in place: `x.at[idx].add(v)` is a new tensor, x with v added
 where `x[idx]` lies (v broadcast to that selection's shape and cast to x's dtype, as JAX does).
@@ -16,19 +17,22 @@ Terms.
     set       select(mask, scatter_add(0, unique positions, v at each last occurrence), x)
               (NumPy's rule: the last update of a repeated position wins; JAX: implementation-defined)
     multiply  x * select(mask_k, scatter_add(0, positions_k, v_k), 1), one product per layer k
-              of repeated positions (a repeated position multiplies by every update)
+              of repeated positions (a repeated position multiplies by every update); divide alike
+    min, max  select(mask_k, min(x, scatter_add(0, positions_k, v_k)), x), per layer k (max alike)
     get       a `slice` (basic indexing, as x[idx]) or an `index` gather at the positions.
 - A *traced* index `t` (an integer scalar or tensor) alone on one axis, every other axis whole
   (`x.at[t]`, `x.at[:, t]`, `x.at[..., t]`): that axis is moved to the front and the update is
   one `scatter_add` of rows at t (`add`), a `select` between x and the scattered rows where a
-  scattered count is non-zero (`set`), or a `set` of `x[t] * v` (`multiply`, scalar t only).
+  scattered count is non-zero (`set`), or a `set` of `x[t] * v` (`multiply`; `divide`, `min`,
+  `max` alike; scalar t only). A traced scalar t beside static indices on other axes: the slab
+  x[.., t, ..] is read, updated by the static rule, and set back.
 
-Known gaps (docs/python.md's table): a traced index together with another non-whole index on
-another axis (`x.at[t, 1:3]`); `multiply` with a traced index tensor (a repeated index would
-have to multiply twice); a repeated row in a traced index tensor under `set` sums its updates
-(JAX keeps one of them); a traced index out of range (or negative) is a run-time error, as
-`x[t]` is (JAX clamps gathers and drops such updates); `.min`, `.max`, `.divide`, `.power`,
-and `mode=`/`fill_value=`; static indices need x's shape known (no `?`).
+Known gaps (docs/python.md's table): a traced index tensor together with another non-whole
+index on another axis (`x.at[ids, 1:3]`); `multiply`, `divide`, `min`, `max` with a traced
+index tensor (a repeated index would have to apply twice); a repeated row in a traced index
+tensor under `set` sums its updates (JAX keeps one of them); a traced index out of range (or
+negative) is a run-time error, as `x[t]` is (JAX clamps gathers and drops such updates);
+`.power`, `.apply`, and `mode=`/`fill_value=`; static indices need x's shape known (no `?`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from ...errors import Location
 from .numpy_api import _getitem, _reshape, _transpose
 from .tracer import GirTraceError, Tracer, current_frame, emit1, to_value, user_location
 
-_OPS = ("set", "add", "multiply", "get")
+_OPS = ("set", "add", "multiply", "divide", "min", "max", "get")
+_COMBINE = {"multiply": "mul", "divide": "div", "min": "min", "max": "max"}
+"""The elementwise op that combines x's element with an update, for the updates after set/add."""
 
 
 class _AtIndexer:
@@ -80,6 +86,18 @@ class _AtSelection:
         """x with x[idx] multiplied by values (a repeated position multiplies by each)."""
         return _update("multiply", self.x, self.idx, values, options, user_location())
 
+    def divide(self, values: Any, **options: Any) -> Tracer:
+        """x with x[idx] divided by values (a repeated position divides by each)."""
+        return _update("divide", self.x, self.idx, values, options, user_location())
+
+    def min(self, values: Any, **options: Any) -> Tracer:
+        """x with x[idx] replaced by the minimum of it and values."""
+        return _update("min", self.x, self.idx, values, options, user_location())
+
+    def max(self, values: Any, **options: Any) -> Tracer:
+        """x with x[idx] replaced by the maximum of it and values."""
+        return _update("max", self.x, self.idx, values, options, user_location())
+
     def get(self, **options: Any) -> Tracer:
         """x[idx] (all of NumPy's static indexing; a traced index alone on one axis)."""
         return _update("get", self.x, self.idx, None, options, user_location())
@@ -97,7 +115,7 @@ def _update(op: str, x: Tracer, idx: Any, values: Any, options: dict[str, Any], 
     key = idx if isinstance(idx, tuple) else (idx,)
     if any(isinstance(k, Tracer) for k in key):
         return _traced_update(op, x, key, values, loc)
-    if x.type.dtype == "i1" and op in ("add", "multiply"):
+    if x.type.dtype == "i1" and op not in ("set", "get"):
         raise GirTraceError(f"x.at[...].{op}() on a bool tensor: convert it with .astype('int32') first", loc)
     if op == "get":
         return _static_get(x, key, loc)
@@ -161,9 +179,8 @@ def _static_update(op: str, x: Tracer, key: tuple[Any, ...], values: Any, loc: L
         out = _select_at(flat, p[last], _rows(v, last, loc), loc)
     else:
         out = flat
-        for layer in _layers(p):
-            factor = _select_at(_ones(flat, loc), p[layer], _rows(v, layer, loc), loc)
-            out = emit1("mul", [out.value, factor.value], loc=loc)
+        for layer in _layers(p):  # each layer's positions are distinct: one select each
+            out = _combine_at(op, out, p[layer], _rows(v, layer, loc), loc)
     out = _reshape(out, shape, loc)
     return emit1("ne", [out.value, to_value(0, "i32", loc)], loc=loc) if is_bool else out
 
@@ -191,16 +208,31 @@ def _rows(v: Tracer, which: np.ndarray, loc: Location) -> Tracer:
     return emit1("index", [v.value, to_value(which, loc=loc)], loc=loc)
 
 
+def _combine_at(op: str, out: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> Tracer:
+    """out with out[p] = OP(out[p], v) at the (distinct) positions. multiply, divide: by a factor
+    that is 1 elsewhere (x * 1 and x / 1 are x exactly, and no 0 divides in the gradient);
+    min, max: a select of OP(out, scattered v) (the elements it drops get no gradient)."""
+    if op in ("multiply", "divide"):
+        factor = _select_at(_ones(out, loc), positions, v, loc)
+        return emit1(_COMBINE[op], [out.value, factor.value], loc=loc)
+    combined = emit1(_COMBINE[op], [out.value, _scatter(_zeros(out, loc), positions, v, loc).value], loc=loc)
+    return emit1("select", [to_value(_mask(out, positions), loc=loc), combined.value, out.value], loc=loc)
+
+
+def _mask(base: Tracer, positions: np.ndarray) -> np.ndarray:
+    mask = np.zeros(base.type.num_elements() or 0, dtype=np.bool_)  # base: x flattened, its size known
+    mask[positions] = True
+    return mask
+
+
 def _scatter(base: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> Tracer:
     return emit1("scatter_add", [base.value, to_value(positions, loc=loc), v.value], loc=loc)
 
 
 def _select_at(base: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> Tracer:
     """base with the (distinct) positions replaced by v: a select on a constant mask."""
-    mask = np.zeros(base.type.num_elements() or 0, dtype=np.bool_)  # base: x flattened, its size known
-    mask[positions] = True
     scattered = _scatter(_zeros(base, loc), positions, v, loc)
-    return emit1("select", [to_value(mask, loc=loc), scattered.value, base.value], loc=loc)
+    return emit1("select", [to_value(_mask(base, positions), loc=loc), scattered.value, base.value], loc=loc)
 
 
 def _zeros(x: Tracer, loc: Location) -> Tracer:
@@ -248,24 +280,29 @@ def _updates(x: Tracer, values: Any, shape: tuple[Any, ...], loc: Location, like
 # -- a traced index ---------------------------------------------------------------------------------
 
 
-def _traced_axis(x: Tracer, key: tuple[Any, ...], loc: Location) -> tuple[int, Tracer]:
-    """(axis, t) for a key that is one traced integer t on one axis, every other axis whole."""
+def _traced_axis(x: Tracer, key: tuple[Any, ...], loc: Location) -> tuple[int, Tracer, tuple[Any, ...] | None]:
+    """(axis, t, rest) for a key with one traced integer t on one axis: rest is None where every
+    other axis is whole, else the static index of the other axes (t a scalar only)."""
     rank = x.type.rank
-    if sum(k is Ellipsis for k in key) > 1:
+    if sum(k is Ellipsis for k in key if not isinstance(k, Tracer)) > 1:
         raise GirTraceError("an index can have only one ...", loc)
     if Ellipsis in [k for k in key if not isinstance(k, Tracer)]:
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (rank - len(key) + 1) + key[i + 1:]
     traced = [(a, k) for a, k in enumerate(key) if isinstance(k, Tracer)]
-    others = [k for k in key if not isinstance(k, Tracer)]
-    if len(traced) != 1 or any(k != slice(None) for k in others) or len(key) > rank:
-        raise GirTraceError("x.at[...] with a traced index takes it alone on one axis, every other axis whole "
-                            "(x.at[t], x.at[:, t], x.at[..., t]); index the rest with static integers and "
-                            "slices in a second .at, or gather rows first", loc)
+    others = tuple(k for k in key if not isinstance(k, Tracer))
+    if len(traced) != 1 or len(key) > rank or any(k is None for k in others):
+        raise GirTraceError("x.at[...] takes one traced index (on one axis, no None beside it)", loc)
     axis, t = traced[0]
     if t.type.dtype not in ("i32", "i64"):
         raise GirTraceError(f"a traced index must be an integer scalar or tensor, got {t.type}", loc)
-    return axis, t
+    if all(isinstance(k, slice) and k == slice(None) for k in others):
+        return axis, t, None
+    if t.type.rank:
+        raise GirTraceError("x.at[...] with a traced index tensor takes it alone on one axis, every other axis "
+                            "whole (x.at[ids], x.at[:, ids]); a traced scalar index may have static indices "
+                            "beside it (x.at[t, 1:3])", loc)
+    return axis, t, others
 
 
 def _to_front(x: Tracer, axis: int, count: int, loc: Location) -> Tracer:
@@ -288,7 +325,9 @@ def _from_front(x: Tracer, axis: int, count: int, loc: Location) -> Tracer:
 
 
 def _traced_update(op: str, x: Tracer, key: tuple[Any, ...], values: Any, loc: Location) -> Tracer:
-    axis, t = _traced_axis(x, key, loc)
+    axis, t, rest = _traced_axis(x, key, loc)
+    if rest is not None:
+        return _traced_row_update(op, x, axis, t, rest, values, loc)
     rows = _to_front(x, axis, 1, loc)
     r = t.type.rank
     if op == "get":
@@ -310,11 +349,23 @@ def _traced_update(op: str, x: Tracer, key: tuple[Any, ...], values: Any, loc: L
         out = _traced_set(rows, t, v, loc)
     else:
         if r:
-            raise GirTraceError("x.at[ids].multiply() with a traced index tensor is not supported (a repeated index "
-                                "would multiply twice); use a traced scalar index, or a static index", loc)
+            raise GirTraceError(f"x.at[ids].{op}() with a traced index tensor is not supported (a repeated index "
+                                "would have to apply twice); use a traced scalar index, or a static index", loc)
         picked = emit1("index", [rows.value, t.value], loc=loc)
-        out = _traced_set(rows, t, emit1("mul", [picked.value, v.value], loc=loc), loc)
+        out = _traced_set(rows, t, emit1(_COMBINE[op], [picked.value, v.value], loc=loc), loc)
     return _from_front(out, axis, 1, loc)
+
+
+def _traced_row_update(op: str, x: Tracer, axis: int, t: Tracer, rest: tuple[Any, ...], values: Any,
+                       loc: Location) -> Tracer:
+    """x.at[..., t, ...] with static indices beside a traced scalar t: the slab x[.., t, ..]
+    (axis dropped) is read, updated at the static rest, and set back; with t a scalar, x[key]
+    is that slab indexed by the rest, in NumPy as here."""
+    alone = (slice(None),) * axis + (t,)
+    slab = _traced_update("get", x, alone, None, loc)
+    if op == "get":
+        return _update("get", slab, rest, None, {}, loc)
+    return _traced_update("set", x, alone, _update(op, slab, rest, values, {}, loc), loc)
 
 
 def _traced_set(rows: Tracer, t: Tracer, v: Tracer, loc: Location) -> Tracer:
