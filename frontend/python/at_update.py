@@ -43,7 +43,7 @@ import numpy as np
 
 from ...errors import Location
 from .numpy_api import _getitem, _reshape, _transpose
-from .tracer import GirTraceError, Tracer, current_frame, emit1, to_value, user_location
+from .tracer import GirTraceAttributeError, GirTraceError, Tracer, current_frame, emit1, to_value, user_location
 
 _OPS = ("set", "add", "multiply", "divide", "min", "max", "get")
 _COMBINE = {"multiply": "mul", "divide": "div", "min": "min", "max": "max"}
@@ -103,7 +103,7 @@ class _AtSelection:
         return _update("get", self.x, self.idx, None, options, user_location())
 
     def __getattr__(self, name: str) -> Any:
-        raise GirTraceError(f"x.at[...].{name} is not supported; gir has " + ", ".join(f".{o}()" for o in _OPS),
+        raise GirTraceAttributeError(f"x.at[...].{name} is not supported; gir has " + ", ".join(f".{o}()" for o in _OPS),
                             user_location())
 
 
