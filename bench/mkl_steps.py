@@ -13,7 +13,8 @@ processes compile the same `<model>_grads`:
 each with its own fresh GIR_CACHE_DIR and `GIR_GEMM_MEASURE=now` (both measure every GEMM path
 they may use before they are timed) and timed once the -O3 code is in. The parent then asks
 them in turn for --chunk steps, --rounds times (A, B, A, B, ...; half a second apart, for the
-other's BLAS threads to stop spinning), so both see the same machine, and prints the medians, their ratio and the providers each function calls.
+other's BLAS threads to stop spinning), so both see the same machine, and prints the medians,
+their ratio and the providers each function calls.
 
     python bench/mkl_steps.py                                   # S and M, 1 and 2 threads
     python bench/mkl_steps.py --sizes S --threads 2 --rounds 10 --out docs/performance-mkl.md

@@ -283,3 +283,12 @@ def test_run_verbose_reports_the_compile(tmp_path: Path) -> None:
     path_of = re.search(r"f32 3x3 @ 3x3 -> (\S+)", proc.stderr).group(1)  # type: ignore[union-attr]
     from gir.backend.cpu.blas import provider_of
     assert f"BLAS: the code calls {provider_of(path_of)}" in proc.stderr, proc.stderr
+
+
+def test_adamw_without_params_is_a_gir_error() -> None:
+    """The weight decay needs the parameters: a GirArgumentError saying how to call it, not a
+    raw ValueError."""
+    opt = gir.optim.adamw(1e-2)
+    params = {"w": np.ones(3)}
+    with pytest.raises(gir.GirError, match=r"optimizer.update\(grads, state, params\)"):
+        opt.update(params, opt.init(params))

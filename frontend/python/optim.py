@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ...errors import GirArgumentError
 from .numpy_api import sqrt as gir_sqrt
 from .numpy_api import sum as gir_sum
 from .tracer import Tracer
@@ -119,7 +120,8 @@ def adamw(learning_rate: float | Schedule, b1: float = 0.9, b2: float = 0.999, e
             return -lr * direction
 
         if weight_decay and params is None:
-            raise ValueError("adamw's update needs params (for the weight decay)")
+            raise GirArgumentError("adamw's update needs params (for the weight decay): "
+                                   "optimizer.update(grads, state, params)")
         updates = tree_map(step, mu, nu, params if weight_decay else mu)
         return updates, AdamState(count, mu, nu)
 
