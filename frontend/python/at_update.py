@@ -103,8 +103,8 @@ class _AtSelection:
         return _update("get", self.x, self.idx, None, options, user_location())
 
     def __getattr__(self, name: str) -> Any:
-        raise GirTraceAttributeError(f"x.at[...].{name} is not supported; gir has " + ", ".join(f".{o}()" for o in _OPS),
-                            user_location())
+        have = ", ".join(f".{o}()" for o in _OPS)
+        raise GirTraceAttributeError(f"x.at[...].{name} is not supported; gir has {have}", user_location())
 
 
 def _update(op: str, x: Tracer, idx: Any, values: Any, options: dict[str, Any], loc: Location) -> Tracer:
