@@ -740,6 +740,7 @@ def _np_ufunc_at(ufunc):
 
 
 MASK = RNG.standard_normal((4, 5)) > 0
+R020, R113, R004, R30 = np.array([0, 2, 0]), np.array([1, 1, 3]), np.array([0, 0, 4]), np.array([3, 0])
 ROWS = np.array([2, 0])  # the traced index argument (row ids); ROWS[0] a traced scalar
 AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
     "set_strided": (lambda x, v, i: x.at[1:, ::2].set(v),
@@ -748,16 +749,16 @@ AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
                      lambda x, v, i: _np_set(x, (slice(None, None, -1), 2), v), (4,)),
     "set_broadcast": (lambda x, v, i: x.at[:, 1:3].set(v),
                       lambda x, v, i: _np_set(x, (slice(None), slice(1, 3)), v), (2,)),
-    "set_repeated_last_wins": (lambda x, v, i: x.at[[0, 2, 0], 1].set(v),
+    "set_repeated_last_wins": (lambda x, v, i: x.at[R020, 1].set(v),
                                lambda x, v, i: _np_set(x, ([0, 2, 0], 1), v), (3,)),
     "set_ellipsis": (lambda x, v, i: x.at[..., -1].set(v), lambda x, v, i: _np_set(x, (Ellipsis, -1), v), (4,)),
-    "add_repeated": (lambda x, v, i: x.at[[0, 2, 0]].add(v), lambda x, v, i: _np_add(x, [0, 2, 0], v), (3, 5)),
+    "add_repeated": (lambda x, v, i: x.at[R020].add(v), lambda x, v, i: _np_add(x, [0, 2, 0], v), (3, 5)),
     "add_bool_mask": (lambda x, v, i: x.at[MASK].add(v), lambda x, v, i: _np_add(x, MASK, v), ()),
-    "multiply_repeated": (lambda x, v, i: x.at[[1, 1, 3], [0, 0, 4]].multiply(v),
+    "multiply_repeated": (lambda x, v, i: x.at[R113, R004].multiply(v),
                           lambda x, v, i: _np_mul(x, ([1, 1, 3], [0, 0, 4]), v), (3,)),
-    "divide_repeated": (lambda x, v, i: x.at[[1, 1, 3], 2:4].divide(v + 3),
+    "divide_repeated": (lambda x, v, i: x.at[R113, 2:4].divide(v + 3),
                         lambda x, v, i: _np_ufunc_at(np.divide)(x, ([1, 1, 3], slice(2, 4)), v + 3), (3, 2)),
-    "min_repeated": (lambda x, v, i: x.at[[0, 2, 0]].min(v), lambda x, v, i: _np_ufunc_at(np.minimum)(x, [0, 2, 0], v),
+    "min_repeated": (lambda x, v, i: x.at[R020].min(v), lambda x, v, i: _np_ufunc_at(np.minimum)(x, [0, 2, 0], v),
                      (3, 5)),
     "max_broadcast": (lambda x, v, i: x.at[:, ::2].max(v), lambda x, v, i: _np_ufunc_at(np.maximum)(
         x, (slice(None), slice(None, None, 2)), v), (3,)),
@@ -771,7 +772,7 @@ AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
         x, i[0], v + 3), (5,)),
     "traced_max_column": (lambda x, v, i: x.at[:, i[1]].max(v), lambda x, v, i: _np_ufunc_at(np.maximum)(
         x, (slice(None), i[1]), v), (4,)),
-    "get_fancy": (lambda x, v, i: x.at[[3, 0], ::-2].get() * v, lambda x, v, i: x[[3, 0], ::-2] * v, (2, 3)),
+    "get_fancy": (lambda x, v, i: x.at[R30, ::-2].get() * v, lambda x, v, i: x[[3, 0], ::-2] * v, (2, 3)),
     "get_slice": (lambda x, v, i: x.at[1:3, 2].get() * v, lambda x, v, i: x[1:3, 2] * v, (2,)),
     "traced_set_row": (lambda x, v, i: x.at[i[0]].set(v), lambda x, v, i: _np_set(x, i[0], v), (5,)),
     "traced_add_column": (lambda x, v, i: x.at[:, i[0]].add(v),
@@ -1005,3 +1006,36 @@ def test_exact_gelu_on_the_gpu(device) -> None:
     x = RNG.standard_normal(6) * 3
     np.testing.assert_allclose(gir.jit(lambda x: gir.nn.gelu(x, approximate=False), device=device)(x),
                                ACTIVATIONS["gelu_exact"][1](x), rtol=1e-14, atol=1e-15)
+
+
+# -- against JAX itself, where it is installed --------------------------------------------------------
+
+def _jax_activations(jax) -> dict:
+    """ACTIVATIONS' gir functions as JAX's."""
+    nn = jax.nn
+    return {"gelu_tanh": nn.gelu, "gelu_exact": lambda x: nn.gelu(x, approximate=False),
+            "erf": lambda x: jax.lax.erf(3 * x), "silu": nn.silu, "swish": nn.swish,
+            "softplus": lambda x: nn.softplus(x * 3), "log_sigmoid": lambda x: nn.log_sigmoid(x * 3),
+            "relu6": lambda x: nn.relu6(4 * x), "leaky_relu": lambda x: nn.leaky_relu(x, 0.2),
+            "elu": lambda x: nn.elu(x * 3, alpha=0.5), "celu": lambda x: nn.celu(x, alpha=0.7), "selu": nn.selu,
+            "soft_sign": nn.soft_sign, "hard_tanh": lambda x: nn.hard_tanh(2 * x),
+            "hard_silu": lambda x: nn.hard_swish(4 * x), "mish": nn.mish, "glu": lambda x: nn.glu(x, axis=1)}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_equal_jax(name) -> None:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    x = RNG.standard_normal((3, 4)) * 2
+    theirs = np.asarray(_jax_activations(jax)[name](jax.numpy.asarray(x)))
+    np.testing.assert_allclose(gir.jit(ACTIVATIONS[name][0], device="cpu")(x), theirs, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", sorted(set(AT_CASES) - {"traced_scalar_and_list_add"}))  # JAX takes no list index
+def test_at_updates_equal_jax(name) -> None:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    ours = AT_CASES[name][0]
+    x, v = _at_inputs(name)
+    theirs = np.asarray(ours(jax.numpy.asarray(x), jax.numpy.asarray(v), jax.numpy.asarray(ROWS)))
+    np.testing.assert_allclose(gir.jit(ours, device="cpu")(x, v, ROWS), theirs, rtol=1e-14, atol=1e-15)
