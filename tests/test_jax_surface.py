@@ -832,10 +832,12 @@ def test_at_on_bools_and_a_variable_batch() -> None:
     a, b = f(mask, np.array([1]))
     np.testing.assert_array_equal(a, [[True, True], [True, True]])
     np.testing.assert_array_equal(b, [[True, False], [False, False]])
-    module = gir.trace(lambda x, t: x.at[:, t].set(0.0), gir.spec("?x5", "f64"), gir.spec((), "i64"))
+    module = gir.trace(lambda x, t: (x.at[:, t].set(0.0), x.at[:, 1:3].get()), gir.spec("?x5", "f64"),
+                       gir.spec((), "i64"))
     x = RNG.standard_normal((3, 5))
-    (got,) = gir.interpret(module, list(module.functions)[-1], x, np.int64(2))
+    got, part = gir.interpret(module, list(module.functions)[-1], x, np.int64(2))
     np.testing.assert_array_equal(got, _np_set(x, (slice(None), 2), 0.0))
+    np.testing.assert_array_equal(part, x[:, 1:3])
 
 
 AT_ERRORS = {

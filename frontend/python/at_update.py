@@ -32,7 +32,8 @@ index on another axis (`x.at[ids, 1:3]`); `multiply`, `divide`, `min`, `max` wit
 index tensor (a repeated index would have to apply twice); a repeated row in a traced index
 tensor under `set` sums its updates (JAX keeps one of them); a traced index out of range (or
 negative) is a run-time error, as `x[t]` is (JAX clamps gathers and drops such updates);
-`.power`, `.apply`, and `mode=`/`fill_value=`; static indices need x's shape known (no `?`).
+`.power`, `.apply`, and `mode=`/`fill_value=`; static updates need x's shape known (no `?`;
+`.get()` with ints and slices takes what `x[idx]` takes).
 """
 
 from __future__ import annotations
@@ -154,6 +155,8 @@ def _basic(key: tuple[Any, ...]) -> bool:
 
 
 def _static_get(x: Tracer, key: tuple[Any, ...], loc: Location) -> Tracer:
+    if _basic(key) and not x.type.is_static:
+        return _getitem(x, key, loc)  # x[idx] keeps a `?` axis whole (the fused-gate gx[:, :H])
     positions = _positions(x, key, loc)  # NumPy's errors (out of range, step 0) for every kind of index
     if _basic(key):
         return _getitem(x, key, loc)
