@@ -758,6 +758,10 @@ AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
                           lambda x, v, i: _np_mul(x, ([1, 1, 3], [0, 0, 4]), v), (3,)),
     "divide_repeated": (lambda x, v, i: x.at[R113, 2:4].divide(v + 3),
                         lambda x, v, i: _np_ufunc_at(np.divide)(x, ([1, 1, 3], slice(2, 4)), v + 3), (3, 2)),
+    "power_repeated": (lambda x, v, i: (abs(x) + 0.5).at[R020, 1:3].power(v),  # a positive base: no NaN
+                       lambda x, v, i: _np_ufunc_at(np.power)(abs(x) + 0.5, ([0, 2, 0], slice(1, 3)), v), (3, 2)),
+    "traced_power_row": (lambda x, v, i: (abs(x) + 0.5).at[i[1]].power(v),
+                         lambda x, v, i: _np_ufunc_at(np.power)(abs(x) + 0.5, i[1], v), (5,)),
     "min_repeated": (lambda x, v, i: x.at[R020].min(v), lambda x, v, i: _np_ufunc_at(np.minimum)(x, [0, 2, 0], v),
                      (3, 5)),
     "max_broadcast": (lambda x, v, i: x.at[:, ::2].max(v), lambda x, v, i: _np_ufunc_at(np.maximum)(
@@ -847,7 +851,8 @@ AT_ERRORS = {
     "multiply by ids": (lambda x, t: x.at[gnp.stack([t, t])].multiply(2.0), "repeated index"),
     "shape": (lambda x, t: x.at[0].set(np.ones(4)), "does not broadcast"),
     "mode": (lambda x, t: x.at[0].set(1.0, mode="drop"), "mode"),
-    "power": (lambda x, t: x.at[0].power(1.0), "not supported"),
+    "apply": (lambda x, t: x.at[0].apply(abs), "not supported"),
+    "int power": (lambda x, t: x.astype("i32").at[0].power(2), "takes floats"),
     "max by ids": (lambda x, t: x.at[gnp.stack([t, t])].max(2.0), "repeated index"),
     "step 0": (lambda x, t: x.at[::0].add(1.0), "step"),
     "bool add": (lambda x, t: (x > 0).at[0].add(True), "astype"),

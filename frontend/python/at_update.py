@@ -18,13 +18,14 @@ Terms.
               (NumPy's rule: the last update of a repeated position wins; JAX: implementation-defined)
     multiply  x * select(mask_k, scatter_add(0, positions_k, v_k), 1), one product per layer k
               of repeated positions (a repeated position multiplies by every update); divide alike
+    power     select(mask_k, pow(select(mask_k, x, 1), scatter_add(0, positions_k, v_k)), x)
     min, max  select(mask_k, min(x, scatter_add(0, positions_k, v_k)), x), per layer k (max alike)
     get       a `slice` (basic indexing, as x[idx]) or an `index` gather at the positions.
 - A *traced* index `t` (an integer scalar or tensor) alone on one axis, every other axis whole
   (`x.at[t]`, `x.at[:, t]`, `x.at[..., t]`): that axis is moved to the front and the update is
   one `scatter_add` of rows at t (`add`), a `select` between x and the scattered rows where a
   scattered count is non-zero (`set`), or a `set` of `x[t] * v` (`multiply`; `divide`, `min`,
-  `max` alike; scalar t only). A traced scalar t beside static indices on other axes: the slab
+  `max`, `power` alike; scalar t only). A traced scalar t beside static indices on other axes: the slab
   x[.., t, ..] is read, updated by the static rule, and set back.
 
 Known gaps (docs/python.md's table): a traced index tensor together with another non-whole
@@ -32,7 +33,7 @@ index on another axis (`x.at[ids, 1:3]`); `multiply`, `divide`, `min`, `max` wit
 index tensor (a repeated index would have to apply twice); a repeated row in a traced index
 tensor under `set` sums its updates (JAX keeps one of them); a traced index out of range (or
 negative) is a run-time error, as `x[t]` is (JAX clamps gathers and drops such updates);
-`.power`, `.apply`, and `mode=`/`fill_value=`; static updates need x's shape known (no `?`;
+`.apply`, and `mode=`/`fill_value=`; static updates need x's shape known (no `?`;
 `.get()` with ints and slices takes what `x[idx]` takes).
 """
 
@@ -46,8 +47,8 @@ from ...errors import Location
 from .numpy_api import _getitem, _reshape, _transpose
 from .tracer import GirTraceAttributeError, GirTraceError, Tracer, current_frame, emit1, to_value, user_location
 
-_OPS = ("set", "add", "multiply", "divide", "min", "max", "get")
-_COMBINE = {"multiply": "mul", "divide": "div", "min": "min", "max": "max"}
+_OPS = ("set", "add", "multiply", "divide", "power", "min", "max", "get")
+_COMBINE = {"multiply": "mul", "divide": "div", "power": "pow", "min": "min", "max": "max"}
 """The elementwise op that combines x's element with an update, for the updates after set/add."""
 
 
@@ -91,6 +92,10 @@ class _AtSelection:
         """x with x[idx] divided by values (a repeated position divides by each)."""
         return _update("divide", self.x, self.idx, values, options, user_location())
 
+    def power(self, values: Any, **options: Any) -> Tracer:
+        """x with x[idx] raised to values (floats; a repeated position raises once per update)."""
+        return _update("power", self.x, self.idx, values, options, user_location())
+
     def min(self, values: Any, **options: Any) -> Tracer:
         """x with x[idx] replaced by the minimum of it and values."""
         return _update("min", self.x, self.idx, values, options, user_location())
@@ -114,6 +119,9 @@ def _update(op: str, x: Tracer, idx: Any, values: Any, options: dict[str, Any], 
                             "indices_are_sorted, unique_indices, fill_value): gir has one behaviour, "
                             "docs/python.md", loc)
     key = idx if isinstance(idx, tuple) else (idx,)
+    if op == "power" and x.type.dtype not in ("f32", "f64"):
+        raise GirTraceError(f"x.at[...].power() on {x.type}: the `pow` op takes floats; convert with "
+                            ".astype(float) first", loc)
     if any(isinstance(k, Tracer) for k in key):
         return _traced_update(op, x, key, values, loc)
     if x.type.dtype == "i1" and op not in ("set", "get"):
@@ -214,12 +222,16 @@ def _rows(v: Tracer, which: np.ndarray, loc: Location) -> Tracer:
 def _combine_at(op: str, out: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> Tracer:
     """out with out[p] = OP(out[p], v) at the (distinct) positions. multiply, divide: by a factor
     that is 1 elsewhere (x * 1 and x / 1 are x exactly, and no 0 divides in the gradient);
-    min, max: a select of OP(out, scattered v) (the elements it drops get no gradient)."""
+    power: a select of pow(base, scattered v), base 1 where unselected (1 ** 0: no log of a
+    negative x in the gradient of the branch the select drops); min, max: a select of
+    OP(out, scattered v) (the elements it drops get no gradient)."""
     if op in ("multiply", "divide"):
         factor = _select_at(_ones(out, loc), positions, v, loc)
         return emit1(_COMBINE[op], [out.value, factor.value], loc=loc)
-    combined = emit1(_COMBINE[op], [out.value, _scatter(_zeros(out, loc), positions, v, loc).value], loc=loc)
-    return emit1("select", [to_value(_mask(out, positions), loc=loc), combined.value, out.value], loc=loc)
+    mask = to_value(_mask(out, positions), loc=loc)
+    base = emit1("select", [mask, out.value, _ones(out, loc).value], loc=loc) if op == "power" else out
+    combined = emit1(_COMBINE[op], [base.value, _scatter(_zeros(out, loc), positions, v, loc).value], loc=loc)
+    return emit1("select", [mask, combined.value, out.value], loc=loc)
 
 
 def _mask(base: Tracer, positions: np.ndarray) -> np.ndarray:
