@@ -21,6 +21,8 @@ Terms.
     power     select(mask_k, pow(select(mask_k, x, 1), scatter_add(0, positions_k, v_k)), x)
     min, max  select(mask_k, min(x, scatter_add(0, positions_k, v_k)), x), per layer k (max alike)
     get       a `slice` (basic indexing, as x[idx]) or an `index` gather at the positions.
+  With one `?` axis, kept whole by an index of ints and slices on the others, x is viewed as
+  (its static elements, the `?` axis): rows updated as the flattened x is (`_variable_update`).
 - A *traced* index `t` (an integer scalar or tensor) alone on one axis, every other axis whole
   (`x.at[t]`, `x.at[:, t]`, `x.at[..., t]`): that axis is moved to the front and the update is
   one `scatter_add` of rows at t (`add`), a `select` between x and the scattered rows where a
@@ -33,8 +35,8 @@ index on another axis (`x.at[ids, 1:3]`); `multiply`, `divide`, `min`, `max` wit
 index tensor (a repeated index would have to apply twice); a repeated row in a traced index
 tensor under `set` sums its updates (JAX keeps one of them); a traced index out of range (or
 negative) is a run-time error, as `x[t]` is (JAX clamps gathers and drops such updates);
-`.apply`, and `mode=`/`fill_value=`; static updates need x's shape known (no `?`;
-`.get()` with ints and slices takes what `x[idx]` takes).
+`.apply`, and `mode=`/`fill_value=`; static updates of a tensor with two `?` dims, or that
+index its `?` axis (`.get()` with ints and slices takes what `x[idx]` takes).
 """
 
 from __future__ import annotations
@@ -174,26 +176,80 @@ def _static_get(x: Tracer, key: tuple[Any, ...], loc: Location) -> Tracer:
 
 
 def _static_update(op: str, x: Tracer, key: tuple[Any, ...], values: Any, loc: Location) -> Tracer:
+    if not x.type.is_static:
+        return _variable_update(op, x, key, values, loc)
     positions = _positions(x, key, loc)
     v = _updates(x, values, positions.shape, loc)
     if positions.size == 0:
         return x
-    shape = x.type.shape
     is_bool = x.type.dtype == "i1"
     flat = _reshape(_as_i32(x, loc) if is_bool else x, (-1,), loc)
     v = _reshape(_as_i32(v, loc) if is_bool else v, (-1,), loc)
-    p = positions.reshape(-1)
-    if op == "add":
-        out = _scatter(flat, p, v, loc)
-    elif op == "set":
-        last = np.arange(p.size) if len(np.unique(p)) == p.size else _last_occurrences(p)
-        out = _select_at(flat, p[last], _rows(v, last, loc), loc)
-    else:
-        out = flat
-        for layer in _layers(p):  # each layer's positions are distinct: one select each
-            out = _combine_at(op, out, p[layer], _rows(v, layer, loc), loc)
-    out = _reshape(out, shape, loc)
+    out = _reshape(_update_rows(op, flat, positions.reshape(-1), v, loc), x.type.shape, loc)
     return emit1("ne", [out.value, to_value(0, "i32", loc)], loc=loc) if is_bool else out
+
+
+def _update_rows(op: str, rows: Tracer, p: np.ndarray, v: Tracer, loc: Location) -> Tracer:
+    """rows (N, ...) updated at rows p (static, maybe repeated) by v's rows (len(p), ...)."""
+    if op == "add":
+        return _scatter(rows, p, v, loc)
+    if op == "set":
+        last = np.arange(p.size) if len(np.unique(p)) == p.size else _last_occurrences(p)
+        return _select_at(rows, p[last], _rows(v, last, loc), loc)
+    out = rows
+    for layer in _layers(p):  # each layer's positions are distinct: one select each
+        out = _combine_at(op, out, p[layer], _rows(v, layer, loc), loc)
+    return out
+
+
+def _variable_update(op: str, x: Tracer, key: tuple[Any, ...], values: Any, loc: Location) -> Tracer:
+    """A static update of x with one `?` axis that the index keeps whole (`gx.at[:, :H]` with a
+    variable batch): x as rows of its static elements, one column per `?` index, updated as the
+    flattened x is (`_update_rows`), then put back."""
+    shape, rank = x.type.shape, x.type.rank
+    full = _full_key(key, rank)
+    unknown = [a for a, d in enumerate(shape) if d is None]
+    if len(unknown) != 1 or full is None or not _basic(full) or full[unknown[0]] != slice(None):
+        raise GirTraceError(f"x.at[{_show(key)}] on {x.type}: an update of a tensor with a `?` dim takes one `?` "
+                            "axis, kept whole (:), and ints and slices on the others; trace with concrete sizes "
+                            "(gir.jit specialises on the arguments) or index one axis with a traced integer", loc)
+    a = unknown[0]
+    static_shape = tuple(d for d in shape if d is not None)
+    try:
+        positions = np.arange(int(np.prod(static_shape, dtype=np.int64)), dtype=np.int64).reshape(static_shape)[
+            full[:a] + full[a + 1:]]
+    except (IndexError, ValueError, TypeError) as e:
+        raise GirTraceError(f"x.at[{_show(key)}] on {x.type}: {e}", loc) from None
+    like = _getitem(x, full, loc)  # x[idx]: the selection's shape, `?` axis included
+    v = _updates(x, values, like.type.shape, loc, like)
+    if positions.size == 0:
+        return x
+    is_bool = x.type.dtype == "i1"
+    a_selected = a - sum(1 for k in full[:a] if not isinstance(k, slice))  # ints before a drop their axes
+    rows = _columns(_as_i32(x, loc) if is_bool else x, a, loc)
+    out = _update_rows(op, rows, positions.reshape(-1), _columns(_as_i32(v, loc) if is_bool else v, a_selected, loc),
+                       loc)
+    out = _from_front(_reshape(_transpose(out, None, loc), (-1, *static_shape), loc), a, 1, loc)
+    return emit1("ne", [out.value, to_value(0, "i32", loc)], loc=loc) if is_bool else out
+
+
+def _columns(x: Tracer, axis: int, loc: Location) -> Tracer:
+    """x (its `?` axis at `axis`) as (its static elements, the `?` axis): a transpose of x with
+    that axis first, flattened after it."""
+    front = _to_front(x, axis, 1, loc)
+    static = [d for d in front.type.shape[1:] if d is not None]  # all of them: the one `?` axis is first
+    return _transpose(_reshape(front, (-1, int(np.prod(static, dtype=np.int64))), loc), None, loc)
+
+
+def _full_key(key: tuple[Any, ...], rank: int) -> tuple[Any, ...] | None:
+    """key with its `...` expanded and whole slices added to reach rank; None with a None in it
+    or more entries than axes."""
+    if any(k is None for k in key) or sum(k is Ellipsis for k in key) > 1:
+        return None
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + (slice(None),) * (rank - len(key) + 1) + key[i + 1:]
+    return key + (slice(None),) * (rank - len(key)) if len(key) <= rank else None
 
 
 def _layers(p: np.ndarray) -> list[np.ndarray]:
@@ -226,18 +282,20 @@ def _combine_at(op: str, out: Tracer, positions: np.ndarray, v: Tracer, loc: Loc
     negative x in the gradient of the branch the select drops); min, max: a select of
     OP(out, scattered v) (the elements it drops get no gradient)."""
     if op in ("multiply", "divide"):
-        factor = _select_at(_ones(out, loc), positions, v, loc)
+        factor = _select_at(_ones_like(out, loc), positions, v, loc)
         return emit1(_COMBINE[op], [out.value, factor.value], loc=loc)
     mask = to_value(_mask(out, positions), loc=loc)
-    base = emit1("select", [mask, out.value, _ones(out, loc).value], loc=loc) if op == "power" else out
-    combined = emit1(_COMBINE[op], [base.value, _scatter(_zeros(out, loc), positions, v, loc).value], loc=loc)
+    base = emit1("select", [mask, out.value, _ones_like(out, loc).value], loc=loc) if op == "power" else out
+    combined = emit1(_COMBINE[op], [base.value, _scatter(_zeros_like(out, loc), positions, v, loc).value], loc=loc)
     return emit1("select", [mask, combined.value, out.value], loc=loc)
 
 
 def _mask(base: Tracer, positions: np.ndarray) -> np.ndarray:
-    mask = np.zeros(base.type.num_elements() or 0, dtype=np.bool_)  # base: x flattened, its size known
+    """True at the given rows of base (its leading dim known), shaped to broadcast over its rows."""
+    rows = base.type.shape[0] or 0
+    mask = np.zeros(rows, dtype=np.bool_)
     mask[positions] = True
-    return mask
+    return mask.reshape((rows,) + (1,) * (base.type.rank - 1))
 
 
 def _scatter(base: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> Tracer:
@@ -246,7 +304,7 @@ def _scatter(base: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> T
 
 def _select_at(base: Tracer, positions: np.ndarray, v: Tracer, loc: Location) -> Tracer:
     """base with the (distinct) positions replaced by v: a select on a constant mask."""
-    scattered = _scatter(_zeros(base, loc), positions, v, loc)
+    scattered = _scatter(_zeros_like(base, loc), positions, v, loc)
     return emit1("select", [to_value(_mask(base, positions), loc=loc), scattered.value, base.value], loc=loc)
 
 
