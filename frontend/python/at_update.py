@@ -152,8 +152,13 @@ def _positions(x: Tracer, key: tuple[Any, ...], loc: Location) -> np.ndarray:
 
 
 def _show(key: tuple[Any, ...]) -> str:
-    return ", ".join(f"{k.start or ''}:{k.stop or ''}" + (f":{k.step}" if k.step is not None else "")
-                     if isinstance(k, slice) else "..." if k is Ellipsis else repr(k) for k in key)
+    """The index as the user wrote it (`1:3, ...`), for messages."""
+    def one(k: Any) -> str:
+        if isinstance(k, slice):
+            bounds = ["" if b is None else str(b) for b in (k.start, k.stop)]
+            return ":".join(bounds + ([] if k.step is None else [str(k.step)]))
+        return "..." if k is Ellipsis else repr(k)
+    return ", ".join(one(k) for k in key)
 
 
 def _basic(key: tuple[Any, ...]) -> bool:
