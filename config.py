@@ -156,10 +156,25 @@ CODE_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.metadata["code"
 _override: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("gir_options", default=None)
 
 
+_ENV_NAMES: tuple[str, ...] = tuple(f.metadata["env"] for f in FIELDS)
+
+_last: tuple[tuple[str | None, ...], Options] | None = None
+"""The raw values last parsed and their Options (frozen: shared): `current()` is asked ~20 times
+by a compile-cache hit, and parsing every field each time was most of its cost."""
+
+
 def from_environ(environ: Mapping[str, str] | None = None) -> Options:
-    """Options as the environment sets them; no value makes this raise."""
+    """Options as the environment sets them; no value makes this raise. The parsers are pure:
+    the same raw values give the same Options, parsed once."""
+    global _last
     env = os.environ if environ is None else environ
-    return Options(**{f.name: f.metadata["parse"](env.get(f.metadata["env"])) for f in FIELDS})
+    raw = tuple(env.get(name) for name in _ENV_NAMES)
+    last = _last
+    if last is not None and last[0] == raw:
+        return last[1]
+    options = Options(**{f.name: f.metadata["parse"](value) for f, value in zip(FIELDS, raw)})
+    _last = (raw, options)
+    return options
 
 
 def current() -> Options:

@@ -14,9 +14,11 @@ What runs is stored at once (issue 28, "store what ran"): a first compile stores
 code (tiers.py) before its first call, and its -O3 code replaces the entry when the background
 compile ends; a later process loads whatever entry exists, the best one made so far. A hit on
 quick code, or on code whose GEMM paths came from blas' model and are measured now, runs that
-code at once and makes the better code in the background (`better_code_for`): it swaps in
+code at once and makes the better code in the background (`better_code_later`): it swaps in
 between calls and replaces the entry. A lookup never waits for better code, never recompiles
-in its own path. Each entry records its state (`Code.state`; `gir cache info` lists it).
+in its own path, and asks nothing that loads MKL: whether the model's decisions are measured
+now is asked on the background thread after the first call (`better_code_if_measured`).
+Each entry records its state (`Code.state`; `gir cache info` lists it).
 """
 
 from __future__ import annotations
@@ -178,11 +180,16 @@ def store_when_final(key: str, compiled: CPUFunction) -> None:
     compiled.when_final(lambda: store_compiled(key, compiled, root))
 
 
-def needs_better_code(compiled: CPUFunction) -> bool:
-    """Code loaded from the cache that is not the best this process can make: quick code, or
-    GEMM paths from the model that are measured now."""
+def better_code_later(key: str, compiled: CPUFunction, make: Callable[[], Code]) -> None:
+    """What a hit does about code that may not be the best this process can make (nothing
+    here is asked of MKL or the GEMM times files, nothing waits): quick code gets its -O3 code
+    at once (`better_code_for`); final code with some decision from the model (`Code.from_model`)
+    asks whether that is measured now after its first call (`better_code_if_measured`)."""
     code = compiled.code
-    return code.info.tier == "quick" or code.stale()
+    if code.info.tier == "quick":
+        better_code_for(key, compiled, make)
+    elif code.from_model():
+        better_code_if_measured(key, compiled, make)
 
 
 def better_code_for(key: str, compiled: CPUFunction, make: Callable[[], Code]) -> None:
@@ -200,6 +207,33 @@ def better_code_for(key: str, compiled: CPUFunction, make: Callable[[], Code]) -
     root = disk.cache_root()
     compiled.follow(job)
     compiled.when_final(lambda: store_compiled(key, compiled, root))
+
+
+def better_code_if_measured(key: str, compiled: CPUFunction, make: Callable[[], Code]) -> None:
+    """For final code whose GEMM paths or two-core schedule came from the model: whether they
+    are measured now (`Code.stale`) loads and starts MKL (`machine_key` asks its version,
+    `threads` its thread count) and reads the times files, so it is asked on the background
+    thread, queued once the first call has returned (a hit's first result never waits for it,
+    and code calling no MKL path has not loaded MKL by then). Measured: that
+    job makes the better code, swapped in and stored as `better_code_for` does; not yet: it ends
+    without code and the entry stays (a later process asks again). The job is made now, under
+    this lookup's options and cache folder."""
+    from ..backend.cpu import tiers
+
+    loaded = compiled.code
+
+    def if_measured() -> Code | None:
+        return make() if loaded.stale() else None
+
+    job = tiers.FinalCompile(if_measured, key, what="code with the measured GEMM paths")
+    root = disk.cache_root()
+
+    def queue() -> None:
+        pending = tiers.pending(key)  # another function of this process asked first: follow it
+        compiled.follow(pending if pending is not None else job)
+        compiled.when_final(lambda: store_compiled(key, compiled, root))
+
+    compiled.after_first_call(queue)
 
 
 def load_compiled(key: str) -> CPUFunction | None:

@@ -213,8 +213,7 @@ class JitFunction:
             timer.cancel()
             return None
         found.compile_seconds = {}  # nothing was compiled: the time is the load's
-        if compile_cache.needs_better_code(found):
-            compile_cache.better_code_for(key, found, lambda: self._better_code(shapes, group))
+        compile_cache.better_code_later(key, found, lambda: self._better_code(shapes, group))
         # stats.threads is filled when first read (`stats`): asking MKL starts it (~8 ms),
         # which a hit's code does only at its first call
         found.compile_stats = timer.finish(found)

@@ -24,10 +24,13 @@ Every file is written to a temporary name and renamed into place (atomic on POSI
 processes sharing the cache never read half a file. An entry carries the SHA-256 of its
 payload: a truncated or overwritten entry reads as a miss, and the next store replaces it.
 Entries are bounded by `GIR_CACHE_MAX_MB` (default 512 MiB; `inf`: no bound) in total:
-after a store, the least recently used (by mtime; a hit touches its entry) of gir's own
-entries (by name and by header: a user's file in these folders is never touched) are deleted
-until the cache is under 90% of the bound; temporary files older than `STALE_TMP_SECONDS`
-(left by a process killed between writing and renaming) are deleted too. `GIR_CACHE=0` turns
+when a store may have passed the bound, the least recently used (by mtime; a hit touches its
+entry) of gir's own entries (by name and by header: a user's file in these folders is never
+touched) are deleted until the cache is under 90% of the bound; temporary files older than
+`STALE_TMP_SECONDS` (left by a process killed between writing and renaming) are deleted too.
+A store knows whether it may have passed the bound from a running estimate of the entries'
+total (`SIZE_FILE`, `_after_store`), not by listing the folders: those are scanned (`trim`)
+only when the estimate nears the bound and every `TRIM_EVERY` stores. `GIR_CACHE=0` turns
 the compile cache off (the terminal table and GEMM times are still kept).
 
 `gir cache info` and `gir cache clear` show and empty it. This module imports only the
@@ -230,8 +233,9 @@ def store(kind: str, key: str, meta: dict[str, Any], blob: bytes = b"", suffix: 
     GIR_CACHE_DIR changed lands there."""
     header = json.dumps({**meta, "key": f"{kind}/{key}{suffix}"}, separators=(",", ":")).encode()
     payload = len(header).to_bytes(8, "little") + header + blob
-    if atomic_write(entry_path(kind, key, suffix, root), MAGIC + hashlib.sha256(payload).digest() + payload):
-        trim(root=root)
+    data = MAGIC + hashlib.sha256(payload).digest() + payload
+    if atomic_write(entry_path(kind, key, suffix, root), data):
+        _after_store(len(data), root)
 
 
 def decode(data: bytes) -> tuple[dict[str, Any], bytes]:
@@ -353,24 +357,81 @@ def trim(limit: int | None = None, root: str | None = None) -> int:
     """Deletes the least recently used of gir's entries under root (default: the current cache
     folder) until they take less than 90% of the bound (when they take more than the bound:
     `limit`, default GIR_CACHE_MAX_MB; no bound: nothing), and stale temporary files; returns
-    how many entries were deleted."""
+    how many entries were deleted. Writes the total left as the running estimate (`SIZE_FILE`)."""
     limit = max_bytes() if limit is None else limit
     remove_stale_temporaries(root)
     if limit is None:
+        _write_estimate(root, None, 0)  # not counted: a store under a bound set later scans
         return 0
-    found = entries(root, check_header=False)  # headers are read only to delete (a trim per store)
+    found = entries(root, check_header=False)  # headers are read only to delete
     total = sum(e.size for e in found)
-    if total <= limit:
-        return 0
     removed = 0
-    for e in sorted(found, key=lambda e: (e.mtime, e.path)):
-        if total <= 0.9 * limit:
-            break
-        total -= e.size
-        if _starts_with_magic(e.path):  # gir's: a user's file named like an entry is left alone
-            _remove(e.path)
-            removed += 1
+    if total > limit:
+        for e in sorted(found, key=lambda e: (e.mtime, e.path)):
+            if total <= 0.9 * limit:
+                break
+            if _starts_with_magic(e.path):  # gir's: a user's file named like an entry is left alone
+                _remove(e.path)
+                removed += 1
+                total -= e.size
+    _write_estimate(root, total, 0)
     return removed
+
+
+# ---------------------------------------------------------------------------------------------
+# When a store trims: a running estimate instead of a scan per store
+
+
+SIZE_FILE = "entries-size.json"
+"""At the top of the cache folder: {"bytes": the entries' total as the last scan found it plus
+every store since (null: not counted), "stores": stores since that scan}."""
+
+TRIM_EVERY = 64
+"""Stores between two full scans whatever the estimate says: a scan corrects an estimate that
+lost an update (two processes storing at once), never saw an entry (copied in by hand, stored
+by another gir) or counted a replaced entry twice, and removes stale temporary files."""
+
+
+def _after_store(size: int, root: str | None) -> None:
+    """After a store of size bytes: a full scan (`trim`) only when the running estimate says the
+    bound may be exceeded, is missing or damaged, or every TRIM_EVERY stores; otherwise the
+    estimate grows by size (one small file read and written, no folder listed). Listing
+    `compiled/` and `objects/` on every store cost a hit that replaces its entry (better code)
+    time in proportion to the cache's size."""
+    limit = max_bytes()
+    estimate = _read_estimate(root)
+    if estimate is not None:
+        total, stores = estimate
+        total = None if total is None else total + size
+        if stores + 1 < TRIM_EVERY and (limit is None or (total is not None and total <= limit)):
+            _write_estimate(root, total, stores + 1)
+            return
+    trim(root=root)
+
+
+def _read_estimate(root: str | None) -> tuple[int | None, int] | None:
+    """(bytes or None, stores) of SIZE_FILE; None when absent, untrusted or damaged (a scan)."""
+    data = read_file(os.path.join(root or cache_root(), SIZE_FILE), limit=4096)
+    try:
+        parsed = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    total, stores = parsed.get("bytes"), parsed.get("stores")
+    if not _count(stores) or not (total is None or _count(total)):
+        return None
+    assert isinstance(stores, int) and (total is None or isinstance(total, int))  # _count's checks, for mypy
+    return total, stores
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _write_estimate(root: str | None, total: int | None, stores: int) -> None:
+    atomic_write(os.path.join(root or cache_root(), SIZE_FILE),
+                 json.dumps({"bytes": total, "stores": stores}).encode())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,7 +506,7 @@ def info() -> Info:
     return Info(root, len(found), sum(e.size for e in found), max_bytes(), others, lines, trusted_root)
 
 
-OWN_FILES = ("parser-", "gemm-times", "gemm-paths", "gemm-thread-times")
+OWN_FILES = ("parser-", "gemm-times", "gemm-paths", "gemm-thread-times", "entries-size")
 """Prefixes of gir's own files at the top of the cache directory (`clear` deletes only those,
 and the entry folders: GIR_CACHE_DIR may point at a folder shared with other files)."""
 
@@ -491,6 +552,7 @@ def build_fingerprint() -> str:
             for name in sorted(names):
                 if name.endswith((".py", ".lark")):
                     st = os.stat(os.path.join(folder, name))
-                    stamps.append((os.path.relpath(os.path.join(folder, name), here), st.st_size, st.st_mtime_ns))
+                    # the path below here, as os.path.relpath gives it (which cost ~40% of this walk)
+                    stamps.append((os.path.join(folder[len(here) + 1:], name), st.st_size, st.st_mtime_ns))
         _fingerprint = digest(stamps)
     return _fingerprint

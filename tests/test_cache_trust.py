@@ -152,7 +152,7 @@ def test_trim_and_count_touch_only_gir_entries(own_cache: Path, monkeypatch: pyt
     assert all(p.exists() for p in users)
 
 
-def test_stale_temporary_files_are_removed(own_cache: Path) -> None:
+def test_stale_temporary_files_are_removed(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gir.jit(F, "f")
     old = own_cache / "compiled" / f"{'a' * 40}.entry.tmp.12345.678"
     fresh = own_cache / "objects" / f"{'b' * 40}.entry.tmp.12345.679"
@@ -163,10 +163,67 @@ def test_stale_temporary_files_are_removed(own_cache: Path) -> None:
     an_hour_ago = time.time() - 3600
     for path in (old, library, user):
         os.utime(path, (an_hour_ago, an_hour_ago))
-    cache.store("compiled", "k1", {}, b"")  # a store trims
+    monkeypatch.setattr(cache, "TRIM_EVERY", 1)  # a store that scans (every TRIM_EVERY-th one does)
+    cache.store("compiled", "k1", {}, b"")
     assert not old.exists() and not library.exists()  # a killed process's leftovers
     assert fresh.exists()  # may be another process's write in progress
     assert user.exists()
+
+
+def _count_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every os.listdir / os.scandir call from now on, by folder."""
+    calls: list[str] = []
+    for name in ("listdir", "scandir"):
+        real = getattr(os, name)
+
+        def counted(path: str = ".", _real=real) -> object:  # noqa: ANN001
+            calls.append(str(path))
+            return _real(path)
+
+        monkeypatch.setattr(os, name, counted)
+    return calls
+
+
+def test_a_store_far_under_the_bound_lists_no_folder(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache.store("compiled", "k0", {}, bytes(1000))  # no estimate yet: this one scans and writes it
+    calls = _count_listings(monkeypatch)
+    for i in range(1, 5):
+        cache.store("compiled", f"k{i}", {}, bytes(1000))
+    assert calls == []
+    estimate = cache._read_estimate(str(own_cache))
+    assert estimate is not None and estimate[1] == 4
+    assert estimate[0] == sum(p.stat().st_size for p in (own_cache / "compiled").glob("*.entry"))
+
+
+def test_a_store_scans_every_trim_every_stores_and_near_the_bound(own_cache: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "TRIM_EVERY", 3)
+    cache.store("compiled", "k0", {}, bytes(1000))
+    calls = _count_listings(monkeypatch)
+    cache.store("compiled", "k1", {}, bytes(1000))
+    cache.store("compiled", "k2", {}, bytes(1000))
+    assert calls == []
+    cache.store("compiled", "k3", {}, bytes(1000))  # the third store since the scan: scans
+    assert calls and cache._read_estimate(str(own_cache))[1] == 0  # type: ignore[index]
+    calls.clear()
+    estimate = cache._read_estimate(str(own_cache))
+    assert estimate is not None and estimate[0] is not None
+    monkeypatch.setenv("GIR_CACHE_MAX_MB", str((estimate[0] + 1500) / 2**20))  # room for one more, not two
+    cache.store("compiled", "k4", {}, bytes(1000))
+    assert calls == []
+    cache.store("compiled", "k5", {}, bytes(1000))  # the estimate passes the bound: scans, trims
+    assert calls and not (own_cache / "compiled" / "k0.entry").exists()
+
+
+@pytest.mark.parametrize("damage", [b"", b"[1, 2]", b'{"bytes": -5, "stores": 0}', b'{"bytes": true, "stores": 1}',
+                                    b"not json"])
+def test_a_damaged_estimate_means_a_scan(own_cache: Path, monkeypatch: pytest.MonkeyPatch, damage: bytes) -> None:
+    cache.store("compiled", "k0", {}, bytes(1000))
+    (own_cache / cache.SIZE_FILE).write_bytes(damage)
+    calls = _count_listings(monkeypatch)
+    cache.store("compiled", "k1", {}, bytes(1000))
+    assert calls  # scanned, and the estimate is whole again
+    assert cache._read_estimate(str(own_cache)) is not None
 
 
 @pytest.mark.parametrize("value", ["inf", "1e400", "-1", "garbage", "nan", ""])

@@ -18,6 +18,7 @@ import gir
 import numpy as np
 import pytest
 from gir.backend.cpu import blas
+from gir.backend.cpu.code import Code
 from gir.cli import main
 from gir.driver import compile_cache
 from gir.ir.interpreter import random_inputs
@@ -302,17 +303,83 @@ def test_gemm_paths_from_the_model_are_refined_once_measured(monkeypatch: pytest
     assert fn.compiled.code.info.gemm_measured is False and fn.compiled.layout.provisional
     assert blas.wait_for_measurements(120)
     assert list(own_cache.glob(f"gemm-times-{blas.machine_key()}.json"))
+    asked: list[bool] = []
+    stale = Code.stale
+    monkeypatch.setattr(Code, "stale", lambda self: asked.append(stale(self)) or asked[-1])
     again = gir.jit(SOURCE, "f")  # the entry there is: loaded, never compiled again in the lookup (issue 28)
     assert again.compiled.code.info.from_cache == "compiled" and again.stats.compile.cache == "hit"
     assert again.compiled.code.info.gemm_measured is False
-    assert again.compiled.compile_stats.preparing == "code with the measured GEMM paths"
+    # whether the model's paths are measured now (it loads MKL) is asked after the first call
+    assert asked == [] and again.compiled.compile_stats.preparing == ""
     np.testing.assert_allclose(again(*_args())[0], fn(*_args())[0], rtol=1e-5)
     assert again.compiled.wait_for_final_code(120), again.compiled.final_error  # made in the background
+    assert asked[:1] == [True]  # (the object cache asks again for its entry)
     assert again.compiled.code.info.gemm_measured is True and again.stats.compile.preparing == ""
     np.testing.assert_allclose(again(*_args())[0], fn(*_args())[0], rtol=1e-5)
     third = gir.jit(SOURCE, "f")  # the better code replaced the entry
     assert third.compiled.code.info.from_cache == "compiled" and third.compiled.code.info.gemm_measured is True
     assert third.compiled.compile_stats.preparing == ""
+
+
+HIT_IN_A_NEW_PROCESS = """\
+import json, sys
+import numpy as np
+import gir
+from gir.backend.cpu import blas, tiers
+held = []
+tiers.submit = held.append  # background jobs are held: nothing runs beside the first call
+fn = gir.jit(sys.argv[1], "f")
+queued_at_lookup = len(held)
+x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+w = np.linspace(0, 2, 8, dtype=np.float32).reshape(4, 2)
+out = fn(x, w)[0]
+with open("/proc/self/maps") as f:
+    mkl_mapped = any("libmkl" in line for line in f)
+print(json.dumps({"from_cache": fn.compiled.code.info.from_cache, "paths": sorted(fn.stats.gemm_paths),
+                  "providers_called": blas.providers.cache_info().currsize, "mkl_mapped": mkl_mapped,
+                  "from_model": fn.compiled.code.from_model(), "queued_at_lookup": queued_at_lookup,
+                  "queued_after_call": len(held), "out": out.tolist()}))
+"""
+
+
+@pytest.mark.parametrize("path", ["openblas", "mkl"])
+def test_a_hit_whose_code_calls_no_mkl_loads_no_mkl(own_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    path: str) -> None:
+    """Issue 28: a hit in a new process costs what it must (loading MKL is ~6 ms): the key is
+    computed from files, MKL's table slots are filled only for code that calls MKL, and whether
+    the model's decisions are measured now is asked after the first call, in the background."""
+    if path == "mkl" and not blas.providers().has_mkl:
+        pytest.skip("no MKL here")
+    monkeypatch.setenv("GIR_GEMM_PATH", path)
+    fn = gir.jit(SOURCE, "f")  # compiled and stored here, final code at once (GIR_LLVM_TIER=0)
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    w = np.linspace(0, 2, 8, dtype=np.float32).reshape(4, 2)
+    want = fn(x, w)[0]
+    proc = subprocess.run([sys.executable, "-c", HIT_IN_A_NEW_PROCESS, SOURCE], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["from_cache"] == "compiled" and got["paths"] == [path]
+    assert got["providers_called"] == (path == "mkl") and got["mkl_mapped"] == (path == "mkl")
+    assert got["queued_at_lookup"] == 0 and got["queued_after_call"] == int(got["from_model"])
+    np.testing.assert_array_equal(np.array(got["out"], np.float32), want)
+
+
+def test_work_queued_after_the_first_call_runs_once_and_never_fails_the_call() -> None:
+    fn = gir.jit(SOURCE, "f")
+    want = fn(*_args())[0]
+    compiled = fn.compiled
+    ran: list[int] = []
+
+    def refused() -> None:
+        raise RuntimeError("the queue refused the job")
+
+    compiled.after_first_call(refused)
+    compiled.after_first_call(lambda: ran.append(1))
+    np.testing.assert_array_equal(fn(*_args())[0], want)
+    assert ran == [1] and isinstance(compiled.final_error, RuntimeError)
+    fn(*_args())
+    assert ran == [1]
 
 
 FAILING_PIPELINE = "ssa,canonicalize,test-crash-on-mul"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import glob
 import json
 import math
 import os
@@ -63,9 +62,9 @@ class Providers:
 def _find_mkl() -> str | None:
     for prefix in {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(sys.executable))}:
         for lib in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"):
-            hits = glob.glob(os.path.join(prefix, "lib", lib))
-            if hits:
-                return hits[0]
+            path = os.path.join(prefix, "lib", lib)
+            if os.path.lexists(path):  # what glob.glob of a name without wildcards did
+                return path
     return None
 
 
@@ -77,15 +76,43 @@ def _capsule_pointer(capsule: object) -> int:
     return int(get(capsule, get_name(capsule)))
 
 
+def mkl_found() -> bool:
+    """Whether MKL is there to be used (GIR_NO_MKL unset, `libmkl_rt` found), known from the
+    file system without loading it: the cache keys ask this (`target_key`), so a compile-cache
+    hit whose code calls no MKL path never loads MKL. It differs from
+    `providers().has_mkl` only where the library is found but cannot be loaded."""
+    return not current().no_mkl and _mkl_path() is not None
+
+
+@cache
+def _mkl_path() -> str | None:
+    return _find_mkl()
+
+
+@cache
+def openblas_table() -> tuple[int, ...]:
+    """FN_TABLE with OpenBLAS's entries filled and MKL's 0: what code calling no MKL path needs
+    (externals.py fills MKL's slots only for code that calls one)."""
+    table = [0] * len(FN_TABLE)
+    table[FN_TABLE.index("ob_sgemm")], table[FN_TABLE.index("ob_dgemm")] = _openblas_gemms()
+    found = openblas()
+    if found is not None:
+        table[FN_TABLE.index("ob_somatcopy")], table[FN_TABLE.index("ob_domatcopy")] = \
+            found.omatcopy("s"), found.omatcopy("d")
+    return tuple(table)
+
+
 @cache
 def providers() -> Providers:
-    table = [0] * len(FN_TABLE)
+    """MKL loaded (where found and not switched off) and the whole FN_TABLE: what compiling
+    and measuring need; a cache hit's call needs only `openblas_table` unless its code calls MKL."""
+    table = list(openblas_table())
     notice = None
     mkl = None
     if current().no_mkl:
         notice = "MKL disabled by GIR_NO_MKL; using OpenBLAS"
     else:
-        path = _find_mkl()
+        path = _mkl_path()
         if path is None:
             notice = "MKL not found (pip install mkl on x86-64 Linux); using OpenBLAS"
         else:
@@ -98,11 +125,6 @@ def providers() -> Providers:
                     table[FN_TABLE.index(slot)] = ctypes.cast(getattr(mkl, sym), ctypes.c_void_p).value or 0
             except OSError as e:
                 mkl, notice = None, f"MKL could not be loaded ({e}); using OpenBLAS"
-    table[FN_TABLE.index("ob_sgemm")], table[FN_TABLE.index("ob_dgemm")] = _openblas_gemms()
-    found = openblas()
-    if found is not None:
-        table[FN_TABLE.index("ob_somatcopy")], table[FN_TABLE.index("ob_domatcopy")] = \
-            found.omatcopy("s"), found.omatcopy("d")
     return Providers(mkl, table, notice)
 
 
@@ -136,26 +158,31 @@ class OpenBLAS:
         return os.path.basename(self.path)
 
 
-def _site_lib(package: str, folder: str, pattern: str) -> str | None:
-    """The one `pattern` library in `folder` beside `package` (found without importing it)."""
+def _site_lib(package: str, folder: str, prefix: str) -> str | None:
+    """The one library `<prefix>*.so*` in `folder` beside `package` (found without importing
+    it; matched by hand: glob's patterns cost a cache hit the `re` compiles of fnmatch)."""
     import importlib.util
 
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         return None
-    site = os.path.dirname(list(spec.submodule_search_locations)[0])
-    hits = sorted(glob.glob(os.path.join(site, folder, pattern)))
-    return hits[0] if len(hits) == 1 else None
+    where = os.path.join(os.path.dirname(list(spec.submodule_search_locations)[0]), folder)
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return None
+    hits = [n for n in names if n.startswith(prefix) and ".so" in n[len(prefix):]]
+    return os.path.join(where, hits[0]) if len(hits) == 1 else None
 
 
 def _numpy_openblas() -> OpenBLAS | None:
-    path = _site_lib("numpy", "numpy.libs", "libscipy_openblas64_*.so*")
+    path = _site_lib("numpy", "numpy.libs", "libscipy_openblas64_")
     return OpenBLAS(path, "scipy_", "_64_", 64) if path else None
 
 
 def _scipy_openblas() -> OpenBLAS | None:
-    path = _site_lib("scipy", "scipy.libs", "libscipy_openblas-*.so*") or \
-        _site_lib("scipy", "scipy.libs", "libscipy_openblas*.so*")
+    path = _site_lib("scipy", "scipy.libs", "libscipy_openblas-") or \
+        _site_lib("scipy", "scipy.libs", "libscipy_openblas")
     return OpenBLAS(path, "scipy_", "_", 32) if path and "openblas64" not in path else None
 
 

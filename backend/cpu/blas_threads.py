@@ -56,11 +56,13 @@ EXTERNALS = ("syscall", "sched_yield", "ob_threads_local", "mkl_threads_local")
 """The schedule's entries of the externals table (externals.py): futex, yield, the setters."""
 
 
-def addresses() -> list[int]:
-    """The EXTERNALS' addresses in this process (0: none here)."""
+def addresses(mkl: bool = True) -> list[int]:
+    """The EXTERNALS' addresses in this process (0: none here); mkl=False: MKL's setter 0 too,
+    without loading MKL (externals.py fills it for code that calls it)."""
     libc = ctypes.CDLL(None)
     return [ctypes.cast(libc.syscall, ctypes.c_void_p).value or 0,
-            ctypes.cast(libc.sched_yield, ctypes.c_void_p).value or 0, local_setter("openblas"), local_setter("mkl")]
+            ctypes.cast(libc.sched_yield, ctypes.c_void_p).value or 0, local_setter("openblas"),
+            local_setter("mkl") if mkl else 0]
 
 
 def _cache_file() -> str:

@@ -91,16 +91,22 @@ class Code:
         return cls(parts["object"], layout, parts["optimized_ir"].decode(), parts["llvm_ir"].decode(), info,
                    shared=parts.get("shared"))
 
+    def from_model(self) -> bool:
+        """Some GEMM path came from the model, or its two-core schedule was decided without
+        GEMM thread times (read from the layout alone: `stale` asks whether they are measured
+        now, which loads MKL and reads the times files)."""
+        return bool(self.layout.schedule.get("overlap_pending") or self.layout.provisional)
+
     def stale(self) -> bool:
         """Its GEMM paths came from the model, or its two-core schedule was decided without
         GEMM thread times, and every such shape is measured now."""
         from . import blas_threads
 
+        if not self.from_model():
+            return False
         pending = self.layout.schedule.get("overlap_pending") or []
         assert isinstance(pending, list)  # the CpuSchedule's thread shapes, as lists (JSON)
         provisional = self.layout.provisional
-        if not pending and not provisional:
-            return False
         return (blas_threads.is_measured([tuple(p) for p in pending])
                 and (not provisional or blas.is_measured([tuple(p) for p in provisional])))
 
@@ -121,10 +127,10 @@ def cache_key(function: Function, plan: MemoryPlan | None = None, lengths: Lengt
 def target_key() -> tuple:
     """What the same IR compiles differently for: gir and llvmlite versions, LLVM's level, the
     host CPU and its features, and what decides GEMM paths (MKL present, threads, a forced
-    path, the arena switch). Computed without loading LLVM, as a cache hit needs it."""
+    path, the arena switch). Computed without loading LLVM or MKL, as a cache hit needs it."""
     from ...version import __version__
 
-    return (__version__, _CODEGEN_VERSION, *host_id(), blas.providers().has_mkl, blas.thread_setting(),
+    return (__version__, _CODEGEN_VERSION, *host_id(), blas.mkl_found(), blas.thread_setting(),
             blas.openblas_int_bits(),
             found.name if (found := blas.openblas()) else "cython_blas",
             team.pool_threads(), opt_level(), code_key(current()))

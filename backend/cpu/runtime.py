@@ -185,6 +185,9 @@ class CPUFunction:
         """Fastest call seconds per code (id of its CompileInfo: the quick and the final code differ)."""
         self._last_stats: Stats | None = None
         """The last call completed on any thread (what `stats` is in a thread that made none)."""
+        self._after_call: list[Callable[[], object]] = []
+        """Run once, after the first call's native code returns (`after_first_call`)."""
+        self._after_call_lock = threading.Lock()
         self.compile_seconds["load"] = time.perf_counter() - clock
         if self._final is not None:
             self._final.add_done_callback(self._swap)
@@ -198,6 +201,24 @@ class CPUFunction:
         job.add_done_callback(self._swap)
         if not job.submitted:
             tiers.submit(job)
+
+    def after_first_call(self, callback: Callable[[], object]) -> None:
+        """Runs callback() once the next call's native code has returned (the first call, for
+        code just loaded), on the calling thread: background work that would compete with the
+        first result, or load MKL before it, is started there
+        (compile_cache.better_code_if_measured). An exception it raises is kept in
+        `final_error`, never raised out of the call."""
+        with self._after_call_lock:
+            self._after_call.append(callback)
+
+    def _first_call_done(self) -> None:
+        with self._after_call_lock:
+            callbacks, self._after_call = self._after_call, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception as e:  # noqa: BLE001 - queueing better code never fails the call that ran
+                self.final_error = e
 
     @property
     def preparing(self) -> str:
@@ -391,6 +412,8 @@ class CPUFunction:
                 one.leave(before)
         finally:
             quiet_timing.call_ended()
+        if self._after_call:  # the first call (one look per call)
+            self._first_call_done()
         # gir_main returns once every chunk is done, by whichever thread: a worker that has not
         # run yet finds them all claimed, and is joined before the workspace is used again
         if counters[2]:

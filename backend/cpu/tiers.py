@@ -38,7 +38,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import queue
 import struct
 import sys
 import threading
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from ... import config
 
 if TYPE_CHECKING:  # imported where a child is started: ~4 ms of a cache hit's import otherwise
+    import queue
     import subprocess
 from ...config import current
 
@@ -140,7 +140,8 @@ def _run_callback(callback: Callable[[FinalCompile], object], job: FinalCompile)
         pass
 
 
-_queue: queue.Queue[FinalCompile | None] = queue.Queue()
+_queue: queue.Queue[FinalCompile | None] | None = None
+"""The jobs, made with the thread (a cache hit whose code is final never imports `queue`)."""
 _thread: threading.Thread | None = None
 _thread_lock = threading.Lock()
 _stopping = False
@@ -153,7 +154,7 @@ _pending_keys: dict[str, FinalCompile] = {}
 
 def submit(job: FinalCompile) -> FinalCompile:
     """Queues job (its key: see `wait_for_key`)."""
-    global _thread
+    global _thread, _queue
     job.submitted = True
     _jobs.add(job)
     job.add_done_callback(_jobs.discard)
@@ -163,10 +164,15 @@ def submit(job: FinalCompile) -> FinalCompile:
         job.cancel()
         return job
     with _thread_lock:
+        if _queue is None:
+            import queue
+
+            _queue = queue.Queue()
         if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_serve, name="gir-llvm-final", daemon=True)
+            _thread = threading.Thread(target=_serve, args=(_queue,), name="gir-llvm-final", daemon=True)
             _thread.start()
-    _queue.put(job)
+        jobs = _queue
+    jobs.put(job)
     return job
 
 
@@ -200,10 +206,10 @@ def wait_for_key(key: str | None, timeout: float | None = None) -> None:
         job.wait(timeout)
 
 
-def _serve() -> None:
+def _serve(jobs: queue.Queue[FinalCompile | None]) -> None:
     global _running
     while True:
-        job = _queue.get()
+        job = jobs.get()
         if job is None or _stopping:
             if job is not None:
                 job.cancel()

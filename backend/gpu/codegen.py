@@ -15,7 +15,9 @@ Terms.
   kernel, which computes it (*folded*: `_foldable`). Layout: views where the memory plan has a
   view (memory.py); a slice read only by kernels and reductions *absorbed* (read in place
   through its strides); concat/stack operands made by kernels *claimed* (written in place by
-  them: `claim_pieces`); else an xp copy into the value's storage. Constants: uploaded once.
+  them: `claim_pieces`); slices read only by `return` or walked by a scan, concats of
+  arguments, initial and final carries aliased where aliasing.py decides; else an xp copy into
+  the value's storage. Constants: uploaded once.
 - *Placeable*: a value whose step writes wherever env says at run time (kernel outputs, GEMM
   results: `Lowering.redirectable`), so that a scan can put it in a stack row or a carry
   buffer instead of its storage.
@@ -52,6 +54,7 @@ from ...ir.loops import LoopView
 from ...ir.ops import REGISTRY, norm_axis, reduction_axes
 from ...ir.spec import OpSpec, dispatch_by_fact
 from ...ir.types import INT_DTYPES
+from .aliasing import PackedArguments, aliased_slice, carry_ends, packed_arguments, walked_sequences
 from .device import Device
 from .gather import lower_gather, lower_logsumexp, lower_scatter_add
 from .graphs import gemm_call
@@ -141,6 +144,15 @@ class Lowering:
     folded: dict[Value, tuple[Value, ReductionRead]] = field(default_factory=dict)
     """Reduction results no step makes: the one fused kernel reading each computes it from the
     reduction's operand (value -> (that operand, how to reduce it): lower_reduce)."""
+    sequence_rows: dict[Value, tuple[Value, InputLayout]] = field(default_factory=dict)
+    """Slices no step makes that scans walk as sequences (aliasing.sequence_layout): slice ->
+    (its source, the layout of its element in the source's row t): the body's kernels read
+    that row in place."""
+    returned_views: dict[Value, tuple[Value, tuple]] = field(default_factory=dict)
+    """Slices read only by `return`, left strided views (aliasing.returned_only): slice -> (its
+    source, the box): a download reads the source once for all its slices."""
+    packs: list[PackedArguments] = field(default_factory=list)
+    """Concats and stacks of arguments whose argument buffers are their pieces (aliasing.py)."""
     owned: set[Value] = field(default_factory=set)
     """Values moved out of the arena (own_storage)."""
     redirectable: set[Value] = field(default_factory=set)
@@ -156,9 +168,11 @@ class Lowering:
         self.memory = Memory(self.function, self.dev, self.plan)
         self.err = self.memory.own((1,), np.dtype(np.int32))
         self.err_arg = self.dev.kernel_arg(self.err)
+        self.packs = packed_arguments(self, lambda op: LOWER.get(op.name) is lower_stack if _joins(op) else None)
         for arg in self.function.args:
             t = arg.tensor_type
-            self.static[arg] = self.memory.own(tuple(t.shape), t.numpy_dtype)  # type: ignore[arg-type]
+            if arg not in self.static:  # else a piece of a packed concat
+                self.static[arg] = self.memory.own(tuple(t.shape), t.numpy_dtype)  # type: ignore[arg-type]
 
     # -- helpers ----------------------------------------------------------------------------
     def storage(self, v: Value) -> Any:
@@ -716,16 +730,18 @@ def lower_slice(low: Lowering, op: Operation) -> Run | None:
     steps = op.attrs["steps"] or [1] * len(starts)
     x, r = op.operands[0], op.result
     box = tuple(slice(s, lim, st) for s, lim, st in zip(starts, limits, steps))
+
+    def view(env: Env) -> None:
+        env[r] = env[x][box]
+
     if not low.memory.is_view(r, op) and x in low.redirectable and _read_by_kernels_and_reductions(r):
         element = _strides_of(_shape(x))
         low.absorbed[r] = (x, InputLayout(sum(s * e for s, e in zip(starts, element)),
                                           tuple(e * k for e, k in zip(element, steps))))
         low.own_storage(x)
-
-        def view(env: Env) -> None:
-            env[r] = env[x][box]
-
         return view
+    if not low.memory.is_view(r, op) and x in low.redirectable and aliased_slice(low, op, box):
+        return view  # walked by a scan or returned: a strided view (aliasing.py)
     return _view_or_copy(low, op, lambda a: a[box])
 
 
@@ -805,6 +821,8 @@ def _join(low: Lowering, op: Operation, new_axis: bool) -> Run | None:
     result, wherever env has it (a scan may place it)."""
     r = op.result
     low.storage(r)
+    if any(pack.op is op for pack in low.packs):
+        return None  # its pieces are the arguments' buffers: filled when the call starts
     low.redirectable.add(r)
     def claimed(v: Value, where: tuple) -> bool:
         places = ([low.pieces[v]] if v in low.pieces else []) + low.extra_places.get(v, [])
@@ -950,13 +968,14 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     steps = loop.trip_count
     if steps is None:
         raise GirError("the GPU backend needs a static trip count", op.loc)
-    seqs, seq_args, inits, carry_args = loop.sequences, loop.element_args, loop.inits, loop.carry_args
+    seq_args, inits, carry_args = loop.element_args, loop.inits, loop.carry_args
     carries = [low.storage(a) for a in carry_args]
     stacks = [low.storage(r) for r in loop.stacked_results]
     final_storage = []
     for c in loop.carries:
         low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
         final_storage.append(low.storage(c.result))
+    walked = walked_sequences(low, loop)  # a sequence slice's source, read in place
     body_steps, _ = low.block(loop.body)  # lowered first: `redirectable` then knows the body
     place = place_scan(low, loop)
     buffers = {j: (low.memory.own(c.shape, c.dtype), low.memory.own(c.shape, c.dtype))
@@ -974,15 +993,17 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
     label = f"scan {'reverse' if loop.reverse else 'forward'} at {op.loc}"
     copy_carries = _carry_copier(low, carries, place.copied_carries, yielded_carries)
+    ends = carry_ends(low, loop, place, buffers, hidden, stacks, first)
+    final_storage = [ends.left_in.get(j, f) for j, f in enumerate(final_storage)]
 
     def run(env: Env) -> None:
-        for init, arg, buffer in zip(inits, carry_args, first):
-            if not low.same_memory(env[init], buffer):
+        for j, (init, arg, buffer) in enumerate(zip(inits, carry_args, first)):
+            if j not in ends.read_in_place and not low.same_memory(env[init], buffer):
                 low.copy(buffer, env[init])
-            env[arg] = buffer
+            env[arg] = env[init] if j in ends.read_in_place else buffer
         before = low.counters.snapshot()  # per step: the loop alone, not the carries in and out
         for i, t in enumerate(order):
-            for arg, seq in zip(seq_args, seqs):
+            for arg, seq in zip(seq_args, walked):
                 env[arg] = env[seq][t]
             for k, v in place.in_stack.items():
                 env[v] = stacks[k][t]
@@ -999,8 +1020,8 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
             for j in (*buffers, *hidden):
                 env[carry_args[j]] = env[yielded_carries[j]]
         low.counters.record_steps(label, before, steps)
-        for arg, final in zip(carry_args, final_storage):
-            if not low.same_memory(env[arg], final):
+        for j, (arg, final) in enumerate(zip(carry_args, final_storage)):
+            if j not in ends.unread and not low.same_memory(env[arg], final):
                 low.copy(final, env[arg])
 
     return run

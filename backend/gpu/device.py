@@ -103,7 +103,12 @@ class Device:
 
     def upload(self, dst: Any, host: np.ndarray) -> None:
         """Copies host into the device array dst, of the same shape (0-d included); host's
-        dtype is cast to dst's first (CuPy's `set` demands both equal)."""
+        dtype is cast to dst's first (CuPy's `set` demands both equal). A strided dst (an
+        argument's buffer that is a piece of a concat: aliasing.PackedArguments, filled by the
+        split executor) through a temporary, one device copy (CuPy's `set` refuses strides)."""
+        if not dst.flags.c_contiguous:
+            dst[...] = self.xp.asarray(host_copy_source(host, dst.dtype))
+            return
         dst.set(host_copy_source(host, dst.dtype))
 
     def as_device(self, a: Any) -> Any:

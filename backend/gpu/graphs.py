@@ -235,7 +235,7 @@ class CallGraph:
         counters.per_step = dict(self.captured.per_step)
         counters.graph_replays = 1
         self.graph.launch(self.stream)
-        fn._raise_flagged()  # the download waits for the graph
+        fn._raise_flagged()  # where a kernel can flag an error: its download waits for the graph
         return list(self.results)
 
     def _capture(self) -> None:

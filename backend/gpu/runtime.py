@@ -58,9 +58,11 @@ class Stats:
     compile: Any = None
     """How the function was compiled (gir.jit sets it: a `jitstats.CompileStats`)."""
     h2d: int = 0
-    """Host-to-device transfers: one per argument."""
+    """Host-to-device transfers: one per NumPy argument, but one per packed concat for its
+    arguments (aliasing.PackedArguments)."""
     d2h: int = 0
-    """Device-to-host transfers: one per result, and one per `index` by a computed index."""
+    """Device-to-host transfers: one per result (but one per source for returned slices:
+    aliasing.py), and one per `index` by a computed index."""
     xp_launches: int = 0
     """Other xp calls that launch device work: reductions, gathers, scatters, logsumexp's parts."""
     graph_replays: int = 0
@@ -91,10 +93,12 @@ class Stats:
         return self.graph_replays + self.device_arg_copies + self.result_copies
 
     device_arg_copies: int = 0
-    """Device-array arguments copied into their buffers before the graph ran (in `copies`)."""
+    """Device-array arguments copied into their buffers before the graph ran (in `copies`; a
+    NumPy argument in a packed concat with device arrays too goes through the device, a copy)."""
     result_copies: int = 0
     """Results copied out of the arena as fresh device arrays (a call with device-array
-    arguments), issued from Python after the graph ran."""
+    arguments; else strided results made contiguous for their download), issued from Python
+    after the graph ran."""
 
 
 class GPUFunction:
@@ -181,24 +185,66 @@ class GPUFunction:
         dev = self.dev
         start = time.perf_counter()
         on_device = [is_device_array(a) for a in arrays]
-        for buffer, a, there in zip(self.arg_buffers, arrays, on_device):
-            if there:
-                buffer[...] = dev.as_device(a)  # device to device (counted below)
-            else:
-                dev.upload(buffer, a)
+        h2d, arg_copies = self._fill_arguments(arrays, on_device)
         results = self.graphs.run()
         c = self.lowering.counters
+        copies_before, downloads = c.copies, 0
         if any(on_device):
             outs = [self.lowering.duplicate(r) for r in results]  # the arena is reused by the next call
         else:
-            outs = [dev.download(r) for r in results]
+            outs, downloads = self._download(results)
         self._local.stats = self._last_stats = Stats(
-            c.kernel_launches, c.gemm_calls, c.copies + sum(on_device), time.perf_counter() - start,
-            self.memory.describe(), dev.name, h2d=len(arrays) - sum(on_device),
-            d2h=(0 if any(on_device) else len(outs)) + c.read_backs, xp_launches=c.xp_launches,
+            c.kernel_launches, c.gemm_calls, c.copies + arg_copies, time.perf_counter() - start,
+            self.memory.describe(), dev.name, h2d=h2d,
+            d2h=(0 if any(on_device) else downloads) + c.read_backs, xp_launches=c.xp_launches,
             graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
-            device_arg_copies=sum(on_device), result_copies=len(outs) if any(on_device) else 0)
+            device_arg_copies=arg_copies, result_copies=c.copies - copies_before)
         return outs
+
+    def _fill_arguments(self, arrays: list[Any], on_device: list[bool]) -> tuple[int, int]:
+        """Copies the arguments into their buffers: (uploads, device-to-device copies). The
+        arguments of a packed concat (aliasing.PackedArguments: their buffers are its pieces),
+        all NumPy arrays, are put together on the host and uploaded as one."""
+        dev = self.dev
+        index: dict[Any, int] = {a: k for k, a in enumerate(self.function.args)}
+        done: set[int] = set()
+        uploads = copies = 0
+        for pack in self.lowering.packs:
+            ks = [index[a] for a in pack.args]
+            if not any(on_device[k] for k in ks):
+                dev.upload(self.lowering.static[pack.op.result], pack.pack([arrays[k] for k in ks]))
+                done.update(ks)
+                uploads += 1
+        for k, (buffer, a) in enumerate(zip(self.arg_buffers, arrays)):
+            if k in done:
+                continue
+            if not on_device[k] and buffer.flags.c_contiguous:
+                dev.upload(buffer, a)
+                uploads += 1
+                continue
+            if not on_device[k]:  # a piece of a pack with device arrays among its arguments
+                a = dev.to_device(a)
+                uploads += 1
+            buffer[...] = dev.as_device(a)  # device to device
+            copies += 1
+        return uploads, copies
+
+    def _download(self, results: list[Any]) -> tuple[list[np.ndarray], int]:
+        """The results as new NumPy arrays. A returned slice (a strided view: aliasing.py) is cut
+        on the host from its source, downloaded once for all its slices, so that no device copy
+        makes it contiguous first. Also says how many downloads that took."""
+        views = self.lowering.returned_views
+        sources: dict[Any, np.ndarray] = {}
+        outs = []
+        for v, r in zip(self.results, results):
+            if v not in views:
+                outs.append(self.dev.download(r))
+                continue
+            x, box = views[v]
+            if x not in sources:
+                sources[x] = self.dev.download(self.lowering.static[x])
+            outs.append(np.array(sources[x][box], order="C"))  # its own memory, as other results
+        return outs, len(results) - len([v for v in self.results if v in views]) + len(sources)
 
     # -- for an executor that keeps values on the device between functions (backend/split.py) --
     @property
@@ -230,7 +276,8 @@ class GPUFunction:
         current stream, and returns the values' device arrays. Run eagerly, or once while a
         CUDA graph is captured (graphs.CallGraph)."""
         low = self.lowering
-        low.err[...] = 0
+        if low.errors:  # no kernel can flag one: nothing to reset (nor to read: _raise_flagged)
+            low.err[...] = 0
         env = dict(low.static)
         if self.dev.simulated:
             with np.errstate(all="ignore"):  # inf and nan as on a GPU (this thread's xp work)
@@ -240,8 +287,12 @@ class GPUFunction:
         return env
 
     def _raise_flagged(self) -> None:
-        """Raises the run-time error a kernel recorded in the error flag, if any."""
+        """Raises the run-time error a kernel recorded in the error flag, if any. Where no
+        kernel can record one (every float program: low.errors is empty), the flag is not read:
+        no read-back, so a call with device arrays in and out does not wait for the device."""
         low = self.lowering
+        if not low.errors:
+            return
         code = int(self.dev.download(low.err)[0])
         if code:
             message, loc = low.errors[code - 1]
