@@ -48,7 +48,7 @@ from .results import result_names, results_class
 from .specialisations import Specialisations
 
 if TYPE_CHECKING:
-    from .pyjit import PythonJit
+    from .pyjit import PythonJit, StaticJit
 
 DEVICES = tuple(BACKENDS)
 """cpu, gpu, auto, interp (driver/backends.py). auto: the `place` pass decides, per op, CPU or
@@ -422,14 +422,17 @@ class TracedJit(JitFunction):
 @overload
 def jit(source_or_module: Module | str | os.PathLike[str], entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
+        static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
         **jax_options: Any) -> JitFunction: ...
 @overload
 def jit(source_or_module: Callable[..., Any], entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
-        **jax_options: Any) -> PythonJit: ...
+        static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
+        **jax_options: Any) -> PythonJit | StaticJit: ...
 def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
-        **jax_options: Any) -> JitFunction | PythonJit:
+        static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
+        **jax_options: Any) -> JitFunction | PythonJit | StaticJit:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -455,6 +458,9 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
             compiled function should fit: when it does not, the `checkpoint` pass recomputes
             the forward steps of backward scans segment by segment instead of keeping every
             step's residuals (transforms/checkpoint.py, docs/memplan.md). None: no budget.
+        static_argnums, static_argnames: (a Python function only) parameters passed to it as
+            the Python values they are, not traced, as jax.jit's: each distinct tuple of their
+            values (hashable; compared by type and equality) is its own specialisation.
 
     Returns a `JitFunction`. Calling it:
 
@@ -501,10 +507,9 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
     A Python function (DESIGN.md §7, docs/python.md) is traced per argument structure, shapes
     and dtypes and compiled the same way (driver/pyjit.py): `gir.jit(gir.value_and_grad(loss))`.
     """
-    if jax_options:  # jax.jit's static_argnums, donate_argnums, ...: say so, not a bare TypeError
+    if jax_options:  # jax.jit's donate_argnums, ...: say so, not a bare TypeError
         raise GirArgumentError("gir.jit has no option " + ", ".join(sorted(jax_options)) + " (it takes entry, device, "
-                               "pipeline, mode, memory_budget); a value that must stay a Python value can be bound "
-                               "with functools.partial or a closure")
+                               "pipeline, mode, memory_budget, static_argnums, static_argnames)")
     backend_named(device)  # an unknown device: a GirArgumentError naming the known ones (Python functions too)
     if pipeline is not None and mode is not None:
         raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
@@ -517,7 +522,10 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
         from .pyjit import jit_python
 
         return jit_python(source_or_module, jit, entry, device=device, pipeline=pipeline, mode=mode,
-                          traced_jit=TracedJit)
+                          traced_jit=TracedJit, static_argnums=static_argnums, static_argnames=static_argnames)
+    if static_argnums is not None or static_argnames is not None:
+        raise GirArgumentError("static_argnums and static_argnames are for a Python function; a gir program's "
+                               "arguments are all tensors")
     device = usable_device(device)
     full = pipeline if pipeline is not None else get_mode(mode or DEFAULT_MODE).pipeline(device)
     if isinstance(source_or_module, Module):

@@ -20,7 +20,8 @@ Like driver/jit.py and cli.py, this module wires stages together (frontend -> ji
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from ..frontend.python.tracer import (
     hides_gir_frames,
     is_weak,
     register_internal_file,
+    user_location,
     weak_argument_dtype,
 )
 from ..frontend.python.transforms import Spec, Traced, trace_entry
@@ -206,11 +208,195 @@ def _as_array(leaf: Any, i: int) -> Any:
 
 
 def jit_python(fn: Callable[..., Any], compile_module: CompileModule, entry: str | None = None, device: str = "cpu",
-               pipeline: str | None = None, **options: Any) -> PythonJit:
-    """`gir.jit(fn)`: fn traced per argument structure, each trace compiled by compile_module."""
+               pipeline: str | None = None, static_argnums: int | Sequence[int] | None = None,
+               static_argnames: str | Sequence[str] | None = None, **options: Any) -> PythonJit | StaticJit:
+    """`gir.jit(fn)`: fn traced per argument structure, each trace compiled by compile_module;
+    with static arguments, one such PythonJit per distinct tuple of their values."""
     if entry is not None:
         raise GirArgumentError("gir.jit of a Python function takes no entry name")
-    return PythonJit(fn, device, pipeline, compile_module, **options)
+    static = static_arguments(fn, static_argnums, static_argnames)
+    if static is None:
+        return PythonJit(fn, device, pipeline, compile_module, **options)
+    return StaticJit(fn, static, lambda f: PythonJit(f, device, pipeline, compile_module, **options))
+
+
+# -- static arguments (jax.jit's static_argnums / static_argnames) ------------------------------------
+
+
+@dataclass(frozen=True)
+class StaticArguments:
+    """Which parameters of a jitted Python function are static: passed to it as the Python values
+    they are (a shape, a flag, a layer count, a function) rather than traced, and part of the
+    specialisation key, as in jax.jit. Decided once, at `gir.jit`."""
+
+    signature: inspect.Signature
+    """fn's signature: calls are bound to it, so a static parameter may be given by position or name."""
+    names: tuple[str, ...]
+    """The static parameters, in the signature's order."""
+
+
+def static_arguments(fn: Callable[..., Any], argnums: int | Sequence[int] | None,
+                     argnames: str | Sequence[str] | None) -> StaticArguments | None:
+    """The static parameters named by position (argnums; negative ones count from the end of the
+    positional parameters) or by name, checked against fn's signature; None when there are none."""
+    nums = [argnums] if isinstance(argnums, int) else list(argnums or ())
+    names = [argnames] if isinstance(argnames, str) else list(argnames or ())
+    if not nums and not names:
+        return None
+    what = getattr(fn, "__name__", "the function")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise GirArgumentError(f"static_argnums/static_argnames: {what} has no signature to bind them to") from None
+    params = list(signature.parameters.values())
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    chosen = set()
+    for n in nums:
+        if not isinstance(n, int) or isinstance(n, bool) or not -len(positional) <= n < len(positional):
+            raise GirArgumentError(f"static_argnums {n!r}: {what} has {len(positional)} positional parameter(s) "
+                                   f"({', '.join(positional)})")
+        chosen.add(positional[n])
+    for name in names:
+        p = signature.parameters.get(name) if isinstance(name, str) else None
+        if p is None or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise GirArgumentError(f"static_argnames {name!r}: {what} has no parameter of that name "
+                                   f"({', '.join(signature.parameters)})")
+        chosen.add(name)
+    return StaticArguments(signature, tuple(p.name for p in params if p.name in chosen))
+
+
+class StaticJit:
+    """`gir.jit(fn, static_argnums=..., static_argnames=...)`: one `PythonJit` per distinct tuple
+    of static values (compared by type and equality, so they must be hashable, as in JAX), each
+    tracing fn with those values bound as Python values; the other arguments are traced."""
+
+    def __init__(self, fn: Callable[..., Any], static: StaticArguments,
+                 make_jit: Callable[[Callable[..., Any]], PythonJit]):
+        self.fn = fn
+        self.static = static
+        self._make_jit = make_jit
+        self._jits: Specialisations[tuple[tuple[Any, ...], tuple[str, ...]], PythonJit] = Specialisations()
+        """(the static values, the traced parameters given) -> the PythonJit of fn with those bound."""
+        self.__name__ = getattr(fn, "__name__", "jitted")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    @hides_gir_frames
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_frame() is not None:
+            return self.fn(*args, **kwargs)  # inside a trace: inlined, static values and all
+        bound = self._bind(args, kwargs)
+        static = {name: bound.arguments[name] for name in self.static.names if name in bound.arguments}
+        key = tuple((name, type(v), v) for name, v in static.items())
+        try:
+            hash(key)
+        except TypeError:
+            name = next(n for n, v in static.items() if not _hashable(v))
+            raise GirArgumentError(f"static argument {name!r} of {self.__name__} is a {type(static[name]).__name__}, "
+                                   "which is not hashable: static values are part of the specialisation key (as in "
+                                   "jax.jit); pass a tuple instead of a list, or make it a traced argument",
+                                   user_location()) from None
+        dynamic = [n for n in bound.arguments if n not in static]  # parameters left out keep fn's defaults
+        jitted = self._jits.get((key, tuple(dynamic)), lambda _: self._make_jit(self._bound_to(static, dynamic)))
+        return jitted(*(bound.arguments[n] for n in dynamic))
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> inspect.BoundArguments:
+        try:
+            bound = self.static.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise GirArgumentError(f"{self.__name__}: {e}", user_location()) from None
+        for name in self.static.names:  # a static parameter left out takes its default (part of the key);
+            default = self.static.signature.parameters[name].default  # other defaults stay fn's own
+            if name not in bound.arguments and default is not inspect.Parameter.empty:
+                bound.arguments[name] = default
+        return bound
+
+    def _bound_to(self, static: dict[str, Any], dynamic: list[str]) -> Callable[..., Any]:
+        """fn of the dynamic arguments (by position, named as fn names them) with the static
+        values bound: what one PythonJit traces."""
+        fn, signature = self.fn, self.static.signature
+
+        def specialised(*values: Any) -> Any:
+            args, kwargs = _call_arguments(signature, dict(zip(dynamic, values)) | static, set(static))
+            return fn(*args, **kwargs)
+
+        specialised.__name__ = self.__name__
+        specialised.__wrapped__ = fn  # type: ignore[attr-defined]  # locations: fn's own file and line
+        specialised.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # argument names: fn's
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in dynamic])
+        return specialised
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """The traced module for these arguments (not compiled)."""
+        bound = self._bind(args, kwargs)
+        static = {name: bound.arguments[name] for name in self.static.names if name in bound.arguments}
+        dynamic = [n for n in bound.arguments if n not in static]
+        return trace_entry(self._bound_to(static, dynamic), [bound.arguments[n] for n in dynamic])
+
+    @property
+    def specialisations(self) -> int:
+        """Specialisations compiled, over every tuple of static values."""
+        return sum(j.specialisations for j in self._jits.values())
+
+    def _last(self) -> PythonJit:
+        found = self._jits.last()
+        if found is None:
+            raise GirArgumentError(f"{self.__name__} has not been called yet: it is compiled on its first call")
+        return found
+
+    @property
+    def module(self) -> Module:
+        return self._last().module
+
+    @property
+    def ir(self) -> str:
+        return self._last().ir
+
+    @property
+    def stats(self) -> Any:
+        return self._last().stats
+
+    @property
+    def compiled(self) -> Any:
+        return self._last().compiled
+
+
+def _call_arguments(signature: inspect.Signature, arguments: dict[str, Any],
+                    static: set[str]) -> tuple[list[Any], dict[str, Any]]:
+    """fn's call with these arguments: traced ones by position as far as possible, static ones
+    after the last traced positional one by keyword, so that `gir.jit(gir.grad(f),
+    static_argnums=1)` hands gir.grad a keyword argument, which it passes on as the Python value
+    (a positional one it would trace, to differentiate by argnums)."""
+    params = list(signature.parameters.values())
+    positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                        inspect.Parameter.VAR_POSITIONAL)
+    last = max((i for i, p in enumerate(params) if p.name in arguments and p.name not in static
+                and p.kind in positional_kinds), default=-1)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    by_position = True
+    for i, p in enumerate(params):
+        if p.name not in arguments:
+            by_position = by_position and p.kind not in positional_kinds  # a gap: keywords from here
+            continue
+        v = arguments[p.name]
+        if p.kind == p.VAR_POSITIONAL:
+            args.extend(v)
+        elif p.kind == p.VAR_KEYWORD:
+            kwargs.update(v)
+        elif p.kind == p.POSITIONAL_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and by_position and i <= last):
+            args.append(v)
+        else:
+            kwargs[p.name] = v
+            by_position = False
+    return args, kwargs
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
 
 
 def run_eager(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -1,17 +1,21 @@
 """The JAX surface of the Python frontend (issue 30): has_aux, stop_gradient, gir.numpy's
-functions, promotion, tree utilities, cond / fori_loop / while_loop / vmap, gir.optim.
+functions, promotion, tree utilities, cond / fori_loop / while_loop / vmap, gir.optim,
+`x.at[idx]` updates, `static_argnums`, jax.nn's activations.
 
 Values against NumPy; gradients against central finite differences in float64, on the
 interpreter and the CPU backend."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import gir
-import gir.numpy as gnp
-import numpy as np
-import pytest
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba: gpu cases simulate
+
+import gir  # noqa: E402
+import gir.numpy as gnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 DEVICES = ["interp", "cpu"]
 RNG = np.random.default_rng(7)
@@ -685,3 +689,390 @@ def test_per_example_gradients_with_vmap_of_value_and_grad(device) -> None:
         np.testing.assert_allclose(losses[k], one_loss, rtol=1e-12)
         for name in w:
             np.testing.assert_allclose(grads[name][k], one_grad[name], rtol=1e-10, atol=1e-14)
+
+
+# -- x.at[idx]: functional updates ------------------------------------------------------------------
+
+
+def _gpu_missing() -> str | None:
+    try:
+        import numba.cuda  # noqa: F401
+    except ImportError:
+        return "the GPU backend needs numba-cuda (pip install 'gir[gpu]')"
+    from gir.backend.gpu.device import get_device
+
+    try:
+        get_device()
+    except gir.GirError as e:
+        return f"no GPU backend here: {e.message}"
+    return None
+
+
+GPU_MISSING = _gpu_missing()
+GPU = pytest.param("gpu", id="gpu", marks=[pytest.mark.gpu] + ([pytest.mark.skip(reason=GPU_MISSING)]
+                                                                if GPU_MISSING else []))
+
+
+def _np_set(x, idx, v):
+    y = x.copy()
+    y[idx] = v
+    return y
+
+
+def _np_add(x, idx, v):
+    y = x.copy()
+    np.add.at(y, idx, v)
+    return y
+
+
+def _np_mul(x, idx, v):
+    y = x.copy()
+    np.multiply.at(y, idx, v)
+    return y
+
+
+def _np_ufunc_at(ufunc):
+    def update(x, idx, v):
+        y = x.copy()
+        ufunc.at(y, idx, v)
+        return y
+    return update
+
+
+MASK = RNG.standard_normal((4, 5)) > 0
+R020, R113, R004, R30 = np.array([0, 2, 0]), np.array([1, 1, 3]), np.array([0, 0, 4]), np.array([3, 0])
+ROWS = np.array([2, 0])  # the traced index argument (row ids); ROWS[0] a traced scalar
+AT_CASES = {  # name: (gir's update of (x, v, i), NumPy's, v's shape); x is 4x5
+    "set_strided": (lambda x, v, i: x.at[1:, ::2].set(v),
+                    lambda x, v, i: _np_set(x, (slice(1, None), slice(None, None, 2)), v), (3, 3)),
+    "set_reversed": (lambda x, v, i: x.at[::-1, 2].set(v),
+                     lambda x, v, i: _np_set(x, (slice(None, None, -1), 2), v), (4,)),
+    "set_broadcast": (lambda x, v, i: x.at[:, 1:3].set(v),
+                      lambda x, v, i: _np_set(x, (slice(None), slice(1, 3)), v), (2,)),
+    "set_repeated_last_wins": (lambda x, v, i: x.at[R020, 1].set(v),
+                               lambda x, v, i: _np_set(x, ([0, 2, 0], 1), v), (3,)),
+    "set_ellipsis": (lambda x, v, i: x.at[..., -1].set(v), lambda x, v, i: _np_set(x, (Ellipsis, -1), v), (4,)),
+    "add_repeated": (lambda x, v, i: x.at[R020].add(v), lambda x, v, i: _np_add(x, [0, 2, 0], v), (3, 5)),
+    "add_bool_mask": (lambda x, v, i: x.at[MASK].add(v), lambda x, v, i: _np_add(x, MASK, v), ()),
+    "multiply_repeated": (lambda x, v, i: x.at[R113, R004].multiply(v),
+                          lambda x, v, i: _np_mul(x, ([1, 1, 3], [0, 0, 4]), v), (3,)),
+    "divide_repeated": (lambda x, v, i: x.at[R113, 2:4].divide(v + 3),
+                        lambda x, v, i: _np_ufunc_at(np.divide)(x, ([1, 1, 3], slice(2, 4)), v + 3), (3, 2)),
+    "power_repeated": (lambda x, v, i: (abs(x) + 0.5).at[R020, 1:3].power(v),  # a positive base: no NaN
+                       lambda x, v, i: _np_ufunc_at(np.power)(abs(x) + 0.5, ([0, 2, 0], slice(1, 3)), v), (3, 2)),
+    "traced_power_row": (lambda x, v, i: (abs(x) + 0.5).at[i[1]].power(v),
+                         lambda x, v, i: _np_ufunc_at(np.power)(abs(x) + 0.5, i[1], v), (5,)),
+    "min_repeated": (lambda x, v, i: x.at[R020].min(v), lambda x, v, i: _np_ufunc_at(np.minimum)(x, [0, 2, 0], v),
+                     (3, 5)),
+    "max_broadcast": (lambda x, v, i: x.at[:, ::2].max(v), lambda x, v, i: _np_ufunc_at(np.maximum)(
+        x, (slice(None), slice(None, None, 2)), v), (3,)),
+    "traced_scalar_and_slice_set": (lambda x, v, i: x.at[i[0], 1:4].set(v),
+                                    lambda x, v, i: _np_set(x, (i[0], slice(1, 4)), v), (3,)),
+    "traced_scalar_and_list_add": (lambda x, v, i: x.at[[0, 0, 3], i[1]].add(v),
+                                   lambda x, v, i: _np_add(x, ([0, 0, 3], i[1]), v), (3,)),
+    "traced_scalar_and_slice_get": (lambda x, v, i: x.at[..., ::-2, i[0]].get() * v, lambda x, v, i: x[::-2, i[0]] * v,
+                                    (2,)),
+    "traced_divide_row": (lambda x, v, i: x.at[i[0]].divide(v + 3), lambda x, v, i: _np_ufunc_at(np.divide)(
+        x, i[0], v + 3), (5,)),
+    "traced_max_column": (lambda x, v, i: x.at[:, i[1]].max(v), lambda x, v, i: _np_ufunc_at(np.maximum)(
+        x, (slice(None), i[1]), v), (4,)),
+    "get_fancy": (lambda x, v, i: x.at[R30, ::-2].get() * v, lambda x, v, i: x[[3, 0], ::-2] * v, (2, 3)),
+    "get_slice": (lambda x, v, i: x.at[1:3, 2].get() * v, lambda x, v, i: x[1:3, 2] * v, (2,)),
+    "traced_set_row": (lambda x, v, i: x.at[i[0]].set(v), lambda x, v, i: _np_set(x, i[0], v), (5,)),
+    "traced_add_column": (lambda x, v, i: x.at[:, i[0]].add(v),
+                          lambda x, v, i: _np_add(x, (slice(None), i[0]), v), (4,)),
+    "traced_multiply_row": (lambda x, v, i: x.at[i[0]].multiply(v), lambda x, v, i: _np_mul(x, i[0], v), ()),
+    "traced_add_rows": (lambda x, v, i: x.at[i].add(v), lambda x, v, i: _np_add(x, i, v), (2, 5)),
+    "traced_set_rows": (lambda x, v, i: x.at[i].set(v), lambda x, v, i: _np_set(x, i, v), (2, 1)),
+    "traced_set_columns": (lambda x, v, i: x.at[..., i].set(v),
+                           lambda x, v, i: _np_set(x, (Ellipsis, i), v), (4, 2)),
+    "traced_get_columns": (lambda x, v, i: x.at[:, i].get() * v, lambda x, v, i: x[:, i] * v, (4, 2)),
+}
+
+
+def _at_inputs(name):
+    return RNG.standard_normal((4, 5)), RNG.standard_normal(AT_CASES[name][2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(AT_CASES))
+def test_at_updates_equal_numpy(name, device) -> None:
+    ours, theirs, _ = AT_CASES[name]
+    x, v = _at_inputs(name)
+    before = x.copy()
+    got = gir.jit(ours, device=device)(x, v, ROWS)
+    np.testing.assert_allclose(got, theirs(x, v, ROWS), rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(x, before)  # a functional update: the argument is not written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(AT_CASES))
+def test_at_update_gradients(name, device) -> None:
+    ours, theirs, _ = AT_CASES[name]
+    x, v = _at_inputs(name)
+    w = RNG.standard_normal(np.shape(theirs(x, v, ROWS)))
+    gx, gv = gir.jit(gir.grad(lambda x, v, i: gir.sum(ours(x, v, i) * w), argnums=(0, 1)), device=device)(x, v, ROWS)
+    np.testing.assert_allclose(gx, fd_grad(lambda x_: float((theirs(x_, v, ROWS) * w).sum()), x), atol=1e-8)
+    np.testing.assert_allclose(gv, fd_grad(lambda v_: float((theirs(x, v_, ROWS) * w).sum()), v), atol=1e-8)
+
+
+@pytest.mark.parametrize("device", ["interp", GPU])
+def test_at_updates_on_the_gpu(device) -> None:
+    x, v = RNG.standard_normal((4, 5)), RNG.standard_normal(5)
+
+    def f(x, v, i):
+        return x.at[[0, 2, 0], 1:].add(v[1:]).at[i[0]].set(v)
+
+    np.testing.assert_allclose(gir.jit(f, device=device)(x, v, ROWS), _np_set(_np_add(x, ([0, 2, 0], slice(1, None)),
+                                                                                   v[1:]), ROWS[0], v), rtol=1e-14)
+    w = RNG.standard_normal((4, 5))
+    gx = gir.jit(gir.grad(lambda x, v, i: gir.sum(f(x, v, i) * w)), device=device)(x, v, ROWS)
+    np.testing.assert_allclose(gx, np.where(np.arange(4)[:, None] == ROWS[0], 0.0, w), rtol=1e-14)
+
+
+def test_at_on_bools_and_a_variable_batch() -> None:
+    mask = np.array([[True, False], [True, True]])
+    f = gir.jit(lambda m, i: (m.at[0, 1].set(True), m.at[i[0]].set(False)), device="cpu")
+    a, b = f(mask, np.array([1]))
+    np.testing.assert_array_equal(a, [[True, True], [True, True]])
+    np.testing.assert_array_equal(b, [[True, False], [False, False]])
+    module = gir.trace(lambda x, t: (x.at[:, t].set(0.0), x.at[:, 1:3].get()), gir.spec("?x5", "f64"),
+                       gir.spec((), "i64"))
+    x = RNG.standard_normal((3, 5))
+    got, part = gir.interpret(module, list(module.functions)[-1], x, np.int64(2))
+    np.testing.assert_array_equal(got, _np_set(x, (slice(None), 2), 0.0))
+    np.testing.assert_array_equal(part, x[:, 1:3])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_at_updates_keep_a_variable_batch_whole(device) -> None:
+    """The fused-gate pattern's update with a `?` batch: a static index on the other axes, the
+    `?` axis kept whole; traced with gir.spec, run and differentiated after gir.jit specialises."""
+    def f(x, v):
+        return x.at[:, 1:4:2].set(v).at[..., 1].add(v[0, 0]).at[:, 0, 1].multiply(v[1, 1])
+
+    def numpy_f(x, v):
+        y = x.copy()
+        y[:, 1:4:2] = v
+        y[..., 1] += v[0, 0]
+        y[:, 0, 1] *= v[1, 1]
+        return y
+
+    x, v, w = RNG.standard_normal((3, 5, 2)), RNG.standard_normal((2, 2)), RNG.standard_normal((3, 5, 2))
+    spec = (gir.spec("?x5x2", "f64"), gir.spec("2x2", "f64"))
+    module = gir.trace(f, *spec)
+    assert "tensor<?x5x2xf64>" in str(module)
+    (got,) = gir.jit(module, device=device)(x, v)
+    np.testing.assert_allclose(got, numpy_f(x, v), rtol=1e-15)
+    grads = gir.trace(gir.grad(lambda x, v, w: gir.sum(f(x, v) * w), argnums=(0, 1)), *spec,
+                      gir.spec("?x5x2", "f64"))
+    gx, gv = gir.jit(grads, device=device)(x, v, w)
+    np.testing.assert_allclose(gx, fd_grad(lambda x_: float((numpy_f(x_, v) * w).sum()), x), atol=1e-8)
+    np.testing.assert_allclose(gv, fd_grad(lambda v_: float((numpy_f(x, v_) * w).sum()), v), atol=1e-8)
+    mask = gir.trace(lambda m: m.at[:, -1].set(False), gir.spec("?x3", "bool"))
+    (got,) = gir.jit(mask, device=device)(np.ones((4, 3), bool))
+    np.testing.assert_array_equal(got, np.array([[True, True, False]] * 4))
+
+
+AT_ERRORS = {
+    "out of range": (lambda x, t: x.at[4].set(1.0), "out of bounds"),
+    "traced ids and sliced": (lambda x, t: x.at[gnp.stack([t, t]), 1:3].set(1.0), "alone on one axis"),
+    "two traced": (lambda x, t: x.at[t, t].set(1.0), "one traced index"),
+    "multiply by ids": (lambda x, t: x.at[gnp.stack([t, t])].multiply(2.0), "repeated index"),
+    "shape": (lambda x, t: x.at[0].set(np.ones(4)), "does not broadcast"),
+    "mode": (lambda x, t: x.at[0].set(1.0, mode="drop"), "mode"),
+    "apply": (lambda x, t: x.at[0].apply(abs), "not supported"),
+    "int power": (lambda x, t: x.astype("i32").at[0].power(2), "takes floats"),
+    "max by ids": (lambda x, t: x.at[gnp.stack([t, t])].max(2.0), "repeated index"),
+    "step 0": (lambda x, t: x.at[::0].add(1.0), "step"),
+    "bool add": (lambda x, t: (x > 0).at[0].add(True), "astype"),
+    "variable": (lambda x, t: x.at[1:, 1].set(0.0), "one `\\?` axis, kept whole"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AT_ERRORS))
+def test_at_errors_are_located(name) -> None:
+    fn, message = AT_ERRORS[name]
+    shape = "?x5" if name == "variable" else "4x5"
+    with pytest.raises(gir.GirError, match=message) as info:
+        gir.trace(fn, gir.spec(shape, "f64"), gir.spec((), "i64"))
+    assert info.value.loc.file == __file__
+
+
+# -- gir.jit(f, static_argnums=..., static_argnames=...) --------------------------------------------
+
+
+def _layers(x, n, *, act="tanh", scale=2.0):
+    """n layers of act (a Python int and a name: static), scale a traced Python float."""
+    for _ in range(n):
+        x = getattr(gir, act)(x) * scale
+    return gir.sum(x * x)
+
+
+def _numpy_layers(x, n, act="tanh", scale=2.0):
+    f = np.tanh if act == "tanh" else (lambda v: 1 / (1 + np.exp(-v)))
+    for _ in range(n):
+        x = f(x) * scale
+    return float((x * x).sum())
+
+
+@pytest.mark.parametrize("device", [*DEVICES, GPU])
+def test_static_arguments_specialise_and_reach_python_as_values(device) -> None:
+    x = RNG.standard_normal(4)
+    f = gir.jit(_layers, static_argnums=1, static_argnames="act", device=device)
+    assert f(x, 2) == pytest.approx(_numpy_layers(x, 2), rel=1e-13)
+    assert f(x, n=3, act="sigmoid") == pytest.approx(_numpy_layers(x, 3, "sigmoid"), rel=1e-13)
+    assert f(x, 2, scale=0.5) == pytest.approx(_numpy_layers(x, 2, scale=0.5), rel=1e-13)
+    assert f.specialisations == 3  # (n=2, tanh), (n=3, sigmoid), (n=2, tanh) with a traced scale
+    assert sum(op.name == "tanh" for op in f.module.walk()) == 2  # the loop over n ran while tracing
+    assert f(x, 2, scale=0.25) == pytest.approx(_numpy_layers(x, 2, scale=0.25), rel=1e-13)
+    f(x * 2, 2)
+    assert f.specialisations == 3  # the same static values and shapes: no new compile
+    g = gir.jit(gir.grad(_layers), static_argnums=(1,), device=device)(x, 3)
+    np.testing.assert_allclose(g, fd_grad(lambda x_: _numpy_layers(x_, 3), x), rtol=1e-7, atol=1e-9)
+
+
+def test_static_argument_keys_compare_type_and_value() -> None:
+    f = gir.jit(lambda x, k: x * (k if isinstance(k, float) else 10), static_argnums=-1, device="interp")
+    np.testing.assert_array_equal(f(np.ones(2), 1), [10.0, 10.0])
+    np.testing.assert_array_equal(f(np.ones(2), 1.0), [1.0, 1.0])  # 1.0 == 1, but not the same specialisation
+    assert f.specialisations == 2
+
+
+def test_static_argument_errors() -> None:
+    f = gir.jit(_layers, static_argnums=1, device="interp")
+    with pytest.raises(gir.GirArgumentError, match="static argument 'n' of _layers is a list, which is not "
+                                                   "hashable") as info:
+        f(np.ones(2), [2])
+    assert info.value.loc.file == __file__
+    with pytest.raises(gir.GirArgumentError, match="static_argnums 2: _layers has 2 positional"):
+        gir.jit(_layers, static_argnums=2)
+    with pytest.raises(gir.GirArgumentError, match="static_argnames 'actv'"):
+        gir.jit(_layers, static_argnames=["actv"])
+    with pytest.raises(gir.GirArgumentError, match="_layers: missing a required argument: 'n'"):
+        f(np.ones(2))
+
+
+# -- jax.nn's activations and erf ---------------------------------------------------------------------
+
+_np_erf = np.vectorize(__import__("math").erf)
+
+
+def _np_softplus(x):
+    return np.logaddexp(x, 0.0)
+
+
+ACTIVATIONS = {  # name: (gir's, NumPy's): JAX's definitions, written out in NumPy
+    "gelu_tanh": (lambda x: gir.nn.gelu(x),
+                  lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))),
+    "gelu_exact": (lambda x: gir.nn.gelu(x, approximate=False), lambda x: x * (1 + _np_erf(x / np.sqrt(2))) / 2),
+    "erf": (lambda x: gir.lax.erf(3 * x), lambda x: _np_erf(3 * x)),
+    "silu": (lambda x: gir.nn.silu(x), lambda x: x / (1 + np.exp(-x))),
+    "swish": (lambda x: gir.nn.swish(x), lambda x: x / (1 + np.exp(-x))),
+    "softplus": (lambda x: gir.nn.softplus(x * 3), lambda x: _np_softplus(x * 3)),
+    "log_sigmoid": (lambda x: gir.nn.log_sigmoid(x * 3), lambda x: -_np_softplus(-x * 3)),
+    "relu6": (lambda x: gir.nn.relu6(4 * x), lambda x: np.clip(4 * x, 0, 6)),
+    "leaky_relu": (lambda x: gir.nn.leaky_relu(x, 0.2), lambda x: np.where(x >= 0, x, 0.2 * x)),
+    "elu": (lambda x: gir.nn.elu(x * 3, alpha=0.5), lambda x: np.where(x > 0, x * 3, 0.5 * np.expm1(
+        np.minimum(x * 3, 0)))),
+    "celu": (lambda x: gir.nn.celu(x, alpha=0.7), lambda x: np.maximum(x, 0) + 0.7 * np.expm1(np.minimum(x, 0) / 0.7)),
+    "selu": (lambda x: gir.nn.selu(x), lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772
+                                                                                * np.expm1(np.minimum(x, 0)))),
+    "soft_sign": (lambda x: gir.nn.soft_sign(x), lambda x: x / (np.abs(x) + 1)),
+    "hard_tanh": (lambda x: gir.nn.hard_tanh(2 * x), lambda x: np.clip(2 * x, -1, 1)),
+    "hard_silu": (lambda x: gir.nn.hard_swish(4 * x), lambda x: 4 * x * np.clip(4 * x + 3, 0, 6) / 6),
+    "mish": (lambda x: gir.nn.mish(x), lambda x: x * np.tanh(_np_softplus(x))),
+    "glu": (lambda x: gir.nn.glu(x, axis=1), lambda x: x[:, :2] / (1 + np.exp(-x[:, 2:]))),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_values_and_gradients(name, device) -> None:
+    ours, theirs = ACTIVATIONS[name]
+    x = RNG.standard_normal((3, 4))
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(gir.jit(ours, device=device)(x), theirs(x), rtol=1e-14, atol=1e-15)
+        w = RNG.standard_normal(theirs(x).shape)
+        g = gir.jit(gir.grad(lambda x: gir.sum(ours(x) * w)), device=device)(x)
+    np.testing.assert_allclose(g, fd_grad(lambda x_: float((theirs(x_) * w).sum()), x), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_activations_and_expm1_at_extreme_inputs(device) -> None:
+    """No overflow or NaN where exp(x) under- or overflows, in the values and the gradients."""
+    x = np.array([-1e300, -2000.0, -746.0, -720.0, -30.0, 0.0, 30.0, 700.0, 708.0, 712.0, 2000.0])
+
+    def fns(x):
+        return (gir.nn.softplus(x), gir.nn.log_sigmoid(x), gir.nn.elu(x), gir.nn.selu(x), gnp.expm1(x))
+
+    with np.errstate(over="ignore"):
+        got = gir.jit(fns, device=device)(x)
+        want = (_np_softplus(x), -_np_softplus(-x), np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+                1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(np.minimum(x, 0))), np.expm1(x))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-15, atol=0)
+    small = x[np.abs(x) < 1000]
+    g = gir.jit(gir.grad(lambda x: gir.sum(gir.nn.softplus(x) + gir.nn.elu(x) + gir.nn.log_sigmoid(x))),
+                device=device)(small)
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-small))
+        want = sig + np.where(small > 0, 1.0, np.exp(small)) + 1 / (1 + np.exp(small))
+    np.testing.assert_allclose(g, want, rtol=1e-14, atol=1e-300)
+    g1 = gir.jit(gir.grad(lambda x: gir.sum(gnp.expm1(x))), device=device)(small[:-1])
+    np.testing.assert_allclose(g1, np.exp(small[:-1]), rtol=1e-13, atol=1e-300)
+
+
+def test_erf_is_accurate_over_its_whole_range() -> None:
+    x = np.concatenate([np.linspace(-7, 7, 4001), [0.0, 1e-300, -1e-9, 2.5, -2.5, np.nextafter(2.5, 0), 30.0,
+                                                   -np.inf, np.inf]])
+    with np.errstate(over="ignore"):
+        got = gir.jit(gir.lax.erf, device="cpu")(x)
+        g = gir.jit(gir.grad(lambda x: gir.sum(gir.lax.erf(x))), device="cpu")(x[:-2])
+    np.testing.assert_allclose(got, _np_erf(x), rtol=1e-15, atol=0)
+    # the derivative of the composition, whose series cancels near |x| = 2.5: 1e-12, not 1e-15
+    np.testing.assert_allclose(g, 2 / np.sqrt(np.pi) * np.exp(-x[:-2] ** 2), rtol=2e-12, atol=1e-300)
+    assert np.all(np.isfinite(g))
+    f32 = gir.jit(gir.lax.erf, device="cpu")(x[:4001].astype(np.float32))
+    assert f32.dtype == np.float32
+    np.testing.assert_allclose(f32, _np_erf(x[:4001].astype(np.float32)), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["interp", GPU])
+def test_exact_gelu_on_the_gpu(device) -> None:
+    x = RNG.standard_normal(6) * 3
+    np.testing.assert_allclose(gir.jit(lambda x: gir.nn.gelu(x, approximate=False), device=device)(x),
+                               ACTIVATIONS["gelu_exact"][1](x), rtol=1e-14, atol=1e-15)
+
+
+# -- against JAX itself, where it is installed --------------------------------------------------------
+
+def _jax_activations(jax) -> dict:
+    """ACTIVATIONS' gir functions as JAX's."""
+    nn = jax.nn
+    return {"gelu_tanh": nn.gelu, "gelu_exact": lambda x: nn.gelu(x, approximate=False),
+            "erf": lambda x: jax.lax.erf(3 * x), "silu": nn.silu, "swish": nn.swish,
+            "softplus": lambda x: nn.softplus(x * 3), "log_sigmoid": lambda x: nn.log_sigmoid(x * 3),
+            "relu6": lambda x: nn.relu6(4 * x), "leaky_relu": lambda x: nn.leaky_relu(x, 0.2),
+            "elu": lambda x: nn.elu(x * 3, alpha=0.5), "celu": lambda x: nn.celu(x, alpha=0.7), "selu": nn.selu,
+            "soft_sign": nn.soft_sign, "hard_tanh": lambda x: nn.hard_tanh(2 * x),
+            "hard_silu": lambda x: nn.hard_swish(4 * x), "mish": nn.mish, "glu": lambda x: nn.glu(x, axis=1)}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_equal_jax(name) -> None:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    x = RNG.standard_normal((3, 4)) * 2
+    theirs = np.asarray(_jax_activations(jax)[name](jax.numpy.asarray(x)))
+    np.testing.assert_allclose(gir.jit(ACTIVATIONS[name][0], device="cpu")(x), theirs, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", sorted(set(AT_CASES) - {"traced_scalar_and_list_add"}))  # JAX takes no list index
+def test_at_updates_equal_jax(name) -> None:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    ours = AT_CASES[name][0]
+    x, v = _at_inputs(name)
+    theirs = np.asarray(ours(jax.numpy.asarray(x), jax.numpy.asarray(v), jax.numpy.asarray(ROWS)))
+    np.testing.assert_allclose(gir.jit(ours, device="cpu")(x, v, ROWS), theirs, rtol=1e-14, atol=1e-15)

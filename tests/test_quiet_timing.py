@@ -236,3 +236,73 @@ def test_exit_stops_a_measurement_at_its_next_round(monkeypatch: pytest.MonkeyPa
         assert not stored and calls == ["a", "a"]
     finally:
         quiet_timing.STOP.clear()
+
+
+class FakeClock:
+    """A clock that a round advances by `step` and a sleep by its argument."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step, self.slept = 0.0, step, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_rounds_grouped_by_pool_meet_at_the_same_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths of one provider run together and the providers' order rotates, so a measurement
+    switches provider once per round (not twice), and each switch waits for the other pool to
+    stop spinning: settle seconds after its last round, never at a round of the same pool."""
+    monkeypatch.setattr(quiet_timing, "_last_pool", None)
+    monkeypatch.setattr(quiet_timing, "involuntary_switches", lambda: 0)
+    clock = FakeClock(0.001)
+    ran: list[str] = []
+
+    def round_(name: str):  # noqa: ANN202
+        def run() -> float:
+            ran.append(name)
+            clock.now += clock.step
+            return 1.0
+        return run
+
+    pools = {"mkl": "mkl", "mkl-packed": "mkl", "openblas": "openblas", "gir-packed": "openblas"}
+    best, disturbed = quiet_timing.best_clean_rounds({n: round_(n) for n in ("mkl", "openblas", "mkl-packed",
+                                                                             "gir-packed")},
+                                                     budget=100.0, clock=clock, pools=pools, settle=0.25,
+                                                     sleep=clock.sleep)
+    assert not disturbed and len(ran) == 4 * 5
+    pool_runs = [pools[n] for n in ran]
+    switches = sum(a != b for a, b in zip(pool_runs, pool_runs[1:]))
+    assert switches == 5  # one inside each of the 5 rounds, none between rounds
+    assert all({pools[n] for n in ran[i:i + 2]} == {pool_runs[i]} for i in range(0, 20, 2))
+    assert len(clock.slept) == switches and all(abs(s - 0.25) < 1e-9 for s in clock.slept)
+
+
+def test_no_settle_without_pools_or_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quiet_timing, "_last_pool", ("mkl", 0.0))
+    monkeypatch.setattr(quiet_timing, "involuntary_switches", lambda: 0)
+    clock = FakeClock(0.001)
+    quiet_timing.best_clean_rounds({"a": lambda: 1.0, "b": lambda: 1.0}, budget=100.0, clock=clock,
+                                   pools={"a": "openblas", "b": "mkl"}, settle=0.0, sleep=clock.sleep)
+    quiet_timing.best_clean_rounds({"a": lambda: 1.0}, budget=100.0, clock=clock, sleep=clock.sleep)
+    assert clock.slept == []
+
+
+def test_measurements_name_each_paths_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """blas's path measurement hands quiet_timing each path's provider, and the settle time
+    where a pool has a second thread."""
+    seen: dict = {}
+
+    def fake(rounds, **kw):  # noqa: ANN001, ANN202
+        seen.update(kw)
+        return {name: 1e-3 for name in rounds}, False
+
+    monkeypatch.setattr(quiet_timing, "best_clean_rounds", fake)
+    monkeypatch.setattr(blas, "gemm_caller", lambda *a: (lambda: None))
+    monkeypatch.setattr(blas, "threads", lambda: 2)
+    blas._measure_all(["mkl", "openblas", "mkl-packed"], "f32", 4, 4, 4, False, False)
+    assert seen["pools"] == {"mkl": "mkl", "openblas": "openblas", "mkl-packed": "mkl"}
+    assert seen["settle"] == quiet_timing.SPIN

@@ -621,7 +621,19 @@ def _measure_all(paths: list[str], dtype: str, m: int, n: int, k: int, ta: bool,
     c = np.zeros((m, n), np_dtype)
     reps = max(3, min(50, int(2e8 / max(1, 2 * m * n * k))))
     return quiet_timing.best_clean_rounds({p: _round(gemm_caller(p, dtype, m, n, k, ta, tb, a, b, c), reps)
-                                           for p in paths})
+                                           for p in paths}, pools={p: family_of(p) for p in paths},
+                                          settle=spin_settle())
+
+
+def family_of(path: str) -> str:
+    """The provider (thread pool) a path runs on: a key of FAMILIES."""
+    return next(f for f, paths in FAMILIES.items() if path in paths)
+
+
+def spin_settle() -> float:
+    """Seconds a measurement waits between rounds of different providers: their pools' spinning
+    (quiet_timing.SPIN) where some pool has a second thread, else none."""
+    return quiet_timing.SPIN if threads() > 1 or threads_of(["openblas"]) > 1 else 0.0
 
 
 def _round(call, reps: int):  # noqa: ANN001, ANN202

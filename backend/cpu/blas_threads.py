@@ -192,7 +192,9 @@ def _measure(family: str, m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[d
             return seconds
         return run
 
-    return quiet_timing.best_clean_rounds({"t1": timed(True), "t0": timed(False)})
+    pool = "mkl" if family == "mkl" else "openblas"  # after the other provider's rounds, its pool settles
+    return quiet_timing.best_clean_rounds({"t1": timed(True), "t0": timed(False)}, pools={"t1": pool, "t0": pool},
+                                          settle=blas.spin_settle())
 
 
 # ---------------------------------------------------------------------------------------------

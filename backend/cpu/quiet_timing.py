@@ -168,26 +168,70 @@ def thread_switches() -> int:
     return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_nivcsw
 
 
+SPIN = 0.25
+"""Seconds a BLAS thread pool keeps spinning on the other core after its last call (MKL's
+OpenMP threads: KMP_BLOCKTIME, 200 ms by default; OpenBLAS's: 2^28 cycles, ~0.1 s). A round
+through one provider started within that time of the other provider's shares the cores with
+its spinning pool: 32x1024x256 through MKL on 2 threads timed 168 us right after OpenBLAS and
+70 us after a 0.3 s pause, OpenBLAS 1.19 ms (median) against 0.11 ms (/tmp-style probe,
+2026-11-28), which biased the provider choice and the two-core schedule against whichever
+provider was timed second."""
+
+_last_pool: tuple[str, float] | None = None
+"""(pool, clock time) of the last measured round, across measurements: a measurement that
+follows another provider's waits for that pool to stop spinning too."""
+
+
+def _order(names: list[str], pools: dict[str, str] | None, round_no: int) -> list[str]:
+    """This round's names grouped by pool, the pools' order rotating from round to round so that
+    consecutive rounds meet at the same pool: one switch of provider per round, not two."""
+    if not pools:
+        return names
+    order = list(dict.fromkeys(pools.get(n, "") for n in names))
+    k = round_no % len(order)
+    order = order[k:] + order[:k]
+    return [n for pool in order for n in names if pools.get(n, "") == pool]
+
+
+def _settle(pool: str, settle: float, deadline: float, clock: Callable[[], float],
+            sleep: Callable[[float], None]) -> None:
+    """Waits until `settle` seconds after the last round of another pool (within the deadline)."""
+    if settle <= 0 or _last_pool is None or _last_pool[0] == pool:
+        return
+    wait = min(_last_pool[1] + settle, deadline) - clock()
+    if wait > 0:
+        sleep(wait)
+
+
 def best_clean_rounds(rounds: dict[str, Callable[[], float]], min_rounds: int = 5,
                       max_rounds: int = 10, budget: float | None = None,
-                      clock: Callable[[], float] = time.monotonic) -> tuple[dict[str, float], bool]:
+                      clock: Callable[[], float] = time.monotonic, pools: dict[str, str] | None = None,
+                      settle: float = 0.0,
+                      sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, float], bool]:
     """({name: best seconds}, disturbed): runs every `rounds[name]()` (one timed round, returning
     seconds per call) once per round, interleaved, at least `min_rounds` rounds and until each
     name has a clean round (at most `max_rounds`), within `budget` seconds (BUDGET) of `clock`.
     A round starts only while no compiled call is in flight; one that saw a call start, or more
     than CLEAN_SWITCHES involuntary switches, is not clean. A name with no clean round gets its
-    best disturbed time, and `disturbed` is True; Unmeasured when some name got no round."""
+    best disturbed time, and `disturbed` is True; Unmeasured when some name got no round.
+    `pools` names each name's thread pool (its BLAS provider): a round of one pool starts
+    `settle` seconds (SPIN where the pools have threads to spin) after the other's last round."""
+    global _last_pool
     deadline = clock() + (BUDGET if budget is None else budget)
     clean: dict[str, float] = {}
     any_: dict[str, float] = {}
     for done in range(1, max_rounds + 1):
-        for name, run in rounds.items():
+        for name in _order(list(rounds), pools, done):
+            run = rounds[name]
+            pool = (pools or {}).get(name, "")
             if STOP.is_set():  # exiting: a round takes milliseconds, the whole measurement up to ~1 s
                 raise Stopped
+            _settle(pool, settle, deadline, clock, sleep)
             if clock() >= deadline or not wait_until_no_calls(deadline, clock):
                 break
             before, calls = involuntary_switches(), calls_started()
             seconds = run()
+            _last_pool = (pool, clock())
             any_[name] = min(any_.get(name, float("inf")), seconds)
             if involuntary_switches() - before <= CLEAN_SWITCHES and calls_started() == calls:
                 clean[name] = min(clean.get(name, float("inf")), seconds)

@@ -5,6 +5,7 @@ NumPy-spelled functions (numpy_api.py) and the `Tracer` they work on (tracer.py)
 Python function lives in driver/pyjit.py (it wires this frontend to the passes and backends).
 """
 
+from . import at_update  # noqa: F401 - installs `x.at[idx].set/add/multiply/get` on Tracer
 from .control import cond, fori_loop, vmap, while_loop
 from .numpy_api import (
     abs,

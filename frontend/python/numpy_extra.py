@@ -177,14 +177,25 @@ def log1p(x: Any) -> Any:
     return where(d == 0, x, log(u) * (x / safe))
 
 
+KAHAN_BELOW = 0.5
+"""|x| under which expm1 uses Kahan's formula; from it on exp(x) - 1 loses no digits (e^x - 1 is
+at least 1 - e^-0.5 = 0.39 in size)."""
+
+
 @traceable
 def expm1(x: Any) -> Any:
-    """exp(x) - 1, accurate for small |x|: (u - 1) * x / log(u) with u = exp(x)."""
+    """exp(x) - 1, accurate for small |x|: (u - 1) * x / log(u) with u = exp(x) (Kahan) where
+    |x| < 0.5, on x clamped to that range, and exp(x) - 1 elsewhere. Clamped, the formula never
+    sees an exp that under- or overflows (log(u) = -inf or inf: 0 * inf, a NaN in the value
+    and, in the branch `where` drops, in the gradient), and its derivative, which the rounding
+    of log(exp(x)) spoils far from 0 (1e-4 relative at x = -30), is used only near 0."""
     x = _t(x, user_location())
-    u = exp(x)
+    near = minimum(maximum(x, -KAHAN_BELOW), KAHAN_BELOW)
+    u = exp(near)
     lu = log(u)
     small = (u == 1.0) | (lu == 0)
-    return where(small, x, (u - 1.0) * (x / where(small, 1.0, lu)))
+    kahan = where(small, near, (u - 1.0) * (near / where(small, 1.0, lu)))
+    return where(abs(x) < KAHAN_BELOW, kahan, exp(x) - 1.0)
 
 
 # -- jax.nn -------------------------------------------------------------------------------------

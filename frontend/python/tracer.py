@@ -90,7 +90,12 @@ def user_location(depth: int = 1) -> Location:
 
 
 def function_location(fn: Any) -> Location:
+    """Where fn is defined; a wrapper of gir's own (gir.grad's, a static-argument binding of
+    gir.jit: `__wrapped__`) stands for the user's function it wraps."""
     code = getattr(fn, "__code__", None)
+    while code is not None and _is_internal(os.path.abspath(code.co_filename)) and hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+        code = getattr(fn, "__code__", None)
     if code is None:
         return user_location(2)
     _remember(code.co_filename)
