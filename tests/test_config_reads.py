@@ -72,3 +72,12 @@ def test_blas_thread_variables_key_the_cache(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert blas.thread_setting() != one
     assert dataclasses.is_dataclass(config.current())
+
+
+@pytest.mark.parametrize(("text", "bound"), [(None, 64), ("", 64), ("8", 8), ("1", 1), (" 12 ", 12), ("0", None),
+                                              ("-3", None), ("inf", None), ("none", None), ("many", 64), ("2.5", 64)])
+def test_max_specialisations_parses_every_spelling(text: str | None, bound: int | None) -> None:
+    """GIR_MAX_SPECIALISATIONS (driver/specialisations.py): a positive count; 0, a negative
+    number, `inf` or `none` is no bound; anything else the default, 64. Never raises."""
+    environ = {} if text is None else {"GIR_MAX_SPECIALISATIONS": text}
+    assert config.from_environ(environ).max_specialisations == bound
