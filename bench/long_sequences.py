@@ -47,11 +47,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+Step = Callable[[], object] | None
+"""A run's training step (None: skipped)."""
 
 
 def rnn_bench():  # bench/rnn.py (not a package): the LSTM's source, inputs and parameter names
@@ -102,7 +105,8 @@ def inputs(T: int, B: int, I: int, H: int) -> tuple[list[np.ndarray], list[str]]
 # One run, in its own process
 
 
-def run_gir(T: int, B: int, I: int, H: int, budget: str, repeat: int, max_bytes: int, save: str | None) -> dict:
+def run_gir(T: int, B: int, I: int, H: int, budget: str, max_bytes: int, save: str | None) -> tuple[dict, Step]:
+    """Compiles and makes the first call (its RSS growth measured): (the row, the step)."""
     os.environ["GIR_LLVM_TIER"] = "0"  # one compile, -O3: time the final code from the first call
     cache = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, cache, True)
@@ -122,20 +126,14 @@ def run_gir(T: int, B: int, I: int, H: int, budget: str, repeat: int, max_bytes:
            "compile_s": compile_s, "decision": "; ".join(st.checkpoints)}
     if (st.arena_bytes or 0) > max_bytes:
         row["skipped"] = f"workspace {st.arena_bytes / 1e9:.1f} GB > --max-gb"
-        return row
+        return row, None
     out, row["rss"] = measured_call(lambda: fn(*args))
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
-    row["step_s"] = statistics.median(times) if times else None
     if save:
         np.savez(save, *[np.asarray(a) for a in out])
-    return row
+    return row, lambda: fn(*args)
 
 
-def run_jax(T: int, B: int, I: int, H: int, repeat: int, save: str | None) -> dict:
+def run_jax(T: int, B: int, I: int, H: int, save: str | None) -> tuple[dict, Step]:
     import jax
     import jax.numpy as jnp
 
@@ -166,13 +164,10 @@ def run_jax(T: int, B: int, I: int, H: int, repeat: int, save: str | None) -> di
     start = time.perf_counter()
     jax.block_until_ready(step(w, u, b, p["h0"], p["c0"], p["xs"]))  # compiles
     row = {"T": T, "budget": f"jax S={S}", "compile_s": time.perf_counter() - start}
-    out, row["rss"] = measured_call(lambda: jax.block_until_ready(step(w, u, b, p["h0"], p["c0"], p["xs"])))
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        jax.block_until_ready(step(w, u, b, p["h0"], p["c0"], p["xs"]))
-        times.append(time.perf_counter() - t0)
-    row["step_s"] = statistics.median(times) if times else None
+    def call():  # noqa: ANN202
+        return jax.block_until_ready(step(w, u, b, p["h0"], p["c0"], p["xs"]))
+
+    out, row["rss"] = measured_call(call)
     if save:
         value, (dw, du, db, dh0, dc0) = out  # type: ignore[misc]
         split = lambda a, axis: np.split(np.asarray(a), 4, axis=axis)  # noqa: E731
@@ -180,7 +175,7 @@ def run_jax(T: int, B: int, I: int, H: int, repeat: int, save: str | None) -> di
         for prefix, grad, axis in (("w", dw, 1), ("u", du, 1), ("b", db, 0)):
             grads.update({f"{prefix}_{g}": x for g, x in zip("ifgo", split(grad, axis))})
         np.savez(save, np.asarray(value), *[np.asarray(grads[n]) for n in names])
-    return row
+    return row, call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,13 +187,53 @@ def max_relative_diff(a: str, b: str) -> float:
     return max(float(np.max(np.abs(x[k] - y[k])) / max(float(np.max(np.abs(y[k]))), 1e-30)) for k in y.files)
 
 
-def child(argv: list[str], timeout: float) -> dict:
-    r = subprocess.run([sys.executable, __file__, "--child", json.dumps(argv)], capture_output=True, text=True,
-                       timeout=timeout)
-    if r.returncode != 0:  # a GirError's message line, not its source line or caret after it
-        lines = r.stderr.strip().splitlines() or ["failed"]
-        return {"error": next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1])}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+def serve(row: dict, step: Step) -> None:
+    """The child's side: the row, then `time N` lines answered with N step times (JSON)."""
+    print(json.dumps(row), flush=True)
+    if step is None:
+        return
+    for line in sys.stdin:
+        times = []
+        for _ in range(int(line.split()[1])):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        print(json.dumps(times), flush=True)
+
+
+class Child:
+    """One run in its own process (its RSS is its own), kept alive to be timed in rounds."""
+
+    def __init__(self, argv: list, tmp: str):
+        self.err = open(os.path.join(tmp, f"stderr-{argv[1]}-{argv[5] or argv[0]}.txt"), "w+")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(argv)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True)
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        self.row: dict = json.loads(line) if line else {"error": self._error()}
+        self.times: list[float] = []
+
+    def _error(self) -> str:
+        self.proc.wait()
+        self.err.seek(0)  # a GirError's message line, not its source line or caret after it
+        lines = self.err.read().strip().splitlines() or ["failed"]
+        return next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1])
+
+    @property
+    def timed(self) -> bool:
+        return "error" not in self.row and "skipped" not in self.row
+
+    def time(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"time {n}\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        got = json.loads(self.proc.stdout.readline())  # type: ignore[union-attr]
+        self.times += got
+        return got
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait()
+        self.err.close()
 
 
 def mb(n: object) -> str:
@@ -206,15 +241,55 @@ def mb(n: object) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| T | budget | planned MB | workspace MB | RSS growth MB | step s | compile s | grad diff | decision |"
-    lines = [head, "|" + "---|" * 9]
+    head = ("| T | budget | planned MB | workspace MB | RSS growth MB | step s | step / no budget | compile s "
+            "| grad diff | decision |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         step = f"{r['step_s']:.4g}" if r.get("step_s") else "-"
+        ratio = f"{r['ratio']:.2f}" if r.get("ratio") else "-"
         diff = f"{r['diff']:.1e}" if "diff" in r else "-"
         note = r.get("skipped") or r.get("error") or r.get("decision") or ""
         lines.append(f"| {r['T']:,} | {r['budget']} | {mb(r.get('planned'))} | {mb(r.get('workspace'))} | "
-                     f"{mb(r.get('rss'))} | {step} | {r.get('compile_s', 0):.2f} | {diff} | {note} |")
+                     f"{mb(r.get('rss'))} | {step} | {ratio} | {r.get('compile_s', 0):.2f} | {diff} | {note} |")
     return "\n".join(lines) + "\n"
+
+
+def one_length(T: int, args: argparse.Namespace, tmp: str) -> list[dict]:
+    """Every run at T: compiled and called once each, one after the other (so each first call's
+    RSS is measured alone), then timed in --repeat rounds, one step of each run a round, half a
+    second apart (the last run's BLAS threads stop spinning): a loaded minute weighs on all."""
+    runs = [("gir", b) for b in args.budgets.split(",")] + ([("jax", "")] if args.jax else [])
+    children, reference = [], None
+    for kind, budget in runs:
+        save = os.path.join(tmp, f"{T}-{kind}-{budget}.npz")
+        c = Child([kind, T, args.batch, args.input, args.hidden, budget, int(args.max_gb * 1e9), save], tmp)
+        c.row.setdefault("T", T)
+        c.row.setdefault("budget", budget or kind)
+        if os.path.exists(save):
+            if kind == "gir" and budget == "none":
+                reference = save
+            elif reference is not None:
+                c.row["diff"] = max_relative_diff(save, reference)
+        children.append(c)
+    timed = [c for c in children if c.timed]
+    base = next((c for c in timed if c.row["budget"] == "none"), None)
+    ratios: dict[int, list[float]] = {id(c): [] for c in timed}
+    for _ in range(args.repeat):
+        got = {}
+        for c in timed:
+            time.sleep(0.5)
+            got[id(c)] = c.time(1)[0]
+        for c in timed:
+            if base is not None:
+                ratios[id(c)].append(got[id(c)] / got[id(base)])
+    for c in children:
+        if c.times:
+            c.row["step_s"] = statistics.median(c.times)
+        if ratios.get(id(c)):
+            c.row["ratio"] = statistics.median(ratios[id(c)])
+        c.close()
+        print(table([c.row]).splitlines()[-1], flush=True)
+    return [c.row for c in children]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--input", type=int, default=256)
-    ap.add_argument("--repeat", type=int, default=3, help="timed steps after the first (median)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of one timed step per run (median)")
     ap.add_argument("--max-gb", type=float, default=16.0, help="skip runs whose workspace exceeds this")
     ap.add_argument("--jax", action="store_true", help="also run JAX with jax.checkpoint over segments")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
@@ -232,29 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        kind, T, B, I, H, budget, repeat, max_bytes, save = json.loads(args.child)
-        row = run_jax(T, B, I, H, repeat, save) if kind == "jax" else \
-            run_gir(T, B, I, H, budget, repeat, max_bytes, save)
-        print(json.dumps(row))
+        kind, T, B, I, H, budget, max_bytes, save = json.loads(args.child)
+        serve(*(run_jax(T, B, I, H, save) if kind == "jax" else run_gir(T, B, I, H, budget, max_bytes, save)))
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for T in [int(t) for t in args.steps.split(",")]:
-            reference = None
-            runs = [("gir", b) for b in args.budgets.split(",")] + ([("jax", "")] if args.jax else [])
-            for kind, budget in runs:
-                save = os.path.join(tmp, f"{T}-{kind}-{budget}.npz")
-                row = child([kind, T, args.batch, args.input, args.hidden, budget, args.repeat,
-                             int(args.max_gb * 1e9), save], args.timeout)
-                row.setdefault("T", T)
-                row.setdefault("budget", budget or kind)
-                if os.path.exists(save):
-                    if kind == "gir" and budget == "none":
-                        reference = save
-                    elif reference is not None:
-                        row["diff"] = max_relative_diff(save, reference)
-                rows.append(row)
-                print(table([row]).splitlines()[-1], flush=True)
+            rows += one_length(T, args, tmp)
     text = (f"LSTM training step, batch {args.batch}, input {args.input}, hidden {args.hidden}, float32, CPU\n\n"
             + table(rows))
     print("\n" + text)

@@ -306,3 +306,40 @@ def test_measurements_name_each_paths_provider(monkeypatch: pytest.MonkeyPatch) 
     blas._measure_all(["mkl", "openblas", "mkl-packed"], "f32", 4, 4, 4, False, False)
     assert seen["pools"] == {"mkl": "mkl", "openblas": "openblas", "mkl-packed": "mkl"}
     assert seen["settle"] == quiet_timing.SPIN
+
+
+def test_two_core_schedule_not_decided_on_disturbed_thread_times() -> None:
+    """Thread times that show the worker 10x faster, measured cleanly: the window runs with the
+    worker. The same times marked disturbed (measured while another process had a core): it
+    does not, the note says why, and nothing is pending (no recompile for them)."""
+    import dataclasses
+
+    import gir
+    from gir.backend.cpu import overlap as windows
+    from gir.backend.cpu.schedule import Measurements, op_ids
+    from gir.backend.cpu.schedule import overlap as decide
+    from gir.config import current
+    from gir.passes.pass_manager import PassManager
+    from gir.passes.pipeline import DEFAULT_PIPELINE
+
+    module = gir.parse((Path(__file__).parent.parent / "examples" / "rnn.gir").read_text())
+    PassManager(DEFAULT_PIPELINE).run(module)
+    f = module.functions["rnn_grads"]
+    options = dataclasses.replace(current(), cpu_overlap="auto", gemm_measure="background")
+    probe = decide.Times("openblas", Measurements(False, {False: ("openblas",), True: ("openblas",)}, 2))
+    for w in windows.find_windows(f):
+        try:
+            decide.estimate(w, probe)
+        except decide.NotMeasured:
+            pass
+    shapes = set(probe.asked)
+    assert shapes
+    times = {p: (1e-4, 1e-3) for p in shapes}  # 2 threads 10x slower than 1: the worker wins big
+    base = dict(has_mkl=False, candidates={False: ("openblas",), True: ("openblas",)}, blas_threads=2,
+                thread_times=times, overlap_unavailable={"openblas": None})
+    kept, notes, _ = decide.plan(f, op_ids(f), "openblas", Measurements(**base), options, False)
+    assert kept and all(n["used"] for n in notes["overlap"])
+    disturbed = Measurements(**base, thread_disturbed=frozenset(shapes))
+    kept, notes, _ = decide.plan(f, op_ids(f), "openblas", disturbed, options, False)
+    assert not kept and "overlap_pending" not in notes
+    assert all(not n["used"] and "disturbed" in n["why"] for n in notes["overlap"])

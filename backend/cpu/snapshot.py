@@ -12,15 +12,17 @@ import re
 from ...analysis.memory.plan import MemoryPlan
 from ...config import Options
 from ...ir.core import Function
-from . import blas, blas_threads, team
+from . import blas, blas_threads, quiet_timing, team
 from .schedule import CpuSchedule, GemmParams, Measurements, needed_shapes, plan
 from .schedule.gemms import sites
 
-_THREAD_KEY = re.compile(r"^(\w+) m=(\d+) n=(\d+) k=(\d+) ta=([01]) tb=([01]) threads=(\d+) (t[01])$")
+_THREAD_KEY = re.compile(r"^(\w+) m=(\d+) n=(\d+) k=(\d+) ta=([01]) tb=([01]) threads=(\d+) (t[01]|\w+)$")
 
 
-def thread_times() -> dict[tuple, tuple[float, float]]:
-    """blas_threads' measured (one thread, all threads) seconds for BLAS's thread count now."""
+def thread_times() -> tuple[dict[tuple, tuple[float, float]], frozenset[tuple]]:
+    """blas_threads' measured (one thread, all threads) seconds for BLAS's thread count now, and
+    the shapes among them measured only in disturbed rounds (the model's times are not: they
+    are the same every time)."""
     threads = blas.threads()
     found: dict[tuple, dict[str, float]] = {}
     for key, value in blas_threads.measured_times().items():
@@ -29,7 +31,10 @@ def thread_times() -> dict[tuple, tuple[float, float]]:
             continue
         params = (m[1], int(m[2]), int(m[3]), int(m[4]), m[5] == "1", m[6] == "1")
         found.setdefault(params, {})[m[8]] = float(value)
-    return {p: (t["t1"], t["t0"]) for p, t in found.items() if "t1" in t and "t0" in t}
+    times = {p: (t["t1"], t["t0"]) for p, t in found.items() if "t1" in t and "t0" in t}
+    disturbed = frozenset(p for p, t in found.items() if p in times and quiet_timing.DISTURBED in t
+                          and quiet_timing.MODEL not in t)
+    return times, disturbed
 
 
 def take(function: Function, options: Options) -> tuple[Measurements, list[GemmParams]]:
@@ -51,12 +56,13 @@ def take(function: Function, options: Options) -> tuple[Measurements, list[GemmP
         else:
             times[p] = found
     entry = team.level1_entry()
+    threads, disturbed = thread_times()
     pack_bytes = {(p[0], p[1], p[2], p[3]): blas.pack_size(p[0], p[1], p[2], p[3]) for p in shapes if p[-1] and has_mkl}
     return Measurements(
         has_mkl, candidates, blas.threads(), times, {p: blas.model_times(*p) for p in shapes if p not in times},
-        thread_times(), {f: blas_threads.unavailable(f) for f in blas.FAMILIES} if scans else {},
+        threads, {f: blas_threads.unavailable(f) for f in blas.FAMILIES} if scans else {},
         (entry[1], entry[2]) if entry is not None else None, blas.openblas_int_bits(),
-        pack_bytes), missing
+        pack_bytes, disturbed), missing
 
 
 def _consulted(function: Function, result: CpuSchedule, measured: Measurements, options: Options) -> set[GemmParams]:

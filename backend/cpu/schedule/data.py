@@ -44,6 +44,9 @@ class Measurements:
     openblas_int_bits: int = 32
     mkl_pack_bytes: Mapping[tuple[str, int, int, int], int] = field(default_factory=dict)
     """Bytes MKL needs to pack the B operand of a (dtype, m, n, k) GEMM (blas.pack_size)."""
+    thread_disturbed: frozenset[ThreadParams] = frozenset()
+    """Shapes whose thread times were measured only in disturbed rounds (another process had a
+    core: quiet_timing.DISTURBED): the two-core schedule does not decide on them."""
 
 
 PACKING = ("mkl-packed", "gir-packed", "openblas-copy")

@@ -33,14 +33,23 @@ class NotMeasured(Exception):
         self.params = params
 
 
+class Disturbed(Exception):
+    """Some thread times a decision needs were measured only in disturbed rounds: a 2-thread
+    GEMM timed while another process had the second core comes out up to 7x slow, and the model
+    then predicts a gain the worker never brings (an LSTM-S step 31 against 20 ms). Decided
+    without the worker: not pending (a later clean measurement is a later process's)."""
+
+
 class Times:
     """Thread times of one family from the snapshot: a shape missing counts 0 and is noted, and
-    `check` raises NotMeasured naming them all. `asked` keeps every shape looked up."""
+    `check` raises NotMeasured naming them all, else Disturbed if some was measured only while
+    the machine was busy. `asked` keeps every shape looked up."""
 
     def __init__(self, family: str, measured: Measurements):
         self.family = family
         self.measured = measured
         self.missing: list[ThreadParams] = []
+        self.disturbed: list[ThreadParams] = []
         self.asked: list[ThreadParams] = []
 
     def __call__(self, m: int, n: int, k: int, ta: bool, tb: bool, threads: int) -> float:
@@ -50,11 +59,18 @@ class Times:
         if found is None:
             self.missing.append(params)
             return 0.0
+        if params in self.measured.thread_disturbed:
+            self.disturbed.append(params)
         return found[0] if threads == 1 else found[1]
+
+    def reset(self) -> None:
+        self.missing, self.disturbed = [], []
 
     def check(self) -> None:
         if self.missing:
             raise NotMeasured(tuple(dict.fromkeys(self.missing)))
+        if self.disturbed:
+            raise Disturbed(tuple(dict.fromkeys(self.disturbed)))
 
 
 def estimate(window: overlap.Window, seconds: Times) -> dict[str, float]:
@@ -63,7 +79,7 @@ def estimate(window: overlap.Window, seconds: Times) -> dict[str, float]:
     worker, whichever is longer, plus the last chunk, which can only start after the last step).
     Elementwise work and waiting are not in the model: it decides between the two GEMM
     schedules, measured on this machine (blas_threads.py)."""
-    seconds.missing = []
+    seconds.reset()
     steps = LoopView(window.scan).trip_count or 0
     body = overlap.body_gemms(window.scan)
     main1 = steps * sum(seconds(*g, threads=1) for g in body)
@@ -83,7 +99,7 @@ def estimate(window: overlap.Window, seconds: Times) -> dict[str, float]:
 def main_threads(function: Function, kept: list[overlap.Window], seconds: Times) -> dict[str, object]:
     """The calling thread's other GEMMs: on one thread for the whole call when that measured
     faster (on a machine whose other core is busy, 2-thread GEMMs wait for it)."""
-    seconds.missing = []
+    seconds.reset()
     outside = overlap.outside_gemms(function, kept)
     one = sum(seconds(*g, threads=1) for g in outside)
     both = sum(seconds(*g, threads=0) for g in outside)
@@ -119,6 +135,10 @@ def plan(function: Function, ids: dict[Operation, str], family: str, measured: M
             notes_list.append({"scan": str(w.scan.loc), "used": False,
                                "why": "GEMM thread times not measured yet (measuring in the background)"})
             continue
+        except Disturbed:
+            notes_list.append({"scan": str(w.scan.loc), "used": False,
+                               "why": "GEMM thread times measured only while the machine was busy (disturbed)"})
+            continue
         use = chosen in ("1", "whole") or est["with_ms"] < MARGIN * est["without_ms"]
         notes_list.append({"scan": str(w.scan.loc), "deferred_gemms": len(w.deferred),
                            "chunks": sum(len(d.chunks) for d in w.deferred), "used": use,
@@ -132,6 +152,8 @@ def plan(function: Function, ids: dict[Operation, str], family: str, measured: M
         except NotMeasured as e:
             pending += e.params
             notes["main_blas_threads"] = {"threads": "all", "why": "GEMM thread times not measured yet"}
+        except Disturbed:
+            notes["main_blas_threads"] = {"threads": "all", "why": "GEMM thread times disturbed"}
     elif kept and chosen == "whole":
         notes["main_blas_threads"] = {"threads": 1, "why": "GIR_CPU_OVERLAP=whole"}
     if pending and options.gemm_measure == "background":  # refined later (=off: never)
