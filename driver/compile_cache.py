@@ -10,19 +10,21 @@ Two kinds of entry, both under `compiled/`:
   the LLVM IR before and after LLVM's passes, the gir IR after the passes (`fn.ir`) and the
   specialised signature.
 
-What runs is stored at once (issue 28, "store what ran"): a first compile stores its quick
-code (tiers.py) before its first call, and its -O3 code replaces the entry when the background
-compile ends; a later process loads whatever entry exists, the best one made so far. A hit on
-quick code, or on code whose GEMM paths came from blas' model and are measured now, runs that
-code at once and makes the better code in the background (`better_code_later`): it swaps in
-between calls and replaces the entry. A lookup never waits for better code, never recompiles
-in its own path, and asks nothing that loads MKL: whether the model's decisions are measured
-now is asked on the background thread after the first call (`better_code_if_measured`).
-Each entry records its state (`Code.state`; `gir cache info` lists it).
+What runs is stored at once (issue 28, "store what ran"): a first compile stores its quick code
+(tiers.py) beside its first call (on a thread of its own that exit waits for), and its -O3 code
+replaces the entry when the background compile ends; a later process loads whatever entry
+exists, the best one made so far. A hit on quick code, or on code whose GEMM paths came from
+blas' model and are measured now, runs that code at once and makes the better code in the
+background (`better_code_later`): it swaps in between calls and replaces the entry. A lookup
+never waits for better code, never recompiles in its own path, and asks nothing that loads MKL:
+whether the model's decisions are measured now is asked on the background thread after the
+first call (`better_code_if_measured`). Each entry records its state (`Code.state`; `gir cache
+info` lists it).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -112,19 +114,26 @@ def load_signature(key: str) -> tuple[Function, tuple[str, ...]] | None:
 # Compiled specialisations
 
 
+_store_lock = threading.Lock()
+"""One store at a time in this process: the quick code's store (on its own thread) and the final
+code's (on the tiers thread) each compare ranks and then write; without the lock a quick store
+could check, then write over the final code stored in between."""
+
+
 def store_compiled(key: str, compiled: CPUFunction, root: str | None = None, code: Code | None = None) -> None:
     """Stores a CPUFunction (with its `ir` text) under a specialisation key (in the cache folder
     root; default: the current one): code, default the code its calls run now."""
     code = compiled.code if code is None else code
-    if _rank(code.state()) < _rank(_stored_state(key, root)):
-        return  # another process stored better code meanwhile: never replace it by worse
     meta, obj = code.to_entry(shared=True)  # a hit in a new process loads it without LLVM
     f = compiled.function
     meta["signature"] = signature_json(f)
     meta["ir"] = compiled.ir
     meta["about"] = {"entry": f.name, "shapes": _shapes_about(f, code.layout)}
-    with timing.phase("cache: store"):
-        disk.store("compiled", key, meta, obj, root=root)
+    with _store_lock:
+        if _rank(code.state()) < _rank(_stored_state(key, root)):
+            return  # better code was stored meanwhile (here or by another process): never replace it by worse
+        with timing.phase("cache: store"):
+            disk.store("compiled", key, meta, obj, root=root)
 
 
 def _shapes_about(f: Function, layout: Any) -> list[list[Any]]:
@@ -163,6 +172,42 @@ def store_what_runs(key: str, executable: Executable) -> None:
     store_compiled(key, executable, code=code)
     if code.final is not None:
         store_when_final(key, executable)
+
+
+def store_what_runs_soon(key: str, executable: Executable) -> threading.Thread | None:
+    """store_what_runs: quick code (tiered: its -O3 code pending) on a thread of its own, beside
+    the first call, since linking the entry's shared library (`cc -shared`, 60-90 ms) was most
+    of the time a tiered first compile added before its first result; final code (a compile
+    that took the -O3 time already) at once. The thread is not a daemon: interpreter exit joins
+    it, so the code that ran is stored before the process ends (a process killed first stores
+    nothing, as before)."""
+    from ..backend.cpu.runtime import CPUFunction
+
+    if not isinstance(executable, CPUFunction) or executable.code.final is None:
+        store_what_runs(key, executable)
+        return None
+    t = threading.Thread(target=store_what_runs, args=(key, executable), name="gir-store", daemon=False)
+    with _store_lock:
+        for k in [k for k, s in _stores.items() if not s.is_alive()]:
+            del _stores[k]
+        _stores[key] = t
+    t.start()
+    return t
+
+
+_stores: dict[str, threading.Thread] = {}
+"""The store threads started, by key (the finished ones dropped at the next start)."""
+
+
+def wait_for_stores(timeout: float | None = None, key: str | None = None) -> bool:
+    """Waits until every store started so far (or key's) has written its entry (True), or
+    timeout seconds. A lookup in this process waits for its key's: it finds the entry being
+    written instead of compiling it again."""
+    with _store_lock:
+        pending = [t for k, t in _stores.items() if key is None or k == key]
+    for t in pending:
+        t.join(timeout)
+    return not any(t.is_alive() for t in pending)
 
 
 def store_when_final(key: str, compiled: CPUFunction) -> None:
@@ -238,6 +283,7 @@ def better_code_if_measured(key: str, compiled: CPUFunction, make: Callable[[], 
 
 def load_compiled(key: str) -> CPUFunction | None:
     """The CPUFunction stored under key, loaded (no parsing, passes or LLVM), or None."""
+    wait_for_stores(key=key)
     from ..backend.cpu.runtime import Code, CPUFunction
 
     with timing.phase("cache: lookup"):

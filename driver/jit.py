@@ -201,7 +201,7 @@ class JitFunction:
         cached = shapes if length is None else ("every length", length.generic(shapes))
         cache_key = compile_cache.specialisation_key(self._cache_key, cached) if self._cache_key else None
         if cache_key is not None:  # what runs now (quick code too), then the final code once swapped
-            compile_cache.store_what_runs(cache_key, compiled)
+            compile_cache.store_what_runs_soon(cache_key, compiled)
         if length is not None:
             return self._made_for_every_length(compiled, shapes, length)
         self._made += 1

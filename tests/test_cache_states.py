@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from gir import cli
 from gir.backend.cpu import tiers
+from gir.driver import compile_cache
 from gir.ir.interpreter import random_inputs
 
 RNN = """\
@@ -113,6 +114,7 @@ def test_stats_run_v_and_cache_info_say_so(own_cache: Path, tmp_path: Path, monk
     s = fn.stats.compile
     assert s.cache == "miss" and s.tier == "quick" and s.preparing == "-O3 code"
     assert "quick code; preparing -O3 code in the background" in s.describe()
+    assert compile_cache.wait_for_stores(60)  # the quick code is stored beside the first call
     assert cli.main(["cache", "info"]) == 0
     info = capsys.readouterr().out
     assert "@grads (6x4x8, 4x8, 8x8, 8x8, 8): quick code (-O3 pending)" in info, info
