@@ -23,6 +23,7 @@ are the figure that other processes disturb least.
     python bench/compile_time.py [--runs 5] [--skip-opt] [--sizes 25000,50000,100000]
     python bench/compile_time.py --tiers gru,lstm --runs 5   # tiered compilation on/off, interleaved
     python bench/compile_time.py --lengths gru,lstm --runs 5 # the cost of a new sequence length
+    python bench/compile_time.py --runs 5 --skip-opt --busy 2  # the same beside 2 busy processes
 
 The cost of a new length (issue 28, target <= 50 ms): `examples/<model>.gir` with `%xs`'s
 leading dim written `?`, compiled at the first of `--steps-list` lengths in a fresh process
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import resource
 import shutil
@@ -51,7 +53,7 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 JIT_ONCE = """\
-import json, sys, time
+import json, os, sys, time
 t0 = time.perf_counter()
 import gir
 from gir.backend.cpu import blas
@@ -60,7 +62,9 @@ w, c, p = time.perf_counter(), time.thread_time(), time.process_time()
 fn = gir.jit(sys.argv[1], sys.argv[2])
 w, c = time.perf_counter() - w, time.thread_time() - c
 tier = fn.compiled.code.info.tier
-assert fn.compiled.wait_for_final_code(600)  # tiered: the -O3 code swapped in (and stored)
+# tiered: the -O3 code swapped in (and stored); with --busy, a bounded wait: beside CPU-bound
+# processes the -O3 child at nice 19 may take minutes, and the cache keeps the quick code meanwhile
+fn.compiled.wait_for_final_code(float(os.environ.get("GIR_BENCH_FINAL_WAIT", "600")))
 final_wall, final_cpu = time.perf_counter() - t1, time.process_time() - p  # both threads' CPU
 w2, c2 = time.perf_counter(), time.thread_time()
 again = gir.jit(sys.argv[1], sys.argv[2])
@@ -299,7 +303,28 @@ def main() -> None:
     ap.add_argument("--lengths", default="", help="only the cost of a new sequence length, for these models")
     ap.add_argument("--steps-list", default="40,41,42,43,57,100",
                     help="--lengths: the sequence lengths called, in order (the first one compiles)")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="CPU-bound processes running beside every measurement (the same table under load)")
     args = ap.parse_args()
+    if args.busy:
+        os.environ["GIR_BENCH_FINAL_WAIT"] = "10"
+    busy = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
+    for p in busy:
+        p.start()
+    try:
+        _tables(args)
+    finally:
+        for p in busy:
+            p.terminate()
+            p.join()
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _tables(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         if args.lengths:
