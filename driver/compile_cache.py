@@ -161,7 +161,7 @@ def _rank(state: dict[str, Any] | None) -> int:
     return 2 * (state.get("tier") != "quick") + bool(state.get("measured", True))
 
 
-def store_what_runs(key: str, executable: Executable) -> None:
+def store_what_runs(key: str, executable: Executable, root: str | None = None) -> None:
     """Stores the code compiled's calls run now (quick code is correct code: the next process
     loads it whatever happens to this one's background compile), and its final code when
     that replaces it (`store_when_final`). Only CPU code has a key (CACHED_DEVICES)."""
@@ -169,9 +169,10 @@ def store_what_runs(key: str, executable: Executable) -> None:
 
     assert isinstance(executable, CPUFunction), "only CPU code is cached"
     code = executable.code  # read once: the swap may come between two reads
-    store_compiled(key, executable, code=code)
+    root = disk.cache_root() if root is None else root
+    store_compiled(key, executable, root, code=code)
     if code.final is not None:
-        store_when_final(key, executable)
+        store_when_final(key, executable, root)
 
 
 def store_what_runs_soon(key: str, executable: Executable) -> threading.Thread | None:
@@ -186,7 +187,9 @@ def store_what_runs_soon(key: str, executable: Executable) -> threading.Thread |
     if not isinstance(executable, CPUFunction) or executable.code.final is None:
         store_what_runs(key, executable)
         return None
-    t = threading.Thread(target=store_what_runs, args=(key, executable), name="gir-store", daemon=False)
+    # the folder of the lookup, read now: GIR_CACHE_DIR may change before the thread runs
+    t = threading.Thread(target=store_what_runs, args=(key, executable, disk.cache_root()), name="gir-store",
+                         daemon=False)
     with _store_lock:
         for k in [k for k, s in _stores.items() if not s.is_alive()]:
             del _stores[k]
@@ -210,18 +213,18 @@ def wait_for_stores(timeout: float | None = None, key: str | None = None) -> boo
     return not any(t.is_alive() for t in pending)
 
 
-def store_when_final(key: str, compiled: CPUFunction) -> None:
+def store_when_final(key: str, compiled: CPUFunction, root: str | None = None) -> None:
     """Stores compiled under key once it runs its final code (tiered compilation: after the
     background -O3 compile, on that thread; at once otherwise): in the cache folder of the
-    lookup, even if GIR_CACHE_DIR changed meanwhile."""
+    lookup (root; default: the current one), even if GIR_CACHE_DIR changed meanwhile."""
+    root = disk.cache_root() if root is None else root
     final = compiled.code.final  # read once: the swap may come between two reads
     if final is None:
-        store_compiled(key, compiled)
+        store_compiled(key, compiled, root)
         return
     from ..backend.cpu import tiers
 
     tiers.add_key(final, key)
-    root = disk.cache_root()
     compiled.when_final(lambda: store_compiled(key, compiled, root))
 
 
