@@ -292,3 +292,14 @@ def test_adamw_without_params_is_a_gir_error() -> None:
     params = {"w": np.ones(3)}
     with pytest.raises(gir.GirError, match=r"optimizer.update\(grads, state, params\)"):
         opt.update(params, opt.init(params))
+
+
+@pytest.mark.parametrize("op", ["//", "%"])
+def test_floor_ops_on_floats_are_located_errors(op: str) -> None:
+    """// and % exist on integers only: on floats a GirError at the user's line that says so."""
+    def f(x):  # noqa: ANN001, ANN202
+        return x // 2.0 if op == "//" else x % 2.0
+
+    with pytest.raises(gir.GirError, match=rf"{re.escape(op)} on f64: gir has no floor for floats") as info:
+        gir.jit(f, device="interp")(np.ones(3))
+    assert "test_api.py:" in str(info.value)

@@ -687,28 +687,36 @@ def _install() -> None:
         setattr(Tracer, name, method)
 
 
-def _floordiv(self: Tracer, other: Any, reflected: bool = False) -> Any:
-    """a // b on integers: the `div` op, which floors on integers (as NumPy's //)."""
-    loc = user_location(2)
+def _integer_operands(self: Tracer, other: Any, reflected: bool, refusal: str) -> tuple[Any, ...] | None:
+    """(loc, a, b, dtype) of `a op b` for // and %, which gir has on integers only (refusal: the
+    message for floats, `{dtype}` filled in); None where other is no operand (NotImplemented)."""
+    loc = user_location(3)
     a, b = (other, self) if reflected else (self, other)
     if not _operand_like(other):
-        return NotImplemented
+        return None
     dtype = result_dtype([a, b])
     if dtype not in INT_DTYPES:
-        raise GirTraceError(f"// on {dtype}: gir has no floor for floats yet; use / (or integers with "
-                            ".astype('int32'))", loc)
+        raise GirTraceError(refusal.format(dtype=dtype), loc)
+    return loc, a, b, dtype
+
+
+def _floordiv(self: Tracer, other: Any, reflected: bool = False) -> Any:
+    """a // b on integers: the `div` op, which floors on integers (as NumPy's //)."""
+    found = _integer_operands(self, other, reflected, "// on {dtype}: gir has no floor for floats yet; use / "
+                              "(or integers with .astype('int32'))")
+    if found is None:
+        return NotImplemented
+    loc, a, b, dtype = found
     return _weak_if(emit1("div", values_of([a, b], loc, dtype), loc=loc), a, b)
 
 
 def _mod(self: Tracer, other: Any, reflected: bool = False) -> Any:
     """a % b on integers: a - (a // b) * b, the sign of b as in Python and NumPy."""
-    loc = user_location(2)
-    a, b = (other, self) if reflected else (self, other)
-    if not _operand_like(other):
+    found = _integer_operands(self, other, reflected,
+                              "% on {dtype}: gir has no floor for floats yet, so % works on integers only")
+    if found is None:
         return NotImplemented
-    dtype = result_dtype([a, b])
-    if dtype not in INT_DTYPES:
-        raise GirTraceError(f"% on {dtype}: gir has no floor for floats yet, so % works on integers only", loc)
+    loc, a, b, dtype = found
     va, vb = values_of([a, b], loc, dtype)
     q = emit1("div", [va, vb], loc=loc)
     return _weak_if(emit1("sub", [va, emit1("mul", [q.value, vb], loc=loc).value], loc=loc), a, b)
