@@ -172,10 +172,11 @@ SPIN = 0.25
 """Seconds a BLAS thread pool keeps spinning on the other core after its last call (MKL's
 OpenMP threads: KMP_BLOCKTIME, 200 ms by default; OpenBLAS's: 2^28 cycles, ~0.1 s). A round
 through one provider started within that time of the other provider's shares the cores with
-its spinning pool: 32x1024x256 through MKL on 2 threads timed 168 us right after OpenBLAS and
-70 us after a 0.3 s pause, OpenBLAS 1.19 ms (median) against 0.11 ms (/tmp-style probe,
-2026-11-28), which biased the provider choice and the two-core schedule against whichever
-provider was timed second."""
+its spinning pool. `bench/gemm_spin.py` (32x1024x256, 2 threads, 2026-11-28, Intel Xeon): on
+the idle machine MKL's median round 171 us right after OpenBLAS against 71 us after a 0.3 s
+pause; with one other process running at nice 19, MKL's best round 168 against 70 us and
+OpenBLAS's median 1.19 against 0.11 ms. That biased the provider choice and the two-core
+schedule against whichever provider was timed second."""
 
 _last_pool: tuple[str, float] | None = None
 """(pool, clock time) of the last measured round, across measurements: a measurement that
