@@ -35,7 +35,7 @@ class NotMeasured(Exception):
 
 class Disturbed(Exception):
     """Some thread times a decision needs were measured only in disturbed rounds: a 2-thread
-    GEMM timed while another process had the second core came out 7x slow (the LSTM-S scan's
+    GEMM timed while another process had the second core came out 7x slow (the GRU-S scan's
     GEMMs 38.7 ms on 2 threads against 5.6 on one, `fn.stats.schedule`), and the model then
     predicted a gain the worker never brought (`bench/rnn_rounds.py --peers gir,gir-base=...`
     beside a nice-19 process: GRU-S 31.3 against 20.4 ms without the worker). Decided
