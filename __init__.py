@@ -37,6 +37,10 @@ _PYTHON_FRONTEND = (
     "tile", "trace", "trace_entry", "transpose", "value_and_grad", "var", "vmap", "where", "while_loop",
     "zeros", "zeros_like")
 __all__ += [*_PYTHON_FRONTEND, "PythonJit"]
+_TRANSFERS = ("device_get", "device_put")
+"""`gir.device_put` / `gir.device_get` (driver/transfer.py: pytrees to the GPU and back), loaded
+on first use too."""
+__all__ += list(_TRANSFERS)
 
 _NAMESPACES = {"numpy": "gnumpy", "nn": "nn", "lax": "lax", "tree_util": "tree_util", "optim": "optim"}
 """`gir.numpy` (as jax.numpy), `gir.nn`, `gir.lax`, `gir.tree_util`, `gir.optim`: modules of the
@@ -80,6 +84,11 @@ _EAGER_LOADERS.append(_load_eager_runner)
 
 def __getattr__(name: str) -> object:
     """`gir.scan`, `gir.PythonJit`, ...: imports the Python frontend and binds all its names."""
+    if name in _TRANSFERS:
+        from .driver import transfer
+
+        globals().update({n: getattr(transfer, n) for n in _TRANSFERS})
+        return globals()[name]
     if name not in _PYTHON_FRONTEND and name != "PythonJit":
         raise AttributeError(f"module 'gir' has no attribute '{name}'" + did_you_mean(name, __all__))
     from .driver.pyjit import PythonJit  # installs the eager runner, as importing gir used to

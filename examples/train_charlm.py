@@ -3,12 +3,18 @@
 The text is the source of a few standard-library modules, read from the files of the Python
 running this script (nothing is downloaded); every 10th block of 2048 characters is held out. The model: an embedding
 lookup (`emb[ids]`, a gather), a GRU over the sequence (`gir.scan`), a projection to the
-vocabulary and a softmax cross-entropy (`gir.logsumexp`); one training step is
-`gir.jit(gir.value_and_grad(loss))`, so the forward pass, back-propagation through time and
-every gradient are one compiled function. Adam runs in NumPy.
+vocabulary and a softmax cross-entropy (`gir.logsumexp`). One training step -- the forward
+pass, back-propagation through time, every gradient and the Adam update (`gir.optim`) -- is one
+compiled function, `gir.jit(train_step)`, from (parameters, optimizer state, batch) to (loss,
+new parameters, new optimizer state).
 
     python examples/train_charlm.py                   # 500 steps, hidden 128 (see docs/performance.md)
     python examples/train_charlm.py --steps 20        # a smoke run: prints `loss 4.123` lines
+    python examples/train_charlm.py --device gpu      # on the GPU: the state never leaves it
+
+With --device gpu the parameters and the optimizer state go to the GPU once (`gir.device_put`)
+and stay there: each step uploads only its batch (two small int32 arrays), and the loss is read
+back only when a line is printed (docs/gpu.md *Training on the device*).
 
 Prints the loss as it goes (a tqdm bar when tqdm is installed, plain lines otherwise), the
 validation bits per character at the end, a few lines sampled from the model, and, when
@@ -127,25 +133,16 @@ def next_char(p: dict, h, ids):  # noqa: ANN001, ANN201
 # Training
 
 
-class Adam:
-    def __init__(self, params: dict[str, np.ndarray], lr: float, clip: float = 5.0):
-        self.lr, self.clip, self.t = lr, clip, 0
-        self.m = {k: np.zeros_like(v) for k, v in params.items()}
-        self.v = {k: np.zeros_like(v) for k, v in params.items()}
+def make_train_step(opt: gir.optim.GradientTransformation):  # noqa: ANN201
+    """One training step as one function for `gir.jit`: loss, gradients and the optimizer
+    update. Parameters and optimizer state go in and come out as pytrees, so on the GPU they
+    stay device arrays from one step to the next."""
+    def train_step(params: dict, state, inputs, targets, h0):  # noqa: ANN001, ANN202
+        value, grads = gir.value_and_grad(loss)(params, inputs, targets, h0)
+        updates, state = opt.update(grads, state, params)
+        return value, gir.optim.apply_updates(params, updates), state
 
-    def update(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.t += 1
-        norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
-        scale = min(1.0, self.clip / (norm + 1e-12))  # clip the global norm: BPTT spikes
-        out = {}
-        for k, g in grads.items():
-            g = g * scale
-            self.m[k] = 0.9 * self.m[k] + 0.1 * g
-            self.v[k] = 0.999 * self.v[k] + 0.001 * g * g
-            m_hat = self.m[k] / (1 - 0.9 ** self.t)
-            v_hat = self.v[k] / (1 - 0.999 ** self.t)
-            out[k] = (params[k] - self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)).astype(np.float32)
-        return out
+    return train_step
 
 
 def progress(total: int, quiet: bool):  # noqa: ANN201
@@ -166,7 +163,7 @@ def evaluate(eval_fn, params: dict, data: np.ndarray, T: int, B: int, H: int, ba
     total = 0.0
     for _ in range(batches):
         inputs, targets = batch(data, T, B, rng)
-        total += float(eval_fn(params, inputs, flat_targets(targets, len(params["bout"])), h0))
+        total += float(gir.device_get(eval_fn(params, inputs, flat_targets(targets, len(params["bout"])), h0)))
     return total / batches / math.log(2)
 
 
@@ -179,7 +176,7 @@ def sample(step_fn, params: dict, chars: list[str], H: int, prompt: str, n: int,
         h, logits = step_fn(params, h, np.array([index.get(c, index["?"])], np.int32))
     out = []
     for _ in range(n):
-        z = logits[0].astype(np.float64) / temperature
+        z = gir.device_get(logits)[0].astype(np.float64) / temperature
         probs = np.exp(z - z.max())
         k = int(rng.choice(len(chars), p=probs / probs.sum()))
         out.append(chars[k])
@@ -232,36 +229,43 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {len(data)} characters of {', '.join(MODULES)}; vocabulary {V}; "
           f"train {len(train)}, held out {len(held_out)}")
     rng = np.random.default_rng(args.seed)
+    opt = gir.optim.chain(gir.optim.clip_by_global_norm(5.0), gir.optim.adam(args.lr))  # clip: BPTT spikes
     params = init(V, args.embed, H, rng)
-    train_step = gir.jit(gir.value_and_grad(loss), device=args.device)
+    # --device gpu: uploaded once, then device arrays in and out of every step (else NumPy, as they are)
+    params, state, h0 = gir.device_put((params, opt.init(params), np.zeros((B, H), np.float32)), args.device)
+    train_step = gir.jit(make_train_step(opt), device=args.device)
     eval_loss = gir.jit(loss, device=args.device)
-    opt = Adam(params, args.lr)
-    h0 = np.zeros((B, H), np.float32)
 
     start = time.perf_counter()
     inputs, targets = batch(train, T, B, rng)
-    train_step(params, inputs, flat_targets(targets, V), h0)
+    train_step(params, state, inputs, flat_targets(targets, V), h0)  # compiles it; the result is dropped
     print(f"compiled the training step in {time.perf_counter() - start:.1f} s")
 
     bar = progress(args.steps, args.quiet)
     say = bar.write if bar is not None else print
     every = max(1, min(10, args.steps // 20))
     steps, losses, val = [], [], []
+    pending = []  # this line's losses: on the GPU device arrays, read back together when it prints
     chars_seen, train_time = 0, 0.0
     for step in range(1, args.steps + 1):
-        inputs, targets = batch(train, T, B, rng)
+        inputs, targets = batch(train, T, B, rng)  # NumPy: the only upload of a step
         t0 = time.perf_counter()
-        value, grads = train_step(params, inputs, flat_targets(targets, V), h0)
+        value, params, state = train_step(params, state, inputs, flat_targets(targets, V), h0)
+        pending.append(value)
+        log = step % every == 0 or step == args.steps
+        if log:
+            losses += [float(v) for v in gir.device_get(pending)]  # on the GPU: waits for the steps
+            pending = []
         train_time += time.perf_counter() - t0
-        params = opt.update(params, grads)
         chars_seen += T * B
         steps.append(step)
-        losses.append(float(value))
         if bar is not None:
-            bar.set_postfix(loss=f"{float(value):.3f}", chars_per_s=f"{chars_seen / train_time:,.0f}")
             bar.update(1)
-        if step % every == 0 or step == args.steps:
-            say(f"step {step:5d} loss {np.mean(losses[-every:]):.3f} ({chars_seen / train_time:,.0f} chars/s)")
+        if log:
+            rate = f"{chars_seen / train_time:,.0f}"
+            if bar is not None:
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", chars_per_s=rate)
+            say(f"step {step:5d} loss {np.mean(losses[-every:]):.3f} ({rate} chars/s)")
         if step % args.eval_every == 0 or step == args.steps:
             bpc = evaluate(eval_loss, params, held_out, T, B, H, args.eval_batches)
             val.append((step, bpc))

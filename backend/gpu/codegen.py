@@ -96,7 +96,8 @@ class Counters:
     copies: int = 0
     graph_replays: int = 0
     read_backs: int = 0
-    """Scalars read back to the host (`index` by a computed index)."""
+    """Scalars read back to the host (`index` by a computed index, the range of computed
+    gather and scatter indices)."""
     per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per scan (`scan forward|reverse at FILE:LINE:COL`): each of COUNTED per time step, the
     loop's whole work (nested loops included) over its trip count, in this call."""
@@ -133,6 +134,9 @@ class Lowering:
     counters: Counters = field(default_factory=Counters)
     host_scalars: dict[Value, int] = field(default_factory=dict)
     """Integer scalar constants, known on the host (an `index` by one needs no read-back)."""
+    index_arguments: dict[Value, list[tuple[Operation, int]]] = field(default_factory=dict)
+    """Arguments that gathers or scatters index by: argument -> (op, its leading dim) per use.
+    The runtime checks their range when a call takes them, not the op when it runs (gather.py)."""
     absorbed: dict[Value, tuple[Value, InputLayout]] = field(default_factory=dict)
     """Slice results no step makes: the kernels reading them read their source in place,
     through the layout (lower_slice)."""

@@ -8,8 +8,14 @@ simulator); no generated kernel.
 - `logsumexp`: max, exp(x - max), sum, log, + max, with a maximum that is not finite left
   unshifted (as the interpreter does).
 
-Indices are checked on the host before use (xp.take would wrap or clip an index out of range):
-one read-back of the smallest and the largest index per gather or scatter.
+Indices are checked before use (xp.take would wrap or clip an index out of range). Indices
+that are arguments of the function (a training step's batch of token ids: `emb[inputs]`) are
+checked when the call takes them (`Lowering.index_arguments`, runtime.py): a NumPy argument on
+the host before its upload, for free; a device array by one read-back of its smallest and
+largest value before the call's device work, so that the work itself has no read-back and can
+be captured as a CUDA graph (docs/gpu.md *Training on the device*). Indices computed on the
+device are checked where they are used: one read-back of the smallest and the largest index per
+gather or scatter, which keeps the function eager (CUDA refuses a synchronisation during capture).
 """
 
 from __future__ import annotations
@@ -24,19 +30,33 @@ if TYPE_CHECKING:  # codegen.py imports this module; these are only its types
     from .codegen import Env, Lowering, Run
 
 
+def check_index_range(op: Operation, rows: int, lo: int, hi: int) -> None:
+    """Raises op's located GirError when an index in [lo, hi] is outside [0, rows)."""
+    bad = lo if lo < 0 else hi if hi >= rows else None
+    if bad is not None:
+        raise GirError(f"'{op.name}' index out of range at run time: index {bad} for a leading dim of {rows}",
+                       op.loc)
+
+
+def device_index_range(low: Lowering, idx: Any) -> tuple[int, int]:
+    """(smallest, largest) of a non-empty device array of indices: one read-back."""
+    call, xp = low.xp_call, low.dev.xp
+    lo, hi = (int(v) for v in low.dev.download(call(xp.stack, [call(idx.min), call(idx.max)])))
+    return lo, hi
+
+
 def _check_rows(low: Lowering, op: Operation, rows: int) -> Any:
-    dev, i = low.dev, op.operands[1]
+    i = op.operands[1]
+    if i in low.function.args:  # checked when the call takes its arguments (runtime.py)
+        low.index_arguments.setdefault(i, []).append((op, rows))
+        return lambda env: None
 
     def check(env: Env) -> None:
         idx = env[i]
         if idx.size == 0:
             return
-        call = low.xp_call
-        lo, hi = (int(v) for v in dev.download(call(dev.xp.stack, [call(idx.min), call(idx.max)])))
-        bad = lo if lo < 0 else hi if hi >= rows else None
-        if bad is not None:
-            raise GirError(f"'{op.name}' index out of range at run time: index {bad} for a leading dim of {rows}",
-                           op.loc)
+        low.counters.read_backs += 1
+        check_index_range(op, rows, *device_index_range(low, idx))
 
     return check
 

@@ -35,6 +35,7 @@ from ...ir.interpreter import check_arguments
 from ..cpu.runtime import check_fits, host_memory_bytes
 from .codegen import lower_function, run_steps
 from .device import get_device, is_device_array
+from .gather import check_index_range, device_index_range
 from .graphs import CallGraph
 
 
@@ -185,6 +186,7 @@ class GPUFunction:
         dev = self.dev
         start = time.perf_counter()
         on_device = [is_device_array(a) for a in arrays]
+        index_reads = self._check_index_arguments(arrays)
         h2d, arg_copies = self._fill_arguments(arrays, on_device)
         results = self.graphs.run()
         c = self.lowering.counters
@@ -196,10 +198,29 @@ class GPUFunction:
         self._local.stats = self._last_stats = Stats(
             c.kernel_launches, c.gemm_calls, c.copies + arg_copies, time.perf_counter() - start,
             self.memory.describe(), dev.name, h2d=h2d,
-            d2h=(0 if any(on_device) else downloads) + c.read_backs, xp_launches=c.xp_launches,
+            d2h=(0 if any(on_device) else downloads) + c.read_backs + index_reads, xp_launches=c.xp_launches,
             graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
             device_arg_copies=arg_copies, result_copies=c.copies - copies_before)
         return outs
+
+    def _check_index_arguments(self, arrays: list[Any]) -> int:
+        """Checks the range of the arguments that gathers and scatters index by
+        (`Lowering.index_arguments`) before any device work: a NumPy array on the host, a device
+        array by one read-back, outside the call's work (a CUDA graph may hold no read-back).
+        Returns the read-backs made."""
+        reads = 0
+        for k, arg in enumerate(self.function.args):
+            uses = self.lowering.index_arguments.get(arg)
+            if not uses or not arrays[k].size:
+                continue
+            if is_device_array(arrays[k]):
+                lo, hi = device_index_range(self.lowering, self.dev.as_device(arrays[k]))
+                reads += 1
+            else:
+                lo, hi = int(np.min(arrays[k])), int(np.max(arrays[k]))
+            for op, rows in uses:
+                check_index_range(op, rows, lo, hi)
+        return reads
 
     def _fill_arguments(self, arrays: list[Any], on_device: list[bool]) -> tuple[int, int]:
         """Copies the arguments into their buffers: (uploads, device-to-device copies). The
@@ -253,13 +274,17 @@ class GPUFunction:
         a caller of `run_on_device` fills them (an upload or a device-to-device copy)."""
         return [self.lowering.static[a] for a in self.function.args]
 
-    def run_on_device(self) -> list[Any]:
+    def run_on_device(self, check_indices: bool = True) -> list[Any]:
         """Runs the steps on what is in `arg_buffers` and returns the results as device arrays:
         this function's own memory (arena, constants, argument buffers), valid until its next
-        call. Moves nothing between host and device but the error flag and `index` by a
-        computed index. The caller serialises calls (`__call__` holds the lock)."""
+        call. Moves nothing between host and device but the error flag, `index` by a computed
+        index and, unless the caller checked them (check_indices False: `_run` did), the range
+        of index arguments in their buffers. The caller serialises calls (`__call__` holds the
+        lock)."""
         low = self.lowering
         low.counters.reset()
+        if check_indices:
+            low.counters.read_backs += self._check_index_arguments(self.arg_buffers)
         try:
             env = self.issue_steps()
         except GirError:
