@@ -423,16 +423,16 @@ class TracedJit(JitFunction):
 def jit(source_or_module: Module | str | os.PathLike[str], entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
         static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
-        **jax_options: Any) -> JitFunction: ...
+        donate_argnums: int | Sequence[int] | None = None, **jax_options: Any) -> JitFunction: ...
 @overload
 def jit(source_or_module: Callable[..., Any], entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
         static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
-        **jax_options: Any) -> PythonJit | StaticJit: ...
+        donate_argnums: int | Sequence[int] | None = None, **jax_options: Any) -> PythonJit | StaticJit: ...
 def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
         pipeline: str | None = None, mode: str | None = None, memory_budget: int | str | None = None,
         static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
-        **jax_options: Any) -> JitFunction | PythonJit | StaticJit:
+        donate_argnums: int | Sequence[int] | None = None, **jax_options: Any) -> JitFunction | PythonJit | StaticJit:
     """Compiles function @entry of a gir program into a Python callable.
 
     Args:
@@ -461,6 +461,13 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
         static_argnums, static_argnames: (a Python function only) parameters passed to it as
             the Python values they are, not traced, as jax.jit's: each distinct tuple of their
             values (hashable; compared by type and equality) is its own specialisation.
+        donate_argnums: (a Python function only) positional parameters whose arrays the caller
+            gives up, as jax.jit's: with device="gpu", a result of the same shape and dtype as a
+            donated array leaf is written into the function's buffer for that argument and
+            handed out as that buffer, so that a training loop passing its parameters and
+            optimizer state back in copies nothing in or out (docs/gpu.md *Training on the
+            device*); the donated arrays must not be used after the call. Ignored on other
+            devices (no copy to save), as JAX ignores it where donation is not implemented.
 
     Returns a `JitFunction`. Calling it:
 
@@ -507,9 +514,9 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
     A Python function (DESIGN.md §7, docs/python.md) is traced per argument structure, shapes
     and dtypes and compiled the same way (driver/pyjit.py): `gir.jit(gir.value_and_grad(loss))`.
     """
-    if jax_options:  # jax.jit's donate_argnums, ...: say so, not a bare TypeError
+    if jax_options:  # jax.jit's keep_unused, ...: say so, not a bare TypeError
         raise GirArgumentError("gir.jit has no option " + ", ".join(sorted(jax_options)) + " (it takes entry, device, "
-                               "pipeline, mode, memory_budget, static_argnums, static_argnames)")
+                               "pipeline, mode, memory_budget, static_argnums, static_argnames, donate_argnums)")
     backend_named(device)  # an unknown device: a GirArgumentError naming the known ones (Python functions too)
     if pipeline is not None and mode is not None:
         raise GirArgumentError("gir.jit takes a mode or a pipeline, not both")
@@ -522,7 +529,10 @@ def jit(source_or_module: Any, entry: str | None = None, device: str = "cpu",
         from .pyjit import jit_python
 
         return jit_python(source_or_module, jit, entry, device=device, pipeline=pipeline, mode=mode,
-                          traced_jit=TracedJit, static_argnums=static_argnums, static_argnames=static_argnames)
+                          traced_jit=TracedJit, static_argnums=static_argnums, static_argnames=static_argnames,
+                          donate_argnums=donate_argnums)
+    if donate_argnums is not None:
+        raise GirArgumentError("donate_argnums is for a Python function (its pytrees of parameters and state)")
     if static_argnums is not None or static_argnames is not None:
         raise GirArgumentError("static_argnums and static_argnames are for a Python function; a gir program's "
                                "arguments are all tensors")

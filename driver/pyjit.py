@@ -60,9 +60,12 @@ class PythonJit:
     """A Python function compiled once per distinct (argument structure, shapes, dtypes)."""
 
     def __init__(self, fn: Callable[..., Any], device: str, pipeline: str | None, compile_module: CompileModule,
-                 traced_jit: Any = None, **options: Any):
-        """traced_jit: driver/jit.py's `TracedJit` (given by it), for one compile per length."""
+                 traced_jit: Any = None, donate: tuple[int, ...] = (), **options: Any):
+        """traced_jit: driver/jit.py's `TracedJit` (given by it), for one compile per length;
+        donate: the positional parameters donated (gir.jit's donate_argnums, checked)."""
         self.fn = fn
+        self.donate = donate if device == "gpu" else ()
+        """Donated parameters, where donating saves copies (the GPU: `GPUFunction.donate`)."""
         self._traced_jit = traced_jit
         self.device = device
         self.pipeline = pipeline
@@ -97,7 +100,13 @@ class PythonJit:
 
         def make(_: Key) -> tuple[Traced, Any]:
             examples = [leaf if w else a for leaf, a, w in zip(leaves, arrays, weak)]
-            return self._compile(unflatten(tree, examples))
+            traced, compiled = self._compile(unflatten(tree, examples))
+            if self.donate:
+                f = traced.module.functions[traced.entry]
+                donated = donated_leaves(tree, self.donate, self.__name__)
+                compiled.compiled.donate(donation_pairs([(a.shape, a.dtype) for a in arrays], donated,
+                                                        [(t.shape, DTYPES[t.dtype]) for t in f.result_types]))
+            return traced, compiled
 
         traced, compiled = self._compiled.get(key, make)
         return unflatten(traced.out_tree, compiled(*arrays, *traced.hidden))
@@ -173,6 +182,35 @@ class PythonJit:
         return self._current().compiled
 
 
+def donated_leaves(tree: TreeDef, positions: tuple[int, ...], name: str) -> list[int]:
+    """The flat indices of the leaves of the donated positional arguments (tree: the arguments'
+    tuple)."""
+    n = len(tree.children)
+    bad = [p for p in positions if not -n <= p < n]
+    if bad:
+        raise GirArgumentError(f"donate_argnums {bad[0]}: {name} was called with {n} positional argument(s)",
+                               user_location())
+    starts = [0]
+    for child in tree.children:
+        starts.append(starts[-1] + child.num_leaves)
+    return sorted(k for p in {p % n for p in positions} for k in range(starts[p], starts[p + 1]))
+
+
+def donation_pairs(args: Sequence[tuple[tuple[int, ...], Any]], donated: Sequence[int],
+                   results: Sequence[tuple[tuple[int, ...], Any]]) -> list[tuple[int, int]]:
+    """(result, argument) pairs as jax.jit pairs donated buffers with outputs: each result, in
+    order, takes the first donated argument leaf not taken yet of its shape and dtype (a step
+    returning its parameters and state in the structure it took them pairs each with its own)."""
+    free = list(donated)
+    pairs = []
+    for r, (shape, dtype) in enumerate(results):
+        k = next((k for k in free if tuple(args[k][0]) == tuple(shape) and np.dtype(args[k][1]) == np.dtype(dtype)), None)
+        if k is not None:
+            free.remove(k)
+            pairs.append((r, k))
+    return pairs
+
+
 def _key_shape(a: Any, weak: bool, relax: bool) -> tuple:
     """a's shape in PythonJit's key: without its leading dim where relax (TracedJit specialises it)."""
     shape = tuple(a.shape)
@@ -209,15 +247,27 @@ def _as_array(leaf: Any, i: int) -> Any:
 
 def jit_python(fn: Callable[..., Any], compile_module: CompileModule, entry: str | None = None, device: str = "cpu",
                pipeline: str | None = None, static_argnums: int | Sequence[int] | None = None,
-               static_argnames: str | Sequence[str] | None = None, **options: Any) -> PythonJit | StaticJit:
+               static_argnames: str | Sequence[str] | None = None, donate_argnums: int | Sequence[int] | None = None,
+               **options: Any) -> PythonJit | StaticJit:
     """`gir.jit(fn)`: fn traced per argument structure, each trace compiled by compile_module;
     with static arguments, one such PythonJit per distinct tuple of their values."""
     if entry is not None:
         raise GirArgumentError("gir.jit of a Python function takes no entry name")
     static = static_arguments(fn, static_argnums, static_argnames)
+    donate = _donate_argnums(donate_argnums)
+    if donate and static is not None:
+        raise GirArgumentError("donate_argnums together with static arguments is not supported yet")
     if static is None:
-        return PythonJit(fn, device, pipeline, compile_module, **options)
+        return PythonJit(fn, device, pipeline, compile_module, donate=donate, **options)
     return StaticJit(fn, static, lambda f: PythonJit(f, device, pipeline, compile_module, **options))
+
+
+def _donate_argnums(argnums: int | Sequence[int] | None) -> tuple[int, ...]:
+    nums = [argnums] if isinstance(argnums, int) else list(argnums or ())
+    for n in nums:
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise GirArgumentError(f"donate_argnums takes integers (positions), not {n!r}")
+    return tuple(sorted(set(nums)))
 
 
 # -- static arguments (jax.jit's static_argnums / static_argnames) ------------------------------------

@@ -13,8 +13,9 @@ new parameters, new optimizer state).
     python examples/train_charlm.py --device gpu      # on the GPU: the state never leaves it
 
 With --device gpu the parameters and the optimizer state go to the GPU once (`gir.device_put`)
-and stay there: each step uploads only its batch (two small int32 arrays), and the loss is read
-back only when a line is printed (docs/gpu.md *Training on the device*).
+and stay there (donated to the step: it writes the new values over the old ones): each step
+uploads only its batch (two small int32 arrays), and the losses are read back only when a line
+is printed (docs/gpu.md *Training on the device*).
 
 Prints the loss as it goes (a tqdm bar when tqdm is installed, plain lines otherwise), the
 validation bits per character at the end, a few lines sampled from the model, and, when
@@ -233,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     params = init(V, args.embed, H, rng)
     # --device gpu: uploaded once, then device arrays in and out of every step (else NumPy, as they are)
     params, state, h0 = gir.device_put((params, opt.init(params), np.zeros((B, H), np.float32)), args.device)
-    train_step = gir.jit(make_train_step(opt), device=args.device)
+    # donated (as jax.jit's donate_argnums): on the GPU each step writes the new parameters and
+    # state over the buffers it hands back, so passing them in again copies nothing
+    train_step = gir.jit(make_train_step(opt), device=args.device, donate_argnums=(0, 1))
     eval_loss = gir.jit(loss, device=args.device)
 
     start = time.perf_counter()

@@ -381,11 +381,14 @@ def test_two_layer_gru_sgd_in_python_against_numpy() -> None:
 
 
 def test_jax_only_jit_options_are_gir_errors() -> None:
-    """gir.jit(fn, donate_argnums=0) was a bare TypeError; it says what gir.jit takes
-    (static_argnums is supported for Python functions: tests/test_jax_surface.py)."""
-    with pytest.raises(gir.GirArgumentError, match="no option donate_argnums.*static_argnums"):
-        gir.jit(lambda x, n: x * n, donate_argnums=1)
-    with pytest.raises(gir.GirArgumentError, match="no option donate_argnums"):
+    """gir.jit(fn, keep_unused=True) was a bare TypeError; it says what gir.jit takes
+    (static_argnums is supported for Python functions: tests/test_jax_surface.py; donate_argnums
+    too: tests/test_gpu_training.py)."""
+    with pytest.raises(gir.GirArgumentError, match="no option keep_unused.*static_argnums"):
+        gir.jit(lambda x, n: x * n, keep_unused=True)
+    with pytest.raises(gir.GirArgumentError, match="no option keep_unused"):
+        gir.jit(MATMUL, "f", keep_unused=True)
+    with pytest.raises(gir.GirArgumentError, match="donate_argnums is for a Python function"):
         gir.jit(MATMUL, "f", donate_argnums=0)
     with pytest.raises(gir.GirArgumentError, match="static_argnums and static_argnames are for a Python function"):
         gir.jit(MATMUL, "f", static_argnums=0)

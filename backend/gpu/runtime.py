@@ -134,12 +134,28 @@ class GPUFunction:
         """The CUDA-graph path: captured at the second call, replayed by every later call (graphs.py)."""
         self.workspace_bytes: int | None = None
         """Device memory is the device's: no per-thread workspace to report."""
+        self.donations: tuple[tuple[int, int], ...] = ()
+        """(result, argument) pairs whose argument the caller donates (`donate`)."""
+        self._donated: set[int] = set()
+        """The results handed out as their argument's buffer (the pairs `issue_steps` applied)."""
 
     @classmethod
     def compile(cls, function: Function, plan: MemoryPlan | None = None) -> GPUFunction:
         """Compiles function, its device arena laid out by plan (the pipeline's `memplan`
         result; memplan's default plan when None)."""
         return cls(function, plan)
+
+    def donate(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Donation (gir.jit's donate_argnums; docs/gpu.md *Training on the device*): for each
+        (result, argument) pair, of the same shape and dtype, the call's last device work copies
+        the result into the argument's buffer (inside the CUDA graph: no Python call) and hands
+        that buffer out as the result, which a caller passing it back as that argument next call
+        does not copy in again. A caller's old array for a donated argument then holds the new
+        value. Set before the first call (the graph captures it)."""
+        if self.graphs.calls:
+            raise GirError("donate: set before the function's first call (its CUDA graph captures the donation)",
+                           self.function.loc)
+        self.donations = tuple(pairs)
 
     @property
     def stats(self) -> Stats:
@@ -191,8 +207,8 @@ class GPUFunction:
         results = self.graphs.run()
         c = self.lowering.counters
         copies_before, downloads = c.copies, 0
-        if any(on_device):
-            outs = [self.lowering.duplicate(r) for r in results]  # the arena is reused by the next call
+        if any(on_device):  # fresh copies (the arena is reused by the next call), but donated results
+            outs = [r if k in self._donated else self.lowering.duplicate(r) for k, r in enumerate(results)]
         else:
             outs, downloads = self._download(results)
         self._local.stats = self._last_stats = Stats(
@@ -246,7 +262,10 @@ class GPUFunction:
             if not on_device[k]:  # a piece of a pack with device arrays among its arguments
                 a = dev.to_device(a)
                 uploads += 1
-            buffer[...] = dev.as_device(a)  # device to device
+            a = dev.as_device(a)
+            if self.lowering.same_memory(a, buffer) and a.strides == buffer.strides:
+                continue  # the buffer itself, handed out as a donated result: nothing to copy
+            buffer[...] = a  # device to device
             copies += 1
         return uploads, copies
 
@@ -309,7 +328,26 @@ class GPUFunction:
                 run_steps(self.steps, env)
         else:
             run_steps(self.steps, env)
+        self._donate_results(env)
         return env
+
+    def _donate_results(self, env: dict[Any, Any]) -> None:
+        """Copies each donated result into its argument's buffer, the last device work of the
+        call, and makes the buffer the result. A pair is left out (the result copied out as
+        usual) where the buffer overlaps what another result is read from (it would be
+        overwritten before that is copied out) or overlaps its own result without being it."""
+        low, self._donated = self.lowering, set()
+        sources = [env[v] for v in self.results]
+        for r, a in self.donations:
+            src, dst = sources[r], low.static[self.function.args[a]]
+            if any(_overlap(low.extent(dst), low.extent(x)) for k, x in enumerate(sources) if k != r):
+                continue
+            if not (low.same_memory(src, dst) and src.strides == dst.strides):
+                if _overlap(low.extent(dst), low.extent(src)):
+                    continue
+                low.copy(dst, src)
+            env[self.results[r]] = dst
+            self._donated.add(r)
 
     def _raise_flagged(self) -> None:
         """Raises the run-time error a kernel recorded in the error flag, if any. Where no
@@ -322,6 +360,10 @@ class GPUFunction:
         if code:
             message, loc = low.errors[code - 1]
             raise GirError(f"{message} at run time", loc)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _device_memory_bytes(dev: Any) -> int | None:
