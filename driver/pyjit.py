@@ -204,7 +204,8 @@ def donation_pairs(args: Sequence[tuple[tuple[int, ...], Any]], donated: Sequenc
     free = list(donated)
     pairs = []
     for r, (shape, dtype) in enumerate(results):
-        k = next((k for k in free if tuple(args[k][0]) == tuple(shape) and np.dtype(args[k][1]) == np.dtype(dtype)), None)
+        same = [k for k in free if tuple(args[k][0]) == tuple(shape) and np.dtype(args[k][1]) == np.dtype(dtype)]
+        k = same[0] if same else None
         if k is not None:
             free.remove(k)
             pairs.append((r, k))

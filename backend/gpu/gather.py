@@ -20,6 +20,7 @@ gather or scatter, which keeps the function eager (CUDA refuses a synchronisatio
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...errors import GirError
@@ -38,9 +39,10 @@ def check_index_range(op: Operation, rows: int, lo: int, hi: int) -> None:
                        op.loc)
 
 
-def device_index_range(low: Lowering, idx: Any) -> tuple[int, int]:
-    """(smallest, largest) of a non-empty device array of indices: one read-back."""
-    call, xp = low.xp_call, low.dev.xp
+def device_index_range(low: Lowering, idx: Any, call: Callable[..., Any]) -> tuple[int, int]:
+    """(smallest, largest) of a non-empty device array of indices: three xp launches through
+    call (which counts them) and one read-back."""
+    xp = low.dev.xp
     lo, hi = (int(v) for v in low.dev.download(call(xp.stack, [call(idx.min), call(idx.max)])))
     return lo, hi
 
@@ -56,7 +58,7 @@ def _check_rows(low: Lowering, op: Operation, rows: int) -> Any:
         if idx.size == 0:
             return
         low.counters.read_backs += 1
-        check_index_range(op, rows, *device_index_range(low, idx))
+        check_index_range(op, rows, *device_index_range(low, idx, low.xp_call))
 
     return check
 

@@ -88,14 +88,17 @@ class Stats:
     def host_launches(self) -> int:
         """Device work issued from Python in this call: everything on the eager path; on the
         graph path one graph launch plus the copies of device-array arguments into their buffers
-        and of the results out of them."""
+        and of the results out of them, and the range checks of device-array index arguments."""
         if not self.graph_replays:
             return self.launches
-        return self.graph_replays + self.device_arg_copies + self.result_copies
+        return self.graph_replays + self.device_arg_copies + self.result_copies + self.index_check_launches
 
     device_arg_copies: int = 0
     """Device-array arguments copied into their buffers before the graph ran (in `copies`; a
     NumPy argument in a packed concat with device arrays too goes through the device, a copy)."""
+    index_check_launches: int = 0
+    """The range checks of device-array index arguments (gather.py): 3 xp launches each (min,
+    max, their stack; in `xp_launches`), issued from Python before the call's device work."""
     result_copies: int = 0
     """Results copied out of the arena as fresh device arrays (a call with device-array
     arguments; else strided results made contiguous for their download), issued from Python
@@ -202,7 +205,7 @@ class GPUFunction:
         dev = self.dev
         start = time.perf_counter()
         on_device = [is_device_array(a) for a in arrays]
-        index_reads = self._check_index_arguments(arrays)
+        index_reads, check_launches = self._check_index_arguments(arrays)
         h2d, arg_copies = self._fill_arguments(arrays, on_device)
         results = self.graphs.run()
         c = self.lowering.counters
@@ -214,29 +217,36 @@ class GPUFunction:
         self._local.stats = self._last_stats = Stats(
             c.kernel_launches, c.gemm_calls, c.copies + arg_copies, time.perf_counter() - start,
             self.memory.describe(), dev.name, h2d=h2d,
-            d2h=(0 if any(on_device) else downloads) + c.read_backs + index_reads, xp_launches=c.xp_launches,
+            d2h=(0 if any(on_device) else downloads) + c.read_backs + index_reads,
+            xp_launches=c.xp_launches + check_launches, index_check_launches=check_launches,
             graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
             device_arg_copies=arg_copies, result_copies=c.copies - copies_before)
         return outs
 
-    def _check_index_arguments(self, arrays: list[Any]) -> int:
+    def _check_index_arguments(self, arrays: Sequence[Any]) -> tuple[int, int]:
         """Checks the range of the arguments that gathers and scatters index by
         (`Lowering.index_arguments`) before any device work: a NumPy array on the host, a device
-        array by one read-back, outside the call's work (a CUDA graph may hold no read-back).
-        Returns the read-backs made."""
-        reads = 0
+        array by three xp launches and one read-back, outside the call's work (a CUDA graph may
+        hold no read-back). Returns (read-backs, xp launches) made."""
+        reads, launches = 0, 0
+
+        def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal launches
+            launches += 1
+            return fn(*args, **kwargs)
+
         for k, arg in enumerate(self.function.args):
             uses = self.lowering.index_arguments.get(arg)
             if not uses or not arrays[k].size:
                 continue
             if is_device_array(arrays[k]):
-                lo, hi = device_index_range(self.lowering, self.dev.as_device(arrays[k]))
+                lo, hi = device_index_range(self.lowering, self.dev.as_device(arrays[k]), call)
                 reads += 1
             else:
                 lo, hi = int(np.min(arrays[k])), int(np.max(arrays[k]))
             for op, rows in uses:
                 check_index_range(op, rows, lo, hi)
-        return reads
+        return reads, launches
 
     def _fill_arguments(self, arrays: list[Any], on_device: list[bool]) -> tuple[int, int]:
         """Copies the arguments into their buffers: (uploads, device-to-device copies). The
@@ -303,7 +313,9 @@ class GPUFunction:
         low = self.lowering
         low.counters.reset()
         if check_indices:
-            low.counters.read_backs += self._check_index_arguments(self.arg_buffers)
+            reads, launches = self._check_index_arguments(self.arg_buffers)
+            low.counters.read_backs += reads
+            low.counters.xp_launches += launches
         try:
             env = self.issue_steps()
         except GirError:
