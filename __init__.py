@@ -87,7 +87,7 @@ def __getattr__(name: str) -> object:
     if name in _TRANSFERS:
         from .driver import transfer
 
-        globals().update({n: getattr(transfer, n) for n in _TRANSFERS})
+        globals().update(device_get=transfer.device_get, device_put=transfer.device_put)
         return globals()[name]
     if name not in _PYTHON_FRONTEND and name != "PythonJit":
         raise AttributeError(f"module 'gir' has no attribute '{name}'" + did_you_mean(name, __all__))
