@@ -2,11 +2,11 @@
 
 Both train the same character-level GRU language model (embedding, GRU in the cuDNN / PyTorch
 form, projection, softmax cross-entropy) from the same initial weights on the same batches with
-the same Adam (PyTorch's `torch.optim.Adam`; gir's gradients go through the NumPy Adam of the
-example, after the same global-norm clipping). The steps alternate, gir then PyTorch, so both
-see the same machine load; each step's forward + backward (+ for PyTorch its optimizer step,
-for gir the NumPy update) is timed, and the medians are reported with the held-out bits per
-character both reach.
+the same Adam after the same global-norm clipping (PyTorch's `torch.optim.Adam`; gir's
+`gir.optim`, compiled into the example's training step). The steps alternate, gir then
+PyTorch, so both see the same machine load; each whole step (forward, backward, clipping and
+the Adam update) is timed, and the medians are reported with the held-out bits per character
+both reach.
 
     pip install -e '.[bench]'
     python bench/charlm.py --steps 300 --threads 1
@@ -99,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         torch = model = None  # type: ignore[assignment]
         print("PyTorch is not installed: gir only")
-    step_fn = gir.jit(gir.value_and_grad(ex.loss))
+    adam = gir.optim.chain(gir.optim.clip_by_global_norm(5.0), gir.optim.adam(args.lr))
+    step_fn = gir.jit(ex.make_train_step(adam))
     eval_fn = gir.jit(ex.loss)
-    adam = ex.Adam(params, args.lr)
+    state = adam.init(params)
     h0 = np.zeros((B, H), np.float32)
     inputs, targets = ex.batch(train, T, B, rng)
-    first, _ = step_fn(params, inputs, ex.flat_targets(targets, V), h0)  # compiles: not timed
+    first, _, _ = step_fn(params, state, inputs, ex.flat_targets(targets, V), h0)  # compiles: not timed
     if model is not None:  # the same model: the same loss on the same batch before training
         with torch.no_grad():
             logits = model(torch.from_numpy(inputs.astype(np.int64)), torch.zeros(1, B, H))
@@ -120,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.steps):
         inputs, targets = ex.batch(train, T, B, rng)
         t0, c0 = time.perf_counter(), time.process_time()
-        value, grads = step_fn(params, inputs, ex.flat_targets(targets, V), h0)
-        params = adam.update(params, grads)
+        value, params, state = step_fn(params, state, inputs, ex.flat_targets(targets, V), h0)
         times["gir"].append(time.perf_counter() - t0)
         cpu["gir"].append(time.process_time() - c0)
         losses["gir"].append(float(value))
