@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend.gpu.device import is_device_array
 from ..config import current
 from ..errors import GirArgumentError
 from ..frontend.python import numpy_api
@@ -44,6 +45,7 @@ from ..ir.types import DTYPES
 from ..passes.pipeline import DEFAULT_MODE, get_mode
 from .compile import compile_entry
 from .specialisations import Specialisations
+from .transfer import device_put
 
 register_internal_file(__file__)
 
@@ -75,6 +77,9 @@ class PythonJit:
         """Per key, the trace and its `gir.jit` function (itself keeping its specialisations:
         one, or on the CPU one per length group and other leading dims), the least recently
         used evicted past GIR_MAX_SPECIALISATIONS."""
+        self._device_hidden: dict[int, tuple[Traced, tuple[Any, ...]]] = {}
+        """Per trace (by id, the trace kept to tell a reused id), its hidden arguments on the
+        device (`_hidden_on_device`); dropped with the trace's specialisation."""
         self._gone = (0, 0)
         """(made, evicted) specialisations of the inner functions evicted since, which
         `specialisations` and `specialisations_evicted` still count."""
@@ -109,7 +114,20 @@ class PythonJit:
             return traced, compiled
 
         traced, compiled = self._compiled.get(key, make)
-        return unflatten(traced.out_tree, compiled(*arrays, *traced.hidden))
+        hidden = traced.hidden
+        if hidden and self.device == "gpu" and any(is_device_array(a) for a in arrays):
+            hidden = self._hidden_on_device(traced)
+        return unflatten(traced.out_tree, compiled(*arrays, *hidden))
+
+    def _hidden_on_device(self, traced: Traced) -> tuple[Any, ...]:
+        """The closed-over arrays of traced (`Traced.hidden`) as device arrays, uploaded once:
+        a call with device arrays copies them on the device instead of uploading them every call
+        (its results are device arrays anyway). A call with NumPy arrays only passes the NumPy
+        ones, so that its results stay NumPy arrays."""
+        found = self._device_hidden.get(id(traced))
+        if found is None or found[0] is not traced:
+            found = self._device_hidden[id(traced)] = (traced, device_put(traced.hidden, "gpu"))
+        return found[1]
 
     def _relaxed(self) -> bool:
         return self._relax
@@ -150,6 +168,7 @@ class PythonJit:
         return self._gone[1] + sum(c.specialisations_evicted for _, c in self._compiled.values())
 
     def _evicted(self, key: Key, value: tuple[Traced, Any]) -> None:
+        self._device_hidden.pop(id(value[0]), None)
         inner = value[1]
         made, evicted = self._gone
         gone = inner.specialisations_kept + inner.specialisations_evicted

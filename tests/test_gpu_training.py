@@ -220,3 +220,19 @@ def test_the_example_trains_on_the_gpu_as_on_the_cpu(capsys: pytest.CaptureFixtu
     gpu = run("gpu")
     assert len(gpu) == 6  # a loss line per step, the held-out line and the summary line
     assert gpu == run("cpu")
+
+
+def test_closed_over_arrays_go_up_once_for_device_calls() -> None:
+    """A large closed-over array is a hidden argument of the trace (tracer.py): a call with device
+    arrays passes it uploaded once, copied on the device, not uploaded every call; a call with
+    NumPy arrays only still gets NumPy results."""
+    table = np.arange(2048, dtype=np.float32).reshape(512, 4)  # > HIDDEN_ARGUMENT_ELEMENTS: hidden
+    f = gir.jit(lambda w: gir.sum(table @ w), device="gpu")
+    w = np.ones(4, np.float32)
+    want = float(table.sum())
+    for _ in range(3):
+        got = f(gir.device_put(w))
+        assert is_device_array(got) and float(gir.device_get(got)) == want
+        assert f.stats.h2d == 0 and f.stats.device_arg_copies == 2, f.stats
+    got = f(w)
+    assert isinstance(got, np.ndarray) and float(got) == want and f.stats.h2d == 2
