@@ -241,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     inputs, targets = batch(train, T, B, rng)
-    train_step(params, state, inputs, flat_targets(targets, V), h0)  # compiles it; the result is dropped
+    # compiles it; the result is dropped (our params and state are only read: donation
+    # overwrites only the buffers a step hands back)
+    train_step(params, state, inputs, flat_targets(targets, V), h0)
     print(f"compiled the training step in {time.perf_counter() - start:.1f} s")
 
     bar = progress(args.steps, args.quiet)
