@@ -216,7 +216,7 @@ def donated_leaves(tree: TreeDef, positions: tuple[int, ...], name: str) -> list
 
 
 def donation_pairs(args: Sequence[tuple[tuple[int, ...], Any]], donated: Sequence[int],
-                   results: Sequence[tuple[tuple[int, ...], Any]]) -> list[tuple[int, int]]:
+                   results: Sequence[tuple[tuple[int | None, ...], Any]]) -> list[tuple[int, int]]:
     """(result, argument) pairs as jax.jit pairs donated buffers with outputs: each result, in
     order, takes the first donated argument leaf not taken yet of its shape and dtype (a step
     returning its parameters and state in the structure it took them pairs each with its own)."""
