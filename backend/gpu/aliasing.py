@@ -97,11 +97,13 @@ def _unwritten(low: Lowering, v: Value) -> bool:
                                       and v in low.static)
 
 
-def aliased_slice(low: Lowering, op: Operation, box: tuple) -> bool:
-    """Whether slice op (not a view in the plan, of a kernel or GEMM result) needs no copy: a
+def aliased_slice(low: Lowering, op: Operation, box: tuple, planned: bool = False) -> bool:
+    """Whether slice op (not a registry view, of a kernel or GEMM result) needs no copy: a
     scan walks it (recorded in Lowering.sequence_rows) or only `return` reads it (recorded in
-    Lowering.returned_views); its source then leaves the arena (read later than the plan
-    knows). Its step is then a strided view."""
+    Lowering.returned_views). Its step is then a strided view. Its source stays in the arena
+    where the plan counts the slice a strided view (`planned`: memplan{views=strided} holds the
+    source until the slice's last reader); else it leaves the arena (read later than the plan
+    knows)."""
     x, r = op.operands[0], op.result
     rows = sequence_layout(op)
     if rows is not None:
@@ -110,7 +112,8 @@ def aliased_slice(low: Lowering, op: Operation, box: tuple) -> bool:
         low.returned_views[r] = (x, box)
     else:
         return False
-    low.own_storage(x)
+    if not planned:
+        low.own_storage(x)
     return True
 
 
