@@ -109,7 +109,8 @@ class Mode:
         analysis/memory/aliases.py, docs/memplan.md)."""
         if device == "gpu":
             *before, last = split_pipeline(self.backend)
-            return ",".join([*before, _with_options(last, "views=strided") if last.partition("{")[0] == "memplan" else last])
+            planned = last.partition("{")[0] == "memplan"
+            return ",".join([*before, _with_options(last, "views=strided") if planned else last])
         if device != "auto":
             return self.backend
         *before, last = split_pipeline(self.backend)

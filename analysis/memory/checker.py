@@ -19,8 +19,8 @@ import heapq
 from ...ir.core import Value
 from ...ir.loops import as_loop
 from ..liveness import Liveness
-from .plan import ALIGN, Buffer, MemoryPlan, PlanError, value_loc
 from .aliases import find_aliases
+from .plan import ALIGN, Buffer, MemoryPlan, PlanError, value_loc
 from .planner import carry_of_arg, carry_of_result, find_views, held_until, inplace_operands
 
 Span = tuple[int, int, Buffer]
