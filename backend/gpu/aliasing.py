@@ -10,13 +10,19 @@ Terms.
   carry that nothing reads is not copied out; a final carry left by the last step in memory of
   the loop's own (one of its two double buffers, a row of a stack outside the arena) *lives
   there*: the scan result is that array, no copy.
-- *Returned slices*: a slice read only by `return` is a strided view of its source (which then
-  leaves the arena: the plan thought it dead at the slice); the copy that hands the result out
-  (a download, or the fresh device array of a call with device arrays) is the only one.
+- *Returned slices*: a slice read only by `return` is a strided view of its source; the copy
+  that hands the result out (a download, or the fresh device array of a call with device
+  arrays) is the only one.
 - *Sequence slices*: a slice of a kernel or GEMM result (the column block of `%xs @ [w_i w_f
   ...]` for one gate) that a scan only walks as a sequence, its element read only by kernels:
   no copy; the step's kernels read row t of the source through the slice's strides (an
   absorbed element, as codegen's absorbed slices).
+- Memory: the GPU's plan (`memplan{views=strided}`, analysis/memory/aliases.py) counts both
+  kinds as views of their sources, held until the slice's last reader (a walked one: until the
+  scan ends), so the source stays in its arena slot; with a plan that does not (`memplan`
+  alone) the source leaves the arena (the plan thought it dead at the slice). A packed concat
+  (below) is outside the arena in the GPU's plan: its buffer here is the arguments' storage,
+  counted once.
 
 Known gaps: a final carry taken from a stack row in the arena is still copied (the plan may
 reuse the stack's slot before the final carry's last reader); initial carries computed in the
