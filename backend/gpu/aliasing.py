@@ -35,6 +35,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...analysis.memory.aliases import packed_arguments as is_packed
+from ...analysis.memory.aliases import returned_only, walked_only
 from ...ir.core import Operation, Value
 from ...ir.loops import LoopView
 from ...ir.ops import norm_axis
@@ -123,29 +125,15 @@ def aliased_slice(low: Lowering, op: Operation, box: tuple, planned: bool = Fals
     return True
 
 
-def returned_only(op: Operation) -> bool:
-    """Whether op's result is read only by its function's `return`."""
-    users = op.result.users
-    return bool(users) and all(u.spec.terminator and u.parent_op is None for u in users)
-
-
 def sequence_layout(op: Operation) -> InputLayout | None:
     """For a slice op whose result only scans walk as a sequence (element t read only by
     kernels) and which keeps every row of its source: where element t's elements sit in row t
     of the source (`Lowering.sequence_rows`). None otherwise."""
-    x, r = op.operands[0], op.result
-    starts, limits = op.attrs["starts"], op.attrs["limits"]
-    steps = op.attrs["steps"] or [1] * len(starts)
-    shape = [int(d) for d in x.tensor_type.shape]  # type: ignore[arg-type]
-    if len(shape) < 2 or (starts[0], limits[0], steps[0]) != (0, shape[0], 1) or not r.users:
+    if not walked_only(op):  # the memory plan's rule (analysis/memory/aliases.py)
         return None
-    for scan in r.users:
-        if scan.name != "scan":
-            return None
-        loop = LoopView(scan)
-        if r in loop.inits or any(not _read_by_kernels(a) for s, a in zip(loop.sequences, loop.element_args)
-                                  if s is r):
-            return None
+    x = op.operands[0]
+    starts, steps = op.attrs["starts"], op.attrs["steps"] or [1] * len(op.attrs["starts"])
+    shape = [int(d) for d in x.tensor_type.shape]  # type: ignore[arg-type]
     row = [math.prod(shape[i + 1:]) for i in range(1, len(shape))]
     return InputLayout(sum(s * e for s, e in zip(starts[1:], row)), tuple(e * k for e, k in zip(row, steps[1:])))
 
@@ -162,11 +150,6 @@ def walked_sequences(low: Lowering, loop: LoopView) -> list[Value]:
             s = source
         walked.append(s)
     return walked
-
-
-def _read_by_kernels(v: Value) -> bool:
-    """Whether every reader of v is a generated kernel that takes an input layout."""
-    return bool(v.users) and all(u.name == "fused" or u.spec.is_elementwise for u in v.users)
 
 
 
@@ -219,9 +202,7 @@ def packed_arguments(low: Lowering, joins: Any) -> list[PackedArguments]:
     found = []
     for op in function.body:
         kind = joins(op)
-        if kind is None or not op.operands or len(set(op.operands)) != len(op.operands):
-            continue
-        if all(v in function.args and v.users == [op] for v in op.operands):
+        if kind is not None and is_packed(op, function):  # the memory plan's rule (aliases.py)
             axis = norm_axis(op.attrs["axis"], op.result.tensor_type.rank)
             found.append(PackedArguments(op, tuple(op.operands), axis, kind))
             found[-1].place(low)

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.aliases import read_by_kernels_and_reductions
 from ...analysis.memory.plan import MemoryPlan
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
@@ -557,12 +558,6 @@ def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     return _launch(low, [op], compile_kernel(low.dev, op_source(op, layouts, out_layouts, len(repeat))), inputs)
 
 
-def _read_by_kernels_and_reductions(v: Value) -> bool:
-    users = v.users
-    return bool(users) and all(u.name == "fused" or u.spec.is_elementwise or u.spec.reduction is not None
-                               for u in users)
-
-
 # ---------------------------------------------------------------------------------------------
 # GEMMs and reductions through xp
 
@@ -741,7 +736,7 @@ def lower_slice(low: Lowering, op: Operation) -> Run | None:
 
     strided = low.memory.is_strided_view(r, op)  # the plan keeps x live for r's readers
     in_place = strided or not low.memory.is_view(r, op)
-    if in_place and x in low.redirectable and _read_by_kernels_and_reductions(r):
+    if in_place and x in low.redirectable and read_by_kernels_and_reductions(r):
         element = _strides_of(_shape(x))
         low.absorbed[r] = (x, InputLayout(sum(s * e for s, e in zip(starts, element)),
                                           tuple(e * k for e, k in zip(element, steps))))
