@@ -743,7 +743,7 @@ def _infer_concat(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("concat", "joins tensors along an existing axis", ("inputs*",), _infer_concat,
-                attrs={"axis": 0}, category="layout", gpu=True, same_type_is_identity=True,
+                attrs={"axis": 0}, category="layout", gpu=True, same_type_is_identity=True, joins="axis",
                 kernel=lambda op, *xs: np.concatenate(xs, axis=op.attrs["axis"])))
 
 
@@ -861,7 +861,7 @@ def _infer_stack(ctx: InferContext) -> list[Type]:
 
 
 register(OpSpec("stack", "joins tensors along a new axis", ("inputs*",), _infer_stack,
-                attrs={"axis": 0}, category="layout", gpu=True,
+                attrs={"axis": 0}, category="layout", gpu=True, joins="new-axis",
                 kernel=lambda op, *xs: np.stack(xs, axis=op.attrs["axis"])))
 
 

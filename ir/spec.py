@@ -169,6 +169,9 @@ class OpSpec:
     region_arg_types: Callable[[InferContext], list[Type]] | None = None
     """For region ops: the body's argument types from the operands (a loop: one step's slice of
     each sequence, then the carries); what re-typing a cloned body (`specialize`) needs."""
+    joins: str | None = None
+    """Puts its operands side by side in its result: "axis" along an existing axis (`concat`),
+    "new-axis" along a new one (`stack`); memplan's strided views ask it (packed arguments)."""
     moves_device: bool = False
     """Moves its operand between devices (`transfer`); placement inserts and removes these."""
     variable_operands: tuple[str, ...] = ()

@@ -104,7 +104,13 @@ class Mode:
     """One line for `--help` and docs: what this mode trades away."""
 
     def backend_pipeline(self, device: str) -> str:
-        """The passes after `front`, for a backend (`cpu`, `gpu`, `interp`, or `auto`: placed)."""
+        """The passes after `front`, for a backend (`cpu`, `gpu`, `interp`, or `auto`: placed).
+        For `gpu` the last pass plans the views the GPU backend makes (`memplan{views=strided}`:
+        analysis/memory/aliases.py, docs/memplan.md)."""
+        if device == "gpu":
+            *before, last = split_pipeline(self.backend)
+            planned = last.partition("{")[0] == "memplan"
+            return ",".join([*before, _with_options(last, "views=strided") if planned else last])
         if device != "auto":
             return self.backend
         *before, last = split_pipeline(self.backend)

@@ -33,6 +33,7 @@ from gir.analysis.liveness import (
     value_names,
     yielded_carries,
 )
+from gir.analysis.memory.aliases import OPS, STRIDED, ViewRules
 from gir.analysis.memory.checker import check_plan
 from gir.analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
 from gir.analysis.memory.planner import plan_memory
@@ -64,8 +65,9 @@ def by_name(f: Function) -> dict[str, Value]:
     return {n.lstrip("%"): v for v, n in value_names(f).items()}
 
 
-def planned(f: Function, strategy: str = "auto", pinned: tuple[Value, ...] = ()) -> MemoryPlan:
-    plan = plan_memory(f, strategy=strategy, pinned=pinned)
+def planned(f: Function, strategy: str = "auto", pinned: tuple[Value, ...] = (), views: ViewRules = OPS
+            ) -> MemoryPlan:
+    plan = plan_memory(f, strategy=strategy, pinned=pinned, views=views)
     check_plan(plan)
     return plan
 
@@ -91,6 +93,9 @@ class ArenaMachine:
         return raw.view(t.numpy_dtype).reshape(t.shape)
 
     def write(self, v: Value, value: np.ndarray) -> None:
+        if v in self.plan.external:  # outside the arena (a join of arguments: their home)
+            self.env[v] = np.array(value, dtype=v.tensor_type.numpy_dtype)
+            return
         target = self.memory(v)
         target[...] = np.asarray(value, dtype=target.dtype)
         self.env[v] = target
@@ -108,8 +113,8 @@ class ArenaMachine:
                 self.scan(op)
             elif op.regions:
                 self.fused(op)
-            elif view_source(op) is not None:
-                self.env[op.result] = self.view(op)
+            elif view_source(op) is not None or (len(op.results) == 1 and op.result in self.plan.views):
+                self.env[op.result] = self.view(op)  # a strided view too (views=strided)
             else:
                 out = op.spec.kernel(op, *[self.env[v] for v in op.operands])  # type: ignore[misc]
                 outs = [out] if len(op.results) == 1 else list(out)
@@ -448,6 +453,72 @@ def test_views_keep_their_base_alive() -> None:
         run_planned(f.module, f, planned(f, strategy))  # type: ignore[arg-type]
 
 
+STRIDED_CASES = """
+func @f(%x: tensor<8x8xf32>, %xs: tensor<5x8xf32>, %p: tensor<8x4xf32>, %q: tensor<8x4xf32>, %h0: tensor<8x4xf32>)
+    -> (tensor<4x8xf32>, tensor<8x4xf32>, tensor<8xf32>, tensor<8x8xf32>) {
+  %pq = concat %p, %q {axis = 1} : tensor<8x8xf32>
+  %b = neg %x : tensor<8x8xf32>
+  %e = slice %b {starts = [0, 0], limits = [8, 8], steps = [2, 1]} : tensor<4x8xf32>
+  %m = matmul %x, %pq : tensor<8x8xf32>
+  %r = slice %m {starts = [0, 4], limits = [8, 8]} : tensor<8x4xf32>
+  %g = exp %xs : tensor<5x8xf32>
+  %gs = slice %g {starts = [0, 2], limits = [5, 6]} : tensor<5x4xf32>
+  %h, %ys = scan (%t in %gs) carry (%c = %h0) {
+    %n = tanh %t : tensor<4xf32>
+    %c2 = add %c, %n : tensor<8x4xf32>
+    yield (%c2) stack (%n)
+  } : tensor<8x4xf32>, tensor<5x4xf32>
+  %d = add %e, %e : tensor<4x8xf32>
+  %k = sum %ys {axes = [0]} : tensor<4xf32>
+  %w = sum %h {axes = [1]} : tensor<8xf32>
+  return %d, %r, %w, %pq
+}"""
+"""%e: a slice of a kernel result read only by a kernel (absorbed); %r: of a GEMM result, read
+only by `return`; %gs: walked by a scan whose element only a kernel reads; %pq: a join of
+arguments read by it alone (their home)."""
+
+
+def test_strided_views_keep_their_sources_alive() -> None:
+    """views=strided (the GPU's plan): the slices the GPU backend reads through strides are views
+    of their sources (no slot, the source held until the slice's last reader; a walked one
+    until its scan ends) and the join of arguments is outside the arena; views=ops (the CPU's)
+    gives each slice and the join a slot, the sources dying at the slices."""
+    f = function(STRIDED_CASES)
+    v = by_name(f)
+    live = Liveness(f)
+    names = value_names(f)
+    ops_plan, plan = planned(f), planned(f, views=STRIDED)
+    assert all(v[n] in ops_plan.slots for n in ("e", "r", "gs", "pq")) and not ops_plan.external
+    assert {k: plan.views[v[k]] for k in ("e", "r", "gs")} == {"e": v["b"], "r": v["m"], "gs": v["g"]}
+    assert plan.external == {v["pq"]} and not any(v[n] in plan.slots for n in ("e", "r", "gs", "pq"))
+    assert plan.held_until[v["b"]] == live.point(v["d"].op)  # type: ignore[attr-defined]
+    assert plan.held_until[v["m"]] == live.num_points - 1  # the return
+    assert plan.held_until[v["g"]] == live.end(v["h"].op)  # type: ignore[attr-defined]
+    assert ops_plan.held_until[v["g"]] == live.point(v["gs"].op)  # type: ignore[attr-defined]
+    assert plan.reason(v["gs"], names) == "view of %g" and plan.reason(v["pq"], names).startswith("arguments' home")
+    assert plan.naive_bytes < ops_plan.naive_bytes
+    for strategy in STRATEGIES:
+        run_planned(f.module, f, planned(f, strategy, views=STRIDED))  # type: ignore[arg-type]
+    with pytest.raises(GirError, match="view of its operand"):
+        plan_memory(f, pinned=(v["r"],), views=STRIDED)
+    with pytest.raises(GirError, match="arguments' home"):
+        plan_memory(f, pinned=(v["pq"],), views=STRIDED)
+    plan.view_rules = OPS  # the checker finds the views again under the plan's rules
+    with pytest.raises(PlanError, match="not the ones the IR has"):
+        check_plan(plan)
+
+
+@pytest.mark.parametrize("name", ["gru", "lstm"])
+def test_strided_plans_of_training_steps_run_in_their_arena(name: str) -> None:
+    """The GPU pipeline's plan (memplan{views=strided}) of a training step, run in its arena,
+    gives the interpreter's results (T=50, batch 32, hidden 256: the examples' own sizes)."""
+    module = pipelined(ROOT / "examples" / f"{name}.gir", f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
+    f = module.functions[f"{name}_grads"]
+    plan = planned(f, views=STRIDED)
+    assert plan.views.keys() - planned(f).views.keys()  # the gate blocks and gradient blocks
+    run_planned(module, f, plan)
+
+
 def test_no_in_place_when_the_op_also_reads_a_view_of_the_operand() -> None:
     f = function("""
     func @f(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
@@ -628,6 +699,10 @@ class Builder:
         x = self.pick(pool, lambda v: v.tensor_type.shape == (8, 8))
         if x is None:
             return []
+        if self.draw(st.booleans()):  # columns: every row kept, strided (a gate block)
+            start = self.draw(st.sampled_from([0, 4]))
+            attrs = {"starts": [0, start], "limits": [8, start + 4], "steps": [1, 1]}
+            return [self.emit(block, "slice", [x], attrs=attrs).result]
         steps = [self.draw(st.sampled_from([1, 2])), 1]
         start = 0 if steps[0] == 2 else self.draw(st.sampled_from([0, 4]))
         attrs = {"starts": [start, 0], "limits": [start + 4 * steps[0], 8], "steps": steps}
@@ -692,6 +767,8 @@ def test_generated_programs(module: Module) -> None:
         plan = planned(f, strategy)
         assert plan.lower_bound <= plan.arena_bytes
         run_planned(module, f, plan)
+        strided = planned(f, strategy, views=STRIDED)  # strided slices held as views of their sources
+        run_planned(module, f, strided)
     values = [v for v in plan.slots if v not in f.args]
     if values:
         pinned = planned(f, pinned=(values[len(values) // 2],))

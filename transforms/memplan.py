@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..analysis.liveness import Liveness
+from ..analysis.memory.aliases import OPS, VIEW_RULES, ViewRules
 from ..analysis.memory.arena import STRATEGIES
 from ..analysis.memory.checker import check_plan
 from ..analysis.memory.plan import MemoryPlan
@@ -20,9 +21,9 @@ from ..passes.base import Pass
 from ..passes.rewriter import PassStatistics
 
 
-def plan_module(module: Module, strategy: str = "auto") -> list[MemoryPlan]:
+def plan_module(module: Module, strategy: str = "auto", views: ViewRules = OPS) -> list[MemoryPlan]:
     """The memory plan of every function of module."""
-    return [plan_memory(f, strategy=strategy) for f in module.functions.values()]
+    return [plan_memory(f, strategy=strategy, views=views) for f in module.functions.values()]
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,18 @@ class MemplanOptions:
     """auto, size (largest first, best-fitting gap) or program (online best fit in program order)."""
     check: bool = True
     """Run check_plan on every plan (a failure is a planner bug)."""
+    views: str = "ops"
+    """Which views the backend makes (analysis/memory/aliases.py): ops (the op registry's: the
+    CPU backend) or strided (also slices read through strides and joins of arguments that are
+    their home: the GPU backend; gir.jit's GPU pipeline runs `memplan{views=strided}`)."""
 
     def validate(self, pass_name: str) -> None:
         if self.strategy not in STRATEGIES:
             raise GirPassError(f"pass '{pass_name}': strategy must be one of {', '.join(STRATEGIES)}, "
                                f"not {self.strategy!r}")
+        if self.views not in VIEW_RULES:
+            raise GirPassError(f"pass '{pass_name}': views must be one of {', '.join(VIEW_RULES)}, "
+                               f"not {self.views!r}")
 
 
 class Memplan(Pass):
@@ -57,7 +65,8 @@ class Memplan(Pass):
     def run(self, module: Module, stats: PassStatistics) -> bool:
         o: MemplanOptions = self.options
         for f in module.functions.values():
-            plan = plan_memory(f, liveness=self.analyses.get(Liveness, f), strategy=o.strategy)
+            plan = plan_memory(f, liveness=self.analyses.get(Liveness, f), strategy=o.strategy,
+                               views=VIEW_RULES[o.views])
             self.analyses.put(f, plan)
             name = f.name
             if not plan.supported:

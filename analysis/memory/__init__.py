@@ -8,6 +8,9 @@ Modules, by job:
   terms (planned value, view, register, buffer, arena) and report numbers.
 - (views: `view_source(op)` in ir/spec.py asks each op's `OpSpec.view` rule which results read
   their operand's memory where it is; the planner and both backends make exactly these views.)
+- aliases.py: the strided views a backend makes beyond the registry's (`ViewRules`: `ops`, the
+  default and the CPU's; `strided`, the GPU's): slices read through strides are views of their
+  sources, a join of arguments read by it alone is their home outside the arena.
 - planner.py: `plan_memory` and `MemoryPlanner`: which values need memory and how they are put
   into buffers (in place, carries, new, pinned).
 - arena.py: where buffers go in the arena (the placement strategies) and the lower bound.

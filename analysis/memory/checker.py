@@ -1,7 +1,8 @@
 """The checker: `check_plan(plan)` raises PlanError when a plan breaks its rules.
 
 The rules: every value that needs memory (not an argument, view or register) has a buffer at
-an aligned offset inside the arena; values share a buffer only one after another (the earlier
+an aligned offset inside the arena (a join of arguments that is their home, with strided
+views, is outside it: aliases.py); values share a buffer only one after another (the earlier
 one's memory, views included, no longer needed when the later one is written, or *handed
 over* at an op allowed to overwrite it, or between a carry's initial value, body argument,
 yielded value and final value); and no two buffers needed at one point overlap in the arena.
@@ -18,6 +19,7 @@ import heapq
 from ...ir.core import Value
 from ...ir.loops import as_loop
 from ..liveness import Liveness
+from .aliases import find_aliases
 from .plan import ALIGN, Buffer, MemoryPlan, PlanError, value_loc
 from .planner import carry_of_arg, carry_of_result, find_views, held_until, inplace_operands
 
@@ -30,11 +32,14 @@ def check_plan(plan: MemoryPlan) -> None:
     if not plan.supported:
         return
     live = plan.liveness
-    views, registers = find_views(live)
+    aliases = find_aliases(plan.function, plan.view_rules)
+    if aliases.external != plan.external:
+        raise PlanError(f"@{plan.function.name}: the plan's values outside the arena are not the ones the IR has")
+    views, registers = find_views(live, aliases)
     if views != plan.views:
         raise PlanError(f"@{plan.function.name}: the plan's views are not the ones the IR has")
     held = held_until(live, views)
-    _check_membership(plan, views, registers)
+    _check_membership(plan, views, registers | aliases.external)
     children: dict[Value, list[Value]] = {}
     for view, source in views.items():
         children.setdefault(source, []).append(view)

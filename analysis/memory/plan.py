@@ -3,8 +3,9 @@
 Terms.
 - *Planned values*: op results and the carries' body arguments. Function arguments live in
   the caller's memory and are never written; they are not in the arena, and neither are:
-  *views*, results that read their operand's memory where it is (views.py; also a sequence's
-  body argument, one step of the sequence); and *registers*, the values inside a `fused` op
+  *views*, results that read their operand's memory where it is (`view_source`, ir/spec.py; also a sequence's
+  body argument, one step of the sequence; with strided views, the slices aliases.py lists);
+  and *registers*, the values inside a `fused` op
   (one element at a time). A view keeps the buffer it reads live for as long as the view is
   live (`MemoryPlan.held_until`).
 - *Buffer*: bytes (a multiple of ALIGN, at an ALIGN-aligned offset) that one or more values
@@ -30,6 +31,7 @@ from ...errors import UNKNOWN, GirPassError, Location
 from ...ir.core import Function, Value
 from ...ir.types import DTYPES, TensorType
 from ..liveness import Liveness
+from .aliases import OPS, ViewRules
 
 ALIGN = 64
 """Every buffer starts at a multiple of this many bytes and its size is rounded up to one."""
@@ -133,6 +135,12 @@ class MemoryPlan:
     naive_bytes: int = 0
     lower_bound: int = 0
     pinned: list[Value] = field(default_factory=list)
+    view_rules: ViewRules = OPS
+    """Which strided views the plan counts as views (aliases.py): `ops` (the registry's only,
+    the CPU backend's) or `strided` (the GPU backend's)."""
+    external: frozenset[Value] = frozenset()
+    """Values outside the arena although an op makes them: a join of arguments that is their
+    home (aliases.py); the backend gives each a buffer of its own."""
 
     @property
     def supported(self) -> bool:
@@ -187,6 +195,8 @@ class MemoryPlan:
         """Why value is where it is, with the printer's names: `in place of %x`, `view of %x`..."""
         if value in self.views:
             return f"view of {names[self.views[value]]}"
+        if value in self.external:
+            return "arguments' home (outside the arena)"
         slot = self.slots[value]
         if slot.kind == IN_PLACE:
             return f"in place of {names[slot.source]}"  # type: ignore[index]

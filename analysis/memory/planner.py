@@ -20,6 +20,11 @@ Then arena.py places the buffers.
 
 A value's memory is *held until* the latest of its own last point and those of the views that
 read it (`held_until`).
+
+Views are the op registry's (`view_source`) and, with `views=STRIDED` (the GPU backend's plan),
+the strided views of aliases.py: a slice left as a strided view of a kernel or GEMM result is a
+view like any other (no slot, its source held until its last reader), and a join of arguments
+that is their home is outside the arena, like the arguments (`MemoryPlan.external`).
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ from ...ir.ops import REGISTRY
 from ...ir.spec import view_source
 from ...ir.types import TensorType
 from ..liveness import Liveness
+from .aliases import OPS, Aliases, ViewRules, find_aliases
 from .arena import STRATEGIES, lower_bound, place_buffers
 from .plan import CARRY, IN_PLACE, ITEMSIZE, NEW, PINNED, REUSED, Buffer, MemoryPlan, Slot, aligned, nbytes_of
 
 
 def plan_memory(function: Function, liveness: Liveness | None = None, pinned: Iterable[Value] = (),
-                strategy: str = "auto") -> MemoryPlan:
-    planner = MemoryPlanner(function, liveness, strategy)
+                strategy: str = "auto", views: ViewRules = OPS) -> MemoryPlan:
+    """The plan of function; views: which strided views the backend makes (aliases.py)."""
+    planner = MemoryPlanner(function, liveness, strategy, views)
     for v in pinned:
         planner.pin(v)
     return planner.run()
@@ -48,14 +55,18 @@ def plan_memory(function: Function, liveness: Liveness | None = None, pinned: It
 class MemoryPlanner:
     """Builds the MemoryPlan of one function: `MemoryPlanner(f).pin(v).run()`."""
 
-    def __init__(self, function: Function, liveness: Liveness | None = None, strategy: str = "auto"):
+    def __init__(self, function: Function, liveness: Liveness | None = None, strategy: str = "auto",
+                 views: ViewRules = OPS):
         if strategy not in STRATEGIES:
             raise GirPassError(f"memory plan strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
         self.function = function
         self.liveness = liveness if liveness is not None else Liveness(function)
         self.strategy = strategy
+        self.view_rules = views
+        self.aliases = find_aliases(function, views)
+        """The strided views of function under views (aliases.py)."""
         self._pinned: dict[Value, None] = {}
-        self.plan = MemoryPlan(function, self.liveness, strategy)
+        self.plan = MemoryPlan(function, self.liveness, strategy, view_rules=views)
         self.held: dict[Value, int] = {}
         self.children: dict[Value, list[Value]] = {}
         """A value -> the views that read it directly."""
@@ -74,8 +85,11 @@ class MemoryPlanner:
                 raise GirError(f"cannot pin a body argument of '{region_op.name}': it is a view of an operand",
                                region_op.loc)
         else:
-            if view_source(owner) is not None:
+            if view_source(owner) is not None or value in self.aliases.views:
                 raise GirError(f"cannot pin the result of '{owner.name}': it is a view of its operand", owner.loc)
+            if value in self.aliases.external:
+                raise GirError(f"cannot pin the result of '{owner.name}': it is its arguments' home, outside "
+                               "the arena", owner.loc)
             region_op = owner.parent_op
             if region_op is not None and not region_op.spec.loop:
                 raise GirError(f"cannot pin a value inside '{region_op.name}': it lives in registers", owner.loc)
@@ -84,11 +98,12 @@ class MemoryPlanner:
 
     def run(self) -> MemoryPlan:
         live = self.liveness
-        plan = self.plan = MemoryPlan(self.function, live, self.strategy, pinned=list(self._pinned))
+        plan = self.plan = MemoryPlan(self.function, live, self.strategy, pinned=list(self._pinned),
+                                      view_rules=self.view_rules, external=self.aliases.external)
         plan.unsupported = unsupported_reason(live)
         if plan.unsupported is not None:
             return plan
-        plan.views, plan.registers = find_views(live)
+        plan.views, plan.registers = find_views(live, self.aliases)
         plan.held_until = self.held = held_until(live, plan.views)
         self.children, self.carry_of, self.carry_args = {}, {}, set()
         for view, source in plan.views.items():
@@ -143,7 +158,7 @@ class MemoryPlanner:
     def _form(self) -> None:
         """Puts every value that needs memory into a buffer: one pass over the points."""
         live = self.liveness
-        views, registers = self.plan.views, self.plan.registers
+        views, registers, external = self.plan.views, self.plan.registers, self.plan.external
         ending: list[tuple[int, Operation]] = []  # scans whose body is being walked: (end, scan)
         for point, op in enumerate(live.points):
             results = op.results
@@ -155,7 +170,7 @@ class MemoryPlanner:
                     self._new(r)
             elif len(results) == 1:
                 r = results[0]
-                if r not in views and r not in registers:
+                if r not in views and r not in registers and r not in external:
                     self._op(op, r, point)
             else:
                 for r in results:
@@ -223,9 +238,9 @@ class MemoryPlanner:
                 self._join(c.result, c.arg, CARRY)
 
 
-def find_views(live: Liveness) -> tuple[dict[Value, Value], set[Value]]:
+def find_views(live: Liveness, aliases: Aliases | None = None) -> tuple[dict[Value, Value], set[Value]]:
     """(views: view -> the value it reads, registers) of live's function: see plan.py's
-    docstring."""
+    docstring; the strided views of aliases too."""
     views: dict[Value, Value] = {}
     registers: set[Value] = set()
     for op in live.points:
@@ -241,6 +256,8 @@ def find_views(live: Liveness) -> tuple[dict[Value, Value], set[Value]]:
             source = view_source(op)
             if source is not None:
                 views[op.results[0]] = source
+    if aliases is not None:
+        views.update(aliases.views)
     return views, registers
 
 

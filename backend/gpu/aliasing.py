@@ -10,13 +10,19 @@ Terms.
   carry that nothing reads is not copied out; a final carry left by the last step in memory of
   the loop's own (one of its two double buffers, a row of a stack outside the arena) *lives
   there*: the scan result is that array, no copy.
-- *Returned slices*: a slice read only by `return` is a strided view of its source (which then
-  leaves the arena: the plan thought it dead at the slice); the copy that hands the result out
-  (a download, or the fresh device array of a call with device arrays) is the only one.
+- *Returned slices*: a slice read only by `return` is a strided view of its source; the copy
+  that hands the result out (a download, or the fresh device array of a call with device
+  arrays) is the only one.
 - *Sequence slices*: a slice of a kernel or GEMM result (the column block of `%xs @ [w_i w_f
   ...]` for one gate) that a scan only walks as a sequence, its element read only by kernels:
   no copy; the step's kernels read row t of the source through the slice's strides (an
   absorbed element, as codegen's absorbed slices).
+- Memory: the GPU's plan (`memplan{views=strided}`, analysis/memory/aliases.py) counts both
+  kinds as views of their sources, held until the slice's last reader (a walked one: until the
+  scan ends), so the source stays in its arena slot; with a plan that does not (`memplan`
+  alone) the source leaves the arena (the plan thought it dead at the slice). A packed concat
+  (below) is outside the arena in the GPU's plan: its buffer here is the arguments' storage,
+  counted once.
 
 Known gaps: a final carry taken from a stack row in the arena is still copied (the plan may
 reuse the stack's slot before the final carry's last reader); initial carries computed in the
@@ -29,6 +35,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...analysis.memory.aliases import packed_arguments as is_packed
+from ...analysis.memory.aliases import returned_only, walked_only
 from ...ir.core import Operation, Value
 from ...ir.loops import LoopView
 from ...ir.ops import norm_axis
@@ -97,11 +105,13 @@ def _unwritten(low: Lowering, v: Value) -> bool:
                                       and v in low.static)
 
 
-def aliased_slice(low: Lowering, op: Operation, box: tuple) -> bool:
-    """Whether slice op (not a view in the plan, of a kernel or GEMM result) needs no copy: a
+def aliased_slice(low: Lowering, op: Operation, box: tuple, planned: bool = False) -> bool:
+    """Whether slice op (not a registry view, of a kernel or GEMM result) needs no copy: a
     scan walks it (recorded in Lowering.sequence_rows) or only `return` reads it (recorded in
-    Lowering.returned_views); its source then leaves the arena (read later than the plan
-    knows). Its step is then a strided view."""
+    Lowering.returned_views). Its step is then a strided view. Its source stays in the arena
+    where the plan counts the slice a strided view (`planned`: memplan{views=strided} holds the
+    source until the slice's last reader); else it leaves the arena (read later than the plan
+    knows)."""
     x, r = op.operands[0], op.result
     rows = sequence_layout(op)
     if rows is not None:
@@ -110,33 +120,20 @@ def aliased_slice(low: Lowering, op: Operation, box: tuple) -> bool:
         low.returned_views[r] = (x, box)
     else:
         return False
-    low.own_storage(x)
+    if not planned:
+        low.own_storage(x)
     return True
-
-
-def returned_only(op: Operation) -> bool:
-    """Whether op's result is read only by its function's `return`."""
-    users = op.result.users
-    return bool(users) and all(u.spec.terminator and u.parent_op is None for u in users)
 
 
 def sequence_layout(op: Operation) -> InputLayout | None:
     """For a slice op whose result only scans walk as a sequence (element t read only by
     kernels) and which keeps every row of its source: where element t's elements sit in row t
     of the source (`Lowering.sequence_rows`). None otherwise."""
-    x, r = op.operands[0], op.result
-    starts, limits = op.attrs["starts"], op.attrs["limits"]
-    steps = op.attrs["steps"] or [1] * len(starts)
-    shape = [int(d) for d in x.tensor_type.shape]  # type: ignore[arg-type]
-    if len(shape) < 2 or (starts[0], limits[0], steps[0]) != (0, shape[0], 1) or not r.users:
+    if not walked_only(op):  # the memory plan's rule (analysis/memory/aliases.py)
         return None
-    for scan in r.users:
-        if scan.name != "scan":
-            return None
-        loop = LoopView(scan)
-        if r in loop.inits or any(not _read_by_kernels(a) for s, a in zip(loop.sequences, loop.element_args)
-                                  if s is r):
-            return None
+    x = op.operands[0]
+    starts, steps = op.attrs["starts"], op.attrs["steps"] or [1] * len(op.attrs["starts"])
+    shape = [int(d) for d in x.tensor_type.shape]  # type: ignore[arg-type]
     row = [math.prod(shape[i + 1:]) for i in range(1, len(shape))]
     return InputLayout(sum(s * e for s, e in zip(starts[1:], row)), tuple(e * k for e, k in zip(row, steps[1:])))
 
@@ -153,11 +150,6 @@ def walked_sequences(low: Lowering, loop: LoopView) -> list[Value]:
             s = source
         walked.append(s)
     return walked
-
-
-def _read_by_kernels(v: Value) -> bool:
-    """Whether every reader of v is a generated kernel that takes an input layout."""
-    return bool(v.users) and all(u.name == "fused" or u.spec.is_elementwise for u in v.users)
 
 
 
@@ -210,9 +202,7 @@ def packed_arguments(low: Lowering, joins: Any) -> list[PackedArguments]:
     found = []
     for op in function.body:
         kind = joins(op)
-        if kind is None or not op.operands or len(set(op.operands)) != len(op.operands):
-            continue
-        if all(v in function.args and v.users == [op] for v in op.operands):
+        if kind is not None and is_packed(op, function):  # the memory plan's rule (aliases.py)
             axis = norm_axis(op.attrs["axis"], op.result.tensor_type.rank)
             found.append(PackedArguments(op, tuple(op.operands), axis, kind))
             found[-1].place(low)

@@ -13,11 +13,11 @@ Terms.
   transpose read only by matmuls is a strided view, which cuBLAS takes as a transpose flag.
   Reductions: xp.sum / mean / max / min with `out=`, except a sum or mean read by one fused
   kernel, which computes it (*folded*: `_foldable`). Layout: views where the memory plan has a
-  view (memory.py); a slice read only by kernels and reductions *absorbed* (read in place
-  through its strides); concat/stack operands made by kernels *claimed* (written in place by
-  them: `claim_pieces`); slices read only by `return` or walked by a scan, concats of
-  arguments, initial and final carries aliased where aliasing.py decides; else an xp copy into
-  the value's storage. Constants: uploaded once.
+  registry view (memory.py); a slice read only by kernels and reductions *absorbed* (read in
+  place through its strides; a strided view in the GPU's plan, which holds its source);
+  concat/stack operands made by kernels *claimed* (written in place by them: `claim_pieces`);
+  slices read only by `return` or walked by a scan, concats of arguments, initial and final
+  carries aliased where aliasing.py decides; else an xp copy into the value's storage. Constants: uploaded once.
 - *Placeable*: a value whose step writes wherever env says at run time (kernel outputs, GEMM
   results: `Lowering.redirectable`), so that a scan can put it in a stack row or a carry
   buffer instead of its storage.
@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.aliases import read_by_kernels_and_reductions
 from ...analysis.memory.plan import MemoryPlan
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
@@ -561,12 +562,6 @@ def lower_elementwise(low: Lowering, op: Operation) -> Run | None:
     return _launch(low, [op], compile_kernel(low.dev, op_source(op, layouts, out_layouts, len(repeat))), inputs)
 
 
-def _read_by_kernels_and_reductions(v: Value) -> bool:
-    users = v.users
-    return bool(users) and all(u.name == "fused" or u.spec.is_elementwise or u.spec.reduction is not None
-                               for u in users)
-
-
 # ---------------------------------------------------------------------------------------------
 # GEMMs and reductions through xp
 
@@ -614,6 +609,7 @@ def _foldable(low: Lowering, op: Operation, axes: tuple[int, ...]) -> tuple[Valu
         source, layout = low.absorbed[x]
         if len(shape) != 2 or columns == 1:
             return None
+        low.own_storage(source)  # read at the consumer: later than a strided view holds it
         return source, ReductionRead(rows, columns, mean, layout)
     if x in low.function.args:
         return x, ReductionRead(rows, columns, mean)
@@ -723,13 +719,17 @@ def lower_transpose(low: Lowering, op: Operation) -> Run:
 
 
 def lower_slice(low: Lowering, op: Operation) -> Run | None:
-    """A view where the plan has one. Else, where only kernels and reductions read it and its
-    source is a kernel or GEMM result (always a C-contiguous array: its storage, a stack row, a
-    carry buffer), it is *absorbed*: no copy; the kernels read the source through the slice's
-    strides (kernels.InputLayout), a reduction through a strided xp view (the step sets it:
-    no device work) or its layout (folded). The source then gets a buffer of its own, outside
-    the arena: the plan, which saw it die at the slice, may give its slot to a value written
-    before those readers run. Else a copy into storage."""
+    """A view where the plan has a registry view. Else, where only kernels and reductions read
+    it and its source is a kernel or GEMM result (always a C-contiguous array: its storage, a
+    stack row, a carry buffer), it is *absorbed*: no copy; the kernels read the source through
+    the slice's strides (kernels.InputLayout), a reduction through a strided xp view (the step
+    sets it: no device work) or its layout (folded). Walked and returned slices likewise
+    (aliasing.py). Where the plan counts the slice a strided view (memplan{views=strided}) the
+    source stays in its arena slot, held until the slice's last reader; else the source gets a
+    buffer of its own, outside the arena: the plan, which saw it die at the slice, may give its
+    slot to a value written before those readers run. Else a copy into storage (a strided
+    view the plan knows but the lowering cannot read in place: an xp view, correct for any
+    reader)."""
     starts, limits = op.attrs["starts"], op.attrs["limits"]
     steps = op.attrs["steps"] or [1] * len(starts)
     x, r = op.operands[0], op.result
@@ -738,14 +738,19 @@ def lower_slice(low: Lowering, op: Operation) -> Run | None:
     def view(env: Env) -> None:
         env[r] = env[x][box]
 
-    if not low.memory.is_view(r, op) and x in low.redirectable and _read_by_kernels_and_reductions(r):
+    strided = low.memory.is_strided_view(r, op)  # the plan keeps x live for r's readers
+    in_place = strided or not low.memory.is_view(r, op)
+    if in_place and x in low.redirectable and read_by_kernels_and_reductions(r):
         element = _strides_of(_shape(x))
         low.absorbed[r] = (x, InputLayout(sum(s * e for s, e in zip(starts, element)),
                                           tuple(e * k for e, k in zip(element, steps))))
-        low.own_storage(x)
+        if not strided:
+            low.own_storage(x)
         return view
-    if not low.memory.is_view(r, op) and x in low.redirectable and aliased_slice(low, op, box):
+    if in_place and x in low.redirectable and aliased_slice(low, op, box, planned=strided):
         return view  # walked by a scan or returned: a strided view (aliasing.py)
+    if strided:
+        return view
     return _view_or_copy(low, op, lambda a: a[box])
 
 

@@ -7,6 +7,13 @@ in the arena; *views* (`reshape`, `transfer`, `index`, a contiguous `slice`, a 2
 read only by matmuls, a scan sequence's element) read their source's memory; *registers*
 (values inside `fused` ops) have none. What is a view is the plan's decision: the backend
 makes exactly those views (an xp view of the source) and gives every other value storage.
+The GPU's plan (`memplan{views=strided}`, analysis/memory/aliases.py) also counts the slices
+this backend reads through strides as views (*strided views*: absorbed, walked and returned
+slices of a kernel or GEMM result), holding their sources until their last readers, and puts
+a join of arguments that is their home (packed arguments) outside the arena: the lowering
+gives it a buffer of its own, the arguments' (aliasing.py). A plan made with the registry's
+views only (`memplan` without the option) is still followed: those slices' sources then leave
+the arena (aliasing.py), as the plan thinks them dead at the slice.
 
 Without a plan every value that needs memory gets a device buffer of its own instead, still
 allocated once per compiled function: when memplan cannot plan the function
@@ -30,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ...analysis.memory.aliases import STRIDED
 from ...analysis.memory.plan import MemoryPlan
 from ...analysis.memory.planner import plan_memory
 from ...config import current
@@ -55,15 +63,21 @@ class Memory:
             return v in self.plan.views
         return view_source(op) is not None
 
+    def is_strided_view(self, v: Value, op: Operation) -> bool:
+        """Whether the plan counts v a view of its source though the registry does not (a
+        strided view, aliases.py): its source stays in the arena, held until v's last reader."""
+        return self.plan is not None and v in self.plan.views and view_source(op) is None
+
     def storage(self, v: Value) -> Any:
-        """v's device array (made once): its arena slot, or a buffer of its own."""
+        """v's device array (made once): its arena slot, or a buffer of its own (also for a value
+        the plan has no slot for: a strided view or packed join the lowering stores after all)."""
         found = self._storage.get(v)
         if found is not None:
             return found
         t = v.tensor_type
         shape = tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
-        if self.plan is not None:
-            slot = self.plan.slots[v]
+        slot = self.plan.slots.get(v) if self.plan is not None else None
+        if slot is not None:
             nbytes = math.prod(shape) * t.numpy_dtype.itemsize
             array = self.arena[slot.offset : slot.offset + nbytes].view(t.numpy_dtype).reshape(shape)  # type: ignore[index]
         else:
@@ -99,11 +113,12 @@ class Memory:
 
 def _plan(function: Any, plan: MemoryPlan | None) -> tuple[Any, str | None]:
     """(the memory plan to lay the arena out by or None, why there is none): the pipeline's
-    plan (`memplan` pass) when given, else memplan's default plan of function."""
+    plan (`memplan` pass) when given, else the plan gir.jit's GPU pipeline makes
+    (`memplan{views=strided}`)."""
     if not current().gpu_arena:
         return None, "GIR_GPU_ARENA=0"
     if plan is None or plan.function is not function:
-        plan = plan_memory(function)
+        plan = plan_memory(function, views=STRIDED)
     if not plan.supported:
         return None, f"not planned: {plan.unsupported}"
     return plan, None
