@@ -582,6 +582,14 @@ def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
                     out_layouts)
 
 
+def device_function(ks: KernelSource, name: str) -> str:
+    """The kernel's source as a device function `name` with the same parameters (a phase of a
+    persistent kernel: persistent.py): its grid-stride loop then runs over the caller's grid."""
+    head = "@cuda.jit\ndef gir_elementwise("
+    assert ks.text.startswith(head), ks.text[:40]
+    return f"@cuda.jit(device=True)\ndef {name}(" + ks.text[len(head):]
+
+
 _CACHE: dict[str, Any] = {}
 """Kernel source -> compiled kernel, for the whole process."""
 

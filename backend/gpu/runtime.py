@@ -95,6 +95,9 @@ class Stats:
     device_arg_copies: int = 0
     """Device-array arguments copied into their buffers before the graph ran (in `copies`; a
     NumPy argument in a packed concat with device arrays too goes through the device, a copy)."""
+    persistent: dict[str, str] = field(default_factory=dict)
+    """Per scan (its label): `persistent (on|measure): the plan`, or `host loop: why` (the
+    decision, persistent.ScanPath; with GIR_GPU_PERSISTENT=measure, the first call's times)."""
     result_copies: int = 0
     """Results copied out of the arena as fresh device arrays (a call with device-array
     arguments; else strided results made contiguous for their download), issued from Python
@@ -198,7 +201,8 @@ class GPUFunction:
             self.memory.describe(), dev.name, h2d=h2d,
             d2h=(0 if any(on_device) else downloads) + c.read_backs, xp_launches=c.xp_launches,
             graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
-            device_arg_copies=arg_copies, result_copies=c.copies - copies_before)
+            device_arg_copies=arg_copies, result_copies=c.copies - copies_before,
+            persistent={label: path.render() for label, path in self.lowering.scan_paths.items()})
         return outs
 
     def _fill_arguments(self, arrays: list[Any], on_device: list[bool]) -> tuple[int, int]:

@@ -1,0 +1,659 @@
+"""A scan as one persistent GPU kernel: every time step in one cooperative launch, the
+recurrent weights held in shared memory across the steps (GIR_GPU_PERSISTENT; docs/gpu.md
+*Persistent scans*).
+
+Terms.
+- *Host loop*: codegen.lower_scan's path: per time step the body's steps from Python (a GEMM
+  through cuBLAS, one or two generated kernels), all of it captured in the function's CUDA graph.
+- *Persistent scan*: one numba-cuda kernel running all T steps. Per step its *phases* are the
+  body's device work in order, a grid-wide sync (`cuda.cg.this_grid().sync()`, which makes
+  numba-cuda launch the kernel cooperatively) after each: the recurrent GEMM `carry @ W`
+  (`W` loop-invariant; each block owns column tiles of the result and holds `W[:, its tiles]`
+  in shared memory, loaded once before the time loop) and the body's generated kernels, each
+  the same source as on the host loop made a device function (grid-stride loops, so any grid
+  size is correct; a kernel written for one block runs in block 0 only).
+- *Decision* (`ScanPath`): built by `decide` from the IR and the device before any code is
+  generated: a `PersistentPlan` (the GEMM's tiling, the grid) or the reason the scan stays a
+  host loop; `fn.stats.persistent` prints it.
+- *Binding*: where each phase's arrays are in step i (a flat base array and an element offset:
+  stack row t, the carry buffer of i's parity, the initial carry read in place at step 0). It is
+  found once, at the first call, by running the host loop's step functions with the device work
+  recorded instead of issued (`_trace`): the addresses are the function's own for its life, the
+  invariant the CUDA graph path rests on too. Two tables (base choice and offset per step and
+  slot) are uploaded once; the kernel's source depends only on the structure, never on addresses.
+  The trace refuses what a persistent kernel cannot hold: a device copy or an xp launch per
+  step (a reduction not folded into a kernel, a copied carry).
+
+Known gaps: one GEMM per step, its W in shared memory (a slice over `SHARED_BUDGET` per block is
+refused, not read from global memory); the GEMM is a plain loop per output element (no tensor
+cores, no register tiling); a sync after every phase, also between independent ones; never run
+on a GPU yet (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...config import current
+from ...ir.core import Operation, Value
+from ...ir.loops import LoopView
+from .kernels import NUMBA_TYPES, ElementwiseKernel, KernelSource, compile_kernel
+
+if TYPE_CHECKING:
+    from .codegen import Lowering
+    from .device import Device
+
+Env = dict[Value, Any]
+
+SHARED_BUDGET = 48 * 1024
+"""Bytes of shared memory a block may give W's columns: what any CUDA GPU grants a block
+statically (more needs an opt-in per kernel), less the generated kernels' own shared arrays."""
+
+PHASE_SHARED = 8 * 1024
+"""Kept back from SHARED_BUDGET for the phases' shared arrays (a grid total's tree: 256 slots)."""
+
+
+@dataclass(frozen=True)
+class HostScan:
+    """The host loop of a scan, as codegen.lower_scan built it: `enter` (the initial carries),
+    `step(env, i, t)` (time step t, the i-th run: env bound to its rows and buffers, the body's
+    steps, the yield) and `leave` (the final carries)."""
+
+    label: str
+    order: tuple[int, ...]
+    enter: Callable[[Env], None]
+    step: Callable[[Env, int, int], None]
+    leave: Callable[[Env], None]
+    carry_args: tuple[Value, ...]
+
+    def loop(self, low: Lowering, env: Env) -> None:
+        before = low.counters.snapshot()  # per step: the loop alone, not the carries in and out
+        for i, t in enumerate(self.order):
+            self.step(env, i, t)
+        low.counters.record_steps(self.label, before, len(self.order))
+
+    def run(self, low: Lowering, env: Env) -> None:
+        self.enter(env)
+        self.loop(low, env)
+        self.leave(env)
+
+
+@dataclass(frozen=True)
+class PersistentPlan:
+    """How a scan runs as one kernel: `grid` blocks of `threads`; the step's GEMM (rows x depth
+    @ depth x columns) cut into tiles of `tile` columns, block b owning tiles b, b + grid, ...,
+    at most `tiles_per_block`, whose W columns it keeps in `shared_bytes` of shared memory."""
+
+    steps: int
+    rows: int
+    depth: int
+    columns: int
+    dtype: str
+    grid: int
+    threads: int
+    tile: int
+    tiles_per_block: int
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.columns // self.tile)
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.tiles_per_block * self.depth * self.tile * _itemsize(self.dtype)
+
+    def render(self) -> str:
+        return (f"one launch for {self.steps} steps, grid {self.grid} x {self.threads}, W {self.depth}x{self.columns} "
+                f"{self.dtype} on chip in {self.tiles} tiles of {self.tile} columns ({self.tiles_per_block} per block, "
+                f"{self.shared_bytes} B shared)")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """GIR_GPU_PERSISTENT=measure at the first call: one eager run each way (compiling), then
+    each timed (CUDA events on a GPU, the best of `MEASURE_REPEATS`); the faster is kept. In
+    the simulator the times are Python's, meaningless for a GPU: the host loop is kept."""
+
+    host_seconds: float
+    persistent_seconds: float
+    chosen: str
+    why: str
+
+    def render(self) -> str:
+        return (f"measured host loop {self.host_seconds * 1e3:.3f} ms, "
+                f"persistent {self.persistent_seconds * 1e3:.3f} ms ({self.why})")
+
+
+@dataclass(frozen=True)
+class ScanPath:
+    """The decision for one scan: the mode asked for, the plan where eligible, else why not."""
+
+    label: str
+    mode: str
+    plan: PersistentPlan | None
+    refusal: str | None
+    measured: Measurement | None = None
+    """GIR_GPU_PERSISTENT=measure: the first call's times and the choice."""
+
+    @property
+    def wanted(self) -> bool:
+        return self.plan is not None and self.mode in ("on", "measure")
+
+    def render(self) -> str:
+        if self.plan is None:
+            return f"host loop: {self.refusal}"
+        if self.mode == "off":
+            return f"host loop: GIR_GPU_PERSISTENT=off (eligible: {self.plan.render()})"
+        if self.measured is not None:
+            return f"{self.measured.chosen} ({self.mode}): {self.plan.render()}; {self.measured.render()}"
+        return f"persistent ({self.mode}): {self.plan.render()}"
+
+
+MEASURE_REPEATS = 3
+
+
+def _itemsize(dtype: str) -> int:
+    return {"f32": 4, "f64": 8}.get(dtype, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision (analysis: the IR and the device, no code)
+
+
+def _refusal(loop: LoopView) -> tuple[Operation | None, str | None]:
+    """(the step's GEMM, None) where the body is one a persistent kernel can run, else (None,
+    why not). What only the trace sees (a copy or xp launch per step) it refuses later."""
+    if loop.trip_count is None:
+        return None, "no static trip count"
+    ops = list(loop.body)
+    nested = next((op for op in ops if op.name == "scan"), None)
+    if nested is not None:
+        return None, f"a nested scan at {nested.loc}"
+    gemms = [op for op in ops if op.spec.category == "matmul"]
+    if len(gemms) != 1:
+        return None, f"{len(gemms)} GEMMs per step (one is supported)"
+    gemm = gemms[0]
+    a, w = gemm.operands
+    if a.tensor_type.rank != 2 or w.tensor_type.rank != 2:
+        return None, f"the step's GEMM is not 2-D @ 2-D at {gemm.loc}"
+    if w.tensor_type.dtype not in ("f32", "f64") or a.tensor_type.dtype != w.tensor_type.dtype:
+        return None, f"the step's GEMM is not float32 or float64 at {gemm.loc}"
+    body_values = {r for op in ops for r in op.results} | set(loop.body.args)
+    if w in body_values:
+        return None, f"the step's GEMM has no loop-invariant right operand at {gemm.loc}"
+    other = next((op for op in ops if op.name in ("index", "gather", "scatter_add", "logsumexp")), None)
+    if other is not None:
+        return None, f"'{other.name}' in the body at {other.loc}"
+    return gemm, None
+
+
+def decide(loop: LoopView, label: str, dev: Device, mode: str) -> ScanPath:
+    """The scan's path (module docstring): the plan where the body and the device allow it."""
+    gemm, why = _refusal(loop)
+    if gemm is None:
+        return ScanPath(label, mode, None, why)
+    rows, depth = (int(d) for d in gemm.operands[0].tensor_type.shape)  # type: ignore[arg-type]
+    columns = int(gemm.operands[1].tensor_type.shape[1])  # type: ignore[arg-type]
+    dtype = gemm.result.tensor_type.dtype
+    if not rows * depth * columns:
+        return ScanPath(label, mode, None, "an empty GEMM")
+    blocks = multiprocessors(dev)
+    tile = max(1, min(-(-columns // blocks), dev.threads_per_block))  # the simulator: several tiles a block
+    tiles = -(-columns // tile)
+    grid = min(blocks, tiles)
+    plan = PersistentPlan(int(loop.trip_count), rows, depth, columns, dtype, grid, dev.threads_per_block,  # type: ignore[arg-type]
+                          tile, -(-tiles // grid))
+    if plan.shared_bytes > SHARED_BUDGET - PHASE_SHARED:
+        return ScanPath(label, mode, None, f"W's columns per block need {plan.shared_bytes} B of shared memory, "
+                        f"over the budget of {SHARED_BUDGET - PHASE_SHARED} B")
+    return ScanPath(label, mode, plan, None)
+
+
+def multiprocessors(dev: Device) -> int:
+    """Blocks of the cooperative grid: one per multiprocessor (all resident at once). The
+    simulator runs a cooperative grid as one block."""
+    if dev.simulated:
+        return 1
+    return int(dev.cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace: the host loop's step functions, device work recorded instead of issued
+
+
+class Refused(Exception):
+    """The trace met device work a persistent kernel does not hold (a copy, an xp launch)."""
+
+
+@dataclass
+class Phase:
+    """One phase of a step: a generated kernel (with its launch size and arguments) or the GEMM."""
+
+    kernel: ElementwiseKernel | None
+    n: int = 0
+    args: list[Any] = field(default_factory=list)
+    """A kernel's arguments (kernel arguments, ints); the GEMM's (a, w, out) xp arrays."""
+
+
+def _trace(low: Lowering, host: HostScan, env: Env) -> tuple[list[list[Phase]], list[Env]]:
+    """Per step, its phases; and env as each step left it (copies: the real env is not touched),
+    the last as the loop leaves it."""
+    env = dict(env)
+    steps: list[list[Phase]] = []
+    seen: list[Env] = []
+
+    def launch(kernel: ElementwiseKernel, n: int, args: list[Any]) -> None:
+        if n:
+            steps[-1].append(Phase(kernel, n, list(args)))
+
+    def gemm(a: Any, b: Any, out: Any) -> None:
+        steps[-1].append(Phase(None, 0, [a, b, out]))
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def fail(*_: Any, **__: Any) -> Any:
+            raise Refused(what)
+        return fail
+
+    patched = {"launch": launch, "gemm": gemm, "xp_call": refuse("an xp launch per step (a reduction, gather "
+                                                                  "or scatter not folded into a kernel)"),
+               "duplicate": refuse("a device copy per step"), "copy": lambda dst, src: None}
+    for name, fn in patched.items():
+        setattr(low, name, fn)
+    try:
+        host.enter(env)  # its copies are outside the loop: not recorded
+        low.copy = refuse("a device copy per step")  # type: ignore[method-assign]
+        for i, t in enumerate(host.order):
+            steps.append([])
+            host.step(env, i, t)
+            seen.append(dict(env))
+    finally:
+        for name in patched:
+            delattr(low, name)
+    return steps, seen
+
+
+# ---------------------------------------------------------------------------------------------
+# The binding: per step and array, a base (a flat kernel argument) and an offset in it
+
+
+@dataclass
+class Slot:
+    """One array a phase reads or writes, over the steps: the bases it lies in (indices into
+    Binding.bases), per step which of those (`choice`) and where in it (`offset`, elements)."""
+
+    bases: list[int]
+    size: int
+    """Elements of a kernel argument (its slice of the base); 0 for a GEMM operand."""
+    choice: list[int] = field(default_factory=list)
+    offset: list[int] = field(default_factory=list)
+    strides: tuple[int, ...] = ()
+    """A GEMM operand's strides, in elements (the same every step)."""
+
+
+@dataclass
+class Binding:
+    """Where every phase's arrays are in every step (module docstring)."""
+
+    bases: list[Any] = field(default_factory=list)
+    """Kernel arguments (flat device arrays) the slots lie in."""
+    base_types: list[str] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
+    phases: list[tuple[ElementwiseKernel | None, int, list[int | str]]] = field(default_factory=list)
+    """Per phase: its kernel (None: the GEMM), n, its arguments (a slot index, or a literal as text)."""
+    _keys: dict[tuple, int] = field(default_factory=dict)
+
+    def base(self, key: tuple, wrapper: Any) -> int:
+        found = self._keys.get(key)
+        if found is None:
+            found = self._keys[key] = len(self.bases)
+            self.bases.append(wrapper)
+            self.base_types.append(f"{NUMBA_TYPES[_DTYPE_NAMES[key[2]]]}[::1]")
+        return found
+
+
+_DTYPE_NAMES = {"<f4": "f32", "<f8": "f64", "<i4": "i32", "<i8": "i64", "|b1": "i1"}
+
+
+class _Places:
+    """Finds the base of an array: the arrays the function owns (its static arrays, env's,
+    the arena as each dtype), C-contiguous, the largest that holds it first."""
+
+    def __init__(self, low: Lowering, envs: list[Env]):
+        self.low = low
+        self.keys = {id(w): key for key, w in low._args.items()}
+        self.keys[id(low.err_arg)] = (low.dev.address(low.err), 1, low.err.dtype.str)
+        arrays = [*low.static.values(), *(a for env in envs for a in env.values())]
+        arena = low.memory.arena
+        if arena is not None:
+            for size in (4, 8):
+                arrays.append(arena[: arena.size - arena.size % size].view(f"<f{size}"))
+                arrays.append(arena[: arena.size - arena.size % size].view(f"<i{size}"))
+        found = {}
+        for a in arrays:
+            if hasattr(a, "flags") and a.flags.c_contiguous and a.size:
+                lo, hi = low.extent(a)
+                found[(lo, hi, a.dtype.str)] = a
+        self.candidates = sorted(found.items(), key=lambda kv: kv[0][0] - kv[0][1])  # largest first
+
+    def locate(self, lo: int, hi: int, dtype: str, binding: Binding) -> tuple[int, int]:
+        """(base, element offset of lo in it) for the bytes [lo, hi) of dtype."""
+        for (c_lo, c_hi, c_dtype), array in self.candidates:
+            if c_dtype == dtype and c_lo <= lo and hi <= c_hi and (lo - c_lo) % array.itemsize == 0:
+                key = (c_lo, array.size, dtype)
+                return binding.base(key, self.low.kernel_arg(array)), (lo - c_lo) // array.itemsize
+        raise Refused("an array outside the function's own buffers")
+
+
+def bind(low: Lowering, steps: list[list[Phase]], envs: list[Env]) -> Binding:
+    """The binding of the traced steps; Refused where they differ in structure (kernels, sizes,
+    the GEMM's W) or an array lies outside the function's buffers."""
+    first = steps[0]
+    shape = [(p.kernel, p.n, len(p.args)) for p in first]
+    if any([(p.kernel, p.n, len(p.args)) for p in step] != shape for step in steps):
+        return _refuse("the steps launch different work")
+    if sum(p.kernel is None for p in first) != 1:
+        return _refuse("no GEMM in a step")
+    places, binding = _Places(low, envs), Binding()
+    for k, phase in enumerate(first):
+        column = [step[k] for step in steps]
+        if phase.kernel is None:
+            args = [_gemm_slot(low, places, binding, [p.args[j] for p in column], j == 1) for j in range(3)]
+        else:
+            args = [_kernel_slot(places, binding, [p.args[j] for p in column]) for j in range(len(phase.args))]
+        binding.phases.append((phase.kernel, phase.n, args))
+    return binding
+
+
+def _refuse(why: str) -> Any:
+    raise Refused(why)
+
+
+def _kernel_slot(places: _Places, binding: Binding, per_step: list[Any]) -> int | str:
+    """A kernel argument over the steps: a literal (an int), else a slot."""
+    if isinstance(per_step[0], int):
+        if any(a != per_step[0] for a in per_step):
+            raise Refused("a kernel's scalar argument changes from step to step")
+        return str(per_step[0])
+    keys = [places.keys.get(id(a)) for a in per_step]
+    if any(key is None for key in keys) or len({key[1:] for key in keys}) != 1:  # type: ignore[index]
+        raise Refused("a kernel argument the trace cannot place")
+    slot = Slot([], keys[0][1])  # type: ignore[index]
+    if len(set(keys)) == 1:  # the same array every step: itself the base
+        slot.bases.append(binding.base(keys[0], per_step[0]))  # type: ignore[arg-type]
+        slot.choice, slot.offset = [0] * len(per_step), [0] * len(per_step)
+    else:
+        for address, size, dtype in keys:  # type: ignore[misc]
+            _place(slot, *places.locate(address, address + size * _bytes(dtype), dtype, binding))
+    binding.slots.append(slot)
+    return len(binding.slots) - 1
+
+
+def _gemm_slot(low: Lowering, places: _Places, binding: Binding, per_step: list[Any], invariant: bool) -> int:
+    """A GEMM operand (a strided xp array) over the steps; W (`invariant`) the same every step."""
+    strides = {tuple(s // a.itemsize for s in a.strides) for a in per_step}
+    if len(strides) != 1 or any(s % a.itemsize or s < 0 for a in per_step for s in a.strides):
+        raise Refused("a GEMM operand's layout changes from step to step (or runs backwards)")
+    if invariant and len({low.dev.address(a) for a in per_step}) != 1:
+        raise Refused("the GEMM's W changes from step to step")
+    slot = Slot([], 0, strides=strides.pop())
+    for a in per_step:
+        lo, hi = low.extent(a)
+        _place(slot, *places.locate(lo, hi, a.dtype.str, binding))  # strides >= 0: lo is a[0, 0]
+    binding.slots.append(slot)
+    return len(binding.slots) - 1
+
+
+def _place(slot: Slot, base: int, offset: int) -> None:
+    if base not in slot.bases:
+        slot.bases.append(base)
+    slot.choice.append(slot.bases.index(base))
+    slot.offset.append(offset)
+
+
+def _bytes(dtype: str) -> int:
+    return int(dtype[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel's source
+
+STEP = " " * 8
+"""Statements inside the time loop."""
+
+
+def kernel_source(plan: PersistentPlan, binding: Binding) -> KernelSource:
+    """The persistent kernel: W's tiles into shared memory, then per step each phase and a grid
+    sync. Parameters: the choice and offset tables (step-major, a row per step), the bases."""
+    functions, names = _phase_functions(binding)
+    params = ["sel", "off", *(f"b{j}" for j in range(len(binding.bases)))]
+    types = ["int32[::1]", "int64[::1]", *binding.base_types]
+    gemm = next(args for kernel, _, args in binding.phases if kernel is None)
+    lines = [*functions, "@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+             "    g = cuda.cg.this_grid()", *_load_w(plan, binding, int(gemm[1])),
+             f"    for i in range({plan.steps}):"]
+    for p, (kernel, n, args) in enumerate(binding.phases):
+        if kernel is None:
+            lines += _gemm_lines(plan, binding, [int(a) for a in args])
+        else:
+            names_of = []
+            for a in args:
+                if isinstance(a, int):
+                    lines += _select(binding, a, f"a{a}", STEP)
+                    names_of.append(f"a{a}")
+                else:
+                    names_of.append(a)
+            call = f"{names[p]}({n}, {', '.join(names_of)})"
+            lines.append(f"{STEP}if cuda.blockIdx.x == 0:\n{STEP}    {call}" if kernel.source.single_block
+                         else STEP + call)
+        lines.append(f"{STEP}g.sync()")
+    # The phases' error codes are literals in their calls, registered when they were lowered.
+    return KernelSource("\n".join(lines) + "\n", f"void({', '.join(types)})")
+
+
+def _phase_functions(binding: Binding) -> tuple[list[str], list[str]]:
+    """The device function of each phase's kernel (one per distinct source) and each phase's name."""
+    from .kernels import device_function
+
+    by_text: dict[str, str] = {}
+    functions: list[str] = []
+    names: list[str] = []
+    for kernel, _, _ in binding.phases:
+        if kernel is None:
+            names.append("")
+            continue
+        name = by_text.get(kernel.source.text)
+        if name is None:
+            name = by_text[kernel.source.text] = f"phase{len(by_text)}"
+            functions.append(device_function(kernel.source, name))
+        names.append(name)
+    return functions, names
+
+
+def _select(binding: Binding, k: int, name: str, indent: str, step: str = "i") -> list[str]:
+    """Statements binding `name` to slot k's array in step `step` (its slice of its base)."""
+    slot, row = binding.slots[k], f"{step} * {len(binding.slots)} + {k}"
+    piece = (lambda j: f"b{j}[o{k}:o{k} + {slot.size}]") if slot.size else (lambda j: f"b{j}")
+    lines = [f"{indent}o{k} = off[{row}]"]
+    if len(slot.bases) == 1:
+        return [*lines, f"{indent}{name} = {piece(slot.bases[0])}"]
+    lines.append(f"{indent}s{k} = sel[{row}]")
+    for c, j in enumerate(slot.bases):
+        head = "else:" if c == len(slot.bases) - 1 else f"{'if' if c == 0 else 'elif'} s{k} == {c}:"
+        lines += [indent + head, f"{indent}    {name} = {piece(j)}"]
+    return lines
+
+
+def _load_w(plan: PersistentPlan, binding: Binding, w: int) -> list[str]:
+    """Before the time loop: each block's tiles of W into its shared memory (`wsh`)."""
+    s0, s1 = binding.slots[w].strides
+    size = plan.depth * plan.tile
+    return [f"    wsh = cuda.shared.array({plan.tiles_per_block * size}, {plan.dtype})",
+            *_select(binding, w, "w", "    ", "0"),
+            "    nt = 0", f"    for tile in range(cuda.blockIdx.x, {plan.tiles}, cuda.gridDim.x):",
+            f"        for e in range(cuda.threadIdx.x, {size}, cuda.blockDim.x):",
+            f"            col = tile * {plan.tile} + e % {plan.tile}",
+            f"            if col < {plan.columns}:",
+            f"                wsh[nt * {size} + e] = w[o{w} + (e // {plan.tile}) * {s0} + col * {s1}]",
+            "        nt += 1", "    cuda.syncthreads()"]
+
+
+def _gemm_lines(plan: PersistentPlan, binding: Binding, args: list[int]) -> list[str]:
+    """One step's `out = a @ W`: each block its tiles' columns, W from shared memory."""
+    a, _, out = args
+    a0, a1 = binding.slots[a].strides
+    o0, o1 = binding.slots[out].strides
+    size, d = plan.depth * plan.tile, plan.dtype
+    return [*_select(binding, a, "ga", STEP), *_select(binding, out, "go", STEP),
+            f"{STEP}nt = 0", f"{STEP}for tile in range(cuda.blockIdx.x, {plan.tiles}, cuda.gridDim.x):",
+            f"{STEP}    for e in range(cuda.threadIdx.x, {plan.rows * plan.tile}, cuda.blockDim.x):",
+            f"{STEP}        r = e // {plan.tile}", f"{STEP}        c = e % {plan.tile}",
+            f"{STEP}        col = tile * {plan.tile} + c", f"{STEP}        if col < {plan.columns}:",
+            f"{STEP}            acc = {d}(0)", f"{STEP}            for kk in range({plan.depth}):",
+            f"{STEP}                acc = {d}(acc + ga[o{a} + r * {a0} + kk * {a1}]"
+            f" * wsh[nt * {size} + kk * {plan.tile} + c])",
+            f"{STEP}            go[o{out} + r * {o0} + col * {o1}] = acc",
+            f"{STEP}    nt += 1"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+
+
+@dataclass(eq=False)
+class PersistentKernel:
+    """The compiled persistent kernel, launched like a generated kernel (Lowering.launch counts
+    it): `grid` blocks of `threads`, cooperatively (numba-cuda does so for a grid sync)."""
+
+    source: KernelSource
+    kernel: Any
+    grid: int
+    threads: int
+
+    @property
+    def error_sites(self) -> list[tuple[str, Operation]]:
+        return []
+
+    def launch(self, dev: Device, n: int, args: list[Any]) -> None:
+        dev.launch(self.kernel, (self.grid, self.threads), tuple(args))
+
+
+def scan_path(low: Lowering, op: Operation, loop: LoopView, host: HostScan) -> Callable[[Env], None]:
+    """The scan's step: the host loop, or one persistent kernel where decided (`decide`)."""
+    path = decide(loop, host.label, low.dev, current().gpu_persistent)
+    low.scan_paths[host.label] = path
+    if not path.wanted:
+        return lambda env: host.run(low, env)
+    return PersistentScan(low, host, path).run
+
+
+@dataclass(eq=False)
+class PersistentScan:
+    """A scan run as one kernel: traced and compiled at its first run (module docstring)."""
+
+    low: Lowering
+    host: HostScan
+    path: ScanPath
+    kernel: PersistentKernel | None = None
+    args: list[Any] = field(default_factory=list)
+    final: Env = field(default_factory=dict)
+    """The carries' body arguments after the loop (where the last step left them)."""
+    refused: bool = False
+
+    def run(self, env: Env) -> None:
+        if self.kernel is None and not self.refused:
+            self._prepare(env)
+        measured = self.path.measured
+        if self.refused or (measured is not None and measured.chosen == "host loop"):
+            self.host.run(self.low, env)
+        elif self.path.mode == "measure" and measured is None:
+            self._measure(env)
+        else:
+            self._launch(env)
+
+    def _settle(self, **change: Any) -> None:
+        self.path = ScanPath(**{**self.path.__dict__, **change})
+        self.low.scan_paths[self.host.label] = self.path
+
+    def _prepare(self, env: Env) -> None:
+        import numpy as np
+
+        low, plan = self.low, self.path.plan
+        assert plan is not None
+        try:
+            steps, seen = _trace(low, self.host, env)
+            binding = bind(low, steps, [env, *seen])
+        except Refused as e:
+            self.refused = True
+            self._settle(plan=None, refusal=f"at the first call: {e}")
+            return
+        rows = len(binding.slots)
+        sel = np.array([[s.choice[i] for s in binding.slots] for i in range(plan.steps)], np.int32).reshape(-1)
+        off = np.array([[s.offset[i] for s in binding.slots] for i in range(plan.steps)], np.int64).reshape(-1)
+        tables = [low.memory.constant(t if rows else np.zeros(1, t.dtype)) for t in (sel, off)]
+        source = kernel_source(plan, binding)
+        self.kernel = PersistentKernel(source, compile_kernel(low.dev, source).kernel, plan.grid, plan.threads)
+        low.kernels.append(self.kernel)  # type: ignore[arg-type]
+        self.args = [*(low.kernel_arg(t) for t in tables), *binding.bases]
+        self.final = {a: seen[-1][a] for a in self.host.carry_args}
+
+    def _launch(self, env: Env) -> None:
+        low, host = self.low, self.host
+        assert self.kernel is not None
+        host.enter(env)
+        before = low.counters.snapshot()
+        try:
+            low.launch(self.kernel, 1, self.args)  # type: ignore[arg-type]
+        except Exception as e:  # on a GPU: a cooperative grid too large for it, say
+            if low.dev.simulated or low.blas is not None:
+                raise
+            self.refused = True
+            self._settle(plan=None, refusal=f"the cooperative launch failed: {type(e).__name__}: {e}")
+            host.loop(low, env)
+            host.leave(env)
+            return
+        low.counters.record_steps(host.label, before, len(host.order))
+        env.update(self.final)
+        host.leave(env)
+
+    def _measure(self, env: Env) -> None:
+        """Both ways once (compiling), then timed; the faster kept (the host loop in the
+        simulator, whose times say nothing of a GPU's)."""
+        low, host = self.low, self.host
+        host.run(low, env)
+        self._launch(env)
+        if self.refused:
+            return
+        repeats = 1 if low.dev.simulated else MEASURE_REPEATS
+        timer = _timer(low.dev)
+        host_s = min(timer(lambda: host.run(low, env)) for _ in range(repeats))
+        mine = min(timer(lambda: self._launch(env)) for _ in range(repeats))
+        if low.dev.simulated:
+            chosen, why = "host loop", "the simulator's times say nothing of a GPU: host loop kept"
+        else:
+            chosen, why = ("persistent", "faster") if mine < host_s else ("host loop", "faster")
+        self._settle(measured=Measurement(host_s, mine, chosen, why))
+
+
+def _timer(dev: Device) -> Callable[[Callable[[], None]], float]:
+    """Seconds a piece of device work takes: CUDA events on a GPU, the clock in the simulator."""
+    def clock(work: Callable[[], None]) -> float:
+        start = time.perf_counter()
+        work()
+        return time.perf_counter() - start
+
+    if dev.simulated:
+        return clock
+    cuda = dev.xp.cuda
+
+    def events(work: Callable[[], None]) -> float:
+        start, end = cuda.Event(), cuda.Event()
+        start.record()
+        work()
+        end.record()
+        end.synchronize()
+        return float(cuda.get_elapsed_time(start, end)) / 1e3
+
+    return events
