@@ -582,12 +582,13 @@ def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
                     out_layouts)
 
 
-def device_function(ks: KernelSource, name: str) -> str:
-    """The kernel's source as a device function `name` with the same parameters (a phase of a
-    persistent kernel: persistent.py): its grid-stride loop then runs over the caller's grid."""
-    head = "@cuda.jit\ndef gir_elementwise("
-    assert ks.text.startswith(head), ks.text[:40]
-    return f"@cuda.jit(device=True)\ndef {name}(" + ks.text[len(head):]
+def kernel_body(ks: KernelSource) -> tuple[list[str], list[str]]:
+    """(the kernel's parameter names, its body's lines, indented by 4): what a persistent kernel
+    inlines as one of its phases (persistent.py)."""
+    head, signature, *body = ks.text.rstrip("\n").split("\n")
+    assert head == "@cuda.jit" and signature.startswith("def gir_elementwise("), ks.text[:60]
+    params = signature[len("def gir_elementwise("):-len("):")].split(", ")
+    return params, body
 
 
 _CACHE: dict[str, Any] = {}

@@ -32,7 +32,10 @@ on a GPU yet (docs/gpu.md).
 
 from __future__ import annotations
 
+import io
+import keyword
 import time
+import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ...config import current
 from ...ir.core import Operation, Value
 from ...ir.loops import LoopView
-from .kernels import NUMBA_TYPES, ElementwiseKernel, KernelSource, compile_kernel
+from .kernels import NUMBA_TYPES, ElementwiseKernel, KernelSource, compile_kernel, kernel_body
 
 if TYPE_CHECKING:
     from .codegen import Lowering
@@ -423,81 +426,89 @@ def _bytes(dtype: str) -> int:
 STEP = " " * 8
 """Statements inside the time loop."""
 
+KEEP = frozenset({"cuda", "math", "f32", "f64", "i32", "i64", "INF", "NAN", "range", "abs", "min", "max", "int",
+                  "float", "bool", "True", "False", "None"})
+"""Names a kernel's source shares with its module (kernels._define): never renamed."""
+
 
 def kernel_source(plan: PersistentPlan, binding: Binding) -> KernelSource:
     """The persistent kernel: W's tiles into shared memory, then per step each phase and a grid
-    sync. Parameters: the choice and offset tables (step-major, a row per step), the bases."""
-    functions, names = _phase_functions(binding)
-    params = ["sel", "off", *(f"b{j}" for j in range(len(binding.bases)))]
+    sync. Parameters: the choice and offset tables (step-major, a row per step), the bases.
+    The kernel's own names start `q_`; phase p's, inlined, `p{p}_` (a numba variable has one
+    type, and the phases' `x0` may differ)."""
+    params = ["q_sel", "q_off", *(f"q_b{j}" for j in range(len(binding.bases)))]
     types = ["int32[::1]", "int64[::1]", *binding.base_types]
     gemm = next(args for kernel, _, args in binding.phases if kernel is None)
-    lines = [*functions, "@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
-             "    g = cuda.cg.this_grid()", *_load_w(plan, binding, int(gemm[1])),
-             f"    for i in range({plan.steps}):"]
+    lines = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
+             "    q_grid = cuda.cg.this_grid()", *_load_w(plan, binding, int(gemm[1])),
+             f"    for q_i in range({plan.steps}):"]
     for p, (kernel, n, args) in enumerate(binding.phases):
         if kernel is None:
             lines += _gemm_lines(plan, binding, [int(a) for a in args])
         else:
-            names_of = []
-            for a in args:
-                if isinstance(a, int):
-                    lines += _select(binding, a, f"a{a}", STEP)
-                    names_of.append(f"a{a}")
-                else:
-                    names_of.append(a)
-            call = f"{names[p]}({n}, {', '.join(names_of)})"
-            lines.append(f"{STEP}if cuda.blockIdx.x == 0:\n{STEP}    {call}" if kernel.source.single_block
-                         else STEP + call)
-        lines.append(f"{STEP}g.sync()")
+            lines += _phase_lines(binding, p, kernel, n, args)
+        lines.append(f"{STEP}q_grid.sync()")
     # The phases' error codes are literals in their calls, registered when they were lowered.
     return KernelSource("\n".join(lines) + "\n", f"void({', '.join(types)})")
 
 
-def _phase_functions(binding: Binding) -> tuple[list[str], list[str]]:
-    """The device function of each phase's kernel (one per distinct source) and each phase's name."""
-    from .kernels import device_function
-
-    by_text: dict[str, str] = {}
-    functions: list[str] = []
-    names: list[str] = []
-    for kernel, _, _ in binding.phases:
-        if kernel is None:
-            names.append("")
-            continue
-        name = by_text.get(kernel.source.text)
-        if name is None:
-            name = by_text[kernel.source.text] = f"phase{len(by_text)}"
-            functions.append(device_function(kernel.source, name))
-        names.append(name)
-    return functions, names
+def _phase_lines(binding: Binding, p: int, kernel: ElementwiseKernel, n: int, args: list[int | str]) -> list[str]:
+    """Phase p: its kernel's body inlined, its parameters bound to this step's arrays. A kernel
+    written for one block (a whole-array reduction) runs in block 0 alone."""
+    names, body = kernel_body(kernel.source)
+    lines = [f"{STEP}p{p}_n = {n}"]
+    for name, a in zip(names[1:], args):
+        if isinstance(a, int):
+            lines += _select(binding, a, f"p{p}_{name}", STEP)
+        else:
+            lines.append(f"{STEP}p{p}_{name} = {a}")
+    indent = STEP if not kernel.source.single_block else STEP + "    "
+    if kernel.source.single_block:
+        lines.append(f"{STEP}if cuda.blockIdx.x == 0:")
+    return lines + [indent + line[4:] for line in _renamed(body, f"p{p}_")]
 
 
-def _select(binding: Binding, k: int, name: str, indent: str, step: str = "i") -> list[str]:
+def _renamed(lines: list[str], prefix: str) -> list[str]:
+    """lines with every local name prefixed (not attributes, keywords or KEEP)."""
+    text = "\n".join(line[4:] if line.startswith("    ") else line for line in lines) + "\n"
+    out, previous = [], None
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.NAME and not keyword.iskeyword(tok.string) and tok.string not in KEEP \
+                and previous != ".":
+            tok = tok._replace(string=prefix + tok.string)
+        out.append(tok)
+        if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT):
+            previous = tok.string
+    return ["    " + line for line in tokenize.untokenize(out).rstrip("\n").split("\n")]
+
+
+def _select(binding: Binding, k: int, name: str, indent: str, step: str = "q_i") -> list[str]:
     """Statements binding `name` to slot k's array in step `step` (its slice of its base)."""
     slot, row = binding.slots[k], f"{step} * {len(binding.slots)} + {k}"
-    piece = (lambda j: f"b{j}[o{k}:o{k} + {slot.size}]") if slot.size else (lambda j: f"b{j}")
-    lines = [f"{indent}o{k} = off[{row}]"]
+    off = f"q_o{k}"
+    piece = (lambda j: f"q_b{j}[{off}:{off} + {slot.size}]") if slot.size else (lambda j: f"q_b{j}")
+    lines = [f"{indent}{off} = q_off[{row}]"]
     if len(slot.bases) == 1:
         return [*lines, f"{indent}{name} = {piece(slot.bases[0])}"]
-    lines.append(f"{indent}s{k} = sel[{row}]")
+    lines.append(f"{indent}q_s{k} = q_sel[{row}]")
     for c, j in enumerate(slot.bases):
-        head = "else:" if c == len(slot.bases) - 1 else f"{'if' if c == 0 else 'elif'} s{k} == {c}:"
+        head = "else:" if c == len(slot.bases) - 1 else f"{'if' if c == 0 else 'elif'} q_s{k} == {c}:"
         lines += [indent + head, f"{indent}    {name} = {piece(j)}"]
     return lines
 
 
 def _load_w(plan: PersistentPlan, binding: Binding, w: int) -> list[str]:
-    """Before the time loop: each block's tiles of W into its shared memory (`wsh`)."""
+    """Before the time loop: each block's tiles of W into its shared memory (`q_wsh`)."""
     s0, s1 = binding.slots[w].strides
     size = plan.depth * plan.tile
-    return [f"    wsh = cuda.shared.array({plan.tiles_per_block * size}, {plan.dtype})",
-            *_select(binding, w, "w", "    ", "0"),
-            "    nt = 0", f"    for tile in range(cuda.blockIdx.x, {plan.tiles}, cuda.gridDim.x):",
-            f"        for e in range(cuda.threadIdx.x, {size}, cuda.blockDim.x):",
-            f"            col = tile * {plan.tile} + e % {plan.tile}",
-            f"            if col < {plan.columns}:",
-            f"                wsh[nt * {size} + e] = w[o{w} + (e // {plan.tile}) * {s0} + col * {s1}]",
-            "        nt += 1", "    cuda.syncthreads()"]
+    return [f"    q_wsh = cuda.shared.array({plan.tiles_per_block * size}, {plan.dtype})",
+            *_select(binding, w, "q_w", "    ", "0"),
+            "    q_nt = 0", f"    for q_tile in range(cuda.blockIdx.x, {plan.tiles}, cuda.gridDim.x):",
+            f"        for q_e in range(cuda.threadIdx.x, {size}, cuda.blockDim.x):",
+            f"            q_col = q_tile * {plan.tile} + q_e % {plan.tile}",
+            f"            if q_col < {plan.columns}:",
+            f"                q_wsh[q_nt * {size} + q_e] = q_w[q_o{w} + (q_e // {plan.tile}) * {s0} + q_col * {s1}]",
+            "        q_nt += 1", "    cuda.syncthreads()"]
 
 
 def _gemm_lines(plan: PersistentPlan, binding: Binding, args: list[int]) -> list[str]:
@@ -505,17 +516,17 @@ def _gemm_lines(plan: PersistentPlan, binding: Binding, args: list[int]) -> list
     a, _, out = args
     a0, a1 = binding.slots[a].strides
     o0, o1 = binding.slots[out].strides
-    size, d = plan.depth * plan.tile, plan.dtype
-    return [*_select(binding, a, "ga", STEP), *_select(binding, out, "go", STEP),
-            f"{STEP}nt = 0", f"{STEP}for tile in range(cuda.blockIdx.x, {plan.tiles}, cuda.gridDim.x):",
-            f"{STEP}    for e in range(cuda.threadIdx.x, {plan.rows * plan.tile}, cuda.blockDim.x):",
-            f"{STEP}        r = e // {plan.tile}", f"{STEP}        c = e % {plan.tile}",
-            f"{STEP}        col = tile * {plan.tile} + c", f"{STEP}        if col < {plan.columns}:",
-            f"{STEP}            acc = {d}(0)", f"{STEP}            for kk in range({plan.depth}):",
-            f"{STEP}                acc = {d}(acc + ga[o{a} + r * {a0} + kk * {a1}]"
-            f" * wsh[nt * {size} + kk * {plan.tile} + c])",
-            f"{STEP}            go[o{out} + r * {o0} + col * {o1}] = acc",
-            f"{STEP}    nt += 1"]
+    size, d, tile = plan.depth * plan.tile, plan.dtype, plan.tile
+    return [*_select(binding, a, "q_ga", STEP), *_select(binding, out, "q_go", STEP),
+            f"{STEP}q_nt = 0", f"{STEP}for q_tile in range(cuda.blockIdx.x, {plan.tiles}, cuda.gridDim.x):",
+            f"{STEP}    for q_e in range(cuda.threadIdx.x, {plan.rows * tile}, cuda.blockDim.x):",
+            f"{STEP}        q_r = q_e // {tile}", f"{STEP}        q_c = q_e % {tile}",
+            f"{STEP}        q_col = q_tile * {tile} + q_c", f"{STEP}        if q_col < {plan.columns}:",
+            f"{STEP}            q_acc = {d}(0)", f"{STEP}            for q_k in range({plan.depth}):",
+            f"{STEP}                q_acc = {d}(q_acc + q_ga[q_o{a} + q_r * {a0} + q_k * {a1}]"
+            f" * q_wsh[q_nt * {size} + q_k * {tile} + q_c])",
+            f"{STEP}            q_go[q_o{out} + q_r * {o0} + q_col * {o1}] = q_acc",
+            f"{STEP}    q_nt += 1"]
 
 
 # ---------------------------------------------------------------------------------------------
