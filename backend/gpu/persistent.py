@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...config import current
+from ...errors import GirError
 from ...ir.core import Operation, Value
 from ...ir.loops import LoopView
 from .kernels import NUMBA_TYPES, ElementwiseKernel, KernelSource, compile_kernel, kernel_body
@@ -110,7 +111,7 @@ class PersistentPlan:
 
     def render(self) -> str:
         return (f"one launch for {self.steps} steps, grid {self.grid} x {self.threads}, W {self.depth}x{self.columns} "
-                f"{self.dtype} on chip in {self.tiles} tiles of {self.tile} columns ({self.tiles_per_block} per block, "
+                f"{self.dtype} on chip in {self.tiles} tile(s) of {self.tile} columns ({self.tiles_per_block} per block, "
                 f"{self.shared_bytes} B shared)")
 
 
@@ -171,6 +172,8 @@ def _refusal(loop: LoopView) -> tuple[Operation | None, str | None]:
     why not). What only the trace sees (a copy or xp launch per step) it refuses later."""
     if loop.trip_count is None:
         return None, "no static trip count"
+    if not loop.trip_count:
+        return None, "no time step"
     ops = list(loop.body)
     nested = next((op for op in ops if op.name == "scan"), None)
     if nested is not None:
@@ -227,8 +230,10 @@ def multiprocessors(dev: Device) -> int:
 # The trace: the host loop's step functions, device work recorded instead of issued
 
 
-class Refused(Exception):
-    """The trace met device work a persistent kernel does not hold (a copy, an xp launch)."""
+class Refused(GirError):
+    """The trace met device work a persistent kernel does not hold (a copy, an xp launch). A
+    GirError so that the body's steps pass it on as it is (codegen.run_steps); never reaches
+    the user: the scan stays a host loop, the reason in its ScanPath."""
 
 
 @dataclass
@@ -598,7 +603,7 @@ class PersistentScan:
             binding = bind(low, steps, [env, *seen])
         except Refused as e:
             self.refused = True
-            self._settle(plan=None, refusal=f"at the first call: {e}")
+            self._settle(plan=None, refusal=f"at the first call: {e.message}")
             return
         rows = len(binding.slots)
         sel = np.array([[s.choice[i] for s in binding.slots] for i in range(plan.steps)], np.int32).reshape(-1)
