@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import io
 import keyword
+import re
 import time
 import tokenize
 from collections.abc import Callable
@@ -111,8 +112,8 @@ class PersistentPlan:
 
     def render(self) -> str:
         return (f"one launch for {self.steps} steps, grid {self.grid} x {self.threads}, W {self.depth}x{self.columns} "
-                f"{self.dtype} on chip in {self.tiles} tile(s) of {self.tile} columns ({self.tiles_per_block} per block, "
-                f"{self.shared_bytes} B shared)")
+                f"{self.dtype} on chip in {self.tiles} tile(s) of {self.tile} columns "
+                f"({self.tiles_per_block} per block, {self.shared_bytes} B shared)")
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ MEASURE_REPEATS = 3
 
 
 def _itemsize(dtype: str) -> int:
-    return {"f32": 4, "f64": 8}.get(dtype, 8)
+    return {"f32": 4, "f64": 8, "i32": 4, "i64": 8, "i1": 1}.get(dtype, 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,6 +375,17 @@ def bind(low: Lowering, steps: list[list[Phase]], envs: list[Env]) -> Binding:
             args = [_kernel_slot(places, binding, [p.args[j] for p in column]) for j in range(len(phase.args))]
         binding.phases.append((phase.kernel, phase.n, args))
     return binding
+
+
+SHARED_ARRAY = re.compile(r"cuda\.shared\.array\((\d+), (\w+)\)")
+"""A shared array in a generated kernel's source (kernels.py writes them with literal sizes)."""
+
+
+def phase_shared_bytes(binding: Binding) -> int:
+    """Shared memory the phases' own arrays take (a grid total's tree, whole-array reductions):
+    once per phase, since each inlined `cuda.shared.array` is an allocation of its own."""
+    return sum(int(size) * _itemsize(dtype) for kernel, _, _ in binding.phases if kernel is not None
+               for size, dtype in SHARED_ARRAY.findall(kernel.source.text))
 
 
 def _refuse(why: str) -> Any:
@@ -605,6 +617,12 @@ class PersistentScan:
         except Refused as e:
             self.refused = True
             self._settle(plan=None, refusal=f"at the first call: {e.message}")
+            return
+        shared = plan.shared_bytes + phase_shared_bytes(binding)
+        if shared > SHARED_BUDGET:
+            self.refused = True
+            self._settle(plan=None, refusal=f"at the first call: W's tiles and the phases' shared arrays need "
+                                            f"{shared} B of shared memory, over {SHARED_BUDGET} B")
             return
         rows = len(binding.slots)
         sel = np.array([[s.choice[i] for s in binding.slots] for i in range(plan.steps)], np.int32).reshape(-1)
