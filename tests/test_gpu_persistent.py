@@ -79,7 +79,7 @@ def test_training_step_runs_each_scan_as_one_kernel(model: str) -> None:
         _close(fn(*new), interp(*new), f"{model} call {call + 1}")
         assert fn.stats.graph == ("replayed" if call else "eager: the first call (warm-up before capture)")
         _assert_persistent(fn)
-    if model == "lstm":  # the recurrent GEMM 2x4 @ 4x16: four column tiles in the simulator's one block
+    if model == "lstm" and DEV.simulated:  # the GEMM 2x4 @ 4x16: four column tiles in the simulator's one block
         forward = next(p for label, p in fn.stats.persistent.items() if "forward" in label)
         assert forward == ("persistent (on): one launch for 3 steps, grid 1 x 4, W 4x16 f32 on chip in 4 tile(s) "
                            "of 4 columns (4 per block, 256 B shared)")
@@ -166,8 +166,9 @@ def test_off_is_the_default_and_prints_the_plan_it_would_use() -> None:
     fn = _jit(src, "f")
     _close(fn(*args), gir.jit(src, "f", device="interp")(*args), "off")
     (path,) = fn.stats.persistent.values()
-    assert path == ("host loop: GIR_GPU_PERSISTENT=off (eligible: one launch for 3 steps, grid 1 x 4, "
-                    "W 4x4 f32 on chip in 1 tile(s) of 4 columns (1 per block, 64 B shared))"), path
+    assert path.startswith("host loop: GIR_GPU_PERSISTENT=off (eligible: one launch for 3 steps, grid "), path
+    if DEV.simulated:  # one block (a GPU: a block per column here, 4 x 256)
+        assert path.endswith("grid 1 x 4, W 4x4 f32 on chip in 1 tile(s) of 4 columns (1 per block, 64 B shared))")
     (counts,) = fn.stats.per_step.values()
     assert (counts["kernel_launches"], counts["gemm_calls"]) == (1, 1)  # the host loop's step: GEMM + kernel
     on = _jit(src, "f", gpu_persistent="on")
@@ -186,10 +187,14 @@ def test_measure_in_the_simulator_times_both_and_keeps_the_host_loop() -> None:
         new = _new_inputs(args, call)
         _close(fn(*new), interp(*new), f"measure call {call + 1}")
         (path,) = fn.stats.persistent.values()
-        assert path.startswith("host loop (measure): one launch for 3 steps") and "measured host loop" in path \
-            and "persistent" in path and "the simulator's times say nothing of a GPU" in path, path
+        assert "(measure): one launch for 3 steps" in path and "measured host loop" in path, path
+        if DEV.simulated:
+            assert path.startswith("host loop (measure)") and "the simulator's times say nothing" in path, path
     (counts,) = fn.stats.per_step.values()
-    assert (counts["kernel_launches"], counts["gemm_calls"]) == (1, 1)
+    if path.startswith("host loop"):
+        assert (counts["kernel_launches"], counts["gemm_calls"]) == (1, 1)
+    else:  # on a GPU where the persistent kernel was faster
+        assert counts == pytest.approx(ONE_KERNEL)
 
 
 def _stand_in_device(multiprocessors: int) -> SimpleNamespace:
