@@ -24,7 +24,9 @@ Terms.
 - `scan`: a loop on the host over device-resident buffers: a sequence's element is a view of
   row t; where each stacked value and carry goes is a decision made once (`ScanPlacement`:
   stack rows written in place, carries swapped by pointer, shifted or double-buffered, the
-  rest copied at the yield). Nothing is read back to the host per step.
+  rest copied at the yield). Nothing is read back to the host per step. The loop's pieces
+  (`persistent.HostScan`: enter, step, leave) go to `persistent.scan_path`, which runs them,
+  or runs the whole loop as one persistent kernel bound to the same placement.
 - Counting: every kernel launch, GEMM, other xp launch and device copy goes through one
   method of Lowering (`launch`, `gemm`, `xp_call`, `copy`), which counts it (`Counters`; per
   scan step too).
@@ -33,8 +35,9 @@ Terms.
   reads that one scalar back to the host.
 
 Known gaps: `call`, `grad` and pre-SSA ops must be gone (inline, autodiff, ssa); one stream,
-so steps never overlap; a kernel is launched per fused group per step (no persistent or
-CUDA-graph scan yet); only sums and means over leading axes fold.
+so steps never overlap; on the host loop a kernel is launched per fused group per step (a whole
+scan as one persistent kernel, where GIR_GPU_PERSISTENT asks and the body allows:
+persistent.py); only sums and means over leading axes fold.
 """
 
 from __future__ import annotations
