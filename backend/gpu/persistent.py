@@ -104,13 +104,15 @@ class PersistentPlan:
 
     @property
     def tiles(self) -> int:
-        return -(-self.columns // self.tile)
+        return -(-self.columns // self.tile) if self.tile else 0
 
     @property
     def shared_bytes(self) -> int:
         return self.tiles_per_block * self.depth * self.tile * _itemsize(self.dtype)
 
     def render(self) -> str:
+        if not self.columns:
+            return f"one launch for {self.steps} steps, grid {self.grid} x {self.threads}, no GEMM"
         return (f"one launch for {self.steps} steps, grid {self.grid} x {self.threads}, W {self.depth}x{self.columns} "
                 f"{self.dtype} on chip in {self.tiles} tile(s) of {self.tile} columns "
                 f"({self.tiles_per_block} per block, {self.shared_bytes} B shared)")
@@ -168,48 +170,65 @@ def _itemsize(dtype: str) -> int:
 # The decision (analysis: the IR and the device, no code)
 
 
-def _refusal(loop: LoopView) -> tuple[Operation | None, str | None]:
-    """(the step's GEMM, None) where the body is one a persistent kernel can run, else (None,
-    why not). What only the trace sees (a copy or xp launch per step) it refuses later."""
+def _refusal(loop: LoopView) -> tuple[list[Operation], str | None]:
+    """(the step's GEMMs, None) where the body is one a persistent kernel can run (at most one
+    GEMM), else why not. What only the trace sees (a copy or xp launch per step) it refuses later."""
     if loop.trip_count is None:
-        return None, "no static trip count"
+        return [], "no static trip count"
     if not loop.trip_count:
-        return None, "no time step"
+        return [], "no time step"
     ops = list(loop.body)
-    nested = next((op for op in ops if op.name == "scan"), None)
+    nested = next((op for op in ops if op.spec.loop), None)
     if nested is not None:
-        return None, f"a nested scan at {nested.loc}"
+        return [], f"a nested loop at {nested.loc}"
+    outer = _enclosing_loop(loop.op)
+    if outer is not None:  # its rows and buffers move with the outer step: the binding is per call
+        return [], f"inside the loop at {outer.loc}"
     gemms = [op for op in ops if op.spec.category == "matmul"]
-    if len(gemms) != 1:
-        return None, f"{len(gemms)} GEMMs per step (one is supported)"
-    gemm = gemms[0]
-    a, w = gemm.operands
-    if a.tensor_type.rank != 2 or w.tensor_type.rank != 2:
-        return None, f"the step's GEMM is not 2-D @ 2-D at {gemm.loc}"
-    if w.tensor_type.dtype not in ("f32", "f64") or a.tensor_type.dtype != w.tensor_type.dtype:
-        return None, f"the step's GEMM is not float32 or float64 at {gemm.loc}"
+    if len(gemms) > 1:
+        return gemms, f"{len(gemms)} GEMMs per step (at most one is supported)"
     body_values = {r for op in ops for r in op.results} | set(loop.body.args)
-    if w in body_values:
-        return None, f"the step's GEMM has no loop-invariant right operand at {gemm.loc}"
-    return gemm, None
+    for gemm in gemms:
+        a, w = gemm.operands
+        if a.tensor_type.rank != 2 or w.tensor_type.rank != 2:
+            return gemms, f"the step's GEMM is not 2-D @ 2-D at {gemm.loc}"
+        if w.tensor_type.dtype not in ("f32", "f64") or a.tensor_type.dtype != w.tensor_type.dtype:
+            return gemms, f"the step's GEMM is not float32 or float64 at {gemm.loc}"
+        if w in body_values:
+            return gemms, f"the step's GEMM has no loop-invariant right operand at {gemm.loc}"
+    return gemms, None
+
+
+def _enclosing_loop(op: Operation) -> Operation | None:
+    block = op.parent
+    while block is not None:
+        owner = block.parent_op
+        if owner is None:
+            return None
+        if owner.spec.loop:
+            return owner
+        block = owner.parent
+    return None
 
 
 def decide(loop: LoopView, label: str, dev: Device, mode: str) -> ScanPath:
     """The scan's path (module docstring): the plan where the body and the device allow it."""
-    gemm, why = _refusal(loop)
-    if gemm is None:
+    gemms, why = _refusal(loop)
+    if why is not None:
         return ScanPath(label, mode, None, why)
+    steps, blocks, threads = int(loop.trip_count), multiprocessors(dev), dev.threads_per_block  # type: ignore[arg-type]
+    if not gemms:  # an elementwise recurrence: its kernels' phases alone
+        return ScanPath(label, mode, PersistentPlan(steps, 0, 0, 0, "", blocks, threads, 0, 0), None)
+    gemm = gemms[0]
     rows, depth = (int(d) for d in gemm.operands[0].tensor_type.shape)  # type: ignore[arg-type]
     columns = int(gemm.operands[1].tensor_type.shape[1])  # type: ignore[arg-type]
-    dtype = gemm.result.tensor_type.dtype
     if not rows * depth * columns:
         return ScanPath(label, mode, None, "an empty GEMM")
-    blocks = multiprocessors(dev)
-    tile = max(1, min(-(-columns // blocks), dev.threads_per_block))  # the simulator: several tiles a block
+    tile = max(1, min(-(-columns // blocks), threads))  # the simulator: several tiles a block
     tiles = -(-columns // tile)
     grid = min(blocks, tiles)
-    plan = PersistentPlan(int(loop.trip_count), rows, depth, columns, dtype, grid, dev.threads_per_block,  # type: ignore[arg-type]
-                          tile, -(-tiles // grid))
+    plan = PersistentPlan(steps, rows, depth, columns, gemm.result.tensor_type.dtype, grid, threads, tile,
+                          -(-tiles // grid))
     if plan.shared_bytes > SHARED_BUDGET - PHASE_SHARED:
         return ScanPath(label, mode, None, f"W's columns per block need {plan.shared_bytes} B of shared memory, "
                         f"over the budget of {SHARED_BUDGET - PHASE_SHARED} B")
@@ -338,9 +357,9 @@ class _Places:
         arrays = [*low.static.values(), *(a for env in envs for a in env.values())]
         arena = low.memory.arena
         if arena is not None:
-            for size in (4, 8):
-                arrays.append(arena[: arena.size - arena.size % size].view(f"<f{size}"))
-                arrays.append(arena[: arena.size - arena.size % size].view(f"<i{size}"))
+            for dtype in _DTYPE_NAMES:
+                size = _bytes(dtype)
+                arrays.append(arena[: arena.size - arena.size % size].view(dtype))
         found = {}
         for a in arrays:
             if hasattr(a, "flags") and a.flags.c_contiguous and a.size:
@@ -357,15 +376,17 @@ class _Places:
         raise Refused("an array outside the function's own buffers")
 
 
-def bind(low: Lowering, steps: list[list[Phase]], envs: list[Env]) -> Binding:
+def bind(low: Lowering, plan: PersistentPlan, steps: list[list[Phase]], envs: list[Env]) -> Binding:
     """The binding of the traced steps; Refused where they differ in structure (kernels, sizes,
-    the GEMM's W) or an array lies outside the function's buffers."""
+    the GEMM's W) or from the plan, or an array lies outside the function's buffers."""
     first = steps[0]
     shape = [(p.kernel, p.n, len(p.args)) for p in first]
     if any([(p.kernel, p.n, len(p.args)) for p in step] != shape for step in steps):
         return _refuse("the steps launch different work")
-    if sum(p.kernel is None for p in first) != 1:
-        return _refuse("no GEMM in a step")
+    if not first:
+        return _refuse("no device work in a step")
+    if sum(p.kernel is None for p in first) != (1 if plan.columns else 0):
+        return _refuse("the step's GEMMs are not the plan's")
     places, binding = _Places(low, envs), Binding()
     for k, phase in enumerate(first):
         column = [step[k] for step in steps]
@@ -456,9 +477,9 @@ def kernel_source(plan: PersistentPlan, binding: Binding) -> KernelSource:
     type, and the phases' `x0` may differ)."""
     params = ["q_sel", "q_off", *(f"q_b{j}" for j in range(len(binding.bases)))]
     types = ["int32[::1]", "int64[::1]", *binding.base_types]
-    gemm = next(args for kernel, _, args in binding.phases if kernel is None)
-    lines = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
-             "    q_grid = cuda.cg.this_grid()", *_load_w(plan, binding, int(gemm[1])),
+    gemm = next((args for kernel, _, args in binding.phases if kernel is None), None)
+    lines = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):", "    q_grid = cuda.cg.this_grid()",
+             *(_load_w(plan, binding, int(gemm[1])) if gemm is not None else []),
              f"    for q_i in range({plan.steps}):"]
     for p, (kernel, n, args) in enumerate(binding.phases):
         if kernel is None:
@@ -613,7 +634,7 @@ class PersistentScan:
         assert plan is not None
         try:
             steps, seen = _trace(low, self.host, env)
-            binding = bind(low, steps, [env, *seen])
+            binding = bind(low, plan, steps, [env, *seen])
         except Refused as e:
             self.refused = True
             self._settle(plan=None, refusal=f"at the first call: {e.message}")
