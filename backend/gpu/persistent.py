@@ -10,8 +10,10 @@ Terms.
   numba-cuda launch the kernel cooperatively) after each: the recurrent GEMM `carry @ W`
   (`W` loop-invariant; each block owns column tiles of the result and holds `W[:, its tiles]`
   in shared memory, loaded once before the time loop) and the body's generated kernels, each
-  the same source as on the host loop made a device function (grid-stride loops, so any grid
-  size is correct; a kernel written for one block runs in block 0 only).
+  the same source as on the host loop inlined, its names prefixed per phase (grid-stride loops,
+  so any grid size is correct; a kernel written for one block runs in block 0 only). Inlined,
+  not device functions: numba-cuda types a call to a device function for the current device,
+  which compile_ptx without a GPU does not have.
 - *Decision* (`ScanPath`): built by `decide` from the IR and the device before any code is
   generated: a `PersistentPlan` (the GEMM's tiling, the grid) or the reason the scan stays a
   host loop; `fn.stats.persistent` prints it.
@@ -22,9 +24,9 @@ Terms.
   invariant the CUDA graph path rests on too. Two tables (base choice and offset per step and
   slot) are uploaded once; the kernel's source depends only on the structure, never on addresses.
   The trace refuses what a persistent kernel cannot hold: a device copy or an xp launch per
-  step (a reduction not folded into a kernel, a copied carry).
+  step (a reduction not folded into a kernel, a copied carry), a read-back per step.
 
-Known gaps: one GEMM per step, its W in shared memory (a slice over `SHARED_BUDGET` per block is
+Known gaps: at most one GEMM per step, its W in shared memory (a slice over `SHARED_BUDGET` per block is
 refused, not read from global memory); the GEMM is a plain loop per output element (no tensor
 cores, no register tiling); a sync after every phase, also between independent ones; never run
 on a GPU yet (docs/gpu.md).
@@ -54,8 +56,8 @@ if TYPE_CHECKING:
 Env = dict[Value, Any]
 
 SHARED_BUDGET = 48 * 1024
-"""Bytes of shared memory a block may give W's columns: what any CUDA GPU grants a block
-statically (more needs an opt-in per kernel), less the generated kernels' own shared arrays."""
+"""Bytes of static shared memory a block may declare on any CUDA GPU (more needs an opt-in per
+kernel): W's tiles and the phases' own shared arrays together."""
 
 PHASE_SHARED = 8 * 1024
 """Kept back from SHARED_BUDGET for the phases' shared arrays (a grid total's tree: 256 slots)."""
