@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--persistent", default="", help="GIR_GPU_PERSISTENT modes to time too: on, measure")
+    ap.add_argument("--persistent-sizes", default="", help="the sizes to time those at (default: every size)")
     args = ap.parse_args()
     import gir
     from gir.testing import assert_all_close
@@ -87,7 +88,8 @@ def main() -> int:
                   flush=True)
             for label, counts in s.per_step.items():
                 print(f"    per step, {label}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()), flush=True)
-            for mode in filter(None, args.persistent.split(",")):
+            modes = args.persistent.split(",") if size in (args.persistent_sizes or size).split(",") else []
+            for mode in filter(None, modes):
                 persistent_step(model, size, mode, src, call_args, want, args)
     return 0
 

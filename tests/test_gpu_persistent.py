@@ -64,11 +64,12 @@ def _assert_persistent(fn: object, mode: str = "on") -> None:
         assert s.per_step[label] == pytest.approx(ONE_KERNEL), (label, s.per_step[label])
 
 
-@pytest.mark.parametrize("model", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize("model", ["rnn", "gru", "lstm", "peephole"])
 def test_training_step_runs_each_scan_as_one_kernel(model: str) -> None:
     """Forward and backward scans each one persistent launch (0 GEMM calls and 0 copies per
     step), the results the interpreter's: the eager first call, then the CUDA graph (the
-    cooperative launch captured in it) replayed with new inputs."""
+    cooperative launch captured in it) replayed with new inputs. The peephole LSTM (a cell
+    cuDNN does not offer) likewise."""
     from rnn_cases import training_step
 
     src, args, _ = training_step(model, 3, 2, 3, 4)
@@ -311,20 +312,20 @@ print("PTX OK", len(json.load(open(sys.argv[1]))))
 
 
 def test_every_persistent_kernel_compiles_to_ptx(tmp_path: Path) -> None:
-    """The persistent kernels of the rnn/gru/lstm training steps (forward and backward) through
+    """The persistent kernels of the rnn/gru/lstm/peephole training steps (forward and backward) through
     numba.cuda's real compiler, in a process without the simulator: the grid sync, the shared
     W tiles, the inlined phases typed for real. Skipped without NVVM/NVRTC."""
     from rnn_cases import training_step
 
     sources = {}
-    for model in ("rnn", "gru", "lstm"):
+    for model in ("rnn", "gru", "lstm", "peephole"):
         src, args, _ = training_step(model, 3, 2, 3, 4)
         fn = _jit(src, f"{model}_grads", gpu_persistent="on", gpu_graphs=False)
         fn(*args)
         for k in fn.compiled.lowering.kernels:
             if isinstance(k, persistent.PersistentKernel):
                 sources[k.source.text] = k.source.signature
-    assert len(sources) == 6, len(sources)
+    assert len(sources) == 8, len(sources)
     listing = tmp_path / "kernels.json"
     listing.write_text(json.dumps(sorted(sources.items())))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
