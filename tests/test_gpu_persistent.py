@@ -86,23 +86,24 @@ def test_training_step_runs_each_scan_as_one_kernel(model: str) -> None:
                            "of 4 columns (4 per block, 256 B shared)")
 
 
+@pytest.mark.parametrize("model", ["gru", "lstm"])
 @pytest.mark.parametrize("arena", [True, False])
-def test_eager_calls_with_and_without_the_arena(arena: bool) -> None:
+def test_eager_calls_with_and_without_the_arena(model: str, arena: bool) -> None:
     """GIR_GPU_GRAPHS=0 (every call eager, so every call launches the kernel from Python) and
     GIR_GPU_ARENA on and off (the bases the trace finds: arena views, or a buffer per value)."""
     from rnn_cases import training_step
 
-    src, args, _ = training_step("gru", 3, 2, 3, 4)
-    interp = gir.jit(src, "gru_grads", device="interp")
-    fn = _jit(src, "gru_grads", gpu_persistent="on", gpu_graphs=False, gpu_arena=arena)
+    src, args, _ = training_step(model, 3, 2, 3, 4)
+    interp = gir.jit(src, f"{model}_grads", device="interp")
+    fn = _jit(src, f"{model}_grads", gpu_persistent="on", gpu_graphs=False, gpu_arena=arena)
     for call in range(2):
         new = _new_inputs(args, call)
-        _close(fn(*new), interp(*new), f"gru call {call + 1}")
+        _close(fn(*new), interp(*new), f"{model} call {call + 1}")
         assert fn.stats.graph == "off" and fn.stats.memory.startswith("arena" if arena else "a buffer per value")
         _assert_persistent(fn)
 
 
-@pytest.mark.parametrize("model", ["rnn", "lstm"])
+@pytest.mark.parametrize("model", ["rnn", "gru", "lstm"])
 def test_float64_training_step(model: str) -> None:
     """float64 (the examples' text with f32 -> f64): the GEMM and the phases in float64, to 1e-10."""
     from rnn_cases import training_step
