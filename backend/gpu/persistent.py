@@ -40,7 +40,7 @@ import re
 import time
 import tokenize
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ...config import current
@@ -626,7 +626,7 @@ class PersistentScan:
             self._launch(env)
 
     def _settle(self, **change: Any) -> None:
-        self.path = ScanPath(**{**self.path.__dict__, **change})
+        self.path = replace(self.path, **change)
         self.low.scan_paths[self.host.label] = self.path
 
     def _prepare(self, env: Env) -> None:
