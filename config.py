@@ -165,6 +165,9 @@ class Options:
                              doc="GPU buffers from one arena (0: one allocation each)")
     gpu_graphs: bool = _field("GIR_GPU_GRAPHS", _flag(True), True, code=True,
                               doc="GPU functions captured once as a CUDA graph and replayed per call (0: eager)")
+    gpu_persistent: str = _field("GIR_GPU_PERSISTENT", _choice("off", ("off", "on", "measure")), "off", code=True,
+                                 doc="a scan as one persistent GPU kernel where eligible: off, on, or measure "
+                                     "(time both at the first call, keep the faster)")
 
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(Options)

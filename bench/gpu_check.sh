@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU backend's one device check (issue 26): the gpu-marked tests on the GPU (CUDA graphs
-# included: tests/test_gpu_graphs.py), the training-step probe (counts and times) and
+# and persistent scans included: tests/test_gpu_graphs.py, test_gpu_persistent.py), the
+# training-step probe (counts and times; again with GIR_GPU_PERSISTENT=on and measure) and
 # bench/rnn.py --device gpu at size S (writes $OUT/performance-gpu.md), each under a timeout, everything
 # logged to $OUT (the device tool brings $OUT back).
 #
@@ -38,10 +39,12 @@ export NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
 { nvidia-smi -L; python3 -c "import numpy, numba_cuda, cupy; print('numpy', numpy.__version__, 'numba-cuda', \
 numba_cuda.__version__, 'cupy', cupy.__version__)"; } >"$OUT/versions.txt" 2>&1
 cat "$OUT/versions.txt" >>"$OUT/summary.txt"
-step pytest-gpu 300 python3 -m pytest -p no:cacheprovider -m gpu -q -rfE --durations=15
-step gpu-steps 90 python3 bench/gpu_steps.py --sizes S,M --repeat 10
+step pytest-gpu 280 python3 -m pytest -p no:cacheprovider -m gpu -q -rfE --durations=15
+# per model and size: the graph path and eager; at S also persistent scans (GIR_GPU_PERSISTENT=on
+# and measure). The output is streamed: a timeout keeps what was printed.
+step gpu-steps 140 python3 bench/gpu_steps.py --sizes S,M --repeat 10 --persistent on,measure --persistent-sizes S
 # gir (CUDA graph replays) against PyTorch cuDNN and JAX at S, gradients checked first; M and L
 # in a call of their own: python3 bench/rnn.py --device gpu --sizes M,L
-step bench-rnn 150 python3 bench/rnn.py --device gpu --sizes S --repeat 10 --out "$OUT/performance-gpu.md"
+step bench-rnn 130 python3 bench/rnn.py --device gpu --sizes S --repeat 10 --out "$OUT/performance-gpu.md"
 echo "logs: $OUT" >>"$OUT/summary.txt"
 cat "$OUT/summary.txt"

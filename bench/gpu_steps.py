@@ -6,7 +6,13 @@ bench/rnn.py --device gpu, issue 26 item 5, not written yet.)
     NUMBA_ENABLE_CUDASIM=0 python bench/gpu_steps.py --sizes S --repeat 10
     NUMBA_ENABLE_CUDASIM=1 python bench/gpu_steps.py --sizes Q --repeat 1   # the counts only
 
+    NUMBA_ENABLE_CUDASIM=0 python bench/gpu_steps.py --sizes S --persistent on,measure   # + persistent scans
+
 Sizes are bench/rnn.py's (S, M) plus Q (T=3, batch 2, input 3, hidden 4, as the tests pin).
+`--persistent MODES` times the step again per GIR_GPU_PERSISTENT mode (`on`: each eligible scan
+one cooperative kernel; `measure`: both ways timed at the first call, the faster kept), checked
+against the CPU too, and prints each scan's decision (fn.stats.persistent: the plan, or why not,
+and measure's two times).
 Times from the simulator mean nothing; counts are the same there. This is a probe for a GPU
 session's one device check (bench/gpu_check.sh), not the benchmark (bench/rnn.py)."""
 
@@ -49,6 +55,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="S")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--persistent", default="", help="GIR_GPU_PERSISTENT modes to time too: on, measure")
+    ap.add_argument("--persistent-sizes", default="", help="the sizes to time those at (default: every size)")
     args = ap.parse_args()
     import gir
     from gir.testing import assert_all_close
@@ -80,7 +88,31 @@ def main() -> int:
                   flush=True)
             for label, counts in s.per_step.items():
                 print(f"    per step, {label}: " + ", ".join(f"{k} {v:g}" for k, v in counts.items()), flush=True)
+            modes = args.persistent.split(",") if size in (args.persistent_sizes or size).split(",") else []
+            for mode in filter(None, modes):
+                persistent_step(model, size, mode, src, call_args, want, args)
     return 0
+
+
+def persistent_step(model: str, size: str, mode: str, src: str, call_args: list, want: list, args) -> None:
+    """The step with GIR_GPU_PERSISTENT=mode: first call, median (graph replays), the decisions."""
+    import gir
+    from gir.testing import assert_all_close
+
+    start = time.perf_counter()
+    with gir.config.override(gpu_persistent=mode):
+        fn = gir.jit(src, f"{model}_grads", device="gpu")
+    got = fn(*call_args)
+    first = time.perf_counter() - start
+    assert_all_close(got, want, rtol=5e-3, what=f"{model} {size} gpu persistent={mode} against cpu")
+    ms = median_ms(lambda f=fn, a=call_args: f(*a), args.warmup, args.repeat)
+    assert_all_close(fn(*call_args), want, rtol=5e-3, what=f"{model} {size} persistent={mode}, replayed")
+    s = fn.stats
+    print(f"{model} {size} GIR_GPU_PERSISTENT={mode}: first call {first:.2f} s, median {ms:.2f} ms ({s.graph}); "
+          f"device work {s.kernel_launches} kernels + {s.gemm_calls} GEMMs + {s.xp_launches} xp + {s.copies} copies",
+          flush=True)
+    for label, path in s.persistent.items():
+        print(f"    {label}: {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def test_every_code_field_changes_the_object_cache_key() -> None:
     base = runtime.target_key()
     changes = {"llvm_opt": 1, "gemm_path": "openblas", "packed_gemm": False, "cpu_arena": False,
                "cpu_overlap": "0", "cpu_split": "0", "openblas": "scipy", "no_mkl": True, "gpu_arena": False,
-               "gpu_graphs": False, "lengths": False}
+               "gpu_graphs": False, "gpu_persistent": "on", "lengths": False}
     assert set(changes) == set(config.CODE_FIELDS), "a new code field: give it a value here"
     for name, value in changes.items():
         with config.override(**{name: value}):

@@ -24,7 +24,9 @@ Terms.
 - `scan`: a loop on the host over device-resident buffers: a sequence's element is a view of
   row t; where each stacked value and carry goes is a decision made once (`ScanPlacement`:
   stack rows written in place, carries swapped by pointer, shifted or double-buffered, the
-  rest copied at the yield). Nothing is read back to the host per step.
+  rest copied at the yield). Nothing is read back to the host per step. The loop's pieces
+  (`persistent.HostScan`: enter, step, leave) go to `persistent.scan_path`, which runs them,
+  or runs the whole loop as one persistent kernel bound to the same placement.
 - Counting: every kernel launch, GEMM, other xp launch and device copy goes through one
   method of Lowering (`launch`, `gemm`, `xp_call`, `copy`), which counts it (`Counters`; per
   scan step too).
@@ -33,8 +35,9 @@ Terms.
   reads that one scalar back to the host.
 
 Known gaps: `call`, `grad` and pre-SSA ops must be gone (inline, autodiff, ssa); one stream,
-so steps never overlap; a kernel is launched per fused group per step (no persistent or
-CUDA-graph scan yet); only sums and means over leading axes fold.
+so steps never overlap; on the host loop a kernel is launched per fused group per step (a whole
+scan as one persistent kernel, where GIR_GPU_PERSISTENT asks and the body allows:
+persistent.py); only sums and means over leading axes fold.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from .kernels import (
     total_source,
 )
 from .memory import Memory
+from .persistent import HostScan, scan_path
 
 Env = dict[Value, Any]
 Run = Callable[[Env], None]
@@ -167,6 +171,8 @@ class Lowering:
     """cuBLAS's C API on the capturing stream while a CUDA graph is captured, else None."""
     captured_arrays: list[Any] = field(default_factory=list)
     """Arrays allocated while capturing (copies), kept alive with the graph that uses them."""
+    scan_paths: dict[str, Any] = field(default_factory=dict)
+    """Per scan (its label): host loop or persistent kernel, and why (persistent.ScanPath)."""
     _args: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -1005,35 +1011,40 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     ends = carry_ends(low, loop, place, buffers, hidden, stacks, first)
     final_storage = [ends.left_in.get(j, f) for j, f in enumerate(final_storage)]
 
-    def run(env: Env) -> None:
+    def enter(env: Env) -> None:
+        """The initial carries into their buffers (or read in place)."""
         for j, (init, arg, buffer) in enumerate(zip(inits, carry_args, first)):
             if j not in ends.read_in_place and not low.same_memory(env[init], buffer):
                 low.copy(buffer, env[init])
             env[arg] = env[init] if j in ends.read_in_place else buffer
-        before = low.counters.snapshot()  # per step: the loop alone, not the carries in and out
-        for i, t in enumerate(order):
-            for arg, seq in zip(seq_args, walked):
-                env[arg] = env[seq][t]
-            for k, v in place.in_stack.items():
-                env[v] = stacks[k][t]
-            for j, pair in buffers.items():
-                env[yielded_carries[j]] = pair[(i + 1) % 2]
-            for j, rows in hidden.items():
-                env[yielded_carries[j]] = rows[t]
-            run_steps(body_steps, env)
-            for k in place.copied_stacks:
-                low.copy(stacks[k][t], env[yielded_stacks[k]])
-            copy_carries(env)
-            for j, k in place.carry_from_stack.items():
-                env[carry_args[j]] = env[place.in_stack[k]]
-            for j in (*buffers, *hidden):
-                env[carry_args[j]] = env[yielded_carries[j]]
-        low.counters.record_steps(label, before, steps)
+
+    def step(env: Env, i: int, t: int) -> None:
+        """Time step t (the i-th run): env bound to its rows and buffers, the body, the yield."""
+        for arg, seq in zip(seq_args, walked):
+            env[arg] = env[seq][t]
+        for k, v in place.in_stack.items():
+            env[v] = stacks[k][t]
+        for j, pair in buffers.items():
+            env[yielded_carries[j]] = pair[(i + 1) % 2]
+        for j, rows in hidden.items():
+            env[yielded_carries[j]] = rows[t]
+        run_steps(body_steps, env)
+        for k in place.copied_stacks:
+            low.copy(stacks[k][t], env[yielded_stacks[k]])
+        copy_carries(env)
+        for j, k in place.carry_from_stack.items():
+            env[carry_args[j]] = env[place.in_stack[k]]
+        for j in (*buffers, *hidden):
+            env[carry_args[j]] = env[yielded_carries[j]]
+
+    def leave(env: Env) -> None:
+        """The final carries into their storage (where not left in place)."""
         for j, (arg, final) in enumerate(zip(carry_args, final_storage)):
             if j not in ends.unread and not low.same_memory(env[arg], final):
                 low.copy(final, env[arg])
 
-    return run
+    host = HostScan(label, tuple(order), enter, step, leave, tuple(carry_args))
+    return scan_path(low, op, loop, host)
 
 
 def _carry_copier(low: Lowering, carries: list[Any], copied: tuple[int, ...], yielded: list[Value]

@@ -582,6 +582,15 @@ def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
                     out_layouts)
 
 
+def kernel_body(ks: KernelSource) -> tuple[list[str], list[str]]:
+    """(the kernel's parameter names, its body's lines, indented by 4): what a persistent kernel
+    inlines as one of its phases (persistent.py)."""
+    head, signature, *body = ks.text.rstrip("\n").split("\n")
+    assert head == "@cuda.jit" and signature.startswith("def gir_elementwise("), ks.text[:60]
+    params = signature[len("def gir_elementwise("):-len("):")].split(", ")
+    return params, body
+
+
 _CACHE: dict[str, Any] = {}
 """Kernel source -> compiled kernel, for the whole process."""
 

@@ -99,6 +99,9 @@ class Stats:
     index_check_launches: int = 0
     """The range checks of device-array index arguments (gather.py): 3 xp launches each (min,
     max, their stack; in `xp_launches`), issued from Python before the call's device work."""
+    persistent: dict[str, str] = field(default_factory=dict)
+    """Per scan (its label): `persistent (on|measure): the plan`, or `host loop: why` (the
+    decision, persistent.ScanPath; with GIR_GPU_PERSISTENT=measure, the first call's times)."""
     result_copies: int = 0
     """Results copied out of the arena as fresh device arrays (a call with device-array
     arguments; else strided results made contiguous for their download), issued from Python
@@ -220,7 +223,8 @@ class GPUFunction:
             d2h=(0 if any(on_device) else downloads) + c.read_backs + index_reads,
             xp_launches=c.xp_launches + check_launches, index_check_launches=check_launches,
             graph_replays=c.graph_replays, per_step=dict(c.per_step), graph=self.graphs.path,
-            device_arg_copies=arg_copies, result_copies=c.copies - copies_before)
+            device_arg_copies=arg_copies, result_copies=c.copies - copies_before,
+            persistent={label: path.render() for label, path in self.lowering.scan_paths.items()})
         return outs
 
     def _check_index_arguments(self, arrays: Sequence[Any]) -> tuple[int, int]:
