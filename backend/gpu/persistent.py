@@ -392,6 +392,7 @@ def bind(low: Lowering, plan: PersistentPlan, steps: list[list[Phase]], envs: li
     places, binding = _Places(low, envs), Binding()
     for k, phase in enumerate(first):
         column = [step[k] for step in steps]
+        args: list[int | str]
         if phase.kernel is None:
             args = [_gemm_slot(low, places, binding, [p.args[j] for p in column], j == 1) for j in range(3)]
         else:
