@@ -254,6 +254,37 @@ def test_of_two_failing_ops_the_first_one_s_error_is_raised(device: str) -> None
     assert ":2:" in str(got.value)
 
 
+GATHER_AFTER_DIVISION = """\
+func @f(%v: tensor<4xi64>, %xs: tensor<2x4xf32>, %ids: tensor<3xi64>) -> (tensor<4xi64>, tensor<3x4xf32>) {
+  %q = %v / %v
+  %rows = index(%xs, %ids)
+  return %q, %rows
+}
+"""
+
+
+@pytest.mark.gpu
+def test_an_index_argument_out_of_range_raises_in_program_order_on_the_graph_path() -> None:
+    """The GPU checks an index argument's range when the call takes it (so that the call's work,
+    without a read-back, is a CUDA graph), but reports it where the interpreter does: after a
+    replayed call, a call with the index out of range and a division by zero before the gather
+    reports the division; one without the division reports the index; the next good call
+    replays the graph again with right results."""
+    fn = gir.jit(GATHER_AFTER_DIVISION, "f", device="gpu")
+    xs = np.arange(8, dtype=np.float32).reshape(2, 4)
+    good = [np.array([1, 2, 3, 4]), xs, np.array([1, 0, 1])]
+    for _ in range(3):
+        assert_all_close(fn(*good), gir.interpret(gir.parse(GATHER_AFTER_DIVISION), "f", *good))
+    assert fn.stats.graph == "replayed", fn.stats.graph
+    for v, message in ((np.array([1, 0, 3, 4]), "division by zero"), (np.array([1, 2, 3, 4]), "index 5")):
+        with pytest.raises(GirError, match=message):
+            gir.interpret(gir.parse(GATHER_AFTER_DIVISION), "f", v, xs, np.array([0, 5, 1]))
+        with pytest.raises(GirError, match=message):
+            fn(v, xs, np.array([0, 5, 1]))
+    assert_all_close(fn(*good), gir.interpret(gir.parse(GATHER_AFTER_DIVISION), "f", *good))
+    assert fn.stats.graph == "replayed" and fn.stats.graph_replays == 1, fn.stats
+
+
 DEAD_CALL = """\
 func @g(%a: tensor<0x3xi32>) -> tensor<i32> {
   %m = min(%a)

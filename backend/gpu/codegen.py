@@ -142,6 +142,9 @@ class Lowering:
     index_arguments: dict[Value, list[tuple[Operation, int]]] = field(default_factory=dict)
     """Arguments that gathers or scatters index by: argument -> (op, its leading dim) per use.
     The runtime checks their range when a call takes them, not the op when it runs (gather.py)."""
+    index_failures: dict[Operation, GirError] = field(default_factory=dict)
+    """This call's index arguments found out of range, per op: the op raises its error when an
+    eager run reaches it (so an earlier op's error comes first); empty between calls."""
     absorbed: dict[Value, tuple[Value, InputLayout]] = field(default_factory=dict)
     """Slice results no step makes: the kernels reading them read their source in place,
     through the layout (lower_slice)."""

@@ -13,7 +13,10 @@ that are arguments of the function (a training step's batch of token ids: `emb[i
 checked when the call takes them (`Lowering.index_arguments`, runtime.py): a NumPy argument on
 the host before its upload, for free; a device array by one read-back of its smallest and
 largest value before the call's device work, so that the work itself has no read-back and can
-be captured as a CUDA graph (docs/gpu.md *Training on the device*). Indices computed on the
+be captured as a CUDA graph (docs/gpu.md *Training on the device*). An argument out of range
+is not raised there: that call runs eagerly and raises at the op, so that an error of an
+earlier op (a division by zero the error flag holds) is the one reported, as the interpreter
+reports it (`Lowering.index_failures`). Indices computed on the
 device are checked where they are used: one read-back of the smallest and the largest index per
 gather or scatter, which keeps the function eager (CUDA refuses a synchronisation during capture).
 """
@@ -51,7 +54,13 @@ def _check_rows(low: Lowering, op: Operation, rows: int) -> Any:
     i = op.operands[1]
     if i in low.function.args:  # checked when the call takes its arguments (runtime.py)
         low.index_arguments.setdefault(i, []).append((op, rows))
-        return lambda env: None
+
+        def raise_found(env: Env) -> None:  # the argument was out of range: raised in program order
+            found = low.index_failures.get(op)
+            if found is not None:
+                raise found
+
+        return raise_found
 
     def check(env: Env) -> None:
         idx = env[i]

@@ -210,7 +210,7 @@ class GPUFunction:
         on_device = [is_device_array(a) for a in arrays]
         index_reads, check_launches = self._check_index_arguments(arrays)
         h2d, arg_copies = self._fill_arguments(arrays, on_device)
-        results = self.graphs.run()
+        results = self._run_in_order() if self.lowering.index_failures else self.graphs.run()
         c = self.lowering.counters
         copies_before, downloads = c.copies, 0
         if any(on_device):  # fresh copies (the arena is reused by the next call), but donated results
@@ -227,12 +227,25 @@ class GPUFunction:
             persistent={label: path.render() for label, path in self.lowering.scan_paths.items()})
         return outs
 
+    def _run_in_order(self) -> list[Any]:
+        """A call with an index argument out of range: run eagerly (not replayed, not captured),
+        so that the first failing op in program order raises (the gather's own, or an earlier
+        op's: a division by zero the error flag holds), as the interpreter does; a gather that
+        never runs (in a scan of no step) raises nothing, as there."""
+        try:
+            return self.run_on_device(check_indices=False)
+        finally:
+            self.lowering.index_failures.clear()
+
     def _check_index_arguments(self, arrays: Sequence[Any]) -> tuple[int, int]:
         """Checks the range of the arguments that gathers and scatters index by
         (`Lowering.index_arguments`) before any device work: a NumPy array on the host, a device
         array by three xp launches and one read-back, outside the call's work (a CUDA graph may
-        hold no read-back). Returns (read-backs, xp launches) made."""
+        hold no read-back). An op whose argument is out of range is noted
+        (`Lowering.index_failures`), not raised: it raises when a run reaches it. Returns
+        (read-backs, xp launches) made."""
         reads, launches = 0, 0
+        self.lowering.index_failures.clear()
 
         def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
             nonlocal launches
@@ -249,7 +262,10 @@ class GPUFunction:
             else:
                 lo, hi = int(np.min(arrays[k])), int(np.max(arrays[k]))
             for op, rows in uses:
-                check_index_range(op, rows, lo, hi)
+                try:
+                    check_index_range(op, rows, lo, hi)
+                except GirError as e:
+                    self.lowering.index_failures[op] = e
         return reads, launches
 
     def _fill_arguments(self, arrays: list[Any], on_device: list[bool]) -> tuple[int, int]:
