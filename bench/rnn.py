@@ -110,11 +110,14 @@ GPU_PEERS = ("gir", "pytorch", "jax")
 JAX (lax.scan + jit); PyTensor and NumPy have no GPU path here."""
 DEVICE = "cpu"
 """The worker's device (`cpu` or `gpu`), from the job."""
-MODELS = ("rnn", "gru", "lstm", "peephole")
+MODELS = ("rnn", "gru", "lstm", "peephole", "lnlstm")
 """peephole: an LSTM whose gates also read the cell (c * p_i, c * p_f, c_t * p_o), a cell cuDNN
 does not offer (issue 26): PyTorch runs it as a Python loop of tensor ops (`setup_pytorch_loop`),
-JAX and gir compile it; NumPy and PyTensor have no peephole form here."""
-CUSTOM = ("peephole",)
+JAX and gir compile it; NumPy and PyTensor have no peephole form here.
+lnlstm: a LayerNorm-LSTM (Ba et al. 2016, normalised per gate as TensorFlow's
+LayerNormBasicLSTMCell does: each gate's pre-activation x W + h U, and the new cell before its
+tanh, normalised over the hidden units, then scaled by a gain and shifted), likewise custom."""
+CUSTOM = ("peephole", "lnlstm")
 """Models cuDNN has no kernel for."""
 PEERS = ("gir", "pytorch", "jax", "pytensor", "numpy")
 PEER_TITLES = {"gir": "gir", "pytorch": "PyTorch", "jax": "JAX", "pytensor": "PyTensor", "numpy": "NumPy"}
@@ -125,9 +128,16 @@ PEAK_N, PEAK_N_QUICK = 2048, 512
 # ---------------------------------------------------------------------------------------------
 # Models: parameter names (gir's layout), initial values, the fused layout, GEMM FLOPs
 
-GATES = {"rnn": ("h",), "gru": ("z", "r", "n"), "lstm": ("i", "f", "g", "o"), "peephole": ("i", "f", "g", "o")}
+GATES = {"rnn": ("h",), "gru": ("z", "r", "n"), "lstm": ("i", "f", "g", "o"), "peephole": ("i", "f", "g", "o"),
+         "lnlstm": ("i", "f", "g", "o")}
 PEEPHOLES = ("p_i", "p_f", "p_o")
 """The peephole LSTM's extra parameters (each of shape (H,))."""
+LN_GAINS = ("a_i", "a_f", "a_g", "a_o", "a_c")
+"""The LayerNorm-LSTM's gains (per gate and for the cell), each of shape (H,), initialised near 1;
+its shifts are the gates' biases b_* and the cell's b_c."""
+EXTRAS = {"peephole": PEEPHOLES, "lnlstm": (*LN_GAINS, "b_c")}
+"""Per model, the parameters beyond the gates' w, u, b (each of shape (H,)), in gir's order."""
+LN_EPS = 1e-5
 """Gate order of the fused layout used by NumPy, JAX and PyTensor (W = [w_z w_r w_n], ...)."""
 
 
@@ -144,7 +154,7 @@ def b_name(model: str, gate: str) -> str:
 
 
 def states(model: str) -> list[str]:
-    return ["h0", "c0"] if model in ("lstm", "peephole") else ["h0"]
+    return ["h0", "c0"] if model in ("lstm", "peephole", "lnlstm") else ["h0"]
 
 
 def param_names(model: str) -> list[str]:
@@ -152,26 +162,28 @@ def param_names(model: str) -> list[str]:
     gates = GATES[model]
     names = states(model) + [w_name(model, g) for g in gates] + [u_name(model, g) for g in gates]
     names += [b_name(model, g) for g in gates]
-    return names + (["b_hn"] if model == "gru" else []) + (list(PEEPHOLES) if model == "peephole" else [])
+    return names + (["b_hn"] if model == "gru" else []) + list(EXTRAS.get(model, ()))
 
 
 def param_shape(name: str, B: int, I: int, H: int) -> tuple[int, ...]:
     if name in ("h0", "c0"):
         return (B, H)
-    if name.startswith("b") or name in PEEPHOLES:
+    if name.startswith("b") or name in PEEPHOLES or name in LN_GAINS:
         return (H,)
     return (I, H) if name in ("wx",) or name.startswith("w_") else (H, H)
 
 
 def make_inputs(model: str, T: int, B: int, I: int, H: int, seed: int) -> dict[str, np.ndarray]:
     """xs ~ N(0, 1); weights and biases ~ U(-1/sqrt(H), 1/sqrt(H)) as PyTorch initialises them;
-    initial states ~ 0.1 N(0, 1)."""
+    initial states ~ 0.1 N(0, 1); LayerNorm gains 1 + U(-1/sqrt(H), 1/sqrt(H))."""
     rng = np.random.default_rng(seed)
     k = 1.0 / np.sqrt(H)
     arrays = {"xs": rng.standard_normal((T, B, I))}
     for name in param_names(model):
         shape = param_shape(name, B, I, H)
         arrays[name] = 0.1 * rng.standard_normal(shape) if name in ("h0", "c0") else rng.uniform(-k, k, shape)
+        if name in LN_GAINS:
+            arrays[name] += 1.0
     return {n: np.ascontiguousarray(a, dtype=np.float32) for n, a in arrays.items()}
 
 
@@ -184,14 +196,14 @@ def fuse(model: str, p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
              "b": np.concatenate([p[b_name(model, g)] for g in gates])}
     if model == "gru":
         fused["b_hn"] = p["b_hn"]
-    for name in PEEPHOLES if model == "peephole" else ():
+    for name in EXTRAS.get(model, ()):
         fused[name] = p[name]
     return {n: np.ascontiguousarray(a) for n, a in fused.items()}
 
 
 def fused_names(model: str) -> list[str]:
     return states(model) + ["Wx", "U", "b"] + (["b_hn"] if model == "gru" else []) \
-        + (list(PEEPHOLES) if model == "peephole" else [])
+        + list(EXTRAS.get(model, ()))
 
 
 def unfuse_grads(model: str, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -203,7 +215,7 @@ def unfuse_grads(model: str, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[name(model, gate)] = part
     if model == "gru":
         out["b_hn"] = g["b_hn"]
-    for name in PEEPHOLES if model == "peephole" else ():
+    for name in EXTRAS.get(model, ()):
         out[name] = g[name]
     return out
 
@@ -301,6 +313,17 @@ GIR_BODY = {
                  "%c = %f * %c + %i * %g",
                  "%o = sigmoid(%x @ %w_o + %h @ %u_o + %c * %p_o + %b_o)",
                  "%h = %o * tanh(%c)"],
+    "lnlstm": [line for gate, act in zip("ifgo", ("sigmoid", "sigmoid", "tanh", "sigmoid"))
+               for line in (f"%z_{gate} = %x @ %w_{gate} + %h @ %u_{gate}",
+                            f"%m_{gate} = mean(%z_{gate}, axes=[-1], keepdims=true)",
+                            f"%d_{gate} = %z_{gate} - %m_{gate}",
+                            f"%s_{gate} = sqrt(mean(%d_{gate} * %d_{gate}, axes=[-1], keepdims=true) + {LN_EPS})",
+                            f"%{gate} = {act}(%d_{gate} / %s_{gate} * %a_{gate} + %b_{gate})")]
+    + ["%c = %f * %c + %i * %g",
+       "%m_c = mean(%c, axes=[-1], keepdims=true)",
+       "%d_c = %c - %m_c",
+       f"%s_c = sqrt(mean(%d_c * %d_c, axes=[-1], keepdims=true) + {LN_EPS})",
+       "%h = %o * tanh(%d_c / %s_c * %a_c + %b_c)"],
 }
 
 

@@ -69,15 +69,19 @@ from .kernels import (
     InputLayout,
     KernelPart,
     ReductionRead,
+    RowPhase,
+    RowReduction,
     chain_source,
     compile_kernel,
     fused_group_source,
     op_source,
     ranges_source,
+    row_source,
     total_source,
 )
 from .memory import Memory
 from .persistent import HostScan, scan_path
+from .rows import RowProgram, row_programs
 
 Env = dict[Value, Any]
 Run = Callable[[Env], None]
@@ -175,6 +179,8 @@ class Lowering:
     captured_arrays: list[Any] = field(default_factory=list)
     """Arrays allocated while capturing (copies), kept alive with the graph that uses them."""
     scan_paths: dict[str, Any] = field(default_factory=dict)
+    row_programs: list[RowProgram] = field(default_factory=list)
+    """The row programs lowered (rows.py): each one kernel, a block per row."""
     """Per scan (its label): host loop or persistent kernel, and why (persistent.ScanPath)."""
     _args: dict[tuple, Any] = field(default_factory=dict)
 
@@ -280,19 +286,25 @@ class Lowering:
         """The steps of block's ops and the values its terminator returns or yields."""
         steps: list[Step] = []
         claim_pieces(self, block)
-        # Merges, most specific first: totals, chains (across other ops), runs (of the rest).
+        # Merges, most specific first: totals, row programs, chains (across other ops), runs (of
+        # the rest).
         totals = fused_totals(block, {})
         taken = {o for f, pair in totals.items() for o in (f, *pair)}
+        programs = row_programs(block, taken, set(self.pieces))
+        in_programs = {o for p in programs.values() for o in p.ops}
+        taken |= in_programs
         chains = fused_chains(block, taken)
         runs = fused_runs(block, taken | {o for chain in chains.values() for o in chain})
         merged = {later for run in runs.values() for later in run[1:]} | {o for pair in totals.values() for o in pair} \
-            | {later for chain in chains.values() for later in chain[1:]}
+            | {later for chain in chains.values() for later in chain[1:]} \
+            | {o for p in programs.values() for o in p.ops[1:] if _row_program_step(o, in_programs)}
         for op in block:
             if op.spec.terminator:
                 return steps, list(op.operands)
             if op in merged:
                 continue  # lowered with the first op of its run
-            lower = ((lambda low, first: lower_fused_ops(low, runs[first])) if op in runs
+            lower = ((lambda low, first: lower_row_program(low, programs[first])) if op in programs
+                     else (lambda low, first: lower_fused_ops(low, runs[first])) if op in runs
                      else (lambda low, first: lower_fused_total(low, first, *totals[first])) if op in totals
                      else (lambda low, first: lower_fused_chain(low, chains[first])) if op in chains
                      else LOWER.get(op.name))
@@ -328,9 +340,9 @@ def _shape(v: Value) -> tuple[int, ...]:
 
 
 def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inputs: list[Value],
-            scratch: tuple[Any, ...] = ()) -> Run | None:
-    """The step launching kernel for ops (one, a merged run of one shape, or a group and its
-    grid total's group), scratch arrays last."""
+            scratch: tuple[Any, ...] = (), rows: int | None = None) -> Run | None:
+    """The step launching kernel for ops (one, a merged run of one shape, a group and its
+    grid total's group, or a row program: launched over its rows), scratch arrays last."""
     results = [r for op in ops for r in op.results]
     if not results:
         return None
@@ -341,7 +353,7 @@ def _launch(low: Lowering, ops: list[Operation], kernel: ElementwiseKernel, inpu
             low.redirectable.add(r)
     outs = [v for op in ops for v in _output_places(low, op)[0]]  # a piece: its whole(s)
     views = [(r, low.pieces[r][0], low.pieces[r][2]) for r in results if r in low.pieces]
-    n = max(math.prod(_shape(op.results[0])) for op in ops if op.results)  # a run of shapes: the largest
+    n = rows if rows is not None else max(math.prod(_shape(op.results[0])) for op in ops if op.results)  # largest
     extra = (low.err_arg, low.error_codes(kernel.error_sites)) if kernel.error_sites else ()
     extra = (*extra, *(low.kernel_arg(a) for a in scratch))
     arg = low.kernel_arg
@@ -562,6 +574,74 @@ def fused_runs(block: Block, taken: set[Operation]) -> dict[Operation, list[Oper
     if len(run) > 1:
         runs[run[0]] = run
     return runs
+
+
+def _row_program_step(op: Operation, in_programs: set[Operation]) -> bool:
+    """Whether op of a row program is lowered with it (no step of its own): every op but a
+    reshape or broadcast read outside the program too, which keeps its own step (a view or a
+    copy, after the program has made its operand)."""
+    return op.name not in ("reshape", "broadcast") or all(u in in_programs for u in op.result.users)
+
+
+def _broadcast_layout(op: Operation) -> InputLayout:
+    """A broadcast of `lead x 1 ...` to `lead x ...` read in place: stride 0 on the broadcast axes."""
+    x, r = op.operands[0], op.result
+    strides = _strides_of(_shape(x))
+    return InputLayout(0, tuple(0 if dx == 1 and dr != 1 else s for dx, dr, s in zip(_shape(x), _shape(r), strides)))
+
+
+def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
+    """A row program (rows.py) as one kernel (kernels.row_source): its groups and row
+    reductions as phases, values it made read back from their memory (a piece through its
+    place in the concat, a reshape as its operand, a broadcast through stride 0). The ops after
+    the first now run before the ops between: their results get buffers of their own (the plan
+    may have given their slots to those ops' values), as a chain's do."""
+    low.row_programs.append(program)
+    made: dict[Value, tuple[Value, InputLayout | None]] = {}
+    phases: list[RowPhase] = []
+    inputs: list[Value] = []
+    launched: list[Operation] = []
+    views: list[Run] = []
+    for op in program.ops:
+        if op.name == "slice":  # of a value made before: first (an absorbed view, or a copy of its own)
+            low.own_storage(op.result)
+            run = lower_slice(low, op)
+            views += [run] if run is not None else []
+            continue
+        if op.name in ("reshape", "broadcast"):
+            source, layout = made[op.operands[0]]
+            assert layout is None, "rows.py reads only program-made values of their own buffer in place"
+            made[op.result] = (source, _broadcast_layout(op) if op.name == "broadcast" else None)
+            continue
+        if op is not program.ops[0]:
+            for r in op.results:
+                if r not in low.pieces:
+                    low.own_storage(r)
+        read = [made.get(v) or low.absorbed.get(v) or (v, None) for v in op.operands]
+        inputs += [source for source, _ in read]
+        launched.append(op)
+        if op.spec.reduction is not None:
+            x = op.operands[0]
+            columns = math.prod(_shape(x)) // program.rows
+            phases.append(RowReduction(x, op.result, columns, op.spec.reduction.divide_by_count, read[0][1]))
+            made[op.result] = (op.result, None)
+            continue
+        _, out_layouts, repeat = _output_places(low, op)
+        layouts = {k: layout for k, (_, layout) in enumerate(read) if layout is not None}
+        phases.append(KernelPart(op, layouts, out_layouts, {}, tuple(repeat)))
+        made.update({r: low.absorbed[r] if r in low.pieces else (r, None) for r in op.results})
+    kernel = _launch(low, launched, compile_kernel(low.dev, row_source(phases, program.rows)), inputs,
+                     rows=program.rows)
+    if not views:
+        return kernel
+
+    def run(env: Env) -> None:
+        for view in views:
+            view(env)
+        if kernel is not None:
+            kernel(env)
+
+    return run
 
 
 def lower_elementwise(low: Lowering, op: Operation) -> Run | None:

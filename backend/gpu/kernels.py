@@ -72,6 +72,9 @@ class KernelSource:
     """Site k (err[0] = code + k) -> (message, op). Empty: the kernel takes no err, code."""
     single_block: bool = False
     """Launched as one block (a whole-array reduction: ReductionRead.whole)."""
+    row_blocks: bool = False
+    """A row kernel (row_source): launched with n = the rows, a block per row (at most
+    max_blocks, striding over the rest) of up to SHARED threads."""
 
 
 @dataclass(eq=False)
@@ -87,7 +90,9 @@ class ElementwiseKernel:
     def launch(self, dev: Device, n: int, args: Sequence[Any]) -> None:
         if not n and not self.source.single_block:
             return
-        shape = (1, min(dev.threads_per_block, SHARED)) if self.source.single_block else dev.launch_shape(n)
+        threads = min(dev.threads_per_block, SHARED)
+        shape = ((1, threads) if self.source.single_block else (min(n, dev.max_blocks), threads)
+                 if self.source.row_blocks else dev.launch_shape(n))
         dev.launch(self.kernel, shape, (n, *args))
 
 
@@ -580,6 +585,85 @@ def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
     inputs = list(dict.fromkeys(op.operands))  # `mul %a, %a` reads one input
     return generate(inputs, [op], [op.result] * stores, tuple(op.result.tensor_type.shape), layouts,  # type: ignore[arg-type]
                     out_layouts)
+
+
+@dataclass(frozen=True)
+class RowReduction:
+    """A phase of a row kernel (row_source): the sum (or mean) of each row of `operand` (the
+    trailing `columns` elements of a row: a reduction over the trailing axes, LayerNorm's
+    `mean(x, axes=[-1], keepdims=true)`), summed by the row's block through a shared-memory
+    tree and stored by thread 0 at the row's index of `result` (one element per row)."""
+
+    operand: Value
+    result: Value
+    columns: int
+    mean: bool
+    layout: InputLayout | None = None
+    """The operand read through a strided layout (an absorbed slice, a sequence row, a
+    broadcast read in place), else its own C-contiguous buffer."""
+
+
+RowPhase = KernelPart | RowReduction
+"""One phase of a row kernel: a fused group over the row's elements, or a row reduction."""
+
+
+def _row_tree(k: int, red: RowReduction, src: _Source, out: int) -> list[str]:
+    """A reduction phase: each thread sums its columns of the row (`i` the operand's flat
+    index), the block adds them up in sm_<dtype> (a tree), thread 0 stores the row's total."""
+    dtype = red.operand.tensor_type.dtype
+    sm, c = f"sm_{dtype}", red.columns
+    at = src.index(red.operand.tensor_type, red.layout)
+    total = f"{dtype}({sm}[0] / {dtype}({c}))" if red.mean else f"{sm}[0]"
+    return [f"acc{k} = {dtype}(0)", f"for i in range(row * {c} + t, row * {c} + {c}, cuda.blockDim.x):",
+            *("    " + line[len(INDENT):] for line in src.coordinate_lines()),
+            f"    acc{k} = {dtype}(acc{k} + in{k}[{at}])", f"{sm}[t] = acc{k}", "cuda.syncthreads()",
+            "s = cuda.blockDim.x // 2", "while s > 0:", "    if t < s:",
+            f"        {sm}[t] = {dtype}({sm}[t] + {sm}[t + s])", "    cuda.syncthreads()", "    s //= 2",
+            "if t == 0:", f"    out{out}[row] = {total}", "cuda.syncthreads()"]
+
+
+def row_source(phases: Sequence[RowPhase], rows: int) -> KernelSource:
+    """One kernel for a row program (codegen's row programs: LayerNorm's mean, variance and
+    normalisation, and their gradients' row sums): a block per row (striding over the rows),
+    the phases in order, each over the row's elements (a group's `i` runs over the row's part
+    of its output) or a row reduction, with a block barrier after each, so that a phase reads
+    what the earlier ones wrote to memory for this row. Every value a phase reads from an
+    earlier one lies in the same row (codegen checks), so blocks never wait for each other."""
+    error_sites: list[tuple[str, Operation]] = []
+    count = 0
+    lines: list[str] = []
+    all_in: list[Value] = []
+    all_out: list[Value] = []
+    dtypes: list[str] = []
+    for phase in phases:
+        if isinstance(phase, RowReduction):
+            src = _Source(tuple(phase.operand.tensor_type.shape))  # type: ignore[arg-type]
+            lines += [INDENT + line for line in _row_tree(len(all_in), phase, src, len(all_out))]
+            dtypes.append(phase.operand.tensor_type.dtype)
+            all_in.append(phase.operand)
+            all_out.append(phase.result)
+            continue
+        body, term = phase.op.body, phase.op.body.terminator
+        assert term is not None
+        shape = tuple(phase.op.results[0].tensor_type.shape)
+        per_row = math.prod(shape) // rows  # type: ignore[arg-type]
+        src = _Source(shape)  # type: ignore[arg-type]
+        src.error_sites, src.count = error_sites, count  # one numbering of sites and names
+        yielded = list(term.operands)
+        outputs = yielded if phase.repeat is None else [yielded[k] for k in phase.repeat]
+        reads, writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, phase.layouts,
+                                    phase.out_layouts, phase.reductions, len(all_in), len(all_out))
+        count = src.count
+        lines.append(f"{INDENT}for i in range(row * {per_row} + t, row * {per_row} + {per_row}, cuda.blockDim.x):")
+        lines += ["    " + line for line in src.coordinate_lines() + reads + src.lines + writes]
+        lines.append(f"{INDENT}cuda.syncthreads()")
+        all_in += body.args
+        all_out += outputs
+    params, types = _signature(all_out, all_in, bool(error_sites))
+    shared = [f"    sm_{d} = cuda.shared.array({SHARED}, {d})" for d in dict.fromkeys(dtypes)]
+    head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):", "    t = cuda.threadIdx.x", *shared,
+            "    for row in range(cuda.blockIdx.x, n, cuda.gridDim.x):"]
+    return KernelSource("\n".join(head + lines) + "\n", f"void({', '.join(types)})", error_sites, row_blocks=True)
 
 
 def kernel_body(ks: KernelSource) -> tuple[list[str], list[str]]:
