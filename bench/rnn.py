@@ -56,15 +56,15 @@ On the GPU (`--device gpu`, or `--device auto` where there is one)
 ------------------------------------------------------------------
 gir with `device="gpu"` (CuPy arrays in and out, so the parameters stay on the device; call 1
 eager, call 2 captures the CUDA graph every later call replays: both untimed warm-up) against
-PyTorch's cuDNN nn.RNN/GRU/LSTM (a Python loop of tensor ops for the peephole cell, which
-cuDNN lacks) and JAX (lax.scan + jit) on the same GPU, at S, M and L (T=100, batch 256,
-hidden 1024), rnn, gru, lstm and peephole; one process per peer, each step synchronised
+PyTorch's cuDNN nn.RNN/GRU/LSTM (a Python loop of tensor ops for the peephole and the
+LayerNorm-LSTM cells, which cuDNN lacks) and JAX (lax.scan + jit) on the same GPU, at S, M and
+L (T=100, batch 256, hidden 1024), rnn, gru, lstm, peephole and lnlstm; one process per peer, each step synchronised
 before the clock stops; gradients checked against gir's first (cuDNN and XLA may use TF32:
 the tolerance is the same 1e-3). Writes docs/performance-gpu.md with the GPU's name and the
 ratios against issue 26's targets. Without a GPU, `--device gpu` stops with the reason (no
 numba-cuda, no CuPy, no device) and `--device auto` runs the CPU benchmark.
 
-    python bench/rnn.py --device gpu                   # S, M, L; all four models
+    python bench/rnn.py --device gpu                   # S, M, L; all five models
     python bench/rnn.py --device gpu --sizes S --repeat 10 --out /tmp/performance-gpu.md
 
 Usage
@@ -440,13 +440,14 @@ def setup_pytorch_loop(model: str, p: dict[str, np.ndarray]):
     xs = torch.from_numpy(f["xs"]).to(dev)
     T, B, I = f["xs"].shape
     H = f["h0"].shape[1]
-    m = SimpleNamespace(tanh=torch.tanh, sigmoid=torch.sigmoid, dot=torch.matmul)
-    peep = tuple(leaves[n] for n in PEEPHOLES) if model == "peephole" else None
+    m = SimpleNamespace(tanh=torch.tanh, sigmoid=torch.sigmoid, dot=torch.matmul,
+                        norm=lambda z: torch.nn.functional.layer_norm(z, (z.shape[-1],), eps=LN_EPS))
+    peep = extras(model, leaves)
 
     def step():
         for t in leaves.values():
             t.grad = None
-        A = (xs.reshape(T * B, I) @ leaves["Wx"] + leaves["b"]).reshape(T, B, -1)
+        A = (xs.reshape(T * B, I) @ leaves["Wx"] + (leaves["b"] if model != "lnlstm" else 0.0)).reshape(T, B, -1)
         h, c, loss = leaves["h0"], leaves.get("c0"), 0.0
         for t in range(T):
             h, c = cell(m, model, H, A[t], h, c, leaves["U"], leaves.get("b_hn"), peep)
@@ -512,10 +513,33 @@ def setup_pytorch(model: str, p: dict[str, np.ndarray]):
     return step, to_gir
 
 
+def extras(model: str, q: dict) -> tuple | None:
+    """The cell's parameters beyond Wx, U, b and b_hn (EXTRAS; for lnlstm the gate biases b
+    too, added after the normalisation), in the fused layout q."""
+    if model not in EXTRAS:
+        return None
+    return tuple(q[n] for n in EXTRAS[model]) + ((q["b"],) if model == "lnlstm" else ())
+
+
+def _lnlstm_cell(m, H: int, s, c, ln):
+    """The LayerNorm-LSTM's step on s = x W + h U (no bias yet): each gate normalised over its H
+    units (m.norm: (z - mean) / sqrt(var + eps)), scaled by its gain and shifted by its bias; the
+    new cell normalised likewise before its tanh."""
+    a_i, a_f, a_g, a_o, a_c, b_c, b = ln
+    i, f, g, o = (m.norm(s[:, k * H:(k + 1) * H]) * gain + b[k * H:(k + 1) * H]
+                  for k, gain in enumerate((a_i, a_f, a_g, a_o)))
+    c = m.sigmoid(f) * c + m.sigmoid(i) * m.tanh(g)
+    return m.sigmoid(o) * m.tanh(m.norm(c) * a_c + b_c), c
+
+
 def cell(m, model: str, H: int, a, h, c, U, b_hn, peep=None):
     """One step in the fused layout, shared by JAX and PyTensor: `a` is this step's input
-    projection x W + b, `m` gives tanh, sigmoid and dot. Returns the new (h, c)."""
+    projection x W + b (x W for lnlstm, whose biases come after the normalisation), `m` gives
+    tanh, sigmoid, dot (and norm, for lnlstm), `peep` the model's `extras`. Returns the new
+    (h, c)."""
     hu = m.dot(h, U)
+    if model == "lnlstm":
+        return _lnlstm_cell(m, H, a + hu, c, peep)
     if model == "rnn":
         return m.tanh(a + hu), c
     if model == "gru":
@@ -534,6 +558,11 @@ def cell(m, model: str, H: int, a, h, c, U, b_hn, peep=None):
     return o * m.tanh(c), c
 
 
+def layer_norm(z):
+    """LayerNorm without gain or shift over the last axis, for NumPy and JAX arrays."""
+    return (z - z.mean(axis=-1, keepdims=True)) / (z.var(axis=-1, keepdims=True) + LN_EPS) ** 0.5
+
+
 def setup_jax(model: str, p: dict[str, np.ndarray]):
     from types import SimpleNamespace
 
@@ -542,7 +571,7 @@ def setup_jax(model: str, p: dict[str, np.ndarray]):
 
     if DEVICE == "gpu" and jax.default_backend() != "gpu":
         raise RuntimeError(f"JAX's backend is {jax.default_backend()!r}, not the GPU (pip install 'jax[cuda12]')")
-    m = SimpleNamespace(tanh=jnp.tanh, sigmoid=jax.nn.sigmoid, dot=jnp.dot)
+    m = SimpleNamespace(tanh=jnp.tanh, sigmoid=jax.nn.sigmoid, dot=jnp.dot, norm=layer_norm)
     f = fuse(model, p)
     names = fused_names(model)
     T, B, I = f["xs"].shape
@@ -550,11 +579,11 @@ def setup_jax(model: str, p: dict[str, np.ndarray]):
 
     def loss_fn(xs, *params):
         q = dict(zip(names, params))
-        A = (xs.reshape(T * B, I) @ q["Wx"] + q["b"]).reshape(T, B, -1)
+        A = (xs.reshape(T * B, I) @ q["Wx"] + (q["b"] if model != "lnlstm" else 0.0)).reshape(T, B, -1)
 
         def body(carry, a):
             h, c, loss = carry
-            peep = tuple(q[n] for n in PEEPHOLES) if model == "peephole" else None
+            peep = extras(model, q)
             h, c = cell(m, model, H, a, h, c, q["U"], q.get("b_hn"), peep)
             return (h, c, loss + jnp.sum(h * h)), None
 
@@ -1041,7 +1070,7 @@ def write_markdown_gpu(path: Path, rows: list[dict], peers: list[str], meta: dic
         f"- Timing: median of {meta['repeat']} steps after {meta['warmup']} warm-up steps, one process per peer",
         "- Sizes: " + "; ".join(f"{k}: T={t} batch={b} input={i} hidden={h}"
                                 for k, (t, b, i, h) in meta["sizes"].items()),
-        f"- Targets (issue 26): {GPU_TARGETS}; the custom cell (peephole) within 1.5x of cuDNN's plain LSTM",
+        f"- Targets (issue 26): {GPU_TARGETS}; the custom cells ({', '.join(CUSTOM)}) within 1.5x of cuDNN's plain LSTM",
         "",
         "| " + " | ".join(heads) + " |",
         "|" + "|".join(["---"] * 2 + ["---:"] * (len(heads) - 2)) + "|",
@@ -1110,8 +1139,8 @@ def write_plot(path: Path, rows: list[dict], peers: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=None, help="comma-separated: rnn,gru,lstm,peephole (default rnn,gru,lstm "
-                    "on the CPU, rnn,gru,lstm,peephole on the GPU)")
+    ap.add_argument("--models", default=None, help="comma-separated: rnn,gru,lstm,peephole,lnlstm (default "
+                    "rnn,gru,lstm on the CPU, rnn,gru,lstm,peephole,lnlstm on the GPU)")
     ap.add_argument("--sizes", default=None, help="comma-separated: S (T=50 B=32 256), M (T=100 B=64 512) and, on "
                     "the GPU, L (T=100 B=256 1024) (default S,M on the CPU, S,M,L on the GPU)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each in fresh processes")
@@ -1146,7 +1175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"device: {gpu_name or 'cpu (' + why + ')'}", flush=True)
     on_gpu = device == "gpu"
     all_sizes, all_peers = (GPU_SIZES, GPU_PEERS) if on_gpu else (SIZES, PEERS)
-    models = [m.strip().lower() for m in (args.models or ("rnn,gru,lstm,peephole" if on_gpu else "rnn,gru,lstm"))
+    models = [m.strip().lower() for m in (args.models or ("rnn,gru,lstm,peephole,lnlstm" if on_gpu else "rnn,gru,lstm"))
               .split(",") if m.strip()]
     sizes = [s.strip().upper() for s in (args.sizes or ("S,M,L" if on_gpu else "S,M")).split(",") if s.strip()]
     others = [p.strip().lower() for p in (args.peers or ("pytorch,jax" if on_gpu else "pytorch,jax,pytensor,numpy"))
