@@ -10,7 +10,7 @@ row reductions as shared-memory trees between them, a block barrier after each p
 
 A row program is decided once per block, before lowering (`row_programs`), from the IR alone:
 starting at a `fused` op whose result is `lead x C` (lead: all axes but the last, the *rows*),
-it takes the later ops of the block that work row by row on the same rows:
+or at a row reduction of a `lead x C` operand (`_lead`), it takes the later ops of the block that work row by row on the same rows:
 - `fused` ops whose results all have the leading axes `lead` (any trailing shape: a `lead x 1`
   group is one element per row);
 - float `sum` / `mean` over exactly the trailing axes of a `lead x ...` operand (keepdims or
@@ -122,6 +122,17 @@ def _reads_ok(op: Operation, made: set[Value], before: int, position: dict[Opera
     return True
 
 
+def _lead(first: Operation) -> tuple[int, ...] | None:
+    """The rows of a program starting at first: all axes but the last of a fused group's result,
+    or of a row reduction's operand (LayerNorm of an argument starts at its mean)."""
+    if first.name == "fused" and first.results and first.results[0].tensor_type.rank >= 2:
+        return _shape(first.results[0])[:-1]
+    if first.spec.reduction is not None and first.operands and first.operands[0].tensor_type.rank >= 2:
+        lead = _shape(first.operands[0])[:-1]
+        return lead if row_reduction(first, lead) else None
+    return None
+
+
 def row_programs(block: Block, taken: set[Operation], pieces: set[Value] | frozenset[Value] = frozenset()
                  ) -> dict[Operation, RowProgram]:
     """The block's row programs: first op -> program (module docstring). Ops in `taken` (merged
@@ -132,9 +143,9 @@ def row_programs(block: Block, taken: set[Operation], pieces: set[Value] | froze
     claimed, pieces = set(taken), set(pieces)
     found: dict[Operation, RowProgram] = {}
     for i, first in enumerate(ops):
-        if first.name != "fused" or not first.results or first in claimed or first.results[0].tensor_type.rank < 2:
+        lead = _lead(first)
+        if lead is None or first in claimed:
             continue
-        lead = _shape(first.results[0])[:-1]
         if not math.prod(lead) or not _row_op(first, lead, pieces) \
                 or not _reads_ok(first, set(), i, position):
             continue
