@@ -1070,7 +1070,8 @@ def write_markdown_gpu(path: Path, rows: list[dict], peers: list[str], meta: dic
         f"- Timing: median of {meta['repeat']} steps after {meta['warmup']} warm-up steps, one process per peer",
         "- Sizes: " + "; ".join(f"{k}: T={t} batch={b} input={i} hidden={h}"
                                 for k, (t, b, i, h) in meta["sizes"].items()),
-        f"- Targets (issue 26): {GPU_TARGETS}; the custom cells ({', '.join(CUSTOM)}) within 1.5x of cuDNN's plain LSTM",
+        f"- Targets (issue 26): {GPU_TARGETS}; the custom cells ({', '.join(CUSTOM)}) within 1.5x of cuDNN's "
+        "plain LSTM",
         "",
         "| " + " | ".join(heads) + " |",
         "|" + "|".join(["---"] * 2 + ["---:"] * (len(heads) - 2)) + "|",

@@ -10,7 +10,8 @@ row reductions as shared-memory trees between them, a block barrier after each p
 
 A row program is decided once per block, before lowering (`row_programs`), from the IR alone:
 starting at a `fused` op whose result is `lead x C` (lead: all axes but the last, the *rows*),
-or at a row reduction of a `lead x C` operand (`_lead`), it takes the later ops of the block that work row by row on the same rows:
+or at a row reduction of a `lead x C` operand (`_lead`), it takes the later ops of the block
+that work row by row on the same rows:
 - `fused` ops whose results all have the leading axes `lead` (any trailing shape: a `lead x 1`
   group is one element per row);
 - float `sum` / `mean` over exactly the trailing axes of a `lead x ...` operand (keepdims or
