@@ -12,7 +12,8 @@ Terms.
   launch (kernels.py). matmul: `xp.matmul(a, b, out=...)`, cuBLAS through CuPy; a 2-D
   transpose read only by matmuls is a strided view, which cuBLAS takes as a transpose flag.
   Reductions: xp.sum / mean / max / min with `out=`, except a sum or mean read by one fused
-  kernel, which computes it (*folded*: `_foldable`). Layout: views where the memory plan has a
+  kernel, which computes it (*folded*: `_foldable`), and a sum or mean over the trailing axis in
+  a row program (rows.py: one kernel, a block per row: `lower_row_program`). Layout: views where the memory plan has a
   registry view (memory.py); a slice read only by kernels and reductions *absorbed* (read in
   place through its strides; a strided view in the GPU's plan, which holds its source);
   concat/stack operands made by kernels *claimed* (written in place by them: `claim_pieces`);
@@ -37,7 +38,8 @@ Terms.
 Known gaps: `call`, `grad` and pre-SSA ops must be gone (inline, autodiff, ssa); one stream,
 so steps never overlap; on the host loop a kernel is launched per fused group per step (a whole
 scan as one persistent kernel, where GIR_GPU_PERSISTENT asks and the body allows:
-persistent.py); only sums and means over leading axes fold.
+persistent.py); only sums and means fold (over leading axes: `_foldable`; over the trailing
+axis: row programs, rows.py).
 """
 
 from __future__ import annotations
