@@ -299,7 +299,7 @@ class Lowering:
         runs = fused_runs(block, taken | {o for chain in chains.values() for o in chain})
         merged = {later for run in runs.values() for later in run[1:]} | {o for pair in totals.values() for o in pair} \
             | {later for chain in chains.values() for later in chain[1:]} \
-            | {o for p in programs.values() for o in p.ops[1:] if _row_program_step(o, in_programs)}
+            | {o for p in programs.values() for o in p.ops[1:] if o not in _kept_steps(p)}
         for op in block:
             if op.spec.terminator:
                 return steps, list(op.operands)
@@ -578,11 +578,16 @@ def fused_runs(block: Block, taken: set[Operation]) -> dict[Operation, list[Oper
     return runs
 
 
-def _row_program_step(op: Operation, in_programs: set[Operation]) -> bool:
-    """Whether op of a row program is lowered with it (no step of its own): every op but a
-    reshape or broadcast read outside the program too, which keeps its own step (a view or a
-    copy, after the program has made its operand)."""
-    return op.name not in ("reshape", "broadcast") or all(u in in_programs for u in op.result.users)
+def _kept_steps(program: RowProgram) -> set[Operation]:
+    """The reshapes and broadcasts of a row program that keep a step of their own (a view or a
+    copy, at their place, after the program made their operand): those read outside the
+    program, or by one such (a broadcast of a reshape). The program reads them in place."""
+    ops = set(program.ops)
+    kept: set[Operation] = set()
+    for op in reversed(program.ops):
+        if op.name in ("reshape", "broadcast") and any(u not in ops or u in kept for u in op.result.users):
+            kept.add(op)
+    return kept
 
 
 def _broadcast_layout(op: Operation) -> InputLayout:
