@@ -177,9 +177,10 @@ func @f(%x: tensor<2x3x4xDT>) -> (tensor<2x3x4xDT>, tensor<2xDT>, tensor<2x3xDT>
 
 PROGRAMS = {"layernorm": (LAYERNORM, "f", 0, 1, 0), "layernorm_grads": (LAYERNORM_GRADS, "grads", 2, 1, 0),
             "softmax_3d": (SOFTMAX_3D, "f", 0, 1, 0), "views_returned": (VIEWS_RETURNED, "f", 0, 1, 1)}
-"""name -> (source, entry, xp launches, kernel launches, copies: the returned broadcast's). The gradient's 2 xp launches are the
-loss's whole sum and the gain's column sum, read by `return` (not row reductions, not folded):
-the whole LayerNorm and its gradient, every row sum, are one kernel."""
+"""name -> (source, entry, xp launches, kernel launches, copies: the returned broadcast's). The
+gradient's 2 xp launches are the loss's whole sum and the gain's column sum, read by `return`
+(not row reductions, not folded): the whole LayerNorm and its gradient, every row sum, are one
+kernel."""
 
 
 def _args(source: str, entry: str, seed: int) -> list[np.ndarray]:
