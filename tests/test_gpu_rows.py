@@ -14,6 +14,9 @@ import os
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
 
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
@@ -102,14 +105,31 @@ def test_layernorm_lstm_per_step_counts_and_programs() -> None:
     assert all("cuda.syncthreads()" in k.text and "sm_f32" in k.text for k in rows)
 
 
-def test_layernorm_lstm_persistent_scans_run_the_row_kernels() -> None:
+def test_layernorm_lstm_persistent_scans_run_the_row_kernels(tmp_path: Path) -> None:
     """With GIR_GPU_PERSISTENT=on the forward and backward loops (no xp launch per step left) are
-    each one persistent kernel with the row programs as phases: the interpreter's results."""
+    each one persistent kernel with the row programs as phases: the interpreter's results; both
+    kernels through the real compiler to PTX (skipped without NVVM)."""
+    from gir.backend.gpu import persistent
+    from test_gpu_persistent import PTX
+
     src, args, _ = _lnlstm(3, 2, 3, 4)
     with gir.config.override(gpu_persistent="on"):
         fn = gir.jit(src, "lnlstm_grads", device="gpu")
         _close(fn(*args), gir.jit(src, "lnlstm_grads", device="interp")(*args), "persistent")
+    assert len(fn.stats.persistent) == 2, fn.stats.persistent
     assert all(path.startswith("persistent") for path in fn.stats.persistent.values()), fn.stats.persistent
+    sources = {k.source.text: k.source.signature for k in fn.compiled.lowering.kernels
+               if isinstance(k, persistent.PersistentKernel)}
+    assert len(sources) == 2 and all("for p1_row in range(" in t or "_row in range(" in t for t in sources)
+    listing = tmp_path / "kernels.json"
+    listing.write_text(json.dumps(sorted(sources.items())))
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    done = subprocess.run([sys.executable, "-c", PTX, str(listing)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    if done.stdout.startswith("NO NVVM"):
+        pytest.skip(done.stdout.strip())
+    assert done.stdout.strip() == f"PTX OK {len(sources)}", done.stdout
 
 
 # -- row programs on their own ------------------------------------------------------------------
@@ -250,6 +270,28 @@ def test_every_row_kernel_compiles_to_ptx(tmp_path: Path) -> None:
                 sources[k.source.text] = k.source.signature
     assert sum("for row in range(cuda.blockIdx.x" in text for text in sources) >= 6
     assert_compiles_to_ptx(sources, tmp_path)
+    rows = {text: sig for text, sig in sources.items() if "for row in range(cuda.blockIdx.x" in text}
+    listing = tmp_path / "rows.json"
+    listing.write_text(json.dumps(sorted(rows.items())))
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    done = subprocess.run([sys.executable, "-c", COHERENT_LOADS, str(listing)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == f"COHERENT {len(rows)}", done.stdout + done.stderr
+
+
+COHERENT_LOADS = """\
+import json, sys
+from numba import cuda
+from gir.backend.gpu import kernels
+for text, signature in json.load(open(sys.argv[1])):
+    code, _ = cuda.compile_ptx(kernels._define(cuda, text).py_func, signature, cc=(8, 0))
+    assert "ld.global.nc" not in code, text
+print("COHERENT", len(json.load(open(sys.argv[1]))))
+"""
+"""A row kernel reads back, after a barrier, what its earlier phases wrote through another
+parameter (the same memory): its loads must be coherent `ld.global`, never the read-only cache's
+`ld.global.nc` that the compiler may choose for an array it sees only read (numba-cuda marks no
+parameter noalias, so it does not; this checks it stays so)."""
 
 
 # -- examples/layernorm_lstm.gir --------------------------------------------------------------
