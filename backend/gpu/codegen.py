@@ -630,7 +630,8 @@ def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
         if op.spec.reduction is not None:
             x = op.operands[0]
             columns = math.prod(_shape(x)) // program.rows
-            phases.append(RowReduction(x, op.result, columns, op.spec.reduction.divide_by_count, read[0][1]))
+            reduction = op.spec.reduction
+            phases.append(RowReduction(x, op.result, columns, reduction.divide_by_count, read[0][1], reduction.combine))
             made[op.result] = (op.result, None)
             continue
         _, out_layouts, repeat = _output_places(low, op)

@@ -589,7 +589,7 @@ def op_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
 
 @dataclass(frozen=True)
 class RowReduction:
-    """A phase of a row kernel (row_source): the sum (or mean) of each row of `operand` (the
+    """A phase of a row kernel (row_source): the sum, mean, max or min of each row of `operand` (the
     trailing `columns` elements of a row: a reduction over the trailing axes, LayerNorm's
     `mean(x, axes=[-1], keepdims=true)`), summed by the row's block through a shared-memory
     tree and stored by thread 0 at the row's index of `result` (one element per row)."""
@@ -601,6 +601,20 @@ class RowReduction:
     layout: InputLayout | None = None
     """The operand read through a strided layout (an absorbed slice, a sequence row, a
     broadcast read in place), else its own C-contiguous buffer."""
+    combine: str = "add"
+    """`add` (sum, mean), `max` or `min` (a NaN in the row gives NaN, as NumPy's)."""
+
+
+_ROW_INIT = {"add": 0.0, "max": -math.inf, "min": math.inf}
+"""Each combine's identity: a thread with no column of the row contributes it."""
+
+
+def _combined(combine: str, dtype: str, a: str, b: str) -> str:
+    """a combined with b; for max/min a NaN wins (either side), as NumPy's reductions."""
+    if combine == "add":
+        return f"{dtype}({a} + {b})"
+    cmp = ">" if combine == "max" else "<"
+    return f"({b} if ({b} {cmp} {a} or {b} != {b}) else {a})"
 
 
 RowPhase = KernelPart | RowReduction
@@ -614,12 +628,13 @@ def _row_tree(k: int, red: RowReduction, src: _Source, out: int) -> list[str]:
     sm, c = f"sm_{dtype}", red.columns
     at = src.index(red.operand.tensor_type, red.layout)
     total = f"{dtype}({sm}[0] / {dtype}({c}))" if red.mean else f"{sm}[0]"
-    return [f"acc{k} = {dtype}(0)", f"for i in range(row * {c} + t, row * {c} + {c}, cuda.blockDim.x):",
+    return [f"acc{k} = {literal(_ROW_INIT[red.combine], dtype)}",
+            f"for i in range(row * {c} + t, row * {c} + {c}, cuda.blockDim.x):",
             *("    " + line[len(INDENT):] for line in src.coordinate_lines()),
-            f"    acc{k} = {dtype}(acc{k} + in{k}[{at}])", f"{sm}[t] = acc{k}", "cuda.syncthreads()",
-            "s = cuda.blockDim.x // 2", "while s > 0:", "    if t < s:",
-            f"        {sm}[t] = {dtype}({sm}[t] + {sm}[t + s])", "    cuda.syncthreads()", "    s //= 2",
-            "if t == 0:", f"    out{out}[row] = {total}", "cuda.syncthreads()"]
+            f"    e{k} = in{k}[{at}]", f"    acc{k} = {_combined(red.combine, dtype, f'acc{k}', f'e{k}')}",
+            f"{sm}[t] = acc{k}", "cuda.syncthreads()", "s = cuda.blockDim.x // 2", "while s > 0:", "    if t < s:",
+            f"        e{k} = {sm}[t + s]", f"        {sm}[t] = {_combined(red.combine, dtype, f'{sm}[t]', f'e{k}')}",
+            "    cuda.syncthreads()", "    s //= 2", "if t == 0:", f"    out{out}[row] = {total}", "cuda.syncthreads()"]
 
 
 def row_source(phases: Sequence[RowPhase], rows: int) -> KernelSource:

@@ -14,8 +14,8 @@ or at a row reduction of a `lead x C` operand (`_lead`), it takes the later ops 
 that work row by row on the same rows:
 - `fused` ops whose results all have the leading axes `lead` (any trailing shape: a `lead x 1`
   group is one element per row);
-- float `sum` / `mean` over exactly the trailing axes of a `lead x ...` operand (keepdims or
-  not): the row reductions;
+- float `sum` / `mean` / `max` / `min` over exactly the trailing axes of a `lead x ...`
+  operand (keepdims or not): the row reductions;
 - `slice`s of values made before the program (absorbed slices of the step's GEMM result: a
   view, lowered with the program, before its kernel);
 - `reshape`s between `lead` and `lead x 1 x ...`, and `broadcast`s from `lead x 1 x ...` to
@@ -65,9 +65,11 @@ class RowProgram:
 
 
 def row_reduction(op: Operation, lead: tuple[int, ...]) -> bool:
-    """A float sum or mean over exactly the trailing axes after `lead` of a non-empty operand."""
+    """A float sum, mean, max or min over exactly the trailing axes after `lead` of a non-empty
+    operand."""
     red = op.spec.reduction
-    if red is None or red.combine != "add" or not op.operands or not op.operands[0].tensor_type.is_float:
+    if red is None or red.combine not in ("add", "max", "min") or not op.operands \
+            or not op.operands[0].tensor_type.is_float:
         return False
     x = op.operands[0]
     shape, rank = _shape(x), x.tensor_type.rank
