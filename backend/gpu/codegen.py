@@ -12,9 +12,9 @@ Terms.
   launch (kernels.py). matmul: `xp.matmul(a, b, out=...)`, cuBLAS through CuPy; a 2-D
   transpose read only by matmuls is a strided view, which cuBLAS takes as a transpose flag.
   Reductions: xp.sum / mean / max / min with `out=`, except a sum or mean read by one fused
-  kernel, which computes it (*folded*: `_foldable`), and a sum or mean over the trailing axis in
-  a row program (rows.py: one kernel, a block per row: `lower_row_program`). Layout: views where the memory plan has a
-  registry view (memory.py); a slice read only by kernels and reductions *absorbed* (read in
+  kernel, which computes it (*folded*: `_foldable`), and a sum, mean, max or min over the
+  trailing axis in a row program (rows.py: one kernel, a block per row: `lower_row_program`).
+  Layout: views where the memory plan has a registry view (memory.py); a slice read only by kernels and reductions *absorbed* (read in
   place through its strides; a strided view in the GPU's plan, which holds its source);
   concat/stack operands made by kernels *claimed* (written in place by them: `claim_pieces`);
   slices read only by `return` or walked by a scan, concats of arguments, initial and final
@@ -38,8 +38,8 @@ Terms.
 Known gaps: `call`, `grad` and pre-SSA ops must be gone (inline, autodiff, ssa); one stream,
 so steps never overlap; on the host loop a kernel is launched per fused group per step (a whole
 scan as one persistent kernel, where GIR_GPU_PERSISTENT asks and the body allows:
-persistent.py); only sums and means fold (over leading axes: `_foldable`; over the trailing
-axis: row programs, rows.py).
+persistent.py); only sums and means over leading axes (`_foldable`) and sums, means, maxima
+and minima over the trailing axis (row programs, rows.py) fold.
 """
 
 from __future__ import annotations
@@ -181,9 +181,9 @@ class Lowering:
     captured_arrays: list[Any] = field(default_factory=list)
     """Arrays allocated while capturing (copies), kept alive with the graph that uses them."""
     scan_paths: dict[str, Any] = field(default_factory=dict)
+    """Per scan (its label): host loop or persistent kernel, and why (persistent.ScanPath)."""
     row_programs: list[RowProgram] = field(default_factory=list)
     """The row programs lowered (rows.py): each one kernel, a block per row."""
-    """Per scan (its label): host loop or persistent kernel, and why (persistent.ScanPath)."""
     _args: dict[tuple, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
