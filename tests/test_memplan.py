@@ -33,7 +33,8 @@ from gir.analysis.liveness import (
     value_names,
     yielded_carries,
 )
-from gir.analysis.memory.aliases import OPS, STRIDED, ViewRules
+from gir.analysis.memory.aliases import ARGUMENTS_HOME, OPS, STRIDED, ViewRules
+from gir.analysis.memory.loop_buffers import LOOP_OWNED
 from gir.analysis.memory.checker import check_plan
 from gir.analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
 from gir.analysis.memory.planner import plan_memory
@@ -85,15 +86,18 @@ class ArenaMachine:
         self.plan = plan
         self.arena = np.zeros(max(plan.arena_bytes, 1), np.uint8)
         self.env: dict[Value, np.ndarray] = {}
+        self.outside: dict[Value, np.ndarray] = {}
 
     def memory(self, v: Value) -> np.ndarray:
-        slot = self.plan.slots[v]
         t = v.tensor_type
+        if v in self.plan.external:  # outside the arena (a loop's own buffer): memory of its own
+            return self.outside.setdefault(v, np.zeros(t.shape, t.numpy_dtype))
+        slot = self.plan.slots[v]
         raw = self.arena[slot.offset: slot.offset + slot.nbytes]
         return raw.view(t.numpy_dtype).reshape(t.shape)
 
     def write(self, v: Value, value: np.ndarray) -> None:
-        if v in self.plan.external:  # outside the arena (a join of arguments: their home)
+        if v in self.plan.external:  # outside the arena (a join of arguments, a loop's own buffer)
             self.env[v] = np.array(value, dtype=v.tensor_type.numpy_dtype)
             return
         target = self.memory(v)
@@ -157,7 +161,7 @@ class ArenaMachine:
         seqs = [self.env[v] for v in op.group("sequences")]
         args = loop_carry_args(op)
         for arg, init in zip(args, loop_inits(op)):
-            if not (init in plan.slots and plan.slots[init].buffer is plan.slots[arg].buffer):
+            if not (init in plan.slots and arg in plan.slots and plan.slots[init].buffer is plan.slots[arg].buffer):
                 self.memory(arg)[...] = self.env[init]
             self.env[arg] = self.memory(arg)
         stacks = [self.memory(r) for r in loop_stack_results(op)]
@@ -175,11 +179,11 @@ class ArenaMachine:
             sources = [np.array(self.env[v], copy=True) if plan.base(v) in carry_set else self.env[v]
                        for v in carries]
             for arg, v, src in zip(args, carries, sources):
-                if v is arg or (v in plan.slots and plan.slots[v].buffer is plan.slots[arg].buffer):
+                if v is arg or (v in plan.slots and arg in plan.slots and plan.slots[v].buffer is plan.slots[arg].buffer):
                     continue
                 self.memory(arg)[...] = src
         for r, arg in zip(loop_carry_results(op), args):
-            if plan.slots[r].buffer is not plan.slots[arg].buffer:
+            if r not in plan.slots or arg not in plan.slots or plan.slots[r].buffer is not plan.slots[arg].buffer:
                 self.memory(r)[...] = self.memory(arg)
             self.env[r] = self.memory(r)
         for r, stack in zip(loop_stack_results(op), stacks):
@@ -490,7 +494,9 @@ def test_strided_views_keep_their_sources_alive() -> None:
     ops_plan, plan = planned(f), planned(f, views=STRIDED)
     assert all(v[n] in ops_plan.slots for n in ("e", "r", "gs", "pq")) and not ops_plan.external
     assert {k: plan.views[v[k]] for k in ("e", "r", "gs")} == {"e": v["b"], "r": v["m"], "gs": v["g"]}
-    assert plan.external == {v["pq"]} and not any(v[n] in plan.slots for n in ("e", "r", "gs", "pq"))
+    assert not any(v[n] in plan.slots for n in ("e", "r", "gs", "pq", "c", "c2", "h"))
+    # the double-buffered carry lives in the loop's own buffers (loop_buffers.py)
+    assert plan.why_external == {v["pq"]: ARGUMENTS_HOME, **{v[n]: LOOP_OWNED for n in ("c", "c2", "h")}}
     assert plan.held_until[v["b"]] == live.point(v["d"].op)  # type: ignore[attr-defined]
     assert plan.held_until[v["m"]] == live.num_points - 1  # the return
     assert plan.held_until[v["g"]] == live.end(v["h"].op)  # type: ignore[attr-defined]

@@ -140,7 +140,10 @@ class MemoryPlan:
     the CPU backend's) or `strided` (the GPU backend's)."""
     external: frozenset[Value] = frozenset()
     """Values outside the arena although an op makes them: a join of arguments that is their
-    home (aliases.py); the backend gives each a buffer of its own."""
+    home (aliases.py); claimed joins and the values a scan keeps in buffers of its own
+    (loop_buffers.py). The backend gives each a buffer of its own."""
+    why_external: dict[Value, str] = field(default_factory=dict)
+    """An external value -> why (aliases.Aliases.why_external)."""
 
     @property
     def supported(self) -> bool:
@@ -196,7 +199,7 @@ class MemoryPlan:
         if value in self.views:
             return f"view of {names[self.views[value]]}"
         if value in self.external:
-            return "arguments' home (outside the arena)"
+            return f"{self.why_external.get(value, 'outside')} (outside the arena)"
         slot = self.slots[value]
         if slot.kind == IN_PLACE:
             return f"in place of {names[slot.source]}"  # type: ignore[index]
