@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ...analysis.memory.aliases import read_by_kernels_and_reductions
-from ...analysis.memory.loop_buffers import ScanPlacement, claimed_values, join_claims, place_loop, writes_anywhere
+from ...analysis.memory.loop_buffers import ScanPlacement, join_claims, place_loop
 from ...analysis.memory.plan import MemoryPlan
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
@@ -894,17 +894,18 @@ def lower_index(low: Lowering, op: Operation) -> Run:
 
 
 def check_placement(low: Lowering, loop: LoopView, place: ScanPlacement) -> None:
-    """The placement (made from the IR before the body was lowered, the memory plan's too:
-    loop_buffers.py) must be the one the lowering can make: every yielded value of the body that
-    the analysis calls placeable is one whose step writes wherever env says, and the other way
-    round. A disagreement is a bug in the analysis: raised, never run (a value placed in a stack
-    row or carry buffer that its step does not write there would be a silent wrong answer)."""
-    defined_here = {r for o in loop.body for r in o.results}
-    claimed = claimed_values(loop.body)
-    for v in (*loop.yielded_stacks, *loop.yielded_carries):
-        if v in defined_here and writes_anywhere(v, claimed) != (v in low.redirectable):
-            raise GirError(f"the GPU backend's scan placement disagrees with its lowering on a value made by "
-                           f"'{v.defining_op.name}' (analysis/memory/loop_buffers.py)", loop.op.loc)  # type: ignore[union-attr]
+    """The placement was made from the IR before the body was lowered (the memory plan's too:
+    loop_buffers.py); every value it writes into a stack row or a loop buffer must be one whose
+    step writes wherever env says (`redirectable`), or the step would write it elsewhere and
+    the row stay unwritten: a bug in the analysis, raised, never run. A value the lowering could
+    place but the analysis does not is copied at the yield (correct; a lowering that learns to
+    write a new kind of value anywhere adds it to `loop_buffers.writes_anywhere`)."""
+    placed = [*place.in_stack.values(), *(loop.yielded_carries[j] for j in place.double_buffered),
+              *(loop.yielded_carries[j] for j, (_, k) in place.shifted.items() if k is None)]
+    for v in placed:
+        if v not in low.redirectable:
+            raise GirError(f"the GPU backend's scan placement (analysis/memory/loop_buffers.py) puts a value made "
+                           f"by '{v.defining_op.name}' where its lowering does not write it", loop.op.loc)  # type: ignore[union-attr]
 
 
 def _shifted_stacks(low: Lowering, loop: LoopView, args_stack: int, values_stack: int | None, steps: int
