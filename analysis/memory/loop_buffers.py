@@ -34,6 +34,7 @@ could not make) gets a buffer of its own for it (slower, never wrong).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...ir.core import Block, Function, Operation, Value
@@ -196,5 +197,34 @@ def find_loop_buffers(function: Function) -> dict[Value, str]:
     return out
 
 
+def outside_bytes(function: Function) -> int:
+    """Bytes of the buffers find_loop_buffers' values live in, as a backend allocates them once
+    per compiled function: two carries per double-buffered carry, T + 1 rows per shifted carry
+    (its stacks share them), each claimed join; nested scans once (their buffers are reused by
+    every outer step). What the plan leaves out of its arena for the loops."""
+    total = 0
+    blocks = [function.body]
+    while blocks:
+        block = blocks.pop()
+        total += sum(_nbytes(op.result) for op in join_claims(block))
+        for op in block:
+            loop = as_loop(op)
+            if loop is None:
+                continue
+            blocks.append(loop.body)
+            steps = loop.trip_count
+            if not isinstance(steps, int) or steps < 1:
+                continue  # no loop-owned values: all in the arena
+            place = place_loop(loop)
+            total += sum(2 * _nbytes(loop.carry_args[j]) for j in place.double_buffered)
+            total += sum(_nbytes(loop.stacked_results[a]) // steps * (steps + 1) for a, _ in place.shifted.values())
+    return total
+
+
+def _nbytes(v: Value) -> int:
+    t = v.tensor_type
+    return math.prod(int(d) for d in t.shape) * t.numpy_dtype.itemsize  # type: ignore[arg-type]
+
+
 __all__ = ["CLAIMED_JOIN", "LOOP_OWNED", "ScanPlacement", "claimed_values", "find_loop_buffers", "join_claims",
-           "joins", "loop_owned", "place_loop", "writes_anywhere"]
+           "joins", "loop_owned", "outside_bytes", "place_loop", "writes_anywhere"]

@@ -144,6 +144,15 @@ class MemoryPlan:
     (loop_buffers.py). The backend gives each a buffer of its own."""
     why_external: dict[Value, str] = field(default_factory=dict)
     """An external value -> why (aliases.Aliases.why_external)."""
+    outside_bytes: int = 0
+    """Bytes of the buffers the loops' values outside the arena live in (loop_buffers.
+    outside_bytes: double buffers, shifted stacks, claimed joins); 0 without loop buffers."""
+
+    @property
+    def peak_bytes(self) -> int:
+        """The memory the plan says the function needs besides its arguments and constants: the
+        arena and the loops' buffers outside it (what a memory budget is compared with)."""
+        return self.arena_bytes + self.outside_bytes
 
     @property
     def supported(self) -> bool:

@@ -40,6 +40,7 @@ from ...ir.types import TensorType
 from ..liveness import Liveness
 from .aliases import OPS, Aliases, ViewRules, find_aliases
 from .arena import STRATEGIES, lower_bound, place_buffers
+from .loop_buffers import outside_bytes
 from .plan import CARRY, IN_PLACE, ITEMSIZE, NEW, PINNED, REUSED, Buffer, MemoryPlan, Slot, aligned, nbytes_of
 
 
@@ -123,6 +124,7 @@ class MemoryPlanner:
         plan.arena_bytes = max((b.end for b in placed), default=0)
         plan.naive_bytes = sum(aligned(s.nbytes) for s in plan.slots.values())
         plan.lower_bound = lower_bound(placed, live.num_points)
+        plan.outside_bytes = outside_bytes(self.function) if self.view_rules.loop_buffers else 0
         return plan
 
     def _set_live_ranges(self) -> None:
