@@ -201,7 +201,8 @@ class MemoryPlan:
         return (f"memory plan of {name} ({self.strategy}): arena {self.arena_bytes} bytes, {ratio:.3f}x the "
                 f"lower bound {self.lower_bound}; naive {self.naive_bytes} ({saved:.0%} saved); "
                 f"{self.in_place_reuses} in place, {self.block_reuses} reused blocks, "
-                f"{self.carry_shares} carry shares")
+                f"{self.carry_shares} carry shares"
+                + (f"; loop buffers outside the arena {self.outside_bytes} bytes" if self.outside_bytes else ""))
 
     def reason(self, value: Value, names: dict[Value, str]) -> str:
         """Why value is where it is, with the printer's names: `in place of %x`, `view of %x`..."""
