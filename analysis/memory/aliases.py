@@ -25,6 +25,10 @@ views`): no slot of its own, its source held until the view's last reader (for a
 the scan's end). The CPU backend makes none of these (it copies non-contiguous slices): its plan
 uses the registry's views only (`OPS`, the default).
 
+With `ViewRules.loop_buffers` (part of STRIDED) the values a scan keeps in buffers of its own and
+the claimed concats (loop_buffers.py) are outside the arena too (`Aliases.external`,
+`why_external`).
+
 Known gaps: only slices of kernel and GEMM results; a join of arguments among other operands,
 or of an argument read elsewhere too, is not a home.
 """

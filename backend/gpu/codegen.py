@@ -20,7 +20,9 @@ Terms.
   carries aliased where aliasing.py decides; else an xp copy into the value's storage. Constants: uploaded once.
 - *Placeable*: a value whose step writes wherever env says at run time (kernel outputs, GEMM
   results: `Lowering.redirectable`), so that a scan can put it in a stack row or a carry
-  buffer instead of its storage.
+  buffer instead of its storage. The scan's placement is decided from the IR by
+  analysis/memory/loop_buffers.py (`place_loop`), which the memory plan asks too: the loop's
+  own buffers are the only storage of the values they hold (no arena slot).
 - `scan`: a loop on the host over device-resident buffers: a sequence's element is a view of
   row t; where each stacked value and carry goes is a decision made once (`ScanPlacement`:
   stack rows written in place, carries swapped by pointer, shifted or double-buffered, the
