@@ -223,7 +223,8 @@ def outside_bytes(function: Function) -> int:
 
 def _nbytes(v: Value) -> int:
     t = v.tensor_type
-    return math.prod(int(d) for d in t.shape) * t.numpy_dtype.itemsize  # type: ignore[arg-type]
+    shape: list[int] = [int(d) for d in t.shape]  # type: ignore[arg-type]  # static: the plan is made
+    return math.prod(shape) * t.numpy_dtype.itemsize
 
 
 __all__ = ["CLAIMED_JOIN", "LOOP_OWNED", "ScanPlacement", "claimed_values", "find_loop_buffers", "join_claims",
