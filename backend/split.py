@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.memory.aliases import OPS, STRIDED
 from ..analysis.memory.plan import MemoryPlan
 from ..analysis.memory.planner import plan_memory
 from ..errors import GirError
@@ -298,7 +299,9 @@ class SplitFunction:
         self.dev: Any = None
         for seg in self.segments:
             seg.function = outline(function, seg)
-            seg_plan = plan_memory(seg.function, strategy=strategy)
+            # a GPU segment's plan knows the views and loop buffers the GPU lowering makes, as
+            # device="gpu"'s (memplan{views=strided}); a CPU segment's, the registry's views
+            seg_plan = plan_memory(seg.function, strategy=strategy, views=STRIDED if seg.device == GPU else OPS)
             if seg.device == GPU:
                 from .gpu.runtime import GPUFunction
 

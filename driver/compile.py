@@ -170,7 +170,7 @@ def compile_entry(module: Module, entry: str, arg_types: Sequence[TensorType], t
         stats.passes[r.spec] = stats.passes.get(r.spec, 0.0) + r.seconds
         stats.checkpoints += [d.describe() for d in r.stats.decisions]
     plan = report.analyses.get(MemoryPlan, copy.functions[entry])
-    stats.planned_peak = plan.arena_bytes if plan is not None and plan.supported else None
+    stats.planned_peak = plan.peak_bytes if plan is not None and plan.supported else None
     stats.arena_bytes = executable.workspace_bytes
     stats.threads = blas_threads(executable) if backend.name == "cpu" else None
     executable.compile_stats = timer.finish(executable)

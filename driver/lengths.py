@@ -158,7 +158,7 @@ def compile_every_length(make: Callable[[Shapes], Module], entry: str, backend: 
     for r in found.report.records:
         stats.passes[r.spec] = stats.passes.get(r.spec, 0.0) + r.seconds
     plan = found.report.analyses.get(MemoryPlan, found.module.functions[entry])
-    stats.planned_peak = plan.arena_bytes if plan is not None and plan.supported else None
+    stats.planned_peak = plan.peak_bytes if plan is not None and plan.supported else None
     stats.arena_bytes = executable.workspace_bytes
     stats.threads = blas_threads(executable)
     executable.compile_stats = timer.finish(executable)

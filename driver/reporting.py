@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.liveness import value_names
+from ..analysis.memory.aliases import ARGUMENTS_HOME
 from ..analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, nbytes_of, value_loc
 from ..errors import GirError
 from ..ir.core import OpResult, Value
@@ -36,7 +37,8 @@ def memplan_report(plan: MemoryPlan, names: dict[Value, str] | None = None) -> s
     rows = [("value", "line", "bytes", "live", "offset", "reason")]
     live = plan.liveness
     for v in live.values():
-        if v not in plan.slots and not (v in plan.views and isinstance(v, OpResult)):
+        in_loop_buffer = v in plan.external and plan.why_external.get(v) != ARGUMENTS_HOME
+        if v not in plan.slots and not (v in plan.views and isinstance(v, OpResult)) and not in_loop_buffer:
             continue
         first, last = live.range(v)
         last = max(last, plan.held_until.get(v, last))

@@ -207,7 +207,7 @@ def plot(path: str, steps: list[int], losses: list[float], val: list[tuple[int, 
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--seq", type=int, default=64, help="characters per sequence (T)")
@@ -222,30 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", default="", help="write the loss curve to this PNG (default: none)")
     ap.add_argument("--sample", type=int, default=240, help="characters to sample at the end (0: none)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar: plain `loss` lines only")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    data, chars = encode(corpus())
-    train, held_out = split(data)
-    V, T, B, H = len(chars), args.seq, args.batch, args.hidden
-    print(f"corpus: {len(data)} characters of {', '.join(MODULES)}; vocabulary {V}; "
-          f"train {len(train)}, held out {len(held_out)}")
-    rng = np.random.default_rng(args.seed)
-    opt = gir.optim.chain(gir.optim.clip_by_global_norm(5.0), gir.optim.adam(args.lr))  # clip: BPTT spikes
-    params = init(V, args.embed, H, rng)
-    # --device gpu: uploaded once, then device arrays in and out of every step (else NumPy, as they are)
-    params, state, h0 = gir.device_put((params, opt.init(params), np.zeros((B, H), np.float32)), args.device)
-    # donated (as jax.jit's donate_argnums): on the GPU each step writes the new parameters and
-    # state over the buffers it hands back, so passing them in again copies nothing
-    train_step = gir.jit(make_train_step(opt), device=args.device, donate_argnums=(0, 1))
-    eval_loss = gir.jit(loss, device=args.device)
 
-    start = time.perf_counter()
-    inputs, targets = batch(train, T, B, rng)
-    # compiles it; the result is dropped (our params and state are only read: donation
-    # overwrites only the buffers a step hands back)
-    train_step(params, state, inputs, flat_targets(targets, V), h0)
-    print(f"compiled the training step in {time.perf_counter() - start:.1f} s")
-
+def train(args: argparse.Namespace, train_step, eval_loss, params, state, h0,  # noqa: ANN001
+          data: tuple[np.ndarray, np.ndarray], V: int, rng: np.random.Generator):  # noqa: ANN201
+    """args.steps steps of train_step: (params, steps, losses, held-out (step, bits/char),
+    seconds in the compiled step)."""
+    (train_data, held_out), T, B, H = data, args.seq, args.batch, args.hidden
     bar = progress(args.steps, args.quiet)
     say = bar.write if bar is not None else print
     every = max(1, min(10, args.steps // 20))
@@ -253,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     pending = []  # this line's losses: on the GPU device arrays, read back together when it prints
     chars_seen, train_time = 0, 0.0
     for step in range(1, args.steps + 1):
-        inputs, targets = batch(train, T, B, rng)  # NumPy: the only upload of a step
+        inputs, targets = batch(train_data, T, B, rng)  # NumPy: the only upload of a step
         t0 = time.perf_counter()
         value, params, state = train_step(params, state, inputs, flat_targets(targets, V), h0)
         pending.append(value)
@@ -272,14 +256,41 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", chars_per_s=rate)
             say(f"step {step:5d} loss {np.mean(losses[-every:]):.3f} ({rate} chars/s)")
         if step % args.eval_every == 0 or step == args.steps:
-            bpc = evaluate(eval_loss, params, held_out, T, B, H, args.eval_batches)
-            val.append((step, bpc))
-            say(f"step {step:5d} held-out {bpc:.3f} bits/char")
+            val.append((step, evaluate(eval_loss, params, held_out, T, B, H, args.eval_batches)))
+            say(f"step {step:5d} held-out {val[-1][1]:.3f} bits/char")
     if bar is not None:
         bar.close()
+    return params, steps, losses, val, train_time
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    data, chars = encode(corpus())
+    train_data, held_out = split(data)
+    V, T, B, H = len(chars), args.seq, args.batch, args.hidden
+    print(f"corpus: {len(data)} characters of {', '.join(MODULES)}; vocabulary {V}; "
+          f"train {len(train_data)}, held out {len(held_out)}")
+    rng = np.random.default_rng(args.seed)
+    opt = gir.optim.chain(gir.optim.clip_by_global_norm(5.0), gir.optim.adam(args.lr))  # clip: BPTT spikes
+    params = init(V, args.embed, H, rng)
+    # --device gpu: uploaded once, then device arrays in and out of every step (else NumPy, as they are)
+    params, state, h0 = gir.device_put((params, opt.init(params), np.zeros((B, H), np.float32)), args.device)
+    # donated (as jax.jit's donate_argnums): on the GPU each step writes the new parameters and
+    # state over the buffers it hands back, so passing them in again copies nothing
+    train_step = gir.jit(make_train_step(opt), device=args.device, donate_argnums=(0, 1))
+    eval_loss = gir.jit(loss, device=args.device)
+
+    start = time.perf_counter()
+    inputs, targets = batch(train_data, T, B, rng)
+    # compiles it; the result is dropped (our params and state are only read: donation
+    # overwrites only the buffers a step hands back)
+    train_step(params, state, inputs, flat_targets(targets, V), h0)
+    print(f"compiled the training step in {time.perf_counter() - start:.1f} s")
+    params, steps, losses, val, train_time = train(args, train_step, eval_loss, params, state, h0,
+                                                   (train_data, held_out), V, rng)
     wall = time.perf_counter() - start
     print(f"trained {args.steps} steps in {wall:.1f} s ({train_time:.1f} s in the compiled step, "
-          f"{chars_seen / train_time:,.0f} chars/s); held-out {val[-1][1]:.3f} bits/char")
+          f"{T * B * args.steps / train_time:,.0f} chars/s); held-out {val[-1][1]:.3f} bits/char")
     if args.sample:
         step_fn = gir.jit(next_char, device=args.device)
         text = sample(step_fn, params, chars, H, "def ", args.sample, 0.8, np.random.default_rng(args.seed))
@@ -287,7 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot and plot(args.plot, steps, losses, val):
         print(f"loss curve: {args.plot}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

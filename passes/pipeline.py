@@ -201,8 +201,24 @@ def with_memory_budget(pipeline: str, budget: int) -> str:
         for i in range(at):
             if names[i] == "scan-grad":
                 items[i] = _with_options(items[i], "hoist=false,merge-sums=false")
-    items.insert(where, f"checkpoint{{budget={budget}}}")
+    # the budget bounds the peak of the plan the backend lays its memory out by: the last
+    # memplan's view rules (the GPU's pipeline runs memplan{views=strided})
+    views = next((_option(item, "views") for item in reversed(items)
+                  if item.partition("{")[0].strip() == "memplan" and _option(item, "views")), None)
+    items.insert(where, f"checkpoint{{budget={budget}" + (f",views={views}" if views else "") + "}")
     return ",".join(items)
+
+
+def _option(item: str, key: str) -> str | None:
+    """The value of option key in a pipeline item `name{key=value,...}`, or None."""
+    _, brace, rest = item.partition("{")
+    if not brace:
+        return None
+    for part in rest.rstrip("}").split(","):
+        k, eq, v = part.partition("=")
+        if eq and k.strip() == key:
+            return v.strip()
+    return None
 
 
 def _with_options(item: str, options: str) -> str:

@@ -22,7 +22,14 @@ from gir.errors import GirArgumentError, GirPassError
 from gir.ir.interpreter import random_inputs
 from gir.ir.loops import LoopView
 from gir.passes.pass_manager import PassManager
-from gir.passes.pipeline import BACKEND_PIPELINE, DEFAULT_PIPELINE, parse_bytes, parse_pipeline, with_memory_budget
+from gir.passes.pipeline import (
+    BACKEND_PIPELINE,
+    DEFAULT_PIPELINE,
+    get_mode,
+    parse_bytes,
+    parse_pipeline,
+    with_memory_budget,
+)
 from gir.passes.rewriter import PassStatistics
 from gir.testing import assert_all_close
 from gir.transforms.checkpoint import Checkpoint, candidate_segments, find_pairs
@@ -170,6 +177,16 @@ def test_weight_gradient_is_one_gemm_per_segment() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The budget
+
+
+def test_budget_bounds_the_plan_of_the_pipelines_backend() -> None:
+    """with_memory_budget budgets the plan the pipeline's last memplan makes: the GPU's
+    (`memplan{views=strided}`) gets `checkpoint{views=strided}`, the CPU's the default."""
+    gpu = with_memory_budget(get_mode("fast-run").pipeline("gpu"), 1000)
+    cpu = with_memory_budget(get_mode("fast-run").pipeline("cpu"), 1000)
+    assert "checkpoint{budget=1000,views=strided}" in gpu and "checkpoint{budget=1000}" in cpu
+    with pytest.raises(GirPassError, match="views must be one of"):
+        parse_pipeline("checkpoint{budget=1000,views=cuda}")
 
 
 def test_budget_fits_and_keeps_gradients() -> None:

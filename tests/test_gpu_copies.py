@@ -280,11 +280,14 @@ def test_split_style_calls_fill_packed_argument_buffers() -> None:
 DEVICE_MEMORY_AT_S = {
     # model: (arena bytes, bytes outside the arena) of @<model>_grads at the examples' own
     # sizes (T=50, batch 32, input = hidden = 256, float32)
-    "rnn": (5046336, 2330652),
-    "gru": (21667904, 5194780),
-    "lstm": (18481216, 5750812),
+    "rnn": (5046272, 2330652),
+    "gru": (18222080, 5190684),
+    "lstm": (16777216, 5747740),
 }
 """Device memory of a compiled training step (`fn.compiled.memory`), deterministic. Before the
+plan knew the loop buffers (loop_buffers.py: a shifted carry's stack of T + 1 rows, double
+buffers, claimed concats each had a buffer outside the arena and an unused arena slot): rnn
+(5046336, 2330652), gru (21667904, 5194780) = 26.9 MB, lstm (18481216, 5750812) = 24.2 MB. Before the
 plan knew the strided views: rnn 7.4 MB, gru 34.2 MB (22454336 + 11781148), lstm 34.1 MB
 (19529792 + 14532636): the walked GEMM result, the returned gradient blocks' sources and the
 packed weights each had a buffer outside the arena while the plan still reserved slots for the

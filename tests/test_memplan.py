@@ -33,8 +33,9 @@ from gir.analysis.liveness import (
     value_names,
     yielded_carries,
 )
-from gir.analysis.memory.aliases import OPS, STRIDED, ViewRules
+from gir.analysis.memory.aliases import ARGUMENTS_HOME, OPS, STRIDED, ViewRules
 from gir.analysis.memory.checker import check_plan
+from gir.analysis.memory.loop_buffers import CLAIMED_JOIN, LOOP_OWNED
 from gir.analysis.memory.plan import CARRY, IN_PLACE, NEW, PINNED, REUSED, MemoryPlan, PlanError
 from gir.analysis.memory.planner import plan_memory
 from gir.cli import main
@@ -85,15 +86,18 @@ class ArenaMachine:
         self.plan = plan
         self.arena = np.zeros(max(plan.arena_bytes, 1), np.uint8)
         self.env: dict[Value, np.ndarray] = {}
+        self.outside: dict[Value, np.ndarray] = {}
 
     def memory(self, v: Value) -> np.ndarray:
-        slot = self.plan.slots[v]
         t = v.tensor_type
+        if v in self.plan.external:  # outside the arena (a loop's own buffer): memory of its own
+            return self.outside.setdefault(v, np.zeros(t.shape, t.numpy_dtype))
+        slot = self.plan.slots[v]
         raw = self.arena[slot.offset: slot.offset + slot.nbytes]
         return raw.view(t.numpy_dtype).reshape(t.shape)
 
     def write(self, v: Value, value: np.ndarray) -> None:
-        if v in self.plan.external:  # outside the arena (a join of arguments: their home)
+        if v in self.plan.external:  # outside the arena (a join of arguments, a loop's own buffer)
             self.env[v] = np.array(value, dtype=v.tensor_type.numpy_dtype)
             return
         target = self.memory(v)
@@ -157,7 +161,7 @@ class ArenaMachine:
         seqs = [self.env[v] for v in op.group("sequences")]
         args = loop_carry_args(op)
         for arg, init in zip(args, loop_inits(op)):
-            if not (init in plan.slots and plan.slots[init].buffer is plan.slots[arg].buffer):
+            if not (init in plan.slots and arg in plan.slots and plan.slots[init].buffer is plan.slots[arg].buffer):
                 self.memory(arg)[...] = self.env[init]
             self.env[arg] = self.memory(arg)
         stacks = [self.memory(r) for r in loop_stack_results(op)]
@@ -175,11 +179,12 @@ class ArenaMachine:
             sources = [np.array(self.env[v], copy=True) if plan.base(v) in carry_set else self.env[v]
                        for v in carries]
             for arg, v, src in zip(args, carries, sources):
-                if v is arg or (v in plan.slots and plan.slots[v].buffer is plan.slots[arg].buffer):
+                same = v in plan.slots and arg in plan.slots and plan.slots[v].buffer is plan.slots[arg].buffer
+                if v is arg or same:
                     continue
                 self.memory(arg)[...] = src
         for r, arg in zip(loop_carry_results(op), args):
-            if plan.slots[r].buffer is not plan.slots[arg].buffer:
+            if r not in plan.slots or arg not in plan.slots or plan.slots[r].buffer is not plan.slots[arg].buffer:
                 self.memory(r)[...] = self.memory(arg)
             self.env[r] = self.memory(r)
         for r, stack in zip(loop_stack_results(op), stacks):
@@ -490,7 +495,9 @@ def test_strided_views_keep_their_sources_alive() -> None:
     ops_plan, plan = planned(f), planned(f, views=STRIDED)
     assert all(v[n] in ops_plan.slots for n in ("e", "r", "gs", "pq")) and not ops_plan.external
     assert {k: plan.views[v[k]] for k in ("e", "r", "gs")} == {"e": v["b"], "r": v["m"], "gs": v["g"]}
-    assert plan.external == {v["pq"]} and not any(v[n] in plan.slots for n in ("e", "r", "gs", "pq"))
+    assert not any(v[n] in plan.slots for n in ("e", "r", "gs", "pq", "c", "c2", "h"))
+    # the double-buffered carry lives in the loop's own buffers (loop_buffers.py)
+    assert plan.why_external == {v["pq"]: ARGUMENTS_HOME, **{v[n]: LOOP_OWNED for n in ("c", "c2", "h")}}
     assert plan.held_until[v["b"]] == live.point(v["d"].op)  # type: ignore[attr-defined]
     assert plan.held_until[v["m"]] == live.num_points - 1  # the return
     assert plan.held_until[v["g"]] == live.end(v["h"].op)  # type: ignore[attr-defined]
@@ -508,15 +515,69 @@ def test_strided_views_keep_their_sources_alive() -> None:
         check_plan(plan)
 
 
-@pytest.mark.parametrize("name", ["gru", "lstm"])
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
 def test_strided_plans_of_training_steps_run_in_their_arena(name: str) -> None:
     """The GPU pipeline's plan (memplan{views=strided}) of a training step, run in its arena,
     gives the interpreter's results (T=50, batch 32, hidden 256: the examples' own sizes)."""
     module = pipelined(ROOT / "examples" / f"{name}.gir", f"{DEFAULT_PIPELINE},{BACKEND_PIPELINE}")
     f = module.functions[f"{name}_grads"]
     plan = planned(f, views=STRIDED)
-    assert plan.views.keys() - planned(f).views.keys()  # the gate blocks and gradient blocks
+    if name != "rnn":
+        assert plan.views.keys() - planned(f).views.keys()  # the gate blocks and gradient blocks
+    assert LOOP_OWNED in plan.why_external.values()  # the loops' own buffers: no slot
     run_planned(module, f, plan)
+
+
+LOOP_BUFFERS = """
+func @s(%xs: tensor<4x2x3xf32>, %h0: tensor<2x3xf32>, %w: tensor<3x3xf32>)
+    -> (tensor<4x2x3xf32>, tensor<4x2x3xf32>, tensor<4x2x6xf32>, tensor<3xf32>, tensor<2x3xf32>,
+        tensor<4x2x3xf32>) {
+  %z = constant 0.5 : tensor<2x3xf32>
+  %h.1, %a.1, %hs, %ns, %cs = scan DIR(%x in %xs) carry (%h = %h0, %a = %z) {
+    %m = matmul %h, %w : tensor<2x3xf32>
+    %n = tanh(%m + %x)
+    %b = %a * 0.5 + %n
+    %p = exp(%n)
+    %q = %n - %x
+    %c = concat %p, %q {axis = 1} : tensor<2x6xf32>
+    yield (%n, %b) stack (%h, %n, %c)
+  } : tensor<2x3xf32>, tensor<2x3xf32>, tensor<4x2x3xf32>, tensor<4x2x3xf32>, tensor<4x2x6xf32>
+  %o = exp(%a.1) + %h.1
+  %k = %o * 3.0
+  %k0 = sum %k {axes = [0]} : tensor<3xf32>
+  %t.1, %ts = scan (%y in %hs) carry (%t = %k0) {
+    %u.1, %us = scan reverse (%r in %y) carry (%u = %t) {
+      %v = tanh(%u + %r)
+      yield (%v) stack (%u)
+    } : tensor<3xf32>, tensor<2x3xf32>
+    %t2 = %u.1 * 0.5 + %t
+    yield (%t2) stack (%us)
+  } : tensor<3xf32>, tensor<4x2x3xf32>
+  return %hs, %ns, %cs, %t.1, %a.1, %ts
+}
+"""
+"""Loop buffers (analysis/memory/loop_buffers.py): `stack (%h)` with %h's next value stacked
+(shifted: %h, %n, %h.1, %hs, %ns in one buffer of T + 1 rows), %a double-buffered, %c a
+concat its kernels write in place; a nested reverse scan shifted with its next value in no
+stack; values planned after the loops that the plan may put anywhere in the arena."""
+
+
+@pytest.mark.parametrize("direction", ["", "reverse "])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_loop_buffers_are_outside_the_arena(direction: str, strategy: str) -> None:
+    """views=strided: the values the loops keep in buffers of their own have no slot (each in
+    one place: the loop's buffer); the plan checks and runs in its arena, those values each in
+    memory of its own, equal to the interpreter; views=ops gives them slots."""
+    f = function(LOOP_BUFFERS.replace("DIR", direction))
+    v = by_name(f)
+    plan = planned(f, strategy, views=STRIDED)
+    owned = {n for n, x in v.items() if plan.why_external.get(x) in (LOOP_OWNED, CLAIMED_JOIN)}
+    assert owned == {"h", "n", "h.1", "hs", "ns", "a", "b", "a.1", "c", "t", "t2", "t.1", "u", "v", "u.1", "us"}, owned
+    assert plan.why_external[v["c"]] == CLAIMED_JOIN
+    assert all(v[n] not in plan.slots for n in owned)
+    assert all(v[n] in planned(f, strategy).slots for n in owned)
+    assert plan.arena_bytes < planned(f, strategy).arena_bytes
+    run_planned(f.module, f, plan)  # type: ignore[arg-type]
 
 
 def test_no_in_place_when_the_op_also_reads_a_view_of_the_operand() -> None:

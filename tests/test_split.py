@@ -254,6 +254,28 @@ def test_rnn_gradients_split(mode: str, policy: str) -> None:
     assert fn.stats.h2d >= 5  # every argument the GPU reads
 
 
+def test_gpu_segments_plan_with_the_gpus_views_and_loop_buffers() -> None:
+    """A GPU segment is planned as device="gpu" plans (memplan{views=strided}): its plan counts
+    the slices the GPU reads through strides as views and leaves the loops' own buffers out of
+    the arena, so the lowering keeps the strided views' sources in their slots; a CPU segment
+    keeps the registry's views. The results are the interpreter's."""
+    from rnn_cases import training_step
+
+    text, args, _ = training_step("lstm", 3, 2, 3, 4)
+    _, split = run_split(text, "lstm_grads", "aggressive", args)
+    gpu = [s for s in split.segments if s.device == "gpu"]
+    assert gpu
+    for seg in split.segments:
+        plan = seg.compiled.memory.plan if seg.device == "gpu" else None  # type: ignore[union-attr]
+        if plan is not None:
+            low = seg.compiled.lowering  # type: ignore[union-attr]
+            assert plan.view_rules.name == "strided"
+            assert low.sequence_rows or low.absorbed or low.returned_views
+            assert not {plan.views[r] for r in (*low.sequence_rows, *low.returned_views)} & low.owned
+    plans = [seg.compiled.memory.plan for seg in gpu]  # type: ignore[union-attr]
+    assert any("loop's own buffer" in p.why_external.values() for p in plans if p is not None)
+
+
 # ---------------------------------------------------------------------------------------------
 # device="gpu" keeps running the whole function on the GPU, and counts its transfers too
 

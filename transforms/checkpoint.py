@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dataclasses_replace
 from typing import Any
 
+from ..analysis.memory.aliases import OPS, VIEW_RULES, ViewRules
 from ..analysis.memory.plan import nbytes_of
 from ..analysis.memory.planner import plan_memory
 from ..errors import GirArgumentError, GirPassError
@@ -75,6 +76,7 @@ from ..passes.base import Pass
 from ..passes.pipeline import parse_bytes
 from ..passes.rewriter import PassStatistics, Rewriter
 from .canonicalize import Canonicalize
+from .fuse import Fuse
 from .scan_grad import ScanGrad
 
 
@@ -84,8 +86,14 @@ class CheckpointOptions:
     """Bytes the function's planned peak must fit in ("256MB", "1GB", an integer); "": none."""
     segment: int = 0
     """Force this segment length on every pair longer than it (0: choose from `budget`)."""
+    views: str = "ops"
+    """The view rules of the plan the backend lays its memory out by, whose peak the budget
+    bounds (analysis/memory/aliases.py; as `memplan{views=...}`): ops (the CPU's), strided
+    (the GPU's: arena plus the loops' buffers outside it)."""
 
     def validate(self, pass_name: str) -> None:
+        if self.views not in VIEW_RULES:
+            raise GirPassError(f"pass '{pass_name}': views must be one of {', '.join(VIEW_RULES)}, not {self.views!r}")
         if self.segment < 0 or self.segment == 1:
             raise GirPassError(f"pass '{pass_name}': segment must be 0 (from the budget) or >= 2, got {self.segment}")
         try:
@@ -446,10 +454,13 @@ def _outer_backward(rw: Rewriter, pair: Pair, build: _Builder, checkpoints: Sequ
 # Choosing the segment from the memory plan
 
 
-def planned_peak(function: Function) -> int | None:
-    """The memory plan's peak arena bytes of function (None: not plannable, e.g. `?` dims)."""
-    plan = plan_memory(function)
-    return plan.arena_bytes if plan.supported else None
+def planned_peak(function: Function, views: ViewRules = OPS) -> int | None:
+    """The memory plan's peak bytes of function under the backend's view rules (None: not
+    plannable, e.g. `?` dims): the arena, and with the GPU's rules (`strided`) also the loops'
+    buffers outside it (`MemoryPlan.peak_bytes`), which grow with the trip count as the arena
+    does (a shifted carry's stack of T + 1 rows)."""
+    plan = plan_memory(function, views=views)
+    return plan.peak_bytes if plan.supported else None
 
 
 def candidate_segments(t: int) -> list[int]:
@@ -461,7 +472,7 @@ def candidate_segments(t: int) -> list[int]:
 
 
 def projected_peak(function: Function, position: int | None = None, segment: int = 0,
-                   segments: int | None = None) -> int | None:
+                   segments: int | None = None, views: ViewRules = OPS) -> int | None:
     """The planned peak of a copy of function after what the budgeted pipeline runs next
     (canonicalize, scan-grad, canonicalize: scan-grad's push-out drops stacks, so planning
     the IR as it is now would overstate both peaks), with the pair whose forward scan is the
@@ -472,9 +483,12 @@ def projected_peak(function: Function, position: int | None = None, segment: int
         pair = _pair_of(copy.body.ops[position])
         assert isinstance(pair, Pair)
         checkpoint_pair(Rewriter(), pair, segment, segments)
-    for p in (Canonicalize(), ScanGrad(), Canonicalize()):
+    passes = [Canonicalize(), ScanGrad(), Canonicalize()]
+    if views.any:  # strided views and loop buffers are decided on fused IR (kernels' readers)
+        passes.append(Fuse())
+    for p in passes:
         p.run(module, PassStatistics())
-    return planned_peak(copy)
+    return planned_peak(copy, views)
 
 
 @dataclass(frozen=True)
@@ -488,7 +502,7 @@ class Choice:
     fits: bool
 
 
-def choose_segment(function: Function, pair: Pair, budget: int) -> Choice:
+def choose_segment(function: Function, pair: Pair, budget: int, views: ViewRules = OPS) -> Choice:
     """For each candidate length S, first with every segment that fits in T (N = T // S, a
     remainder shorter than S), then, where that plan fits the budget, with fewer segments: the
     steps left out run un-checkpointed, their residuals kept, so the budget's slack decides how
@@ -502,13 +516,14 @@ def choose_segment(function: Function, pair: Pair, budget: int) -> Choice:
     fitting: list[Choice] = []
     tried: list[Choice] = []
     for s in candidate_segments(t):
-        peak = projected_peak(function, position, s, t // s)
+        peak = projected_peak(function, position, s, t // s, views)
         if peak is None:
             continue
         if peak > budget:
             tried.append(Choice(s, t // s, peak, False))
             continue
-        fitting.append(_fewer_segments(function, position, Choice(s, t // s, peak, True), budget, per_step, t))
+        fitting.append(_fewer_segments(function, position, Choice(s, t // s, peak, True), budget, per_step, t,
+                                       views))
     if fitting:
         return min(fitting, key=lambda c: (round(100 * c.segments * c.segment / t), -c.segment))
     if not tried:
@@ -516,7 +531,8 @@ def choose_segment(function: Function, pair: Pair, budget: int) -> Choice:
     return min(tried, key=lambda c: (c.peak or 0, -c.segment))
 
 
-def _fewer_segments(function: Function, position: int, full: Choice, budget: int, per_step: int, t: int) -> Choice:
+def _fewer_segments(function: Function, position: int, full: Choice, budget: int, per_step: int, t: int,
+                    views: ViewRules = OPS) -> Choice:
     """The fewest segments of full.segment steps whose plan still fits, given that full (all
     segments) fits: while the backward loop runs the un-checkpointed rest, its residuals
     (per_step bytes a step) are live instead of one segment's, so the slack beside full's peak
@@ -528,7 +544,7 @@ def _fewer_segments(function: Function, position: int, full: Choice, budget: int
     for _ in range(3):
         if guess >= full.segments:
             break
-        peak = projected_peak(function, position, s, guess)
+        peak = projected_peak(function, position, s, guess, views)
         if peak is not None and peak <= budget:
             return Choice(s, guess, peak, True)
         guess = -(-(guess + full.segments) // 2)
@@ -570,25 +586,26 @@ class Checkpoint(Pass):
 
     def _function(self, rw: Rewriter, f: Function, report: CheckpointReport, stats: PassStatistics) -> None:
         o: CheckpointOptions = self.options
+        views = VIEW_RULES[o.views]
         pairs, skipped = find_pairs(f.body)
         for why in skipped:
             stats.notes.append(f"@{f.name}: a scan not checkpointed: {why}")
         if o.segment:
-            before = projected_peak(f) if pairs else None
+            before = projected_peak(f, views=views) if pairs else None
             for pair in pairs:
                 after = None
                 if before is not None and 2 <= o.segment < pair.trip_count:
-                    after = projected_peak(f, f.body.ops.index(pair.forward), o.segment)
+                    after = projected_peak(f, f.body.ops.index(pair.forward), o.segment, views=views)
                 report.decisions.append(self._apply(rw, f, pair, o.segment, before, after))
                 before = after
             return
         budget = o.budget_bytes
         assert budget is not None
-        peak = projected_peak(f) if pairs else None
+        peak = projected_peak(f, views=views) if pairs else None
         for pair in sorted(pairs, key=residual_bytes, reverse=True):
             if peak is None or peak <= budget:
                 break
-            choice = choose_segment(f, pair, budget)
+            choice = choose_segment(f, pair, budget, views)
             after = choice.peak
             if not choice.fits and (after is None or after >= peak):  # recomputing would cost time for nothing
                 report.decisions.append(CheckpointDecision(

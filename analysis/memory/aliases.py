@@ -25,6 +25,10 @@ views`): no slot of its own, its source held until the view's last reader (for a
 the scan's end). The CPU backend makes none of these (it copies non-contiguous slices): its plan
 uses the registry's views only (`OPS`, the default).
 
+With `ViewRules.loop_buffers` (part of STRIDED) the values a scan keeps in buffers of its own and
+the claimed concats (loop_buffers.py) are outside the arena too (`Aliases.external`,
+`why_external`).
+
 Known gaps: only slices of kernel and GEMM results; a join of arguments among other operands,
 or of an argument read elsewhere too, is not a home.
 """
@@ -36,10 +40,12 @@ from dataclasses import dataclass, field
 from ...ir.core import Function, Operation, Value
 from ...ir.loops import as_loop
 from ...ir.spec import view_source
+from .loop_buffers import find_loop_buffers
 
 ABSORBED = "absorbed"
 WALKED = "walked"
 RETURNED = "returned"
+ARGUMENTS_HOME = "arguments' home"
 
 
 @dataclass(frozen=True)
@@ -51,17 +57,21 @@ class ViewRules:
     walked_slices: bool = False
     returned_slices: bool = False
     packed_arguments: bool = False
+    loop_buffers: bool = False
+    """Claimed joins and the values scans keep in buffers of their own (loop_buffers.py) are
+    outside the arena."""
 
     @property
     def any(self) -> bool:
-        return self.absorbed_slices or self.walked_slices or self.returned_slices or self.packed_arguments
+        return (self.absorbed_slices or self.walked_slices or self.returned_slices or self.packed_arguments
+                or self.loop_buffers)
 
 
 OPS = ViewRules("ops")
 """The op registry's views only: what the CPU backend makes (memplan's default)."""
 STRIDED = ViewRules("strided", absorbed_slices=True, walked_slices=True, returned_slices=True,
-                    packed_arguments=True)
-"""Every strided view above: what the GPU backend makes."""
+                    packed_arguments=True, loop_buffers=True)
+"""Every strided view above, and the loop buffers: what the GPU backend makes."""
 VIEW_RULES = {r.name: r for r in (OPS, STRIDED)}
 
 
@@ -74,7 +84,10 @@ class Aliases:
     kinds: dict[Value, str] = field(default_factory=dict)
     """A strided slice -> absorbed | walked | returned."""
     external: frozenset[Value] = frozenset()
-    """Results of packed-argument joins: the arguments' home, outside the arena."""
+    """Values outside the arena: results of packed-argument joins (the arguments' home) and,
+    with loop buffers, claimed joins and loop-owned values (loop_buffers.py)."""
+    why_external: dict[Value, str] = field(default_factory=dict)
+    """An external value -> why (ARGUMENTS_HOME, loop_buffers.CLAIMED_JOIN, LOOP_OWNED)."""
 
 
 def find_aliases(function: Function, rules: ViewRules) -> Aliases:
@@ -88,9 +101,12 @@ def find_aliases(function: Function, rules: ViewRules) -> Aliases:
         if kind is not None:
             views[op.result] = op.operands[0]
             kinds[op.result] = kind
-    external = frozenset(op.result for op in function.body
-                         if rules.packed_arguments and packed_arguments(op, function))
-    return Aliases(views, kinds, external)
+    why: dict[Value, str] = {op.result: ARGUMENTS_HOME for op in function.body
+                             if rules.packed_arguments and packed_arguments(op, function)}
+    if rules.loop_buffers:
+        for v, reason in find_loop_buffers(function).items():
+            why.setdefault(v, reason)
+    return Aliases(views, kinds, frozenset(why), why)
 
 
 def _ops_outside_fused(function: Function) -> list[Operation]:
@@ -172,6 +188,6 @@ def packed_arguments(op: Operation, function: Function) -> bool:
     return len(set(op.operands)) == len(op.operands) and all(v in args and v.users == [op] for v in op.operands)
 
 
-__all__ = ["ABSORBED", "OPS", "RETURNED", "STRIDED", "VIEW_RULES", "WALKED", "Aliases", "ViewRules",
+__all__ = ["ABSORBED", "ARGUMENTS_HOME", "OPS", "RETURNED", "STRIDED", "VIEW_RULES", "WALKED", "Aliases", "ViewRules",
            "find_aliases", "made_contiguous", "packed_arguments", "read_by_kernels",
            "read_by_kernels_and_reductions", "returned_only", "slice_kind", "walked_only"]

@@ -140,7 +140,19 @@ class MemoryPlan:
     the CPU backend's) or `strided` (the GPU backend's)."""
     external: frozenset[Value] = frozenset()
     """Values outside the arena although an op makes them: a join of arguments that is their
-    home (aliases.py); the backend gives each a buffer of its own."""
+    home (aliases.py); claimed joins and the values a scan keeps in buffers of its own
+    (loop_buffers.py). The backend gives each a buffer of its own."""
+    why_external: dict[Value, str] = field(default_factory=dict)
+    """An external value -> why (aliases.Aliases.why_external)."""
+    outside_bytes: int = 0
+    """Bytes of the buffers the loops' values outside the arena live in (loop_buffers.
+    outside_bytes: double buffers, shifted stacks, claimed joins); 0 without loop buffers."""
+
+    @property
+    def peak_bytes(self) -> int:
+        """The memory the plan says the function needs besides its arguments and constants: the
+        arena and the loops' buffers outside it (what a memory budget is compared with)."""
+        return self.arena_bytes + self.outside_bytes
 
     @property
     def supported(self) -> bool:
@@ -189,14 +201,15 @@ class MemoryPlan:
         return (f"memory plan of {name} ({self.strategy}): arena {self.arena_bytes} bytes, {ratio:.3f}x the "
                 f"lower bound {self.lower_bound}; naive {self.naive_bytes} ({saved:.0%} saved); "
                 f"{self.in_place_reuses} in place, {self.block_reuses} reused blocks, "
-                f"{self.carry_shares} carry shares")
+                f"{self.carry_shares} carry shares"
+                + (f"; loop buffers outside the arena {self.outside_bytes} bytes" if self.outside_bytes else ""))
 
     def reason(self, value: Value, names: dict[Value, str]) -> str:
         """Why value is where it is, with the printer's names: `in place of %x`, `view of %x`..."""
         if value in self.views:
             return f"view of {names[self.views[value]]}"
         if value in self.external:
-            return "arguments' home (outside the arena)"
+            return f"{self.why_external.get(value, 'outside')} (outside the arena)"
         slot = self.slots[value]
         if slot.kind == IN_PLACE:
             return f"in place of {names[slot.source]}"  # type: ignore[index]

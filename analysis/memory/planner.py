@@ -40,6 +40,7 @@ from ...ir.types import TensorType
 from ..liveness import Liveness
 from .aliases import OPS, Aliases, ViewRules, find_aliases
 from .arena import STRATEGIES, lower_bound, place_buffers
+from .loop_buffers import outside_bytes
 from .plan import CARRY, IN_PLACE, ITEMSIZE, NEW, PINNED, REUSED, Buffer, MemoryPlan, Slot, aligned, nbytes_of
 
 
@@ -99,7 +100,8 @@ class MemoryPlanner:
     def run(self) -> MemoryPlan:
         live = self.liveness
         plan = self.plan = MemoryPlan(self.function, live, self.strategy, pinned=list(self._pinned),
-                                      view_rules=self.view_rules, external=self.aliases.external)
+                                      view_rules=self.view_rules, external=self.aliases.external,
+                                      why_external=self.aliases.why_external)
         plan.unsupported = unsupported_reason(live)
         if plan.unsupported is not None:
             return plan
@@ -122,6 +124,7 @@ class MemoryPlanner:
         plan.arena_bytes = max((b.end for b in placed), default=0)
         plan.naive_bytes = sum(aligned(s.nbytes) for s in plan.slots.values())
         plan.lower_bound = lower_bound(placed, live.num_points)
+        plan.outside_bytes = outside_bytes(self.function) if self.view_rules.loop_buffers else 0
         return plan
 
     def _set_live_ranges(self) -> None:
@@ -167,14 +170,16 @@ class MemoryPlanner:
                 ending.append((live.end_of[op], op))
             elif op.regions:  # fused: results in memory, the body in registers
                 for r in results:
-                    self._new(r)
+                    if r not in external:
+                        self._new(r)
             elif len(results) == 1:
                 r = results[0]
                 if r not in views and r not in registers and r not in external:
                     self._op(op, r, point)
             else:
                 for r in results:
-                    self._new(r)
+                    if r not in external:
+                        self._new(r)
             while ending and ending[-1][0] == point:
                 self._scan_ends(ending.pop()[1])
 
@@ -216,23 +221,31 @@ class MemoryPlanner:
         """The carries' buffers (in place of initial values that die here) and the stacks."""
         loop = LoopView(scan)
         carries = loop.carries
+        external = self.plan.external  # the loop's own buffers (loop_buffers.py): no slot
         self.carry_args.update(c.arg for c in carries)
         for c in carries:
             nbytes = nbytes_of(c.arg.type)  # type: ignore[arg-type]
+            if c.arg in external:
+                continue
             if c.arg not in self._pinned and self.held[c.init] == point and self._free_tail(c.init, nbytes):
                 self._join(c.arg, c.init, IN_PLACE)
             else:
                 self._new(c.arg)
         for r in loop.stacked_results:
-            self._new(r)
+            if r not in external:
+                self._new(r)
         for c in carries:
-            self.carry_of.setdefault(c.yielded, c.arg)
+            if c.arg not in external:
+                self.carry_of.setdefault(c.yielded, c.arg)
 
     def _scan_ends(self, scan: Operation) -> None:
-        """The final carries stay in the carries' buffers."""
+        """The final carries stay in the carries' buffers (a loop-owned one: outside the arena)."""
+        external = self.plan.external
         for c in LoopView(scan).carries:
-            buf = self.plan.slots[c.arg].buffer
-            if c.result in self._pinned or buf.pinned:
+            if c.result in external:
+                continue
+            slot = self.plan.slots.get(c.arg)
+            if c.result in self._pinned or slot is None or slot.buffer.pinned:
                 self._new(c.result)
             else:
                 self._join(c.result, c.arg, CARRY)

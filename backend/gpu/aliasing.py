@@ -43,7 +43,8 @@ from ...ir.ops import norm_axis
 from .kernels import InputLayout
 
 if TYPE_CHECKING:
-    from .codegen import Lowering, ScanPlacement
+    from ...analysis.memory.loop_buffers import ScanPlacement
+    from .codegen import Lowering
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ Terms.
   carries aliased where aliasing.py decides; else an xp copy into the value's storage. Constants: uploaded once.
 - *Placeable*: a value whose step writes wherever env says at run time (kernel outputs, GEMM
   results: `Lowering.redirectable`), so that a scan can put it in a stack row or a carry
-  buffer instead of its storage.
+  buffer instead of its storage. The scan's placement is decided from the IR by
+  analysis/memory/loop_buffers.py (`place_loop`), which the memory plan asks too: the loop's
+  own buffers are the only storage of the values they hold (no arena slot).
 - `scan`: a loop on the host over device-resident buffers: a sequence's element is a view of
   row t; where each stacked value and carry goes is a decision made once (`ScanPlacement`:
   stack rows written in place, carries swapped by pointer, shifted or double-buffered, the
@@ -52,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from ...analysis.memory.aliases import read_by_kernels_and_reductions
+from ...analysis.memory.loop_buffers import ScanPlacement, join_claims, place_loop
 from ...analysis.memory.plan import MemoryPlan
 from ...errors import GirError, Location
 from ...ir.core import Block, Function, Operation, Value
@@ -209,6 +212,11 @@ class Lowering:
             self.static[v] = self.memory.move_out(v, self.memory.own(_shape(v), t.numpy_dtype))
             self.owned.add(v)
         return self.static[v]
+
+    def place_outside(self, v: Value, array: Any) -> None:
+        """v's storage is array, memory outside the arena (a loop's own buffers: lower_scan)."""
+        self.static[v] = self.memory.move_out(v, array)
+        self.owned.add(v)
 
     def kernel_arg(self, a: Any) -> Any:
         """a as a kernel argument. Every array a step sees is the function's own memory or a
@@ -888,33 +896,23 @@ def _join_pieces(op: Operation) -> list[tuple[Value, tuple, InputLayout]]:
 
 def claim_pieces(low: Lowering, block: Block) -> None:
     """Decides, before block's ops are lowered, which operands of its concat and stack ops
-    their kernels write straight into the result (Lowering.pieces): an operand made by a kernel
-    in this block, once, read otherwise only by kernels (which then read it in place, as an
-    absorbed slice), reductions and other concats or stacks (through a strided view). The
-    result then lives out of the arena (from its first piece's kernel on: a span the plan does
-    not know), unless a scan places it in a stack row or carry buffer."""
-    for op in block:
-        if not _joins(op):
-            continue
-        claimed = False
-        for v, where, layout in _join_pieces(op):
-            maker = v.defining_op
-            if maker is None or maker.parent is not block or not (maker.name == "fused" or maker.spec.is_elementwise):
-                continue
-            if v in low.pieces:  # claimed by an earlier concat: stored here too, once per result
-                places = [low.pieces[v], *low.extra_places.get(v, [])]
-                if all(whole is not op.result for whole, _, _ in places):
-                    low.extra_places.setdefault(v, []).append((op.result, layout, where))
-                    claimed = True
-                continue
-            if not all(u.name == "fused" or _joins(u) or u.spec.is_elementwise or u.spec.reduction is not None
-                       for u in v.users):
-                continue
-            low.pieces[v] = (op.result, layout, where)
-            low.absorbed[v] = (op.result, layout)
-            claimed = True
-        if claimed:
-            low.own_storage(op.result)
+    their kernels write straight into the result (Lowering.pieces; the rule is the memory
+    plan's, loop_buffers.join_claims): an operand made by a kernel in this block, once, read
+    otherwise only by kernels (which then read it in place, as an absorbed slice), reductions
+    and other concats or stacks (through a strided view); a value claimed by two results is
+    stored into both. The result lives out of the arena (from its first piece's kernel on: a
+    span the plan does not know; the GPU's plan reserves no slot for it), unless a scan places
+    it in a stack row or carry buffer."""
+    for op, positions in join_claims(block).items():
+        pieces = _join_pieces(op)
+        for i in positions:
+            v, where, layout = pieces[i]
+            if v in low.pieces:  # claimed by an earlier concat: stored here too
+                low.extra_places.setdefault(v, []).append((op.result, layout, where))
+            else:
+                low.pieces[v] = (op.result, layout, where)
+                low.absorbed[v] = (op.result, layout)
+        low.own_storage(op.result)
 
 
 def _joins(op: Operation) -> bool:
@@ -985,68 +983,19 @@ def lower_index(low: Lowering, op: Operation) -> Run:
 # scan: a host loop over device-resident buffers
 
 
-@dataclass(frozen=True)
-class ScanPlacement:
-    """Where a scan's per-step values are written, decided once when lowering (no copy for
-    any but `copied_*`). A value is *placeable* when it is defined in this body by a step that
-    writes wherever env says (`Lowering.redirectable`: kernel outputs, GEMM results).
-
-    - `in_stack[k] = v`: stacked value v (placeable) is written straight into row t of stack k.
-    - `carry_from_stack[j] = k`: carry j's next value is that stack's row t: the carry's body
-      argument points at it in step t + 1 (a pointer swap; stack rows are not overwritten
-      while the loop runs).
-    - `double_buffered`: carry j's next value (placeable, in no stack) is written into the one
-      of two buffers of its own that the body argument does not point at; the two swap per step.
-      Its own buffers, not the arena: the plan may reuse a carry's slot once the body has read
-      it, and a value the plan did not place there must not be overwritten.
-    - `shifted[j] = (a, k)`: stack a stacks carry j's body argument itself, which is stack k
-      shifted by a step (carry j from stack k): both are views of one buffer of T + 1 rows, one
-      row apart, so that writing stack k's row writes stack a's next row (`stack (%h)` of a
-      BPTT forward, no copy); the initial carry is copied into stack a's first row. With k
-      None, carry j's next value (placeable, in no stack) is written into the buffer's rows that
-      are not stack a's: its next row, for the next step (instead of double buffers).
-    - every other stacked value and carry is copied at the yield, as before."""
-
-    in_stack: dict[int, Value]
-    carry_from_stack: dict[int, int]
-    double_buffered: frozenset[int]
-    shifted: dict[int, tuple[int, int | None]]
-    copied_stacks: tuple[int, ...]
-    copied_carries: tuple[int, ...]
-
-
-def place_scan(low: Lowering, loop: LoopView) -> ScanPlacement:
-    defined_here = {r for op in loop.body for r in op.results}
-    taken: set[Value] = set()
-
-    def placeable(v: Value) -> bool:
-        return v in low.redirectable and v in defined_here and v not in taken
-
-    in_stack: dict[int, Value] = {}
-    for k, v in enumerate(loop.yielded_stacks):
-        if placeable(v):
-            in_stack[k] = v
-            taken.add(v)
-    stack_of = {v: k for k, v in in_stack.items()}
-    from_stack: dict[int, int] = {}
-    double: set[int] = set()
-    for j, v in enumerate(loop.yielded_carries):
-        if v in stack_of:
-            from_stack[j] = stack_of[v]
-        elif placeable(v):
-            double.add(j)
-            taken.add(v)
-    shifted: dict[int, tuple[int, int | None]] = {}
-    for a, v in enumerate(loop.yielded_stacks):
-        c = next((i for i, arg in enumerate(loop.carry_args) if arg is v), None)
-        if a not in in_stack and c is not None and (c in from_stack or c in double) and c not in shifted:
-            shifted[c] = (a, from_stack.get(c))
-            double.discard(c)
-    implicit = {a for a, _ in shifted.values()}
-    copied_stacks = tuple(k for k in range(len(loop.yielded_stacks)) if k not in in_stack and k not in implicit)
-    copied_carries = tuple(j for j in range(len(loop.yielded_carries))
-                           if j not in from_stack and j not in double and j not in shifted)
-    return ScanPlacement(in_stack, from_stack, frozenset(double), shifted, copied_stacks, copied_carries)
+def check_placement(low: Lowering, loop: LoopView, place: ScanPlacement) -> None:
+    """The placement was made from the IR before the body was lowered (the memory plan's too:
+    loop_buffers.py); every value it writes into a stack row or a loop buffer must be one whose
+    step writes wherever env says (`redirectable`), or the step would write it elsewhere and
+    the row stay unwritten: a bug in the analysis, raised, never run. A value the lowering could
+    place but the analysis does not is copied at the yield (correct; a lowering that learns to
+    write a new kind of value anywhere adds it to `loop_buffers.writes_anywhere`)."""
+    placed = [*place.in_stack.values(), *(loop.yielded_carries[j] for j in place.double_buffered),
+              *(loop.yielded_carries[j] for j, (_, k) in place.shifted.items() if k is None)]
+    for v in placed:
+        if v not in low.redirectable:
+            raise GirError(f"the GPU backend's scan placement (analysis/memory/loop_buffers.py) puts a value made "
+                           f"by '{v.defining_op.name}' where its lowering does not write it", loop.op.loc)  # type: ignore[union-attr]
 
 
 def _shifted_stacks(low: Lowering, loop: LoopView, args_stack: int, values_stack: int | None, steps: int
@@ -1069,28 +1018,53 @@ def _shifted_stacks(low: Lowering, loop: LoopView, args_stack: int, values_stack
     return args_rows, value_rows, first_row
 
 
+def _loop_buffers(low: Lowering, loop: LoopView, place: ScanPlacement, steps: int
+                  ) -> tuple[dict[int, tuple[Any, Any]], dict[int, tuple[Any, Any, Any]]]:
+    """The loop's own buffers, made before its body is lowered: two per double-buffered carry,
+    one of steps + 1 rows per shifted carry (_shifted_stacks). With at least one step, each
+    loop-owned value (loop_buffers.loop_owned: the carry's argument, yielded and final value)
+    has its storage there, where the GPU's plan reserves no slot for it: its step writes there
+    (the scan binds it per step), and nothing is allocated for it twice."""
+    buffers = {}
+    for j in sorted(place.double_buffered):
+        arg = loop.carry_args[j]
+        shape, dtype = _shape(arg), arg.tensor_type.numpy_dtype
+        buffers[j] = (low.memory.own(shape, dtype), low.memory.own(shape, dtype))
+    shifted = {j: _shifted_stacks(low, loop, a, k, steps) for j, (a, k) in place.shifted.items()}
+    if steps:
+        last = 0 if loop.reverse else steps - 1
+        places = [(loop.carries[j], pair[0], pair[1], pair[steps % 2]) for j, pair in buffers.items()]
+        places += [(loop.carries[j], first_row, rows[last], rows[last])
+                   for j, (_, rows, first_row) in shifted.items()]
+        for c, arg, yielded, final in places:
+            for v, array in ((c.arg, arg), (c.yielded, yielded), (c.result, final)):
+                low.place_outside(v, array)
+    return buffers, shifted
+
+
 def lower_scan(low: Lowering, op: Operation) -> Run:
     loop = LoopView(op)
     steps = loop.trip_count
     if steps is None:
         raise GirError("the GPU backend needs a static trip count", op.loc)
     seq_args, inits, carry_args = loop.element_args, loop.inits, loop.carry_args
+    place = place_loop(loop)  # from the IR, as the memory plan's (loop_buffers.py)
+    buffers, shifted_rows = _loop_buffers(low, loop, place, steps)
     carries = [low.storage(a) for a in carry_args]
     stacks = [low.storage(r) for r in loop.stacked_results]
     final_storage = []
     for c in loop.carries:
-        low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
+        if c.result not in low.owned:
+            low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
         final_storage.append(low.storage(c.result))
     walked = walked_sequences(low, loop)  # a sequence slice's source, read in place
-    body_steps, _ = low.block(loop.body)  # lowered first: `redirectable` then knows the body
-    place = place_scan(low, loop)
-    buffers = {j: (low.memory.own(c.shape, c.dtype), low.memory.own(c.shape, c.dtype))
-               for j, c in enumerate(carries) if j in place.double_buffered}
+    body_steps, _ = low.block(loop.body)
+    check_placement(low, loop, place)  # `redirectable` now knows the body
     first = [buffers[j][0] if j in buffers else c for j, c in enumerate(carries)]
     hidden: dict[int, Any] = {}
     """Carry j -> the rows its next values are written into (ScanPlacement.shifted, k None)."""
     for j, (a, k) in place.shifted.items():
-        stacks[a], rows, first[j] = _shifted_stacks(low, loop, a, k, steps)
+        stacks[a], rows, first[j] = shifted_rows[j]
         if k is None:
             hidden[j] = rows
         else:

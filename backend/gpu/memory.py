@@ -24,6 +24,9 @@ Kept outside the arena, each in a buffer of its own allocated once:
 - arguments: the call copies the caller's arrays into them (the plan never places arguments);
   an argument's buffer may be a view of another buffer outside the arena instead (a piece of a
   packed concat, the first row of a shifted carry's buffer: aliasing.py);
+- a scan's loop buffers (two double buffers per double-buffered carry, T + 1 rows per shifted
+  carry) and claimed concats: the GPU's plan gives the values they hold no slot
+  (analysis/memory/loop_buffers.py; codegen.lower_scan, claim_pieces);
 - constants: uploaded when compiling. Their arena blocks are reused by later values in every
   call, so keeping them there would cost a refill per call. A value the plan computes in place
   of a constant gets the constant's (unused) arena block, and reads the constant from its own
