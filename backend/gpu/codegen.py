@@ -14,8 +14,9 @@ Terms.
   Reductions: xp.sum / mean / max / min with `out=`, except a sum or mean read by one fused
   kernel, which computes it (*folded*: `_foldable`), and a sum, mean, max or min over the
   trailing axis in a row program (rows.py: one kernel, a block per row: `lower_row_program`).
-  Layout: views where the memory plan has a registry view (memory.py); a slice read only by kernels and reductions *absorbed* (read in
-  place through its strides; a strided view in the GPU's plan, which holds its source);
+  Layout: views where the memory plan has a registry view (memory.py); a slice read only by
+  kernels and reductions *absorbed* (read in place through its strides; a strided view in the
+  GPU's plan, which holds its source);
   concat/stack operands made by kernels *claimed* (written in place by them: `claim_pieces`);
   slices read only by `return` or walked by a scan, concats of arguments, initial and final
   carries aliased where aliasing.py decides; else an xp copy into the value's storage. Constants: uploaded once.
