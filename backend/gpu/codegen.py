@@ -621,8 +621,8 @@ def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
     for op in program.ops:
         if op.name == "slice":  # of a value made before: first (an absorbed view, or a copy of its own)
             low.own_storage(op.result)
-            run = lower_slice(low, op)
-            views += [run] if run is not None else []
+            view_step = lower_slice(low, op)
+            views += [view_step] if view_step is not None else []
             continue
         if op.name in ("reshape", "broadcast"):
             source, layout = made[op.operands[0]]

@@ -152,7 +152,8 @@ def row_programs(block: Block, taken: set[Operation], pieces: set[Value] | froze
         if not math.prod(lead) or not _row_op(first, lead, pieces) \
                 or not _reads_ok(first, set(), i, position):
             continue
-        program, made = [first], set(first.results)
+        program: list[Operation] = [first]
+        made: set[Value] = set(first.results)
         for later in ops[i + 1:]:
             if later.spec.terminator:
                 break
