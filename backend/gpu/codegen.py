@@ -87,7 +87,7 @@ from .kernels import (
 )
 from .memory import Memory
 from .persistent import HostScan, scan_path
-from .rows import RowProgram, row_programs
+from .rows import RowProgram, read_in_place, role, row_programs
 
 Env = dict[Value, Any]
 Run = Callable[[Env], None]
@@ -594,7 +594,7 @@ def _kept_steps(program: RowProgram) -> set[Operation]:
     ops = set(program.ops)
     kept: set[Operation] = set()
     for op in reversed(program.ops):
-        if op.name in ("reshape", "broadcast") and any(u not in ops or u in kept for u in op.result.users):
+        if read_in_place(op) and any(u not in ops or u in kept for u in op.result.users):
             kept.add(op)
     return kept
 
@@ -619,15 +619,15 @@ def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
     launched: list[Operation] = []
     views: list[Run] = []
     for op in program.ops:
-        if op.name == "slice":  # of a value made before: first (an absorbed view, or a copy of its own)
+        if role(op) == "slice":  # of a value made before: first (an absorbed view, or a copy of its own)
             low.own_storage(op.result)
             view_step = lower_slice(low, op)
             views += [view_step] if view_step is not None else []
             continue
-        if op.name in ("reshape", "broadcast"):
+        if read_in_place(op):
             source, layout = made[op.operands[0]]
             assert layout is None, "rows.py reads only program-made values of their own buffer in place"
-            made[op.result] = (source, _broadcast_layout(op) if op.name == "broadcast" else None)
+            made[op.result] = (source, _broadcast_layout(op) if role(op) == "broadcast" else None)
             continue
         if op is not program.ops[0]:
             for r in op.results:

@@ -37,6 +37,21 @@ from dataclasses import dataclass
 from ...ir.core import Block, Operation, Value
 from ...ir.ops import reduction_axes
 
+ROLES = {"fused": "group", "reshape": "reshape", "broadcast": "broadcast", "slice": "slice"}
+"""Op kind -> its role in a row program (a dispatch table, as codegen's LOWER); a reduction's
+role is `reduction` (its spec says so), anything else's `other`."""
+
+
+def role(op: Operation) -> str:
+    """op's role in a row program: group, reduction, reshape, broadcast, slice or other."""
+    return "reduction" if op.spec.reduction is not None else ROLES.get(op.name, "other")
+
+
+def read_in_place(op: Operation) -> bool:
+    """A reshape or broadcast of a program-made value: the program reads its operand's buffer
+    (as is, or with stride 0 along the row), no step of its own unless read outside."""
+    return role(op) in ("reshape", "broadcast")
+
 
 def _shape(v: Value) -> tuple[int, ...]:
     return tuple(int(d) for d in v.tensor_type.shape)  # type: ignore[arg-type]
@@ -87,16 +102,17 @@ def _per_row(v: Value, lead: tuple[int, ...]) -> bool:
 
 
 def _row_op(op: Operation, lead: tuple[int, ...], pieces: set[Value]) -> bool:
-    if op.name == "fused":
+    kind = role(op)
+    if kind == "group":
         return bool(op.results) and all(_shape(r)[:len(lead)] == lead and r.tensor_type.rank >= len(lead)
                                         for r in op.results)
-    if op.spec.reduction is not None:
+    if kind == "reduction":
         return row_reduction(op, lead)
-    if op.name == "reshape":
+    if kind == "reshape":
         return _per_row(op.operands[0], lead) and _per_row(op.result, lead)
-    if op.name == "slice":  # of a value made before the program: lowered with it, first (a view, mostly)
+    if kind == "slice":  # of a value made before the program: lowered with it, first (a view, mostly)
         return True
-    if op.name == "broadcast":
+    if kind == "broadcast":
         x, r = op.operands[0], op.result
         return _per_row(x, lead) and x.tensor_type.rank == r.tensor_type.rank and _shape(r)[:len(lead)] == lead \
             and x not in pieces
@@ -109,14 +125,14 @@ def _reads_ok(op: Operation, made: set[Value], before: int, position: dict[Opera
     for v in op.operands:
         maker = v.defining_op
         if v in made:
-            if op.name == "slice":
+            if role(op) == "slice":
                 return False
-            if op.name == "fused" and v.tensor_type.rank != op.results[0].tensor_type.rank:
+            if role(op) == "group" and v.tensor_type.rank != op.results[0].tensor_type.rank:
                 return False
             continue
-        if op.name in ("reshape", "broadcast"):
+        if read_in_place(op):
             return False  # read in place: only values the program makes
-        if op.name == "slice" and (maker is None or position.get(maker, -1) < before):
+        if role(op) == "slice" and (maker is None or position.get(maker, -1) < before):
             return True
         if maker is None or maker.spec.category == "constant":
             continue
@@ -128,7 +144,7 @@ def _reads_ok(op: Operation, made: set[Value], before: int, position: dict[Opera
 def _lead(first: Operation) -> tuple[int, ...] | None:
     """The rows of a program starting at first: all axes but the last of a fused group's result,
     or of a row reduction's operand (LayerNorm of an argument starts at its mean)."""
-    if first.name == "fused" and first.results and first.results[0].tensor_type.rank >= 2:
+    if role(first) == "group" and first.results and first.results[0].tensor_type.rank >= 2:
         return _shape(first.results[0])[:-1]
     if first.spec.reduction is not None and first.operands and first.operands[0].tensor_type.rank >= 2:
         lead = _shape(first.operands[0])[:-1]
