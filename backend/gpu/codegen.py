@@ -1053,23 +1053,12 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
     buffers, shifted_rows = _loop_buffers(low, loop, place, steps)
     carries = [low.storage(a) for a in carry_args]
     stacks = [low.storage(r) for r in loop.stacked_results]
-    final_storage = []
-    for c in loop.carries:
-        if c.result not in low.owned:
-            low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
-        final_storage.append(low.storage(c.result))
+    final_storage = _final_storage(low, loop)
     walked = walked_sequences(low, loop)  # a sequence slice's source, read in place
     body_steps, _ = low.block(loop.body)
     check_placement(low, loop, place)  # `redirectable` now knows the body
     first = [buffers[j][0] if j in buffers else c for j, c in enumerate(carries)]
-    hidden: dict[int, Any] = {}
-    """Carry j -> the rows its next values are written into (ScanPlacement.shifted, k None)."""
-    for j, (a, k) in place.shifted.items():
-        stacks[a], rows, first[j] = shifted_rows[j]
-        if k is None:
-            hidden[j] = rows
-        else:
-            stacks[k] = rows
+    hidden = _shift(place, shifted_rows, stacks, first)
     yielded_carries, yielded_stacks = loop.yielded_carries, loop.yielded_stacks
     order = range(steps - 1, -1, -1) if loop.reverse else range(steps)
     label = f"scan {'reverse' if loop.reverse else 'forward'} at {op.loc}"
@@ -1111,6 +1100,31 @@ def lower_scan(low: Lowering, op: Operation) -> Run:
 
     host = HostScan(label, tuple(order), enter, step, leave, tuple(carry_args))
     return scan_path(low, op, loop, host)
+
+
+def _final_storage(low: Lowering, loop: LoopView) -> list[Any]:
+    """Per carry, where its final value goes: the carry's own storage unless the loop owns it."""
+    final_storage = []
+    for c in loop.carries:
+        if c.result not in low.owned:
+            low.memory.share(c.result, c.arg)  # the final carry stays in the carry's storage
+        final_storage.append(low.storage(c.result))
+    return final_storage
+
+
+def _shift(place: ScanPlacement, shifted_rows: dict[int, tuple[Any, Any, Any]], stacks: list[Any],
+           first: list[Any]) -> dict[int, Any]:
+    """Binds each shifted carry's buffer (ScanPlacement.shifted): its stack, the rows its next
+    values are written into and its first row, updating stacks and first. Returns carry j -> those
+    rows where they are in no stack of the scan's (k None)."""
+    hidden: dict[int, Any] = {}
+    for j, (a, k) in place.shifted.items():
+        stacks[a], rows, first[j] = shifted_rows[j]
+        if k is None:
+            hidden[j] = rows
+        else:
+            stacks[k] = rows
+    return hidden
 
 
 def _carry_copier(low: Lowering, carries: list[Any], copied: tuple[int, ...], yielded: list[Value]
