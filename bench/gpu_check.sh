@@ -42,9 +42,9 @@ cat "$OUT/versions.txt" >>"$OUT/summary.txt"
 step pytest-gpu 280 python3 -m pytest -p no:cacheprovider -m gpu -q -rfE --durations=15
 # per model and size: the graph path and eager; at S also persistent scans (GIR_GPU_PERSISTENT=on
 # and measure). The output is streamed: a timeout keeps what was printed.
-step gpu-steps 140 python3 bench/gpu_steps.py --sizes S,M --repeat 10 --persistent on,measure --persistent-sizes S
+step gpu-steps 110 python3 bench/gpu_steps.py --sizes S --repeat 10 --persistent on,measure --persistent-sizes S
 # gir (CUDA graph replays) against PyTorch cuDNN and JAX at S, gradients checked first; M and L
 # in a call of their own: python3 bench/rnn.py --device gpu --sizes M,L
-step bench-rnn 130 python3 bench/rnn.py --device gpu --sizes S --repeat 10 --out "$OUT/performance-gpu.md"
+step bench-rnn 160 python3 bench/rnn.py --device gpu --sizes S --repeat 10 --out "$OUT/performance-gpu.md"
 echo "logs: $OUT" >>"$OUT/summary.txt"
 cat "$OUT/summary.txt"
