@@ -63,8 +63,7 @@ def _lnlstm(T: int, B: int, I: int, H: int, dtype: str = "f32", seed: int = 3):
 # -- the LayerNorm-LSTM training step ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("arena", [True, False], ids=["arena", "buffers"])
-@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize(("dtype", "arena"), [("f32", True), ("f64", False)], ids=["f32-arena", "f64-buffers"])
 def test_layernorm_lstm_step_eager_and_replayed_against_the_interpreter(dtype: str, arena: bool) -> None:
     """@lnlstm_grads (T=3, batch 2, input 3, hidden 4) on the GPU: the eager first call and graph
     replays with new inputs equal the interpreter (float32 to 1e-4, float64 to 1e-10)."""
@@ -298,10 +297,9 @@ def test_row_max_and_min_propagate_nan(dtype: str) -> None:
 
 def test_every_row_kernel_compiles_to_ptx(tmp_path: Path) -> None:
     """Every row kernel (the LayerNorm-LSTM step's, f32 and f64, forward and backward; the small
-    programs') through numba.cuda's real compiler, in a process without the simulator. Skipped
-    where NVVM/NVRTC is missing."""
-    from test_gpu_backend import assert_compiles_to_ptx
-
+    programs') through numba.cuda's real compiler, in a process without the simulator, each
+    compiled once; a row kernel's loads must be coherent (COHERENT_LOADS). Skipped where
+    NVVM/NVRTC is missing."""
     sources: dict[str, str] = {}
     for dtype in ("f32", "f64"):
         src, args, _ = _lnlstm(3, 2, 3, 4, dtype)
@@ -312,24 +310,36 @@ def test_every_row_kernel_compiles_to_ptx(tmp_path: Path) -> None:
             for k in fn.compiled.lowering.kernels:
                 sources[k.source.text] = k.source.signature
     assert sum("for row in range(cuda.blockIdx.x" in text for text in sources) >= 6
-    assert_compiles_to_ptx(sources, tmp_path)
-    rows = {text: sig for text, sig in sources.items() if "for row in range(cuda.blockIdx.x" in text}
-    listing = tmp_path / "rows.json"
-    listing.write_text(json.dumps(sorted(rows.items())))
+    listing = tmp_path / "kernels.json"
+    listing.write_text(json.dumps(sorted(sources.items())))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     done = subprocess.run([sys.executable, "-c", COHERENT_LOADS, str(listing)], env=env, capture_output=True,
                           text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.strip() == f"COHERENT {len(rows)}", done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    if done.stdout.startswith("NO NVVM"):
+        pytest.skip(done.stdout.strip())
+    rows = sum("for row in range(cuda.blockIdx.x" in text for text in sources)
+    assert done.stdout.strip() == f"PTX OK {len(sources)} COHERENT {rows}", done.stdout
 
 
 COHERENT_LOADS = """\
 import json, sys
 from numba import cuda
 from gir.backend.gpu import kernels
+try:
+    cuda.compile_ptx(kernels._define(cuda, kernels.generate([], [], [], ()).text).py_func, "void(int64)", cc=(8, 0))
+except Exception as e:  # no NVVM / NVRTC: numba-cuda without its [cu12]/[cu13] extra
+    print("NO NVVM:", type(e).__name__, e)
+    sys.exit(0)
+done = rows = 0
 for text, signature in json.load(open(sys.argv[1])):
     code, _ = cuda.compile_ptx(kernels._define(cuda, text).py_func, signature, cc=(8, 0))
-    assert "ld.global.nc" not in code, text
-print("COHERENT", len(json.load(open(sys.argv[1]))))
+    assert ".entry" in code, text
+    done += 1
+    if "for row in range(cuda.blockIdx.x" in text:
+        assert "ld.global.nc" not in code, text
+        rows += 1
+print("PTX OK", done, "COHERENT", rows)
 """
 """A row kernel reads back, after a barrier, what its earlier phases wrote through another
 parameter (the same memory): its loads must be coherent `ld.global`, never the read-only cache's
