@@ -443,19 +443,10 @@ def ranges_source(parts: Sequence[KernelPart]) -> KernelSource:
     all_in: list[Value] = []
     all_out: list[Value] = []
     for part in parts:
-        body, term = part.op.body, part.op.body.terminator
-        assert term is not None
-        shape = tuple(part.op.results[0].tensor_type.shape)
-        src = _Source(shape)  # type: ignore[arg-type]
-        src.error_sites, src.count = error_sites, count  # one numbering of sites and names
-        yielded = list(term.operands)
-        outputs = yielded if part.repeat is None else [yielded[k] for k in part.repeat]
-        reads, writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, part.layouts,
-                                    part.out_layouts, part.reductions, len(all_in), len(all_out))
-        count = src.count
-        lines.append(f"{INDENT}if i < {math.prod(shape)}:")  # type: ignore[arg-type]
-        lines += ["    " + line for line in src.coordinate_lines() + reads + src.lines + writes]
-        all_in += body.args
+        shape, outputs, code, count = _part_code(part, error_sites, count, len(all_in), len(all_out))
+        lines.append(f"{INDENT}if i < {math.prod(shape)}:")
+        lines += ["    " + line for line in code]
+        all_in += part.op.body.args
         all_out += outputs
     params, types = _signature(all_out, all_in, bool(error_sites))
     head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):",
@@ -538,6 +529,24 @@ class KernelPart:
     repeat: tuple[int, ...] | None = None
     """Which result each output parameter stores (a result stored twice: a piece of two
     concats); None: each result once, in order."""
+
+
+def _part_code(part: KernelPart, error_sites: list[tuple[str, Operation]], count: int, n_in: int, n_out: int
+               ) -> tuple[tuple[int, ...], list[Value], list[str], int]:
+    """The lines computing one part for output index `i` (its coordinates, reads, scalar ops and
+    writes), its inputs numbered from n_in and outputs from n_out, its error sites and names
+    numbered on from count (one numbering per kernel): (its shape, the values it stores, the
+    lines, the next count)."""
+    body, term = part.op.body, part.op.body.terminator
+    assert term is not None
+    shape = tuple(part.op.results[0].tensor_type.shape)
+    src = _Source(shape)  # type: ignore[arg-type]
+    src.error_sites, src.count = error_sites, count
+    yielded = list(term.operands)
+    outputs = yielded if part.repeat is None else [yielded[k] for k in part.repeat]
+    reads, writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, part.layouts,
+                                part.out_layouts, part.reductions, n_in, n_out)
+    return shape, outputs, src.coordinate_lines() + reads + src.lines + writes, src.count  # type: ignore[return-value]
 
 
 def fused_source(op: Operation, layouts: dict[int, InputLayout] | None = None,
@@ -658,21 +667,12 @@ def row_source(phases: Sequence[RowPhase], rows: int) -> KernelSource:
             all_in.append(phase.operand)
             all_out.append(phase.result)
             continue
-        body, term = phase.op.body, phase.op.body.terminator
-        assert term is not None
-        shape = tuple(phase.op.results[0].tensor_type.shape)
-        per_row = math.prod(shape) // rows  # type: ignore[arg-type]
-        src = _Source(shape)  # type: ignore[arg-type]
-        src.error_sites, src.count = error_sites, count  # one numbering of sites and names
-        yielded = list(term.operands)
-        outputs = yielded if phase.repeat is None else [yielded[k] for k in phase.repeat]
-        reads, writes = _part_lines(src, body.args, [o for o in body if o is not term], outputs, phase.layouts,
-                                    phase.out_layouts, phase.reductions, len(all_in), len(all_out))
-        count = src.count
+        shape, outputs, code, count = _part_code(phase, error_sites, count, len(all_in), len(all_out))
+        per_row = math.prod(shape) // rows
         lines.append(f"{INDENT}for i in range(row * {per_row} + t, row * {per_row} + {per_row}, cuda.blockDim.x):")
-        lines += ["    " + line for line in src.coordinate_lines() + reads + src.lines + writes]
+        lines += ["    " + line for line in code]
         lines.append(f"{INDENT}cuda.syncthreads()")
-        all_in += body.args
+        all_in += phase.op.body.args
         all_out += outputs
     params, types = _signature(all_out, all_in, bool(error_sites))
     shared = [f"    sm_{d} = cuda.shared.array({SHARED}, {d})" for d in dict.fromkeys(dtypes)]
