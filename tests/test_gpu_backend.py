@@ -371,12 +371,16 @@ try:
 except Exception as e:  # no NVVM / NVRTC: numba-cuda without its [cu12]/[cu13] extra
     print("NO NVVM:", type(e).__name__, e)
     sys.exit(0)
-done = 0
+marker = sys.argv[2] if len(sys.argv) > 2 else None
+done = coherent = 0
 for text, signature in json.load(open(sys.argv[1])):
     code, _ = cuda.compile_ptx(kernels._define(cuda, text).py_func, signature, cc=(8, 0))
     assert ".entry" in code, text
     done += 1
-print("PTX OK", done)
+    if marker is not None and marker in text:  # must read through coherent loads (assert_compiles_to_ptx)
+        assert "ld.global.nc" not in code, text
+        coherent += 1
+print("PTX OK", done, *(("COHERENT", coherent) if marker is not None else ()))
 """
 
 
@@ -396,18 +400,23 @@ def test_every_kernel_a_training_step_launches_compiles_to_ptx(tmp_path: Path) -
     assert_compiles_to_ptx(sources, tmp_path)
 
 
-def assert_compiles_to_ptx(sources: dict[str, str], tmp_path: Path) -> None:
+def assert_compiles_to_ptx(sources: dict[str, str], tmp_path: Path, coherent: str | None = None) -> None:
     """Each kernel source (-> its signature) through numba.cuda's real compiler, in a process
-    without the simulator (which runs Python and checks no types). Skips without NVVM/NVRTC."""
+    without the simulator (which runs Python and checks no types). The sources containing
+    `coherent` must load only through coherent `ld.global`, never the read-only cache's
+    `ld.global.nc` (a kernel reading back what it wrote through another parameter). Skips
+    without NVVM/NVRTC."""
     listing = tmp_path / "kernels.json"
     listing.write_text(json.dumps(sorted(sources.items())))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    done = subprocess.run([sys.executable, "-c", LOWERED_PTX, str(listing)], env=env, capture_output=True,
+    marker = [coherent] if coherent is not None else []
+    done = subprocess.run([sys.executable, "-c", LOWERED_PTX, str(listing), *marker], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     if done.stdout.startswith("NO NVVM"):
         pytest.skip(done.stdout.strip())
-    assert done.stdout.strip() == f"PTX OK {len(sources)}", done.stdout
+    checked = f" COHERENT {sum(coherent in text for text in sources)}" if coherent is not None else ""
+    assert done.stdout.strip() == f"PTX OK {len(sources)}{checked}", done.stdout
 
 
 PIECES = """\

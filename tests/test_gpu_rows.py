@@ -298,8 +298,10 @@ def test_row_max_and_min_propagate_nan(dtype: str) -> None:
 def test_every_row_kernel_compiles_to_ptx(tmp_path: Path) -> None:
     """Every row kernel (the LayerNorm-LSTM step's, f32 and f64, forward and backward; the small
     programs') through numba.cuda's real compiler, in a process without the simulator, each
-    compiled once; a row kernel's loads must be coherent (COHERENT_LOADS). Skipped where
+    compiled once; a row kernel's loads must be coherent. Skipped where
     NVVM/NVRTC is missing."""
+    from test_gpu_backend import assert_compiles_to_ptx
+
     sources: dict[str, str] = {}
     for dtype in ("f32", "f64"):
         src, args, _ = _lnlstm(3, 2, 3, 4, dtype)
@@ -310,41 +312,10 @@ def test_every_row_kernel_compiles_to_ptx(tmp_path: Path) -> None:
             for k in fn.compiled.lowering.kernels:
                 sources[k.source.text] = k.source.signature
     assert sum("for row in range(cuda.blockIdx.x" in text for text in sources) >= 6
-    listing = tmp_path / "kernels.json"
-    listing.write_text(json.dumps(sorted(sources.items())))
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    done = subprocess.run([sys.executable, "-c", COHERENT_LOADS, str(listing)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    if done.stdout.startswith("NO NVVM"):
-        pytest.skip(done.stdout.strip())
-    rows = sum("for row in range(cuda.blockIdx.x" in text for text in sources)
-    assert done.stdout.strip() == f"PTX OK {len(sources)} COHERENT {rows}", done.stdout
-
-
-COHERENT_LOADS = """\
-import json, sys
-from numba import cuda
-from gir.backend.gpu import kernels
-try:
-    cuda.compile_ptx(kernels._define(cuda, kernels.generate([], [], [], ()).text).py_func, "void(int64)", cc=(8, 0))
-except Exception as e:  # no NVVM / NVRTC: numba-cuda without its [cu12]/[cu13] extra
-    print("NO NVVM:", type(e).__name__, e)
-    sys.exit(0)
-done = rows = 0
-for text, signature in json.load(open(sys.argv[1])):
-    code, _ = cuda.compile_ptx(kernels._define(cuda, text).py_func, signature, cc=(8, 0))
-    assert ".entry" in code, text
-    done += 1
-    if "for row in range(cuda.blockIdx.x" in text:
-        assert "ld.global.nc" not in code, text
-        rows += 1
-print("PTX OK", done, "COHERENT", rows)
-"""
-"""A row kernel reads back, after a barrier, what its earlier phases wrote through another
-parameter (the same memory): its loads must be coherent `ld.global`, never the read-only cache's
-`ld.global.nc` that the compiler may choose for an array it sees only read (numba-cuda marks no
-parameter noalias, so it does not; this checks it stays so)."""
+    # A row kernel reads back, after a barrier, what its earlier phases wrote through another
+    # parameter (the same memory): numba-cuda marks no parameter noalias, so the compiler does
+    # not use the read-only cache's `ld.global.nc` for it; this checks it stays so.
+    assert_compiles_to_ptx(sources, tmp_path, coherent="for row in range(cuda.blockIdx.x")
 
 
 # -- examples/layernorm_lstm.gir --------------------------------------------------------------
