@@ -473,6 +473,33 @@ def test_reductions_read_by_one_kernel_are_computed_inside_it(dtype: str) -> Non
     assert any("cuda.shared.array" in k for k in fn.compiled.kernel_sources)
 
 
+COLUMNS = """\
+func @f(%a: tensor<3x4xf32>, %b: tensor<3x4xf32>, %c: tensor<2x3x4xf32>, %d: tensor<4xf32>, %e: tensor<5x8xf32>,
+        %w: tensor<8x8xf32>)
+    -> tensor<4xf32> {
+  %g = matmul %e, %w : tensor<5x8xf32>
+  %s = slice %g {limits = [5, 8], starts = [0, 4]} : tensor<5x4xf32>
+  %r = %d + sum(%a, axes = [0]) * mean(%b, axes = [0]) - sum(%c, axes = [0, 1]) + sum(%s, axes = [0])
+  return %r
+}
+"""
+
+
+def test_column_sums_of_one_kernel_share_a_loop_per_row_count(tmp_path: Path) -> None:
+    """Column sums read by one kernel (a backward step's bias gradients): one `for r` loop per
+    row count, not one each (numba compiles one loop several times faster than ten: a
+    LayerNorm-LSTM's gradient kernel 0.58 -> 0.27 s), each sum over its own rows and layout
+    (a slice of a GEMM result read in place); the interpreter's results."""
+    rng = np.random.default_rng(2)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(3, 4), (3, 4), (2, 3, 4), (4,), (5, 8)]]
+    fn = assert_matches_interpreter(COLUMNS, "f", args + [rng.standard_normal((8, 8)).astype(np.float32)])
+    assert fn.stats.xp_launches == 0, fn.stats
+    (source,) = [k.source for k in fn.compiled.lowering.kernels if "for r in range" in k.source.text]
+    loops = sorted(line.strip() for line in source.text.splitlines() if "for r in range" in line)
+    assert loops == ["for r in range(3):", "for r in range(5):", "for r in range(6):"], source.text
+    assert_compiles_to_ptx({source.text: source.signature}, tmp_path)
+
+
 WHOLES = """\
 func @f(%u: tensor<2x2x3xf64>, %s: tensor<2x3xf64>, %h: tensor<5xf32>) -> tensor<f64> {
   %loss = sum(%u) + mean(%s) + cast(mean(%h), dtype="f64")

@@ -606,6 +606,30 @@ def _broadcast_layout(op: Operation) -> InputLayout:
     return InputLayout(0, tuple(0 if dx == 1 and dr != 1 else s for dx, dr, s in zip(_shape(x), _shape(r), strides)))
 
 
+@dataclass(frozen=True)
+class _Phase:
+    """A phase of a row kernel, with its op, the values it is launched with and those it writes."""
+
+    phase: RowPhase
+    op: Operation
+    reads: tuple[Value, ...]
+    writes: tuple[Value, ...]
+
+
+def _stages(phases: list[_Phase]) -> list[list[_Phase]]:
+    """The phases by stage: a phase's stage is one after the last stage writing a value it reads
+    (each phase writes buffers of its own, so only reads after writes order them); within a
+    stage, program order."""
+    stage_of: dict[Value, int] = {}
+    stages: list[list[_Phase]] = []
+    for p in phases:
+        k = 1 + max((stage_of[v] for v in p.reads if v in stage_of), default=-1)
+        stages += [[] for _ in range(k + 1 - len(stages))]
+        stages[k].append(p)
+        stage_of.update({v: max(k, stage_of.get(v, -1)) for v in p.writes})
+    return stages
+
+
 def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
     """A row program (rows.py) as one kernel (kernels.row_source): its groups and row
     reductions as phases, values it made read back from their memory (a piece through its
@@ -614,9 +638,7 @@ def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
     may have given their slots to those ops' values), as a chain's do."""
     low.row_programs.append(program)
     made: dict[Value, tuple[Value, InputLayout | None]] = {}
-    phases: list[RowPhase] = []
-    inputs: list[Value] = []
-    launched: list[Operation] = []
+    phases: list[_Phase] = []
     views: list[Run] = []
     for op in program.ops:
         if role(op) == "slice":  # of a value made before: first (an absorbed view, or a copy of its own)
@@ -634,21 +656,24 @@ def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
                 if r not in low.pieces:
                     low.own_storage(r)
         read = [made.get(v) or low.absorbed.get(v) or (v, None) for v in op.operands]
-        inputs += [source for source, _ in read]
-        launched.append(op)
+        sources = tuple(source for source, _ in read)
         if op.spec.reduction is not None:
             x = op.operands[0]
             columns = math.prod(_shape(x)) // program.rows
             reduction = op.spec.reduction
-            phases.append(RowReduction(x, op.result, columns, reduction.divide_by_count, read[0][1], reduction.combine))
+            phases.append(_Phase(RowReduction(x, op.result, columns, reduction.divide_by_count, read[0][1],
+                                              reduction.combine), op, sources, (op.result,)))
             made[op.result] = (op.result, None)
             continue
-        _, out_layouts, repeat = _output_places(low, op)
+        outs, out_layouts, repeat = _output_places(low, op)
         layouts = {k: layout for k, (_, layout) in enumerate(read) if layout is not None}
-        phases.append(KernelPart(op, layouts, out_layouts, {}, tuple(repeat)))
+        phases.append(_Phase(KernelPart(op, layouts, out_layouts, {}, tuple(repeat)), op, sources, tuple(outs)))
         made.update({r: low.absorbed[r] if r in low.pieces else (r, None) for r in op.results})
-    kernel = _launch(low, launched, compile_kernel(low.dev, row_source(phases, program.rows)), inputs,
-                     rows=program.rows)
+    stages = _stages(phases)
+    ordered = [p for stage in stages for p in stage]
+    kernel_source = row_source([[p.phase for p in stage] for stage in stages], program.rows)
+    kernel = _launch(low, [p.op for p in ordered], compile_kernel(low.dev, kernel_source),
+                     [v for p in ordered for v in p.reads], rows=program.rows)
     if not views:
         return kernel
 

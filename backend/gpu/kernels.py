@@ -317,15 +317,27 @@ MAX_WHOLE_READS = 8
 (8 x 256 x 8 bytes = 16 KiB, well under the 48 KiB a block may declare statically)."""
 
 
-def _reduction_lines(k: int, red: ReductionRead, dtype: str) -> list[str]:
-    """The statements giving x{k}: the column sum (in the grid-stride loop), or, for a whole
-    array, the block's sum (before it: `if t == 0:` then runs the rest)."""
-    scale = [f"x{k} = {dtype}(x{k} / {dtype}({red.rows}))"] if red.mean else []
-    if red.whole:
-        return [f"x{k} = sm{k}[0]", *scale]
-    lay = red.layout
-    at = f"r * {red.columns} + i" if lay is None else f"{lay.offset} + r * {lay.strides[0]} + i * {lay.strides[1]}"
-    return [f"x{k} = {dtype}(0)", f"for r in range({red.rows}):", f"    x{k} = {dtype}(x{k} + in{k}[{at}])", *scale]
+def _scale(k: int, red: ReductionRead, dtype: str) -> list[str]:
+    return [f"x{k} = {dtype}(x{k} / {dtype}({red.rows}))"] if red.mean else []
+
+
+def _column_sums(sums: Sequence[tuple[int, ReductionRead, str]]) -> list[str]:
+    """The statements giving each x{k} (k, its reduction, its dtype) as its column's sum, in the
+    grid-stride loop: one `for r` loop per row count, adding every column sum of that count
+    (a backward step's bias gradients: one loop instead of one each, which numba types and
+    lowers in a fraction of the time; each sum still runs over r in order, so the bits are
+    the same as one loop each)."""
+    lines: list[str] = []
+    for rows in dict.fromkeys(red.rows for _, red, _ in sums):
+        group = [(k, red, dtype) for k, red, dtype in sums if red.rows == rows]
+        lines += [f"x{k} = {dtype}(0)" for k, _, dtype in group] + [f"for r in range({rows}):"]
+        for k, red, dtype in group:
+            lay = red.layout
+            at = (f"r * {red.columns} + i" if lay is None
+                  else f"{lay.offset} + r * {lay.strides[0]} + i * {lay.strides[1]}")
+            lines.append(f"    x{k} = {dtype}(x{k} + in{k}[{at}])")
+        lines += [line for k, red, dtype in group for line in _scale(k, red, dtype)]
+    return lines
 
 
 def _whole_head(k: int, red: ReductionRead, dtype: str) -> list[str]:
@@ -351,14 +363,19 @@ def _part_lines(src: _Source, inputs: Sequence[Value], ops: Sequence[Operation],
     for k, v in enumerate(inputs):
         src.names[v] = f"x{in_base + k}"
     reads: list[str] = []
+    sums: list[tuple[int, ReductionRead, str]] = []
     for k, v in enumerate(inputs):
-        name = f"x{in_base + k}"
+        name, dtype = f"x{in_base + k}", v.tensor_type.dtype
         if k in given:
             reads.append(f"{INDENT}{name} = {given[k]}")
+        elif k in reductions and reductions[k].whole:
+            reads += [f"{INDENT}{name} = sm{in_base + k}[0]",
+                      *(INDENT + line for line in _scale(in_base + k, reductions[k], dtype))]
         elif k in reductions:
-            reads += [INDENT + line for line in _reduction_lines(in_base + k, reductions[k], v.tensor_type.dtype)]
+            sums.append((in_base + k, reductions[k], dtype))
         else:
             reads.append(f"{INDENT}{name} = in{in_base + k}[{src.index(v.tensor_type, layouts.get(k))}]")
+    reads += [INDENT + line for line in _column_sums(sums)]
     for op in ops:
         src.op(op)
     at = [src.strided_index(src.out_shape, out_layouts[k]) if k in out_layouts else "i" for k in range(len(outputs))]
@@ -630,52 +647,100 @@ RowPhase = KernelPart | RowReduction
 """One phase of a row kernel: a fused group over the row's elements, or a row reduction."""
 
 
-def _row_tree(k: int, red: RowReduction, src: _Source, out: int) -> list[str]:
-    """A reduction phase: each thread sums its columns of the row (`i` the operand's flat
-    index), the block adds them up in sm_<dtype> (a tree), thread 0 stores the row's total."""
+ROW_TREE_WIDTH = 4
+"""Row reductions one shared-memory tree sums side by side, at most: each takes SHARED slots
+(4 x 256 x 4 bytes = 4 KiB in float32), and a persistent scan inlining the kernel keeps 8 KiB
+for its phases' arrays (persistent.PHASE_SHARED)."""
+
+
+def _accumulate(k: int, red: RowReduction) -> list[str]:
+    """A reduction's lines in its row loop (`i` the operand's flat index): acc{k} takes in{k}[i]."""
     dtype = red.operand.tensor_type.dtype
-    sm, c = f"sm_{dtype}", red.columns
+    src = _Source(tuple(red.operand.tensor_type.shape))  # type: ignore[arg-type]
     at = src.index(red.operand.tensor_type, red.layout)
-    total = f"{dtype}({sm}[0] / {dtype}({c}))" if red.mean else f"{sm}[0]"
-    return [f"acc{k} = {literal(_ROW_INIT[red.combine], dtype)}",
-            f"for i in range(row * {c} + t, row * {c} + {c}, cuda.blockDim.x):",
-            *("    " + line[len(INDENT):] for line in src.coordinate_lines()),
-            f"    e{k} = in{k}[{at}]", f"    acc{k} = {_combined(red.combine, dtype, f'acc{k}', f'e{k}')}",
-            f"{sm}[t] = acc{k}", "cuda.syncthreads()", "s = cuda.blockDim.x // 2", "while s > 0:", "    if t < s:",
-            f"        e{k} = {sm}[t + s]", f"        {sm}[t] = {_combined(red.combine, dtype, f'{sm}[t]', f'e{k}')}",
-            "    cuda.syncthreads()", "    s //= 2", "if t == 0:", f"    out{out}[row] = {total}", "cuda.syncthreads()"]
+    return [*src.coordinate_lines(), f"{INDENT}e{k} = in{k}[{at}]",
+            f"{INDENT}acc{k} = {_combined(red.combine, dtype, f'acc{k}', f'e{k}')}"]
 
 
-def row_source(phases: Sequence[RowPhase], rows: int) -> KernelSource:
-    """One kernel for a row program (codegen's row programs: LayerNorm's mean, variance and
-    normalisation, and their gradients' row sums): a block per row (striding over the rows),
-    the phases in order, each over the row's elements (a group's `i` runs over the row's part
-    of its output) or a row reduction, with a block barrier after each, so that a phase reads
-    what the earlier ones wrote to memory for this row. Every value a phase reads from an
-    earlier one lies in the same row (codegen checks), so blocks never wait for each other."""
-    error_sites: list[tuple[str, Operation]] = []
-    count = 0
+def _row_trees(trees: Sequence[tuple[int, RowReduction, int]]) -> list[str]:
+    """Reductions (input k, it, output) of one stage, their accumulators summed: per tree of
+    up to ROW_TREE_WIDTH, each in its own SHARED slots of sm_<dtype>, halved together (one
+    barrier per level for all of them), thread 0 storing each row's total."""
     lines: list[str] = []
-    all_in: list[Value] = []
-    all_out: list[Value] = []
-    dtypes: list[str] = []
-    for phase in phases:
+    for start in range(0, len(trees), ROW_TREE_WIDTH):
+        chunk = trees[start:start + ROW_TREE_WIDTH]
+        if start:
+            lines.append("cuda.syncthreads()")  # thread 0 has read the last tree's totals
+        slot: dict[int, str] = {}
+        step: list[str] = []
+        done: list[str] = []
+        used: dict[str, int] = {}
+        for k, red, out in chunk:
+            dtype = red.operand.tensor_type.dtype
+            j = used[dtype] = used.get(dtype, -1) + 1  # the tree's j-th of its dtype
+            sm, base = f"sm_{dtype}", f"{j * SHARED} + " if j else ""
+            slot[k] = f"{sm}[{base}t]"
+            lines.append(f"{slot[k]} = acc{k}")
+            step += [f"        e{k} = {sm}[{base}t + s]",
+                     f"        {slot[k]} = {_combined(red.combine, dtype, slot[k], f'e{k}')}"]
+            total = f"{sm}[{j * SHARED}]"
+            done.append(f"    out{out}[row] = " + (f"{dtype}({total} / {dtype}({red.columns}))" if red.mean else total))
+        lines += ["cuda.syncthreads()", "s = cuda.blockDim.x // 2", "while s > 0:", "    if t < s:", *step,
+                  "    cuda.syncthreads()", "    s //= 2", "if t == 0:", *done]
+    return [INDENT + line for line in lines]
+
+
+def _stage_lines(stage: Sequence[RowPhase], counts: list[int], error_sites: list[tuple[str, Operation]],
+                 all_in: list[Value], all_out: list[Value], rows: int) -> list[str]:
+    """One stage of a row kernel: its phases read only what earlier stages wrote, so they run
+    between the same two barriers; those over the same number of a row's elements share one
+    loop, the reductions one tree per ROW_TREE_WIDTH."""
+    loops: dict[int, list[str]] = {}
+    trees: list[tuple[int, RowReduction, int]] = []
+    for phase in stage:
         if isinstance(phase, RowReduction):
-            src = _Source(tuple(phase.operand.tensor_type.shape))  # type: ignore[arg-type]
-            lines += [INDENT + line for line in _row_tree(len(all_in), phase, src, len(all_out))]
-            dtypes.append(phase.operand.tensor_type.dtype)
+            k = len(all_in)
+            loops.setdefault(phase.columns, []).extend(_accumulate(k, phase))
+            trees.append((k, phase, len(all_out)))
             all_in.append(phase.operand)
             all_out.append(phase.result)
             continue
-        shape, outputs, code, count = _part_code(phase, error_sites, count, len(all_in), len(all_out))
-        per_row = math.prod(shape) // rows
-        lines.append(f"{INDENT}for i in range(row * {per_row} + t, row * {per_row} + {per_row}, cuda.blockDim.x):")
-        lines += ["    " + line for line in code]
-        lines.append(f"{INDENT}cuda.syncthreads()")
+        shape, outputs, code, counts[0] = _part_code(phase, error_sites, counts[0], len(all_in), len(all_out))
+        loops.setdefault(math.prod(shape) // rows, []).extend(code)
         all_in += phase.op.body.args
         all_out += outputs
+    inits = [f"{INDENT}acc{k} = {literal(_ROW_INIT[red.combine], red.operand.tensor_type.dtype)}"
+             for k, red, _ in trees]
+    lines = list(inits)
+    for width, code in loops.items():
+        lines.append(f"{INDENT}for i in range(row * {width} + t, row * {width} + {width}, cuda.blockDim.x):")
+        lines += ["    " + line for line in code]
+    return lines + _row_trees(trees) + [f"{INDENT}cuda.syncthreads()"]
+
+
+def row_source(stages: Sequence[Sequence[RowPhase]], rows: int) -> KernelSource:
+    """One kernel for a row program (codegen's row programs: LayerNorm's mean, variance and
+    normalisation, and their gradients' row sums): a block per row (striding over the rows),
+    the stages in order, each a set of phases that read nothing another of the stage writes
+    (codegen orders them), over the row's elements (a group's `i` runs over the row's part of
+    its output) or a row reduction, with a block barrier after each stage, so that a phase
+    reads what the earlier stages wrote to memory for this row. Every value a phase reads from
+    an earlier one lies in the same row (codegen checks), so blocks never wait for each other.
+    A LayerNorm-LSTM's four gate LayerNorms are one stage each step of the way: four means in
+    one tree, not four trees (fewer barriers on a GPU; numba compiles a third fewer loops)."""
+    error_sites: list[tuple[str, Operation]] = []
+    counts = [0]
+    lines: list[str] = []
+    all_in: list[Value] = []
+    all_out: list[Value] = []
+    trees: dict[str, int] = {}
+    for stage in stages:
+        lines += _stage_lines(stage, counts, error_sites, all_in, all_out, rows)
+        for dtype in dict.fromkeys(p.operand.tensor_type.dtype for p in stage if isinstance(p, RowReduction)):
+            width = sum(1 for p in stage if isinstance(p, RowReduction) and p.operand.tensor_type.dtype == dtype)
+            trees[dtype] = max(trees.get(dtype, 0), min(width, ROW_TREE_WIDTH))
     params, types = _signature(all_out, all_in, bool(error_sites))
-    shared = [f"    sm_{d} = cuda.shared.array({SHARED}, {d})" for d in dict.fromkeys(dtypes)]
+    shared = [f"    sm_{d} = cuda.shared.array({SHARED * width}, {d})" for d, width in trees.items()]
     head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):", "    t = cuda.threadIdx.x", *shared,
             "    for row in range(cuda.blockIdx.x, n, cuda.gridDim.x):"]
     return KernelSource("\n".join(head + lines) + "\n", f"void({', '.join(types)})", error_sites, row_blocks=True)
