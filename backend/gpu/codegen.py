@@ -614,19 +614,34 @@ class _Phase:
     op: Operation
     reads: tuple[Value, ...]
     writes: tuple[Value, ...]
+    width: int
+    """Elements of a row its loop runs over (kernels.row_source keys loops by it)."""
+    at_i: tuple[Value, ...] = ()
+    """A group: the values it writes at its loop's index `i` (not pieces). A reduction: its
+    operand, where read at `i` (no layout)."""
 
 
 def _stages(phases: list[_Phase]) -> list[list[_Phase]]:
     """The phases by stage: a phase's stage is one after the last stage writing a value it reads
-    (each phase writes buffers of its own, so only reads after writes order them); within a
-    stage, program order."""
-    stage_of: dict[Value, int] = {}
+    (each phase writes buffers of its own, so only reads after writes order them), but a
+    reduction of a value a group writes at `i` in a loop of the same width may join that
+    group's stage: row_source puts it in the same loop, after the group, where each thread
+    reads back the elements it wrote itself (LayerNorm's `x - mean` and the sum of its squares
+    in one pass, no barrier between). Within a stage, program order."""
+    stage_of: dict[Value, tuple[int, int | None]] = {}  # -> (stage, the loop width writing it at i)
     stages: list[list[_Phase]] = []
     for p in phases:
-        k = 1 + max((stage_of[v] for v in p.reads if v in stage_of), default=-1)
+        k = 0
+        for v in p.reads:
+            if v in stage_of:
+                stage, width = stage_of[v]
+                k = max(k, stage if v in p.at_i and width == p.width else stage + 1)
         stages += [[] for _ in range(k + 1 - len(stages))]
         stages[k].append(p)
-        stage_of.update({v: max(k, stage_of.get(v, -1)) for v in p.writes})
+        for v in p.writes:
+            earlier = stage_of.get(v, (-1, None))[0]
+            at_i = p.width if isinstance(p.phase, KernelPart) and v in p.at_i else None
+            stage_of[v] = (k, at_i) if k > earlier else (earlier, None)
     return stages
 
 
@@ -662,12 +677,16 @@ def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
             columns = math.prod(_shape(x)) // program.rows
             reduction = op.spec.reduction
             phases.append(_Phase(RowReduction(x, op.result, columns, reduction.divide_by_count, read[0][1],
-                                              reduction.combine), op, sources, (op.result,)))
+                                              reduction.combine), op, sources, (op.result,), columns,
+                                 sources if read[0][1] is None else ()))
             made[op.result] = (op.result, None)
             continue
         outs, out_layouts, repeat = _output_places(low, op)
         layouts = {k: layout for k, (_, layout) in enumerate(read) if layout is not None}
-        phases.append(_Phase(KernelPart(op, layouts, out_layouts, {}, tuple(repeat)), op, sources, tuple(outs)))
+        width = math.prod(_shape(op.results[0])) // program.rows
+        direct = tuple(r for r in op.results if r in outs)  # in its own buffer, at i
+        phases.append(_Phase(KernelPart(op, layouts, out_layouts, {}, tuple(repeat)), op, sources, tuple(outs),
+                             width, direct))
         made.update({r: low.absorbed[r] if r in low.pieces else (r, None) for r in op.results})
     stages = _stages(phases)
     ordered = [p for stage in stages for p in stage]
