@@ -77,6 +77,7 @@ from .kernels import (
     ReductionRead,
     RowPhase,
     RowReduction,
+    RowStage,
     chain_source,
     compile_kernel,
     fused_group_source,
@@ -614,35 +615,66 @@ class _Phase:
     op: Operation
     reads: tuple[Value, ...]
     writes: tuple[Value, ...]
+    """Each in a buffer of its own (a group's results) or a piece of a concat."""
     width: int
     """Elements of a row its loop runs over (kernels.row_source keys loops by it)."""
     at_i: tuple[Value, ...] = ()
-    """A group: the values it writes at its loop's index `i` (not pieces). A reduction: its
-    operand, where read at `i` (no layout)."""
+    """Of reads, those read at the loop's index `i` itself (no layout, the operand's shape the
+    group's: the element this thread writes)."""
+    own: tuple[Value, ...] = ()
+    """Of writes, a group's results in their own buffers (at `i`; not pieces)."""
 
 
-def _stages(phases: list[_Phase]) -> list[list[_Phase]]:
-    """The phases by stage: a phase's stage is one after the last stage writing a value it reads
-    (each phase writes buffers of its own, so only reads after writes order them), but a
-    reduction of a value a group writes at `i` in a loop of the same width may join that
-    group's stage: row_source puts it in the same loop, after the group, where each thread
-    reads back the elements it wrote itself (LayerNorm's `x - mean` and the sum of its squares
-    in one pass, no barrier between). Within a stage, program order."""
-    stage_of: dict[Value, tuple[int, int | None]] = {}  # -> (stage, the loop width writing it at i)
-    stages: list[list[_Phase]] = []
+def _stages(phases: list[_Phase]) -> list[tuple[list[_Phase], list[_Phase]]]:
+    """The phases by stage, each (its loops' phases, its `after` groups: kernels.RowStage). A
+    phase's stage is one after the last stage writing a value it reads (each phase writes
+    buffers of its own, so only reads after writes order them), except where a thread reads
+    back what it wrote itself, needing no barrier:
+    - a value a group writes at `i` in a loop of the reader's width, read at `i`: the reader
+      joins the group's stage and loop, after it (LayerNorm's `x - mean` and the sum of its
+      squares in one pass);
+    - a row's reduction result or an `after` group's, read at `i` by a group of one element per
+      row: that runs on thread 0 alone, at i = row, where thread 0 stored them, so it joins the
+      stage as an `after` group (a row's `sqrt(var + eps)` right after its variance).
+    Within a stage, program order."""
+    where: dict[Value, tuple[int, int | None]] = {}
+    """-> (its stage, how it is written: at i in the loops of that width, -1 elsewhere in the
+    loops (a piece), None after the trees (a reduction's result, an after group's))."""
+    stages: list[tuple[list[_Phase], list[_Phase]]] = []
     for p in phases:
-        k = 0
+        one = isinstance(p.phase, KernelPart) and p.width == 1
+        needs: list[tuple[int, bool]] = [(0, False)]  # (stage at least, there only as an after group)
         for v in p.reads:
-            if v in stage_of:
-                stage, width = stage_of[v]
-                k = max(k, stage if v in p.at_i and width == p.width else stage + 1)
-        stages += [[] for _ in range(k + 1 - len(stages))]
-        stages[k].append(p)
+            if v in where:
+                stage, how = where[v]
+                same = v in p.at_i and (one if how is None else how == p.width)
+                needs.append((stage, how is None) if same else (stage + 1, False))
+        k = max(stage for stage, _ in needs)
+        after = any(stage == k and late for stage, late in needs)
+        stages += [([], []) for _ in range(k + 1 - len(stages))]
+        stages[k][1 if after else 0].append(p)
         for v in p.writes:
-            earlier = stage_of.get(v, (-1, None))[0]
-            at_i = p.width if isinstance(p.phase, KernelPart) and v in p.at_i else None
-            stage_of[v] = (k, at_i) if k > earlier else (earlier, None)
+            how = (None if isinstance(p.phase, RowReduction) else -1 if v not in p.own
+                   else None if after else p.width)
+            if k >= where.get(v, (-1, None))[0]:
+                where[v] = (k, how)
     return stages
+
+
+def _row_phase(low: Lowering, op: Operation, read: list[tuple[Value, InputLayout | None]], rows: int) -> _Phase:
+    """op's phase in a row kernel of `rows` rows, its operands read from read (source, layout)."""
+    sources = tuple(source for source, _ in read)
+    if op.spec.reduction is not None:
+        x, reduction = op.operands[0], op.spec.reduction
+        columns = math.prod(_shape(x)) // rows
+        return _Phase(RowReduction(x, op.result, columns, reduction.divide_by_count, read[0][1], reduction.combine),
+                      op, sources, (op.result,), columns, sources if read[0][1] is None else ())
+    outs, out_layouts, repeat = _output_places(low, op)
+    layouts = {k: layout for k, (_, layout) in enumerate(read) if layout is not None}
+    at_i = tuple(source for v, (source, layout) in zip(op.operands, read)
+                 if layout is None and _shape(v) == _shape(op.results[0]))
+    return _Phase(KernelPart(op, layouts, out_layouts, {}, tuple(repeat)), op, sources, tuple(outs),
+                  math.prod(_shape(op.results[0])) // rows, at_i, tuple(r for r in op.results if r in outs))
 
 
 def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
@@ -671,26 +703,15 @@ def lower_row_program(low: Lowering, program: RowProgram) -> Run | None:
                 if r not in low.pieces:
                     low.own_storage(r)
         read = [made.get(v) or low.absorbed.get(v) or (v, None) for v in op.operands]
-        sources = tuple(source for source, _ in read)
-        if op.spec.reduction is not None:
-            x = op.operands[0]
-            columns = math.prod(_shape(x)) // program.rows
-            reduction = op.spec.reduction
-            phases.append(_Phase(RowReduction(x, op.result, columns, reduction.divide_by_count, read[0][1],
-                                              reduction.combine), op, sources, (op.result,), columns,
-                                 sources if read[0][1] is None else ()))
-            made[op.result] = (op.result, None)
-            continue
-        outs, out_layouts, repeat = _output_places(low, op)
-        layouts = {k: layout for k, (_, layout) in enumerate(read) if layout is not None}
-        width = math.prod(_shape(op.results[0])) // program.rows
-        direct = tuple(r for r in op.results if r in outs)  # in its own buffer, at i
-        phases.append(_Phase(KernelPart(op, layouts, out_layouts, {}, tuple(repeat)), op, sources, tuple(outs),
-                             width, direct))
-        made.update({r: low.absorbed[r] if r in low.pieces else (r, None) for r in op.results})
+        phases.append(_row_phase(low, op, read, program.rows))
+        made.update({r: low.absorbed[r] if r in low.pieces and op.spec.reduction is None else (r, None)
+                     for r in op.results})
     stages = _stages(phases)
-    ordered = [p for stage in stages for p in stage]
-    kernel_source = row_source([[p.phase for p in stage] for stage in stages], program.rows)
+    ordered = [p for loops, after in stages for p in loops + after]
+    after_parts = [tuple(p.phase for p in after if isinstance(p.phase, KernelPart)) for _, after in stages]
+    assert [len(parts) for parts in after_parts] == [len(after) for _, after in stages], "after: groups only"
+    kernel_source = row_source([RowStage(tuple(p.phase for p in loops), parts)
+                                for (loops, _), parts in zip(stages, after_parts)], program.rows)
     kernel = _launch(low, [p.op for p in ordered], compile_kernel(low.dev, kernel_source),
                      [v for p in ordered for v in p.reads], rows=program.rows)
     if not views:

@@ -690,14 +690,36 @@ def _row_trees(trees: Sequence[tuple[int, RowReduction, int]]) -> list[str]:
     return [INDENT + line for line in lines]
 
 
-def _stage_lines(stage: Sequence[RowPhase], counts: list[int], error_sites: list[tuple[str, Operation]],
+@dataclass(frozen=True)
+class RowStage:
+    """Phases of a row kernel between two barriers (codegen._stages): `phases` read only what
+    earlier stages wrote; `after`, groups of one element per row, run after the stage's trees
+    and read what thread 0 stored there (a row's `sqrt(var + eps)` after its variance): a
+    one-element group's loop runs on thread 0 alone, at i = row, where thread 0 stored."""
+
+    phases: tuple[RowPhase, ...]
+    after: tuple[KernelPart, ...] = ()
+
+
+def _loop(width: int, code: list[str]) -> list[str]:
+    return [f"{INDENT}for i in range(row * {width} + t, row * {width} + {width}, cuda.blockDim.x):",
+            *("    " + line for line in code)]
+
+
+def _stage_lines(stage: RowStage, counts: list[int], error_sites: list[tuple[str, Operation]],
                  all_in: list[Value], all_out: list[Value], rows: int) -> list[str]:
-    """One stage of a row kernel: its phases read only what earlier stages wrote, so they run
-    between the same two barriers; those over the same number of a row's elements share one
-    loop, the reductions one tree per ROW_TREE_WIDTH."""
+    """One stage of a row kernel: its phases over the same number of a row's elements share
+    one loop, the reductions one tree per ROW_TREE_WIDTH, then the `after` groups."""
     loops: dict[int, list[str]] = {}
     trees: list[tuple[int, RowReduction, int]] = []
-    for phase in stage:
+
+    def part(phase: KernelPart) -> tuple[int, list[str]]:
+        shape, outputs, code, counts[0] = _part_code(phase, error_sites, counts[0], len(all_in), len(all_out))
+        all_in.extend(phase.op.body.args)
+        all_out.extend(outputs)
+        return math.prod(shape) // rows, code
+
+    for phase in stage.phases:
         if isinstance(phase, RowReduction):
             k = len(all_in)
             loops.setdefault(phase.columns, []).extend(_accumulate(k, phase))
@@ -705,29 +727,27 @@ def _stage_lines(stage: Sequence[RowPhase], counts: list[int], error_sites: list
             all_in.append(phase.operand)
             all_out.append(phase.result)
             continue
-        shape, outputs, code, counts[0] = _part_code(phase, error_sites, counts[0], len(all_in), len(all_out))
-        loops.setdefault(math.prod(shape) // rows, []).extend(code)
-        all_in += phase.op.body.args
-        all_out += outputs
-    inits = [f"{INDENT}acc{k} = {literal(_ROW_INIT[red.combine], red.operand.tensor_type.dtype)}"
+        width, code = part(phase)
+        loops.setdefault(width, []).extend(code)
+    lines = [f"{INDENT}acc{k} = {literal(_ROW_INIT[red.combine], red.operand.tensor_type.dtype)}"
              for k, red, _ in trees]
-    lines = list(inits)
     for width, code in loops.items():
-        lines.append(f"{INDENT}for i in range(row * {width} + t, row * {width} + {width}, cuda.blockDim.x):")
-        lines += ["    " + line for line in code]
-    return lines + _row_trees(trees) + [f"{INDENT}cuda.syncthreads()"]
+        lines += _loop(width, code)
+    lines += _row_trees(trees)
+    after = [line for group in stage.after for line in part(group)[1]]
+    return lines + (_loop(1, after) if after else []) + [f"{INDENT}cuda.syncthreads()"]
 
 
-def row_source(stages: Sequence[Sequence[RowPhase]], rows: int) -> KernelSource:
+def row_source(stages: Sequence[RowStage], rows: int) -> KernelSource:
     """One kernel for a row program (codegen's row programs: LayerNorm's mean, variance and
     normalisation, and their gradients' row sums): a block per row (striding over the rows),
-    the stages in order, each a set of phases that read nothing another of the stage writes
-    (codegen orders them), over the row's elements (a group's `i` runs over the row's part of
-    its output) or a row reduction, with a block barrier after each stage, so that a phase
-    reads what the earlier stages wrote to memory for this row. Every value a phase reads from
-    an earlier one lies in the same row (codegen checks), so blocks never wait for each other.
-    A LayerNorm-LSTM's four gate LayerNorms are one stage each step of the way: four means in
-    one tree, not four trees (fewer barriers on a GPU; numba compiles a third fewer loops)."""
+    the stages in order (codegen._stages decides which phases share one), each phase over the
+    row's elements (a group's `i` runs over the row's part of its output) or a row reduction,
+    with a block barrier after each stage, so that a phase reads what the earlier stages wrote
+    to memory for this row. Every value a phase reads from an earlier one lies in the same row
+    (codegen checks), so blocks never wait for each other. A LayerNorm-LSTM's four gate
+    LayerNorms share each stage: four means in one tree, not four trees (fewer barriers on a
+    GPU; numba compiles fewer loops, in less than half the time)."""
     error_sites: list[tuple[str, Operation]] = []
     counts = [0]
     lines: list[str] = []
@@ -736,8 +756,9 @@ def row_source(stages: Sequence[Sequence[RowPhase]], rows: int) -> KernelSource:
     trees: dict[str, int] = {}
     for stage in stages:
         lines += _stage_lines(stage, counts, error_sites, all_in, all_out, rows)
-        for dtype in dict.fromkeys(p.operand.tensor_type.dtype for p in stage if isinstance(p, RowReduction)):
-            width = sum(1 for p in stage if isinstance(p, RowReduction) and p.operand.tensor_type.dtype == dtype)
+        reductions = [p for p in stage.phases if isinstance(p, RowReduction)]
+        for dtype in dict.fromkeys(p.operand.tensor_type.dtype for p in reductions):
+            width = sum(1 for p in reductions if p.operand.tensor_type.dtype == dtype)
             trees[dtype] = max(trees.get(dtype, 0), min(width, ROW_TREE_WIDTH))
     params, types = _signature(all_out, all_in, bool(error_sites))
     shared = [f"    sm_{d} = cuda.shared.array({SHARED * width}, {d})" for d, width in trees.items()]
