@@ -97,15 +97,23 @@ def _grow_over(calls: int, call: object) -> float:
     """MB of resident memory added by calls of call(i) (a warm-up of 20 first). The cyclic
     collector runs after each: what is measured is what stays, not what Python's collector
     has not reached yet (without it, the first hundred compiles of a small process add about
-    13 MB of garbage awaiting a full collection, once)."""
-    for i in range(20):
-        call(10_000 + i)  # type: ignore[operator]
-        gc.collect()
-    before = rss_mb()
-    for i in range(calls):
-        call(i)  # type: ignore[operator]
-        gc.collect()
-    return rss_mb() - before
+    13 MB of garbage awaiting a full collection, once). The objects alive before are frozen
+    (gc.freeze) so that each collection scans only what the calls made: in the whole suite's
+    process, with every test's modules loaded, a full collection took about 0.4 s and these
+    two tests 135 s instead of 12 s."""
+    gc.collect()
+    gc.freeze()
+    try:
+        for i in range(20):
+            call(10_000 + i)  # type: ignore[operator]
+            gc.collect()
+        before = rss_mb()
+        for i in range(calls):
+            call(i)  # type: ignore[operator]
+            gc.collect()
+        return rss_mb() - before
+    finally:
+        gc.unfreeze()
 
 
 def test_200_shapes_of_one_jit_function_keep_the_memory_flat(compiles_here: None,
