@@ -647,10 +647,16 @@ RowPhase = KernelPart | RowReduction
 """One phase of a row kernel: a fused group over the row's elements, or a row reduction."""
 
 
-ROW_TREE_WIDTH = 4
-"""Row reductions one shared-memory tree sums side by side, at most: each takes SHARED slots
-(4 x 256 x 4 bytes = 4 KiB in float32), and a persistent scan inlining the kernel keeps 8 KiB
-for its phases' arrays (persistent.PHASE_SHARED)."""
+ROW_TREE_BYTES = 4096
+"""Shared memory the row reductions of one dtype that one tree sums side by side may take: each
+takes SHARED slots, so 4 in float32 and 2 in float64 (a persistent scan inlining the kernel
+keeps 8 KiB for its phases' arrays, persistent.PHASE_SHARED; before the stages a row kernel
+declared 1 or 2 KiB)."""
+
+
+def tree_width(dtype: str) -> int:
+    """Row reductions of dtype (float) one tree sums side by side, at most."""
+    return max(1, ROW_TREE_BYTES // (SHARED * (8 if dtype == "f64" else 4)))
 
 
 def _accumulate(k: int, red: RowReduction) -> list[str]:
@@ -664,12 +670,17 @@ def _accumulate(k: int, red: RowReduction) -> list[str]:
 
 def _row_trees(trees: Sequence[tuple[int, RowReduction, int]]) -> list[str]:
     """Reductions (input k, it, output) of one stage, their accumulators summed: per tree of
-    up to ROW_TREE_WIDTH, each in its own SHARED slots of sm_<dtype>, halved together (one
-    barrier per level for all of them), thread 0 storing each row's total."""
+    up to tree_width(dtype) of each dtype, each in its own SHARED slots of sm_<dtype>, halved
+    together (one barrier per level for all of them), thread 0 storing each row's total."""
+    chunks: list[list[tuple[int, RowReduction, int]]] = [[]]
+    for tree in trees:
+        dtype = tree[1].operand.tensor_type.dtype
+        if sum(1 for _, red, _ in chunks[-1] if red.operand.tensor_type.dtype == dtype) == tree_width(dtype):
+            chunks.append([])
+        chunks[-1].append(tree)
     lines: list[str] = []
-    for start in range(0, len(trees), ROW_TREE_WIDTH):
-        chunk = trees[start:start + ROW_TREE_WIDTH]
-        if start:
+    for n, chunk in enumerate(chunk for chunk in chunks if chunk):
+        if n:
             lines.append("cuda.syncthreads()")  # thread 0 has read the last tree's totals
         slot: dict[int, str] = {}
         step: list[str] = []
@@ -709,7 +720,7 @@ def _loop(width: int, code: list[str]) -> list[str]:
 def _stage_lines(stage: RowStage, counts: list[int], error_sites: list[tuple[str, Operation]],
                  all_in: list[Value], all_out: list[Value], rows: int) -> list[str]:
     """One stage of a row kernel: its phases over the same number of a row's elements share
-    one loop, the reductions one tree per ROW_TREE_WIDTH, then the `after` groups."""
+    one loop, the reductions one tree per tree_width, then the `after` groups."""
     loops: dict[int, list[str]] = {}
     trees: list[tuple[int, RowReduction, int]] = []
 
@@ -759,7 +770,7 @@ def row_source(stages: Sequence[RowStage], rows: int) -> KernelSource:
         reductions = [p for p in stage.phases if isinstance(p, RowReduction)]
         for dtype in dict.fromkeys(p.operand.tensor_type.dtype for p in reductions):
             width = sum(1 for p in reductions if p.operand.tensor_type.dtype == dtype)
-            trees[dtype] = max(trees.get(dtype, 0), min(width, ROW_TREE_WIDTH))
+            trees[dtype] = max(trees.get(dtype, 0), min(width, tree_width(dtype)))
     params, types = _signature(all_out, all_in, bool(error_sites))
     shared = [f"    sm_{d} = cuda.shared.array({SHARED * width}, {d})" for d, width in trees.items()]
     head = ["@cuda.jit", f"def gir_elementwise({', '.join(params)}):", "    t = cuda.threadIdx.x", *shared,
