@@ -10,8 +10,8 @@ only a GPU measures them (bench/gpu_steps.py prints the whole first call there).
 Needs numba-cuda with NVVM (pip install 'gir[gpu]', or cuda-toolkit's nvvm/nvrtc wheels); no
 GPU and no driver. Each model runs in a fresh process, so numba's one-time start (its import,
 and its first compile setting up typing and the NVVM binding) is counted once per model, as a
-user's first call pays it; gir's compile is timed after numba's import (before 2026-11-28 it
-included the simulator's import, about 0.3 s, counted twice)."""
+user's first call pays it; gir's compile is timed after numba's import (it used to include
+the simulator's import, about 0.3 s, and so count numba's import twice)."""
 
 # ruff: noqa: E741  (I is the input size, as in bench/rnn.py)
 from __future__ import annotations
