@@ -637,9 +637,9 @@ def _stages(phases: list[_Phase]) -> list[tuple[list[_Phase], list[_Phase]]]:
       row: that runs on thread 0 alone, at i = row, where thread 0 stored them, so it joins the
       stage as an `after` group (a row's `sqrt(var + eps)` right after its variance).
     Within a stage, program order."""
+    # value -> (its stage, how it is written: at i in the loops of that width, -1 elsewhere in
+    # the loops (a piece), None after the trees (a reduction's result, an after group's))
     where: dict[Value, tuple[int, int | None]] = {}
-    """-> (its stage, how it is written: at i in the loops of that width, -1 elsewhere in the
-    loops (a piece), None after the trees (a reduction's result, an after group's))."""
     stages: list[tuple[list[_Phase], list[_Phase]]] = []
     for p in phases:
         one = isinstance(p.phase, KernelPart) and p.width == 1
