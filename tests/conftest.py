@@ -5,14 +5,21 @@ and left running, they went on measuring through later tests, on the cores those
 with the module state they monkeypatch. After each test the queue is dropped and the running
 measurement is waited for. (Where a measurement stores is fixed when it is queued: the cache
 folder of its test, tests/test_background_isolation.py.)
+
+The GPU tests run in Numba's CUDA simulator unless NUMBA_ENABLE_CUDASIM is set already
+(`NUMBA_ENABLE_CUDASIM=0 python -m pytest -m gpu` on a GPU): set here, before any test module
+is imported and so before anything imports numba (tests/gpu_support.py).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
 import pytest
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,8 @@
 against the interpreter, the oracle (`device="interp"`: the same pipeline, then NumPy).
 
 Each test takes the `device` fixture, so it runs once per backend; the `gpu` runs are marked
-`gpu`. Without a GPU they run in Numba's CUDA simulator: NUMBA_ENABLE_CUDASIM is set to 1 at
-the top of this module, before numba is imported, unless it is already set; on a machine with
+`gpu`. Without a GPU they run in Numba's CUDA simulator: NUMBA_ENABLE_CUDASIM is set to 1 by
+tests/conftest.py, before numba is imported, unless it is already set; on a machine with
 a GPU, `NUMBA_ENABLE_CUDASIM=0 python -m pytest -m gpu tests/test_backend_conformance.py` runs
 them there. What only one backend has (BLAS paths and packing, LLVM output, the disk cache;
 kernel source, PTX) is tested in tests/test_cpu_backend.py and tests/test_gpu_backend.py.
@@ -25,29 +25,26 @@ float32 results agree to 1e-4 of the largest magnitude of each result, float64 t
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import random
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import json  # noqa: E402
-import math  # noqa: E402
-import random  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import gir  # noqa: E402
-import gir.cli  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from gir.backend.cpu import blas  # noqa: E402
-from gir.driver.jit import JitFunction  # noqa: E402
-from gir.ir.interpreter import random_inputs  # noqa: E402
-from gir.testing import RTOL, assert_all_close, assert_close  # noqa: E402
-from hypothesis import HealthCheck, given, note, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import gir
+import gir.cli
+import numpy as np
+import pytest
+from gir.backend.cpu import blas
+from gir.driver.jit import JitFunction
+from gir.ir.interpreter import random_inputs
+from gir.testing import RTOL, assert_all_close, assert_close
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_MKL = blas.providers().has_mkl

@@ -25,18 +25,14 @@ attribute 'blockIdx').
 
 from __future__ import annotations
 
-import os
+import threading
+from dataclasses import dataclass
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import threading  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import gir  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from gir.backend.cpu import blas  # noqa: E402
-from gir.testing import assert_all_close  # noqa: E402
+import gir
+import numpy as np
+import pytest
+from gir.backend.cpu import blas
+from gir.testing import assert_all_close
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

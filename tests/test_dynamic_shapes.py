@@ -10,17 +10,13 @@ the loss, and central finite differences of the NumPy loss for the gradient (flo
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba (the gpu case)
-
-from pathlib import Path  # noqa: E402
-
-import gir  # noqa: E402
-import gir.cli  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from gir.testing import assert_all_close  # noqa: E402
+import gir
+import gir.cli
+import numpy as np
+import pytest
+from gir.testing import assert_all_close
 
 GRU = """
 func @cell(%x: tensor<?x3xf64>, %h: tensor<?x4xf64>, %wz: tensor<3x4xf64>, %wn: tensor<3x4xf64>,

@@ -15,22 +15,18 @@ GPU cases run in Numba's CUDA simulator unless NUMBA_ENABLE_CUDASIM is set other
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
+from pathlib import Path
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import gir  # noqa: E402
-import gir.cli  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from gir.errors import GirError  # noqa: E402
-from gir.passes.pipeline import parse_pipeline  # noqa: E402
-from gir.passes.rewriter import PassStatistics  # noqa: E402
-from gir.testing import assert_all_close  # noqa: E402
+import gir
+import gir.cli
+import numpy as np
+import pytest
+from gir.errors import GirError
+from gir.passes.pipeline import parse_pipeline
+from gir.passes.rewriter import PassStatistics
+from gir.testing import assert_all_close
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's mean of no element
 

@@ -9,15 +9,11 @@ interpreter returned a value (an invariant division hoisted out of a loop of zer
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import gir  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from gir.errors import GirError  # noqa: E402
-from gir.testing import assert_all_close  # noqa: E402
+import gir
+import numpy as np
+import pytest
+from gir.errors import GirError
+from gir.testing import assert_all_close
 
 DEVICES = ["interp", "cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 

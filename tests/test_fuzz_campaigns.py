@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
 
-import differential  # noqa: E402
-import layout_ops  # noqa: E402
-import mutate  # noqa: E402
-from harness import Finding  # noqa: E402
+import differential
+import layout_ops
+import mutate
+from harness import Finding
 
 
 def _slice(run_one, seed: int, indices: range) -> dict[str, int]:

@@ -2,8 +2,8 @@
 kernels and its device. Everything both backends do is in tests/test_backend_conformance.py,
 run on `cpu` and `gpu` against the interpreter, the oracle.
 
-Without a GPU everything runs in Numba's CUDA simulator: NUMBA_ENABLE_CUDASIM is set to 1 at the
-top of this module, before numba is imported, unless it is already set. On a machine with a
+Without a GPU everything runs in Numba's CUDA simulator: NUMBA_ENABLE_CUDASIM is set to 1 by
+tests/conftest.py, before numba is imported, unless it is already set. On a machine with a
 GPU, `NUMBA_ENABLE_CUDASIM=0 python -m pytest -m gpu` runs the same tests on it.
 
 - Kernels: generated source (grid-stride loop, broadcasting by index arithmetic, math.tanh),
@@ -14,31 +14,23 @@ GPU, `NUMBA_ENABLE_CUDASIM=0 python -m pytest -m gpu` runs the same tests on it.
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
+import gir
+import numpy as np
+import pytest
+from gir.backend.gpu import kernels
+from gir.backend.gpu.device import NO_GPU
+from gir.driver.jit import JitFunction
+from gir.ir.interpreter import random_inputs
+from gpu_support import device_or_skip
 
-import json  # noqa: E402
-import math  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
-
-import gir  # noqa: E402
-from gir.backend.gpu import kernels  # noqa: E402
-from gir.backend.gpu.device import NO_GPU, get_device  # noqa: E402
-from gir.driver.jit import JitFunction  # noqa: E402
-from gir.ir.interpreter import random_inputs  # noqa: E402
-
-try:
-    DEVICE = get_device()
-except gir.GirError as e:  # numba.cuda was imported without the simulator, and there is no GPU
-    pytest.skip(f"no GPU backend here: {e.message}", allow_module_level=True)
+DEVICE = device_or_skip()
 
 pytestmark = [pytest.mark.gpu]
 

@@ -8,23 +8,13 @@ tests/test_gpu_backend.py)."""
 
 from __future__ import annotations
 
-import os
+import gir
+import numpy as np
+import pytest
+from gir.driver.jit import JitFunction
+from gpu_support import device_or_skip
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
-
-import gir  # noqa: E402
-from gir.backend.gpu.device import get_device  # noqa: E402
-from gir.driver.jit import JitFunction  # noqa: E402
-
-try:
-    DEVICE = get_device()
-except gir.GirError as e:
-    pytest.skip(f"no GPU backend here: {e.message}", allow_module_level=True)
+DEVICE = device_or_skip()
 
 pytestmark = [pytest.mark.gpu]
 

@@ -10,21 +10,13 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
+import gir
+import numpy as np
+import pytest
+from gir.backend.gpu import graphs
+from gpu_support import device_or_skip
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
-
-import gir  # noqa: E402
-from gir.backend.gpu import graphs  # noqa: E402
-from gir.backend.gpu.device import get_device  # noqa: E402
-
-try:
-    DEV = get_device()
-except gir.GirError as e:  # numba.cuda imported without the simulator, and no GPU
-    pytest.skip(str(e), allow_module_level=True)
+DEV = device_or_skip()
 
 pytestmark = pytest.mark.gpu
 

@@ -10,30 +10,21 @@ column tiles per block are tested here (the LSTM's recurrent GEMM: 4 tiles in th
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
+import gir
+import numpy as np
+import pytest
+from gir.backend.gpu import persistent
+from gir.ir.loops import LoopView
+from gpu_support import device_or_skip
 
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
-
-import gir  # noqa: E402
-from gir.backend.gpu import persistent  # noqa: E402
-from gir.backend.gpu.device import get_device  # noqa: E402
-from gir.ir.loops import LoopView  # noqa: E402
-
-try:
-    DEV = get_device()
-except gir.GirError as e:  # numba.cuda imported without the simulator, and no GPU
-    pytest.skip(str(e), allow_module_level=True)
+DEV = device_or_skip()
 
 pytestmark = pytest.mark.gpu
 

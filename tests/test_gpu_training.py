@@ -11,27 +11,19 @@ Python thread. Runs in Numba's CUDA simulator unless NUMBA_ENABLE_CUDASIM is set
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
+import gir
+import numpy as np
+import pytest
+from gir.backend.gpu.device import is_device_array
+from gir.driver.pyjit import donation_pairs
+from gpu_support import device_or_skip
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
-
-import gir  # noqa: E402
-from gir.backend.gpu.device import get_device, is_device_array  # noqa: E402
-from gir.driver.pyjit import donation_pairs  # noqa: E402
-
-try:
-    DEVICE = get_device()
-except gir.GirError as e:
-    pytest.skip(f"no GPU backend here: {e.message}", allow_module_level=True)
+DEVICE = device_or_skip()
 
 pytestmark = [pytest.mark.gpu]
 

@@ -7,15 +7,12 @@ interpreter and the CPU backend."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba: gpu cases simulate
-
-import gir  # noqa: E402
-import gir.numpy as gnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import gir
+import gir.numpy as gnp
+import numpy as np
+import pytest
 
 DEVICES = ["interp", "cpu"]
 RNG = np.random.default_rng(7)

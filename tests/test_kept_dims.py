@@ -6,10 +6,7 @@ NumPy, the CPU backend against the interpreter, the gradient against finite diff
 
 from __future__ import annotations
 
-import os
 import re
-
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba (the gpu case)
 
 import gir
 import numpy as np

@@ -1,25 +1,15 @@
 """`gir.jit(fn, device="gpu")` of a Python function: the same specialisation cache, run by the
-GPU backend (Numba's CUDA simulator without a GPU: NUMBA_ENABLE_CUDASIM is set to 1 here before
-numba is imported, unless it is set already)."""
+GPU backend (Numba's CUDA simulator without a GPU: NUMBA_ENABLE_CUDASIM is set to 1 by
+tests/conftest.py before numba is imported, unless it is set already)."""
 
 from __future__ import annotations
 
-import os
+import gir
+import numpy as np
+import pytest
+from gpu_support import device_or_skip
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
-
-import gir  # noqa: E402
-from gir.backend.gpu.device import get_device  # noqa: E402
-
-try:
-    get_device()
-except gir.GirError as e:  # numba.cuda was imported without the simulator, and there is no GPU
-    pytest.skip(f"no GPU backend here: {e.message}", allow_module_level=True)
+device_or_skip()
 
 pytestmark = [pytest.mark.gpu]
 

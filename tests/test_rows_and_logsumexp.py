@@ -10,14 +10,10 @@ Their gradients against finite differences are in tests/test_vjp.py.
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import gir  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from gir.testing import assert_all_close  # noqa: E402
+import gir
+import numpy as np
+import pytest
+from gir.testing import assert_all_close
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

@@ -11,20 +11,17 @@ in Numba's CUDA simulator unless NUMBA_ENABLE_CUDASIM is set otherwise.
 from __future__ import annotations
 
 import itertools
-import os
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
-
-import gir  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from gir.backend.cpu import lower as cpu_lower  # noqa: E402
-from gir.backend.gpu import kernels as gpu_kernels  # noqa: E402
-from gir.errors import GirError  # noqa: E402
-from gir.ir import scalar  # noqa: E402
-from gir.ir.core import Value  # noqa: E402
-from gir.ir.ops import REGISTRY, make_op  # noqa: E402
-from gir.ir.types import DTYPES, TensorType  # noqa: E402
+import gir
+import numpy as np
+import pytest
+from gir.backend.cpu import lower as cpu_lower
+from gir.backend.gpu import kernels as gpu_kernels
+from gir.errors import GirError
+from gir.ir import scalar
+from gir.ir.core import Value
+from gir.ir.ops import REGISTRY, make_op
+from gir.ir.types import DTYPES, TensorType
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy on the edge values
 

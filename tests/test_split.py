@@ -10,31 +10,21 @@ checks hold on the executed program (every input transferred once, nothing per s
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # before anything imports numba
+import gir
+import gir.cli
+import gir.passes.pipeline
+import numpy as np
+import pytest
+from gir.backend.split import Segment, SplitFunction
+from gir.driver.jit import JitFunction
+from gir.ir.interpreter import random_inputs
+from gir.passes.pipeline import MODES, get_mode
+from gir.testing import assert_all_close
+from gpu_support import device_or_skip
 
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-pytest.importorskip("numba.cuda", reason="the GPU backend needs numba-cuda (pip install 'gir[gpu]')")
-
-import gir  # noqa: E402
-import gir.cli  # noqa: E402
-import gir.passes.pipeline  # noqa: E402
-from gir.backend.gpu.device import get_device  # noqa: E402
-from gir.backend.split import Segment, SplitFunction  # noqa: E402
-from gir.driver.jit import JitFunction  # noqa: E402
-from gir.ir.interpreter import random_inputs  # noqa: E402
-from gir.passes.pipeline import MODES, get_mode  # noqa: E402
-from gir.testing import assert_all_close  # noqa: E402
-
-try:
-    get_device()
-except gir.GirError as e:
-    pytest.skip(f"no GPU backend here: {e.message}", allow_module_level=True)
+device_or_skip()
 
 pytestmark = [pytest.mark.gpu]
 
